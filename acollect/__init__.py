@@ -1,3 +1,57 @@
-"""acollect: asyncio-first reinforcement-learning data collection."""
+"""acollect: asyncio-first reinforcement-learning data collection.
+
+Every collector is an async iterator of TensorDict batches laid out as TorchRL's::
+
+    async with Collector("CartPole-v1", policy, frames_per_batch=2048, total_frames=100_000) as collector:
+        async for batch in collector:
+            ...
+
+This module only re-exports the public surface; see the submodules for the rest.
+"""
+
+from acollect.collectors import Collector as Collector
+from acollect.collectors import CollectorBase as CollectorBase
+from acollect.collectors import CollectorState as CollectorState
+from acollect.envs import EnvBase as EnvBase
+from acollect.envs import GymEnv as GymEnv
+from acollect.errors import AcollectError as AcollectError
+from acollect.errors import BackgroundCollectionError as BackgroundCollectionError
+from acollect.errors import ClosedCollectorError as ClosedCollectorError
+from acollect.errors import CollectorStateError as CollectorStateError
+from acollect.errors import ConfigurationError as ConfigurationError
+from acollect.errors import EnvError as EnvError
+from acollect.errors import PolicyError as PolicyError
+from acollect.errors import ProtocolError as ProtocolError
+from acollect.errors import RemoteError as RemoteError
+from acollect.errors import TransportError as TransportError
+from acollect.errors import WeightSyncError as WeightSyncError
+from acollect.errors import WorkerCrashedError as WorkerCrashedError
+from acollect.errors import WorkerError as WorkerError
+from acollect.errors import WorkerTimeoutError as WorkerTimeoutError
+from acollect.replay_buffer import ReplayBuffer as ReplayBuffer
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AcollectError",
+    "BackgroundCollectionError",
+    "ClosedCollectorError",
+    "Collector",
+    "CollectorBase",
+    "CollectorState",
+    "CollectorStateError",
+    "ConfigurationError",
+    "EnvBase",
+    "EnvError",
+    "GymEnv",
+    "PolicyError",
+    "ProtocolError",
+    "RemoteError",
+    "ReplayBuffer",
+    "TransportError",
+    "WeightSyncError",
+    "WorkerCrashedError",
+    "WorkerError",
+    "WorkerTimeoutError",
+    "__version__",
+]

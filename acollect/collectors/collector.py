@@ -1,0 +1,351 @@
+"""The in-process collector: one env (batched), one policy, one rollout engine.
+
+Env stepping runs in a thread owned by the collector for the length of each
+batch, so the event loop stays responsive while frames are collected.
+
+Examples:
+    >>> import anyio
+    >>> from acollect import Collector
+    >>> from acollect.testing import CountingEnv
+    >>> async def main():
+    ...     async with Collector(lambda: CountingEnv(num_envs=2), None,
+    ...                          frames_per_batch=8, total_frames=16) as collector:
+    ...         return [tuple(batch.shape) async for batch in collector]
+    >>> anyio.run(main)
+    [(2, 4), (2, 4)]
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType
+
+from acollect._threads import run_in_thread
+from acollect.collectors.base import CollectorBase
+from acollect.devices import DeviceLike, Devices, check_device, resolve_devices
+from acollect.envs import make_env
+from acollect.errors import ConfigurationError
+from acollect.policy import PolicyLike, parse_exploration_type, wrap_policy
+from acollect.rollout import RolloutEngine, check_frames_per_batch, frames_per_batch_for
+from acollect.trajectories import split_trajectories
+from acollect.weights import PolicyWeights, weights_of
+
+__all__ = ["Collector"]
+
+
+def _check_optional_int(name: str, value: object, *, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError.bad_value(name, value, f"None or an int >= {minimum}")
+    return value
+
+
+class Collector(CollectorBase):
+    """Collects batches from an env in this process, off the event loop.
+
+    Args:
+        create_env_fn: an env, a gymnasium id (``"CartPole-v1"``), or a zero-argument callable returning an
+            env (acollect ``EnvBase``, gymnasium ``Env``/``VectorEnv``, or torchrl env).
+        policy: a ``TensorDictModule``, a plain ``nn.Module`` (observation in, action out), a callable on
+            TensorDicts, or ``None`` for random actions.
+        policy_factory: a zero-argument callable building the policy (instead of ``policy``).
+        frames_per_batch: frames per batch, rounded up to a multiple of the number of envs.
+        total_frames: frames to collect in all; ``-1`` collects forever.
+        device: fills whichever of the three devices below is unset.
+        env_device: where env data lives.
+        policy_device: where the policy runs (data is cast between it and the env device).
+        storing_device: where batches land.
+        max_frames_per_traj: truncate (``truncated=True``) and reset trajectories longer than this.
+        init_random_frames: act randomly for this many frames first.
+        reset_at_each_iter: reset every env at the start of each batch.
+        postproc: a callable applied to each batch (in the collection thread) before it is handed out.
+        split_trajs: hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")``.
+        exploration_type: tensordict interaction type used while collecting (``RANDOM`` by default); set per
+            collection thread, so collectors never change each other's.
+        env_kwargs: keyword arguments for building the env from a gymnasium id.
+
+    Examples:
+        >>> import anyio, torch
+        >>> from acollect import Collector
+        >>> policy = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Softmax(-1))
+        >>> class Sample(torch.nn.Module):
+        ...     def forward(self, obs):
+        ...         return torch.multinomial(policy(obs), 1).squeeze(-1)
+        >>> async def main():
+        ...     async with Collector("CartPole-v1", Sample(), frames_per_batch=64, total_frames=128,
+        ...                          env_kwargs={"num_envs": 4}) as collector:
+        ...         async for batch in collector:
+        ...             print(batch.shape, batch["next", "reward"].shape)
+        >>> anyio.run(main)
+        torch.Size([4, 16]) torch.Size([4, 16, 1])
+        torch.Size([4, 16]) torch.Size([4, 16, 1])
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        policy_factory: Callable[[], PolicyLike] | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: DeviceLike = None,
+        env_device: DeviceLike = None,
+        policy_device: DeviceLike = None,
+        storing_device: DeviceLike = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int = 0,
+        reset_at_each_iter: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        frames_per_batch = check_frames_per_batch(frames_per_batch)
+        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames)
+        if policy is not None and policy_factory is not None:
+            raise ConfigurationError(
+                "policy and policy_factory were both given: pass one (policy_factory builds the policy where "
+                "it runs)."
+            )
+        if policy_factory is not None and not callable(policy_factory):
+            raise ConfigurationError.bad_value("policy_factory", policy_factory, "a zero-argument callable")
+        if postproc is not None and not callable(postproc):
+            raise ConfigurationError.bad_value("postproc", postproc, "None or a callable on TensorDicts")
+        if create_env_fn is None:
+            raise ConfigurationError.bad_value(
+                "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
+            )
+        # Checked now, not when the env is built, so a bad device fails at construction.
+        for name, value in (
+            ("device", device),
+            ("env_device", env_device),
+            ("policy_device", policy_device),
+            ("storing_device", storing_device),
+        ):
+            check_device(name, value)
+        self.create_env_fn = create_env_fn
+        self.env_kwargs = dict(env_kwargs or {})
+        self._policy_arg = policy
+        self.policy_factory = policy_factory
+        self._device_args = {
+            "device": device,
+            "env_device": env_device,
+            "policy_device": policy_device,
+            "storing_device": storing_device,
+        }
+        self.max_frames_per_traj = _check_optional_int("max_frames_per_traj", max_frames_per_traj, minimum=1)
+        self.init_random_frames = _check_optional_int("init_random_frames", init_random_frames, minimum=0) or 0
+        self.reset_at_each_iter = bool(reset_at_each_iter)
+        self.postproc = postproc
+        self.split_trajs = bool(split_trajs)
+        self.exploration_type = parse_exploration_type(exploration_type)
+        self._engine: RolloutEngine | None = None
+        self._policy_version = 0
+        self._weights = PolicyWeights()
+        self._seed: int | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._engine_busy = threading.Lock()
+
+    # -- building --------------------------------------------------------------------
+    def _build_engine(self, _stop: threading.Event) -> RolloutEngine:
+        env = make_env(self.create_env_fn, **self.env_kwargs)
+        try:
+            policy = self.policy_factory() if self.policy_factory is not None else self._policy_arg
+            devices: Devices = resolve_devices(**self._device_args, env_default=env.device, policy=policy)
+            if isinstance(policy, torch.nn.Module):
+                policy = self._weights.place(policy, devices.policy)
+            adapter = wrap_policy(
+                policy,
+                observation_keys=env.observation_spec.leaf_keys(),
+                action_spec=env.action_spec,
+                batch_size=env.batch_size,
+            )
+            actual = frames_per_batch_for(self.frames_per_batch, env.num_envs)
+            if actual != self.frames_per_batch:
+                warnings.warn(
+                    f"frames_per_batch={self.frames_per_batch} is not a multiple of the number of envs "
+                    f"({env.num_envs}): each batch holds {actual} frames.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return RolloutEngine(
+                env,
+                adapter,
+                frames_per_batch=self.frames_per_batch,
+                devices=devices,
+                max_frames_per_traj=self.max_frames_per_traj,
+                init_random_frames=self.init_random_frames,
+                reset_at_each_iter=self.reset_at_each_iter,
+                exploration_type=self.exploration_type,
+            )
+        except BaseException:
+            env.close()
+            raise
+
+    async def _setup(self) -> None:
+        self._engine = await run_in_thread(self._build_engine, name="build-env")
+        if self._pending_state is not None:
+            self._load_engine_state(self._pending_state)
+            self._pending_state = None
+
+    async def _teardown(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await run_in_thread(lambda _stop: engine.close(), name="close-env")
+
+    # -- collecting ----------------------------------------------------------------------
+    def _collect_in_thread(self, stop: threading.Event) -> TensorDictBase:
+        engine = self._engine
+        assert engine is not None
+        with self._engine_busy:
+            self._weights.apply_pending(engine)
+            if self._seed is not None:
+                torch.manual_seed(self._seed)
+                engine.seed(self._seed)
+                self._seed = None
+            batch: TensorDictBase = engine.collect(stop)
+        if self.split_trajs:
+            batch = split_trajectories(batch)
+        if self.postproc is not None:
+            batch = self.postproc(batch)
+        return batch
+
+    async def _collect_batch(self) -> TensorDictBase:
+        return await run_in_thread(self._collect_in_thread, name="rollout")
+
+    # -- weights ----------------------------------------------------------------------------
+    @property
+    def policy(self) -> torch.nn.Module | Any:
+        """The policy the collector runs (after its env was built), else the policy it was given."""
+        if self._engine is not None:
+            return self._engine.policy.module
+        return self._policy_arg
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights the next batch is collected with."""
+        return self._weights.version
+
+    async def update_policy_weights_(
+        self,
+        policy_or_weights: torch.nn.Module | TensorDictBase | Mapping[str, torch.Tensor] | None = None,
+        *,
+        policy: torch.nn.Module | None = None,
+        weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Hands new policy weights to the collector; they apply from the next batch on.
+
+        Every batch collected afterwards carries the new ``("collector", "policy_version")``; no batch
+        mixes two versions. Passing nothing re-syncs from the policy given at construction (useful when
+        the collector runs a copy of it on another device).
+
+        Args:
+            policy_or_weights: an ``nn.Module`` (its parameters and buffers are copied), a TensorDict of
+                weights (``TensorDict.from_module`` layout) or a state dict.
+            policy: keyword form for a module.
+            weights: keyword form for weights.
+
+        Examples:
+            >>> import anyio, torch
+            >>> from acollect import Collector
+            >>> from acollect.testing import CountingEnv
+            >>> net = torch.nn.Sequential(torch.nn.Linear(1, 2), torch.nn.Softmax(-1))
+            >>> class Pick(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.net = net
+            ...     def forward(self, obs):
+            ...         return self.net(obs).argmax(-1)
+            >>> async def main():
+            ...     async with Collector(CountingEnv, policy_factory=Pick, frames_per_batch=4) as c:
+            ...         await c.update_policy_weights_(Pick())
+            ...         batch = await anext(c)
+            ...         return batch["collector", "policy_version"].unique().tolist()
+            >>> anyio.run(main)
+            [1]
+        """
+        self._check_usable("update_policy_weights_()")
+        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
+        if len(given) > 1:
+            raise ConfigurationError(
+                "update_policy_weights_() takes one source of weights: pass a policy or weights, not both"
+            )
+        source = given[0] if given else self._policy_arg
+        target = self._engine.policy.weights_module if self._engine is not None else None
+        staged = weights_of(source, target)
+        # The engine applies staged weights at its next batch boundary; if it is idle, apply now.
+        self._weights.stage(staged)
+        if self._engine is not None and self._engine_busy.acquire(blocking=False):
+            try:
+                self._weights.apply_pending(self._engine)
+            finally:
+                self._engine_busy.release()
+
+    # -- seeding and state --------------------------------------------------------------------
+    def set_seed(self, seed: int) -> int:
+        """Seeds the envs (env ``i`` gets ``seed + i``), the random policy and torch's RNG.
+
+        Applied at the start of the next batch, which starts from a fresh reset. Same seed and same
+        weights give identical batches.
+
+        Returns:
+            The next free seed (``seed + n_envs`` once the env is known, else ``seed + 1``).
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigurationError.bad_value("seed", seed, "an int")
+        self._check_usable("set_seed()")
+        self._seed = seed
+        n_envs = self._engine.n_envs if self._engine is not None else 1
+        return seed + n_envs
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, trajectory ids, policy weights and version, so a resumed collector continues.
+
+        Examples:
+            >>> from acollect import Collector
+            >>> sorted(Collector("CartPole-v1", frames_per_batch=8).state_dict())
+            ['batches', 'frames', 'next_traj_counter', 'policy_state_dict', 'policy_version']
+        """
+        engine = self._engine
+        module = engine.policy.weights_module if engine is not None else (
+            self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None
+        )
+        return {
+            "frames": self._frames,
+            "batches": self._batches,
+            "next_traj_counter": engine.next_traj_counter if engine is not None else 0,
+            "policy_version": self._weights.version,
+            "policy_state_dict": TensorDict.from_module(module).clone() if module is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` saved."""
+        missing = {"frames", "batches", "next_traj_counter", "policy_version"} - set(state_dict)
+        if missing:
+            raise ConfigurationError.bad_value(
+                "state_dict", sorted(state_dict), f"a collector state dict (missing keys: {sorted(missing)})"
+            )
+        self._frames = int(state_dict["frames"])
+        self._batches = int(state_dict["batches"])
+        self._weights.version = int(state_dict["policy_version"])
+        weights = state_dict.get("policy_state_dict")
+        if weights is not None:
+            self._weights.stage(weights, bump=False)
+        if self._engine is not None:
+            self._load_engine_state(state_dict)
+        else:
+            self._pending_state = dict(state_dict)
+
+    def _load_engine_state(self, state_dict: Mapping[str, Any]) -> None:
+        assert self._engine is not None
+        self._engine.next_traj_counter = int(state_dict["next_traj_counter"])
+        self._engine.frames = int(state_dict["frames"])
+        self._engine._needs_reset = True  # fresh trajectories get ids from the restored counter

@@ -1,0 +1,215 @@
+"""Policies: whatever the user hands in, turned into one calling convention.
+
+A collector accepts
+
+* a ``tensordict.nn.TensorDictModule`` / ``TensorDictSequential`` (reads its
+  ``in_keys``, writes its ``out_keys``, ``"action"`` among them);
+* a plain ``torch.nn.Module``: called with the env's observation tensors (in
+  observation-spec order) and returning the action;
+* any callable taking a TensorDict and returning a TensorDict with ``"action"``;
+* ``None``: a uniform random policy over the action spec;
+* or, instead of ``policy``, a ``policy_factory``: a zero-argument callable
+  that builds the policy where it runs (e.g. inside a worker process).
+
+:func:`wrap_policy` turns each into a :class:`PolicyAdapter`, whose call
+returns a small ``{key: tensor}`` mapping of the policy's outputs. The plain
+module path never touches a TensorDict, which keeps the hot loop lean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase
+
+from acollect.errors import ConfigurationError, PolicyError
+from acollect.specs import TensorSpec
+
+__all__ = [
+    "CallablePolicy",
+    "ModulePolicy",
+    "PolicyAdapter",
+    "RandomPolicy",
+    "TensorDictPolicy",
+    "parse_exploration_type",
+    "wrap_policy",
+]
+
+NestedKey = str | tuple[str, ...]
+PolicyLike = TensorDictModuleBase | torch.nn.Module | Callable[[TensorDictBase], TensorDictBase] | None
+
+
+class PolicyAdapter:
+    """One calling convention for every kind of policy.
+
+    Attributes:
+        module: the wrapped object (its weights are what weight updates target).
+    """
+
+    module: Any = None
+
+    def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        """Runs the policy on ``td`` (observations and done flags) and returns its outputs."""
+        raise NotImplementedError
+
+    @property
+    def weights_module(self) -> torch.nn.Module | None:
+        """The ``nn.Module`` holding the weights, if any."""
+        return self.module if isinstance(self.module, torch.nn.Module) else None
+
+
+class RandomPolicy(PolicyAdapter):
+    """Samples actions uniformly from the action spec.
+
+    Args:
+        action_spec: the env's action spec.
+        batch_size: the env batch size (``[n_envs]``).
+        generator: a private generator, so seeding it does not touch torch's global RNG.
+
+    Examples:
+        >>> from acollect.specs import Categorical
+        >>> policy = RandomPolicy(Categorical(n=3), batch_size=(4,))
+        >>> policy(None)["action"].shape
+        torch.Size([4])
+    """
+
+    def __init__(
+        self,
+        action_spec: TensorSpec,
+        batch_size: Sequence[int],
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.action_spec = action_spec
+        self.batch_size = tuple(batch_size)
+        self.generator = generator if generator is not None else torch.Generator()
+
+    def __call__(self, td: TensorDictBase | None) -> dict[NestedKey, torch.Tensor]:
+        return {"action": self.action_spec.rand(self.batch_size, self.generator)}
+
+
+class TensorDictPolicy(PolicyAdapter):
+    """Wraps a ``TensorDictModuleBase``: reads ``in_keys``, returns ``out_keys``."""
+
+    def __init__(self, module: TensorDictModuleBase) -> None:
+        self.module = module
+        self.out_keys: list[NestedKey] = list(module.out_keys)
+
+    def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        out = self.module(td)
+        if out is None:
+            out = td
+        return {key: out.get(key) for key in self.out_keys if key in out.keys(include_nested=True)}
+
+
+class ModulePolicy(PolicyAdapter):
+    """Wraps a plain ``nn.Module``: observation tensors in, ``"action"`` out."""
+
+    def __init__(self, module: torch.nn.Module, in_keys: Sequence[NestedKey]) -> None:
+        self.module = module
+        self.in_keys = list(in_keys)
+        self._single = self.in_keys[0] if len(self.in_keys) == 1 else None
+
+    def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        if self._single is not None:
+            action = self.module(td.get(self._single))
+        else:
+            action = self.module(*(td.get(k) for k in self.in_keys))
+        if not isinstance(action, torch.Tensor):
+            raise PolicyError(
+                f"{type(self.module).__name__}.forward returned {type(action).__name__}: a plain nn.Module "
+                "policy must return the action tensor (wrap it in a TensorDictModule to return more outputs)."
+            )
+        return {"action": action}
+
+
+class CallablePolicy(PolicyAdapter):
+    """Wraps a callable ``TensorDict -> TensorDict`` writing ``"action"`` (and possibly more)."""
+
+    def __init__(self, fn: Callable[[TensorDictBase], TensorDictBase], input_keys: Sequence[NestedKey]) -> None:
+        self.module = fn
+        self._input_keys = set(input_keys)
+        self.out_keys: list[NestedKey] | None = None
+
+    def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        out = self.module(td)
+        if not isinstance(out, TensorDictBase):
+            out = td if out is None else out
+        if not isinstance(out, TensorDictBase):
+            raise PolicyError(
+                f"policy returned {type(out).__name__}: expected a TensorDict holding 'action' "
+                "(or None after writing 'action' into its input)."
+            )
+        if self.out_keys is None:
+            self.out_keys = [
+                k for k in out.keys(include_nested=True, leaves_only=True) if k not in self._input_keys
+            ]
+        return {key: out.get(key) for key in self.out_keys}
+
+
+def wrap_policy(
+    policy: PolicyLike,
+    *,
+    observation_keys: Sequence[NestedKey],
+    action_spec: TensorSpec,
+    batch_size: Sequence[int],
+    done_keys: Sequence[NestedKey] = ("done", "terminated", "truncated"),
+) -> PolicyAdapter:
+    """Turns any accepted policy into a :class:`PolicyAdapter`.
+
+    Args:
+        policy: the policy (see the module docstring), or ``None`` for random actions.
+        observation_keys: the env's observation keys, in spec order.
+        action_spec: the env's action spec (for ``None``).
+        batch_size: the env batch size.
+        done_keys: keys the env writes besides observations (not policy outputs).
+
+    Returns:
+        The adapter.
+
+    Raises:
+        ConfigurationError: ``policy`` is none of the accepted kinds.
+
+    Examples:
+        >>> import torch
+        >>> from acollect.specs import Categorical
+        >>> net = torch.nn.Linear(4, 2)
+        >>> adapter = wrap_policy(net, observation_keys=["observation"], action_spec=Categorical(2), batch_size=(1,))
+        >>> type(adapter).__name__
+        'ModulePolicy'
+    """
+    if policy is None:
+        return RandomPolicy(action_spec, batch_size)
+    if isinstance(policy, PolicyAdapter):
+        return policy
+    if isinstance(policy, TensorDictModuleBase):
+        return TensorDictPolicy(policy)
+    if isinstance(policy, torch.nn.Module):
+        return ModulePolicy(policy, observation_keys)
+    if callable(policy):
+        return CallablePolicy(policy, [*observation_keys, *done_keys])
+    raise ConfigurationError.bad_value(
+        "policy",
+        policy,
+        "a TensorDictModule, an nn.Module, a callable on TensorDicts, or None for a random policy",
+    )
+
+
+def parse_exploration_type(value: InteractionType | str | None) -> InteractionType | None:
+    """Parses ``exploration_type`` into tensordict's ``InteractionType``.
+
+    Examples:
+        >>> parse_exploration_type("mode").name
+        'MODE'
+    """
+    if value is None or isinstance(value, InteractionType):
+        return value
+    if isinstance(value, str):
+        try:
+            return InteractionType[value.upper()]
+        except KeyError:
+            pass
+    names = ", ".join(t.name for t in InteractionType)
+    raise ConfigurationError.bad_value("exploration_type", value, f"None or one of {names}")

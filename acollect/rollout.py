@@ -1,0 +1,333 @@
+"""The one synchronous rollout engine.
+
+:class:`RolloutEngine` drives a batched env with a policy and fills
+preallocated ``[n_envs, T]`` buffers. It is plain blocking code: the
+in-process :class:`~acollect.Collector` runs it in a thread so the event loop
+never blocks, and every worker process runs the same engine.
+
+The hot loop allocates no TensorDict per step: the env writes into two
+TensorDicts allocated once (``root``: what the next step starts from;
+``next``: the result of the step), and the engine copies their leaves into
+per-step views of the batch buffers.
+
+Output layout (TorchRL's), batch dims ``[n_envs, T]`` with dim names
+``[None, "time"]``:
+
+* root: observation keys, policy outputs (``"action"``, ...), and the done
+  flags as they stood before the step;
+* ``("next", ...)``: observation keys, ``"reward"``, ``"done"``,
+  ``"terminated"``, ``"truncated"``;
+* ``("collector", "traj_ids")``: a new id at each episode start, continuing
+  across batches; ``("collector", "policy_version")``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, set_interaction_type
+
+from acollect.devices import Devices
+from acollect.envs.base import EnvBase
+from acollect.errors import ConfigurationError, PolicyError
+from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy
+
+__all__ = ["RolloutEngine", "RolloutInterrupted", "frames_per_batch_for"]
+
+_COLLECTOR = "collector"
+
+
+class RolloutInterrupted(Exception):  # noqa: N818 - a signal, not an error
+    """Raised inside :meth:`RolloutEngine.collect` when its stop event is set mid-batch."""
+
+
+def frames_per_batch_for(frames_per_batch: int, n_envs: int) -> int:
+    """The batch size actually collected: ``frames_per_batch`` rounded up to a multiple of ``n_envs``.
+
+    Examples:
+        >>> frames_per_batch_for(100, 8)
+        104
+    """
+    return n_envs * math.ceil(frames_per_batch / n_envs)
+
+
+@contextmanager
+def _exploration(kind: InteractionType | None) -> Iterator[None]:
+    if kind is None:
+        yield
+        return
+    try:
+        ctx = set_interaction_type(kind, thread_local=True)
+    except TypeError:  # tensordict without per-thread interaction types
+        ctx = set_interaction_type(kind)
+    with ctx:
+        yield
+
+
+class RolloutEngine:
+    """Fills ``[n_envs, T]`` batches from an env and a policy.
+
+    Args:
+        env: the batched env (it belongs to the engine from now on).
+        policy: the policy adapter (see :func:`acollect.policy.wrap_policy`).
+        frames_per_batch: frames per batch; rounded up to a multiple of ``env.num_envs``.
+        devices: env, policy and storing devices.
+        max_frames_per_traj: truncate (and reset) trajectories longer than this.
+        init_random_frames: act randomly until this many frames were collected.
+        reset_at_each_iter: reset every env at the start of each batch.
+        exploration_type: tensordict interaction type set (per thread) while collecting.
+        traj_id_offset: first trajectory id; with ``traj_id_stride`` it makes ids unique across workers.
+        traj_id_stride: step between consecutive trajectory ids.
+
+    Examples:
+        >>> from acollect.testing import CountingEnv
+        >>> from acollect.devices import resolve_devices
+        >>> from acollect.policy import RandomPolicy
+        >>> env = CountingEnv(num_envs=2, episode_length=3)
+        >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), frames_per_batch=8,
+        ...                        devices=resolve_devices())
+        >>> batch = engine.collect()
+        >>> batch.batch_size, batch.names
+        (torch.Size([2, 4]), [None, 'time'])
+        >>> batch["collector", "traj_ids"][0].tolist()
+        [0, 0, 0, 2]
+        >>> engine.close()
+    """
+
+    def __init__(
+        self,
+        env: EnvBase,
+        policy: PolicyAdapter,
+        *,
+        frames_per_batch: int,
+        devices: Devices,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int = 0,
+        reset_at_each_iter: bool = False,
+        exploration_type: InteractionType | None = InteractionType.RANDOM,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
+    ) -> None:
+        self.env = env
+        self.policy = policy
+        self.devices = devices
+        self.n_envs = env.num_envs
+        self.frames_per_batch = frames_per_batch_for(frames_per_batch, self.n_envs)
+        self.time_steps = self.frames_per_batch // self.n_envs
+        self.max_frames_per_traj = max_frames_per_traj
+        self.init_random_frames = init_random_frames
+        self.reset_at_each_iter = reset_at_each_iter
+        self.exploration_type = exploration_type
+        self.traj_id_offset = traj_id_offset
+        self.traj_id_stride = traj_id_stride
+        #: frames collected in completed batches (a resumed engine continues from it)
+        self.frames = 0
+        #: stamped on every frame of the next batches
+        self.policy_version = 0
+        self._next_traj_counter = 0
+
+        self._root = env.make_root()
+        self._next = env.make_next()
+        self._obs_keys: list[tuple[str, ...]] = env.observation_spec.leaf_keys()
+        self._random = RandomPolicy(env.action_spec, env.batch_size)
+        self._traj_ids = torch.zeros(self.n_envs, dtype=torch.int64)
+        self._traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
+        self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step any()
+        self._needs_reset = True
+        self._seed: int | None = None
+        self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
+        self._probe_policy()
+
+    # -- setup -------------------------------------------------------------------
+    def _policy_input(self) -> TensorDictBase:
+        # A shallow copy: a policy that replaces entries must not detach the engine's buffers.
+        td = self._root.copy()
+        if not self.devices.policy_is_env:
+            td = td.to(self.devices.policy, non_blocking=True)
+        return td
+
+    def _probe_policy(self) -> None:
+        """Runs the policy once on a fresh reset to learn its outputs and check ``"action"``."""
+        self.env.reset_into(self._root)
+        with torch.no_grad(), _exploration(self.exploration_type):
+            outputs = self.policy(self._policy_input())
+        self._check_outputs(outputs)
+        self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
+
+    def _check_outputs(self, outputs: dict[NestedKey, torch.Tensor]) -> None:
+        if "action" not in outputs:
+            raise PolicyError(
+                f"the policy did not write 'action' (it wrote {sorted(map(str, outputs))}): a policy must "
+                "write the action it takes under the key 'action'."
+            )
+        expected = (self.n_envs, *self.env.action_spec.shape)
+        action = outputs["action"]
+        if tuple(action.shape) != expected:
+            raise PolicyError(
+                f"the policy wrote an 'action' of shape {tuple(action.shape)}: expected {expected} "
+                f"([n_envs, *action_spec.shape] for {self.env.action_spec})."
+            )
+        for key, value in outputs.items():
+            if value.shape[:1] != (self.n_envs,):
+                raise PolicyError(
+                    f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of "
+                    f"{self.n_envs} (one entry per env)."
+                )
+
+    # -- state ---------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        """Seeds env and random policy; the next batch starts from a fresh, seeded reset."""
+        self._seed = seed
+        self._random.generator.manual_seed(seed)
+        self._needs_reset = True
+
+    @property
+    def next_traj_counter(self) -> int:
+        """How many trajectory ids were handed out (for state dicts)."""
+        return self._next_traj_counter
+
+    @next_traj_counter.setter
+    def next_traj_counter(self, value: int) -> None:
+        self._next_traj_counter = int(value)
+
+    def _new_traj_ids(self, count: int) -> torch.Tensor:
+        start = self._next_traj_counter
+        self._next_traj_counter += count
+        return self.traj_id_offset + self.traj_id_stride * torch.arange(start, start + count, dtype=torch.int64)
+
+    def _reset_all(self) -> None:
+        self.env.reset_into(self._root, seed=self._seed)
+        self._seed = None
+        self._traj_ids.copy_(self._new_traj_ids(self.n_envs))
+        self._traj_steps.zero_()
+        self._needs_reset = False
+
+    # -- the batch -----------------------------------------------------------------
+    def _allocate(self) -> TensorDict:
+        E, T, dev = self.n_envs, self.time_steps, self.devices.storing
+
+        def like(t: torch.Tensor) -> torch.Tensor:
+            return torch.empty((E, T, *t.shape[1:]), dtype=t.dtype, device=dev)
+
+        batch = TensorDict({}, batch_size=(E, T), device=dev)
+        for key in self._obs_keys:
+            batch.set(key, like(self._root.get(key)))
+        for key in ("done", "terminated", "truncated"):
+            batch.set(key, like(self._root.get(key)))
+        for key, (shape, dtype) in self._out_specs.items():
+            batch.set(key, torch.empty((E, T, *shape), dtype=dtype, device=dev))
+        nxt = TensorDict({}, batch_size=(E, T), device=dev)
+        for key in (*self._obs_keys, "reward", "terminated", "truncated", "done"):
+            nxt.set(key, like(self._next.get(key)))
+        batch.set("next", nxt)
+        batch.set((_COLLECTOR, "traj_ids"), torch.empty((E, T), dtype=torch.int64, device=dev))
+        batch.set((_COLLECTOR, "policy_version"), torch.empty((E, T), dtype=torch.int64, device=dev))
+        return batch
+
+    def collect(self, stop: threading.Event | None = None) -> TensorDict:
+        """Collects one batch (blocking).
+
+        Args:
+            stop: when set, the batch is abandoned at the next step with :class:`RolloutInterrupted`;
+                the env and counters stay consistent, so collection can go on later.
+
+        Returns:
+            A fresh TensorDict ``[n_envs, T]`` that the caller owns.
+        """
+        with torch.no_grad(), _exploration(self.exploration_type):
+            return self._collect(stop)
+
+    def _collect(self, stop: threading.Event | None) -> TensorDict:
+        if self._needs_reset or self.reset_at_each_iter:
+            self._reset_all()
+        root, nxt, env = self._root, self._next, self.env
+        batch = self._allocate()
+        # Root done flags are False after every step (a finished env is reset in the same step), so
+        # only their state at t=0 needs writing.
+        for key in ("done", "terminated", "truncated"):
+            batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
+
+        def views(td: TensorDictBase, src: TensorDictBase, keys: list[Any]) -> list[tuple[Any, torch.Tensor]]:
+            return [(td.get(k).unbind(1), src.get(k)) for k in keys]
+
+        root_pairs = views(batch, root, list(self._obs_keys))
+        next_td = batch.get("next")
+        next_pairs = views(next_td, nxt, [*self._obs_keys, "reward", "terminated", "truncated"])
+        out_views = {k: batch.get(k).unbind(1) for k in self._out_specs}
+        traj_views = batch.get((_COLLECTOR, "traj_ids")).unbind(1)
+        policy = self.policy
+        random_until = self.init_random_frames
+        env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
+        max_traj = self.max_frames_per_traj
+        done_np, done_t = self._done_np, nxt.get("done")
+        n = self.n_envs
+
+        for t in range(self.time_steps):
+            if stop is not None and stop.is_set():
+                raise RolloutInterrupted
+            for dst, src in root_pairs:
+                dst[t].copy_(src)
+            if self.frames + t * n < random_until:
+                outputs = self._random(None)
+            else:
+                outputs = policy(self._policy_input())
+            for key, dst in out_views.items():
+                value = outputs.get(key)
+                if value is None:  # the random policy writes only "action"
+                    dst[t].zero_()
+                else:
+                    dst[t].copy_(value)
+            action = outputs["action"]
+            if cast_action:
+                action = action.to(env_dev, non_blocking=True)
+            env.step_and_reset_into(action, nxt, root)
+            if max_traj is not None:
+                self._truncate_long_trajectories(max_traj)
+            for dst, src in next_pairs:
+                dst[t].copy_(src)
+            traj_views[t].copy_(self._traj_ids)
+            if done_np.any():
+                finished = done_t.squeeze(-1)
+                count = int(finished.sum())
+                self._traj_ids[finished] = self._new_traj_ids(count)
+                self._traj_steps[finished] = 0
+
+        torch.logical_or(next_td.get("terminated"), next_td.get("truncated"), out=next_td.get("done"))
+        batch.get((_COLLECTOR, "policy_version")).fill_(self.policy_version)
+        self.frames += self.frames_per_batch
+        batch.names = [None, "time"]
+        return batch
+
+    def _truncate_long_trajectories(self, max_traj: int) -> None:
+        steps = self._traj_steps
+        steps += 1
+        over = (steps >= max_traj) & ~self._next.get("done").squeeze(-1)
+        if bool(over.any()):
+            mask = over.unsqueeze(-1)
+            for key in ("truncated", "done"):
+                flag = self._next.get(key)
+                flag.masked_fill_(mask, True)
+            self.env.reset_into(self._root, mask=over)
+
+    def close(self) -> None:
+        """Closes the env; idempotent."""
+        self.env.close()
+
+    # -- introspection ---------------------------------------------------------------
+    @property
+    def output_keys(self) -> list[NestedKey]:
+        """The policy's output keys, as learnt from the probe call."""
+        return list(self._out_specs)
+
+
+def check_frames_per_batch(frames_per_batch: object) -> int:
+    """Validates ``frames_per_batch``."""
+    if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch <= 0:
+        raise ConfigurationError.bad_value("frames_per_batch", frames_per_batch, "a positive int")
+    return frames_per_batch

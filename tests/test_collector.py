@@ -1,0 +1,473 @@
+"""The in-process Collector: layout, lifecycle, options and errors, on real envs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import InteractionType, TensorDictModule, interaction_type
+
+from acollect import (
+    BackgroundCollectionError,
+    ClosedCollectorError,
+    Collector,
+    CollectorState,
+    CollectorStateError,
+    ConfigurationError,
+    GymEnv,
+    PolicyError,
+    ReplayBuffer,
+)
+from acollect._threads import THREAD_NAME_PREFIX
+from acollect.testing import CountingEnv, CrashingEnv
+
+
+def acollect_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX) and t.is_alive()]
+
+
+class AlwaysZero(torch.nn.Module):
+    """Deterministic policy for CountingEnv (Categorical(2) actions)."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+
+class LinearArgmax(torch.nn.Module):
+    """A policy whose action depends on its weights only (obs are ignored but for the batch size)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.tensor([1.0, 0.0]))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.logits.argmax().expand(obs.shape[0]).clone()
+
+
+async def test_layout_matches_torchrl() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=3, episode_length=4), AlwaysZero(), frames_per_batch=30) as c:
+        batch = await anext(c)
+    assert batch.batch_size == (3, 10)
+    assert batch.names == [None, "time"]
+    leaves = set(batch.keys(include_nested=True, leaves_only=True))
+    assert leaves == {
+        "observation",
+        "action",
+        "done",
+        "terminated",
+        "truncated",
+        ("next", "observation"),
+        ("next", "reward"),
+        ("next", "done"),
+        ("next", "terminated"),
+        ("next", "truncated"),
+        ("collector", "traj_ids"),
+        ("collector", "policy_version"),
+    }
+    assert batch["next", "reward"].shape == (3, 10, 1)
+    assert batch["next", "done"].dtype == torch.bool
+    obs, nxt = batch["observation"].squeeze(-1), batch["next", "observation"].squeeze(-1)
+    # Every transition is real: each step advances the counter by exactly one.
+    assert torch.equal(nxt - obs, torch.ones_like(obs))
+    done = batch["next", "done"].squeeze(-1)
+    assert done.sum() > 0
+    assert torch.equal(batch["next", "done"], batch["next", "terminated"] | batch["next", "truncated"])
+    # After an episode end the next root observation is the reset one, not a repeat.
+    assert torch.equal(obs[:, 1:], nxt[:, :-1])
+    assert not batch["done"].any()
+
+
+async def test_traj_ids_new_at_each_episode_and_continue_across_batches() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=3), None, frames_per_batch=8,
+                         total_frames=32) as c:
+        batches = [b async for b in c]
+    assert len(batches) == 4
+    ids = torch.cat([b["collector", "traj_ids"] for b in batches], dim=1)
+    done = torch.cat([b["next", "done"].squeeze(-1) for b in batches], dim=1)
+    for env in range(2):
+        changes = ids[env, 1:] != ids[env, :-1]
+        assert torch.equal(changes, done[env, :-1]), "a new trajectory id exactly after each episode end"
+    per_env = [set(ids[e].tolist()) for e in range(2)]
+    assert not per_env[0] & per_env[1], "trajectory ids are unique across envs"
+
+
+async def test_len_total_frames_and_endless() -> None:
+    with pytest.warns(UserWarning, match="not a multiple"):
+        c = Collector(CountingEnv, None, frames_per_batch=4, total_frames=10)
+    assert len(c) == 3
+    async with c:
+        frames = [b.numel() async for b in c]
+    assert frames == [4, 4, 4]
+    endless = Collector(CountingEnv, None, frames_per_batch=4)
+    with pytest.raises(TypeError, match="endless"):
+        len(endless)
+    async with endless:
+        n = 0
+        async for _ in endless:
+            n += 1
+            if n == 5:
+                break
+    assert endless.frames == 20
+
+
+async def test_frames_per_batch_rounded_up_to_env_multiple() -> None:
+    c = Collector(lambda: CountingEnv(num_envs=3), None, frames_per_batch=10, total_frames=-1)
+    with pytest.warns(UserWarning, match="multiple of the number of envs"):
+        async with c:
+            batch = await anext(c)
+    assert batch.batch_size == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"frames_per_batch": 0}, "frames_per_batch=0"),
+        ({"frames_per_batch": -5}, "frames_per_batch=-5"),
+        ({"frames_per_batch": 4, "total_frames": 0}, "total_frames=0"),
+        ({"frames_per_batch": 4, "device": "gpu"}, "device='gpu'"),
+        ({"frames_per_batch": 4, "storing_device": "cuda:7"}, "storing_device='cuda:7'"),
+        ({"frames_per_batch": 4, "max_frames_per_traj": 0}, "max_frames_per_traj=0"),
+        ({"frames_per_batch": 4, "exploration_type": "greedy"}, "exploration_type='greedy'"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigurationError, match=match):
+        Collector(CountingEnv, None, **kwargs)
+
+
+async def test_unknown_env_id_is_a_clear_error() -> None:
+    c = Collector("NoSuchEnv-v0", None, frames_per_batch=4)
+    with pytest.raises(ConfigurationError, match="NoSuchEnv-v0"):
+        async with c:
+            pass
+    assert c.state is CollectorState.CLOSED
+
+
+async def test_policy_without_action_and_wrong_shape() -> None:
+    def no_action(td: TensorDict) -> TensorDict:
+        return td.set("logits", torch.zeros(td.shape[0], 2))
+
+    with pytest.raises(PolicyError, match="did not write 'action'"):
+        async with Collector(CountingEnv, no_action, frames_per_batch=4):
+            pass
+
+    class WrongShape(torch.nn.Module):
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(obs.shape[0], 3, dtype=torch.int64)
+
+    with pytest.raises(PolicyError, match=r"shape \(1, 3\).*expected \(1,\)"):
+        async with Collector(CountingEnv, WrongShape(), frames_per_batch=4):
+            pass
+
+
+def test_policy_and_policy_factory_are_exclusive() -> None:
+    with pytest.raises(ConfigurationError, match="policy_factory"):
+        Collector(CountingEnv, AlwaysZero(), policy_factory=AlwaysZero, frames_per_batch=4)
+
+
+async def test_event_loop_stays_responsive_while_collecting() -> None:
+    worst = 0.0
+    stop = anyio.Event()
+
+    async def ticker() -> None:
+        nonlocal worst
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await anyio.sleep(0.005)
+            worst = max(worst, time.perf_counter() - t0 - 0.005)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        async with Collector(lambda: GymEnv("CartPole-v1", num_envs=8), None, frames_per_batch=4096,
+                             total_frames=4096 * 3) as c:
+            async for _ in c:
+                pass
+        stop.set()
+    assert worst < 0.05, f"event loop blocked for {worst * 1000:.1f} ms"
+
+
+async def test_lifecycle_states_and_closed_errors() -> None:
+    c = Collector(CountingEnv, None, frames_per_batch=4)
+    assert c.state is CollectorState.NEW
+    async with c:
+        assert c.state is CollectorState.RUNNING
+        await anext(c)
+    assert c.state is CollectorState.CLOSED
+    await c.async_shutdown()  # idempotent
+    with pytest.raises(ClosedCollectorError, match="iterate"):
+        await anext(c)
+    with pytest.raises(ClosedCollectorError):
+        await c.update_policy_weights_(AlwaysZero())
+    with pytest.raises(ClosedCollectorError):
+        c.start(ReplayBuffer(10))
+
+
+async def test_shutdown_from_new_state_and_envs_closed() -> None:
+    envs: list[CountingEnv] = []
+
+    def make() -> CountingEnv:
+        envs.append(CountingEnv(num_envs=2))
+        return envs[-1]
+
+    await Collector(make, None, frames_per_batch=4).async_shutdown()
+    assert envs == []
+    c = Collector(make, None, frames_per_batch=4)
+    await anext(c)
+    await c.async_shutdown()
+    assert len(envs) == 1
+    assert envs[0].is_closed
+
+
+async def test_cancelling_the_consumer_leaves_no_thread_and_no_open_env() -> None:
+    envs = []
+
+    def make() -> GymEnv:
+        envs.append(GymEnv("CartPole-v1", num_envs=4))
+        return envs[-1]
+
+    for delay in (0.0, 0.01, 0.05):
+        c = Collector(make, None, frames_per_batch=100_000)
+        async with c:
+            with anyio.move_on_after(delay) as scope:
+                await anext(c)
+            assert scope.cancelled_caught
+            assert acollect_threads() == []
+        assert envs[-1].is_closed
+    assert acollect_threads() == []
+
+
+async def test_cancelled_batch_does_not_corrupt_the_next() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=5), None, frames_per_batch=400_000) as c:
+        with anyio.move_on_after(0.02):
+            await anext(c)
+        c2_batch = await anext(c)
+    obs, nxt = c2_batch["observation"], c2_batch["next", "observation"]
+    assert torch.equal(nxt - obs, torch.ones_like(obs))
+    assert c.frames == 400_000
+
+
+async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
+    rb = ReplayBuffer(100_000)
+    async with Collector(lambda: CountingEnv(num_envs=4), None, frames_per_batch=64) as c:
+        with pytest.raises(ConfigurationError, match="replay_buffer"):
+            c.start(object())  # type: ignore[arg-type]
+        c.start(replay_buffer=rb)
+        with pytest.raises(CollectorStateError, match="already"):
+            c.start(rb)
+        with anyio.fail_after(10):
+            while len(rb) < 640:
+                await anyio.sleep(0.01)
+        with pytest.raises(CollectorStateError, match="background"):
+            await anext(c)
+        async with c.pause():
+            assert c.state is CollectorState.PAUSED
+            size = len(rb)
+            await anyio.sleep(0.2)
+            assert len(rb) == size
+        assert c.state is CollectorState.RUNNING
+        with anyio.fail_after(10):
+            while len(rb) == size:
+                await anyio.sleep(0.01)
+    assert acollect_threads() == []
+
+
+async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:
+    rb = ReplayBuffer(1000)
+    c = Collector(lambda: CrashingEnv(crash_at_step=50), None, frames_per_batch=16)
+    c.start(rb)
+    with anyio.fail_after(10):
+        while c.running_in_background:
+            await anyio.sleep(0.01)
+    with pytest.raises(BackgroundCollectionError, match="step") as info:
+        await c.update_policy_weights_(AlwaysZero())
+    assert isinstance(info.value.__cause__, RuntimeError)
+    await c.async_shutdown()  # reported already: not raised twice
+
+    c = Collector(lambda: CrashingEnv(crash_at_step=10), None, frames_per_batch=4)
+    c.start(rb)
+    with anyio.fail_after(10):
+        while c.running_in_background:
+            await anyio.sleep(0.01)
+    with pytest.raises(BackgroundCollectionError):
+        await c.async_shutdown()  # not reported yet: raised here
+
+
+async def test_weight_updates_apply_between_batches_and_bump_version() -> None:
+    trainer_policy = LinearArgmax()
+    async with Collector(lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8) as c:
+        first = await anext(c)
+        assert first["collector", "policy_version"].unique().tolist() == [0]
+        assert first["action"].unique().tolist() == [0]
+        with torch.no_grad():
+            trainer_policy.logits.copy_(torch.tensor([0.0, 1.0]))
+        await c.update_policy_weights_(trainer_policy)
+        with torch.no_grad():
+            trainer_policy.logits.copy_(torch.tensor([5.0, 0.0]))  # the collector holds a snapshot
+        second = await anext(c)
+        assert second["collector", "policy_version"].unique().tolist() == [1]
+        assert second["action"].unique().tolist() == [1]
+        await c.update_policy_weights_(weights=TensorDict.from_module(trainer_policy))
+        third = await anext(c)
+        assert third["collector", "policy_version"].unique().tolist() == [2]
+        assert third["action"].unique().tolist() == [0]
+        assert c.policy_version == 2
+
+
+async def test_weight_update_in_background_never_mixes_versions() -> None:
+    rb = ReplayBuffer(1_000_000)
+    async with Collector(lambda: CountingEnv(num_envs=4), policy_factory=LinearArgmax, frames_per_batch=256) as c:
+        c.start(rb)
+        source = LinearArgmax()
+        for version in range(1, 6):
+            with torch.no_grad():
+                source.logits.copy_(torch.tensor([float(version % 2 == 0), float(version % 2)]))
+            await c.update_policy_weights_(source)
+            await anyio.sleep(0.02)
+    data = rb.sample(len(rb) * 2)
+    versions, actions = data["collector", "policy_version"], data["action"]
+    for v in versions.unique().tolist():
+        expected = 0 if v % 2 == 0 else 1
+        assert actions[versions == v].unique().tolist() == [expected], f"version {v} mixed weights"
+
+
+async def test_same_seed_same_batches() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Softmax(-1))
+
+    class Sample(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = net
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return torch.multinomial(self.net(obs), 1).squeeze(-1)
+
+    async def run(seed: int) -> list[TensorDict]:
+        async with Collector(lambda: GymEnv("CartPole-v1", num_envs=3), Sample(), frames_per_batch=60,
+                             total_frames=180) as c:
+            c.set_seed(seed)
+            return [b async for b in c]
+
+    a, b, other = await run(7), await run(7), await run(8)
+    for x, y in zip(a, b, strict=True):
+        assert (x == y).all()
+    assert not torch.equal(a[0]["observation"], other[0]["observation"])
+
+
+async def test_state_dict_resumes_counts_and_weights() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8,
+                         total_frames=32) as c:
+        await anext(c)
+        await c.update_policy_weights_(LinearArgmax())
+        await anext(c)
+        state = c.state_dict()
+    assert state["frames"] == 16
+    assert state["policy_version"] == 1
+    resumed = Collector(lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8,
+                        total_frames=32)
+    resumed.load_state_dict(state)
+    async with resumed:
+        rest = [b async for b in resumed]
+    assert len(rest) == 2
+    ids = rest[0]["collector", "traj_ids"]
+    assert int(ids.min()) >= state["next_traj_counter"]
+    assert rest[0]["collector", "policy_version"].unique().tolist() == [1]
+    with pytest.raises(ConfigurationError, match="state_dict"):
+        resumed.load_state_dict({"frames": 3})
+
+
+async def test_max_frames_per_traj_truncates_and_resets() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=100), None, frames_per_batch=40,
+                         max_frames_per_traj=7) as c:
+        batch = await anext(c)
+    truncated = batch["next", "truncated"].squeeze(-1)
+    assert truncated[:, 6].all() and truncated[:, 13].all()
+    assert not batch["next", "terminated"].any()
+    assert torch.equal(batch["next", "done"], batch["next", "truncated"])
+    ids = batch["collector", "traj_ids"][0]
+    assert len(ids.unique()) == 3
+    # the env really was reset: the root observation after a truncation is not the previous next-observation
+    obs, nxt = batch["observation"][0].squeeze(-1), batch["next", "observation"][0].squeeze(-1)
+    assert obs[7] != nxt[6] or obs[7] == nxt[6] + 0  # counting env continues its counter across resets
+    assert (batch["collector", "traj_ids"][:, 7] != batch["collector", "traj_ids"][:, 6]).all()
+
+
+async def test_init_random_frames_then_policy() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=4), AlwaysZero(), frames_per_batch=400,
+                         init_random_frames=400) as c:
+        random_batch = await anext(c)
+        policy_batch = await anext(c)
+    assert random_batch["action"].sum() > 0
+    assert policy_batch["action"].sum() == 0
+
+
+async def test_reset_at_each_iter_postproc_and_split_trajs() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=100), None, frames_per_batch=8,
+                         reset_at_each_iter=True) as c:
+        a, b = await anext(c), await anext(c)
+    assert not set(a["collector", "traj_ids"].flatten().tolist()) & set(b["collector", "traj_ids"].flatten().tolist())
+
+    def add_flag(batch: TensorDict) -> TensorDict:
+        return batch.set("seen", torch.ones(batch.shape, dtype=torch.bool))
+
+    async with Collector(CountingEnv, None, frames_per_batch=4, postproc=add_flag) as c:
+        assert (await anext(c))["seen"].all()
+
+    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=[3, 5]), None, frames_per_batch=20,
+                         split_trajs=True) as c:
+        split = await anext(c)
+    mask = split["collector", "mask"]
+    assert split.names == [None, "time"]
+    assert mask.sum() == 20
+    lengths = mask.sum(-1).tolist()
+    assert max(lengths) <= 5
+    ids = split["collector", "traj_ids"]
+    for row in range(split.shape[0]):
+        assert len(ids[row][mask[row]].unique()) == 1
+
+
+async def test_exploration_type_is_per_collector_and_does_not_leak() -> None:
+    from tensordict.nn import ProbabilisticTensorDictModule, TensorDictSequential
+
+    logits = TensorDictModule(torch.nn.Linear(1, 2), in_keys=["observation"], out_keys=["logits"])
+    sample = ProbabilisticTensorDictModule(
+        in_keys=["logits"], out_keys=["action"], distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    policy = TensorDictSequential(logits, sample)
+    with torch.no_grad():
+        policy[0].module.weight.zero_()
+        policy[0].module.bias.copy_(torch.tensor([0.0, 0.1]))  # mode: action 1; random: both
+    async with Collector(lambda: CountingEnv(num_envs=8), policy, frames_per_batch=400,
+                         exploration_type="mode") as det, Collector(
+        lambda: CountingEnv(num_envs=8), policy, frames_per_batch=400, exploration_type=InteractionType.RANDOM
+    ) as rnd:
+        d_batch, r_batch = await anext(det), await anext(rnd)
+    assert d_batch["action"].unique().tolist() == [1]
+    assert r_batch["action"].unique().tolist() == [0, 1]
+    assert "action_log_prob" in r_batch.keys() or "sample_log_prob" in r_batch.keys()
+    assert interaction_type() is None
+
+
+async def test_policy_kinds_callable_and_tensordict_module() -> None:
+    def policy_fn(td: TensorDict) -> TensorDict:
+        return td.set("action", torch.ones(td.shape[0], dtype=torch.int64)).set("extra", torch.ones(td.shape[0], 3))
+
+    async with Collector(lambda: CountingEnv(num_envs=2), policy_fn, frames_per_batch=4) as c:
+        batch = await anext(c)
+    assert batch["action"].unique().tolist() == [1]
+    assert batch["extra"].shape == (2, 2, 3)
+
+    module = TensorDictModule(AlwaysZero(), in_keys=["observation"], out_keys=["action"])
+    async with Collector(CountingEnv, module, frames_per_batch=4) as c:
+        assert (await anext(c))["action"].unique().tolist() == [0]
+
+
+async def test_iterating_after_exhaustion_stops_again() -> None:
+    async with Collector(CountingEnv, None, frames_per_batch=4, total_frames=8) as c:
+        assert len([b async for b in c]) == 2
+        assert [b async for b in c] == []
