@@ -1,0 +1,42 @@
+"""Moving messages and tensors between a collector and its worker processes.
+
+Three layers, none of which knows about envs:
+
+* :mod:`~acollect.transport.wire`: the versioned wire format (msgpack header and
+  raw tensor frames; flat weight buffers). Never pickle.
+* :mod:`~acollect.transport.shm`: shared-memory slots for large same-host payloads.
+* :mod:`~acollect.transport.endpoint`: ZeroMQ sockets, asyncio on the collector's
+  side and blocking in workers.
+"""
+
+from acollect.transport.endpoint import Endpoint as Endpoint
+from acollect.transport.endpoint import WorkerSocket as WorkerSocket
+from acollect.transport.shm import ShmSegment as ShmSegment
+from acollect.transport.shm import ShmSlotRing as ShmSlotRing
+from acollect.transport.shm import ShmTensorDictSlot as ShmTensorDictSlot
+from acollect.transport.shm import cleanup_stale as cleanup_stale
+from acollect.transport.shm import shm_available as shm_available
+from acollect.transport.weights import flatten_params as flatten_params
+from acollect.transport.weights import unflatten_into as unflatten_into
+from acollect.transport.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
+from acollect.transport.wire import decode_tensordict as decode_tensordict
+from acollect.transport.wire import encode_tensordict as encode_tensordict
+from acollect.transport.wire import pack_message as pack_message
+from acollect.transport.wire import unpack_message as unpack_message
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Endpoint",
+    "ShmSegment",
+    "ShmSlotRing",
+    "ShmTensorDictSlot",
+    "WorkerSocket",
+    "cleanup_stale",
+    "decode_tensordict",
+    "encode_tensordict",
+    "flatten_params",
+    "pack_message",
+    "shm_available",
+    "unflatten_into",
+    "unpack_message",
+]

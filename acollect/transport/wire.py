@@ -1,0 +1,492 @@
+"""The versioned wire format: a msgpack header frame followed by raw tensor frames.
+
+A message is a list of frames. Frame 0 is a msgpack map with at least ``"v"``
+(the protocol version) and ``"kind"`` (what the message is); frames 1.. are the
+raw bytes of the tensors a TensorDict holds, described by the header's ``"td"``
+layout. Nothing is ever pickled: a peer can only make the receiver allocate
+tensors of whitelisted dtypes and bounded sizes, and every malformed message
+raises :class:`~acollect.errors.ProtocolError` with a reason.
+
+Weights have their own flat format (:mod:`acollect.transport.weights`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from acollect.errors import ConfigurationError, ProtocolError
+
+__all__ = [
+    "ALIGNMENT",
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_HEADER_BYTES",
+    "PROTOCOL_VERSION",
+    "LeafLayout",
+    "TensorDictLayout",
+    "aligned_offsets",
+    "decode_tensordict",
+    "encode_tensordict",
+    "pack_message",
+    "unpack_message",
+    "validate_layout",
+]
+
+#: Bumped on every incompatible change of the header or frame layout.
+PROTOCOL_VERSION = 1
+#: Byte alignment of every leaf inside a flat weight buffer or a shared-memory slot.
+ALIGNMENT = 64
+#: Default ceiling on the tensor bytes one message may make the receiver hold (16 GiB).
+DEFAULT_MAX_BYTES = 1 << 34
+#: Default ceiling on the size of the msgpack header frame (1 MiB).
+DEFAULT_MAX_HEADER_BYTES = 1 << 20
+_MAX_NDIM = 64
+_MAX_DIM = 1 << 48  # dims of empty tensors are not bounded by their (zero) bytes
+_MAX_KEY_DEPTH = 32
+_RESERVED_FIELDS = frozenset({"v", "kind", "td"})
+
+_WIRE_DTYPES: tuple[torch.dtype, ...] = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_WIRE_DTYPES += (torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_WIRE_DTYPES += (torch.complex64, torch.complex128)
+_DTYPES: dict[str, torch.dtype] = {str(dtype).removeprefix("torch."): dtype for dtype in _WIRE_DTYPES}
+_DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _DTYPES.items()}
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LeafLayout:
+    """One validated tensor of a layout: where it lives and what it holds."""
+
+    key: Key
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorDictLayout:
+    """A validated TensorDict layout (see :func:`validate_layout`)."""
+
+    batch_size: tuple[int, ...]
+    names: tuple[str | None, ...] | None
+    leaves: tuple[LeafLayout, ...]
+    subs: tuple[tuple[Key, tuple[int, ...]], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of all leaves (without alignment padding)."""
+        return sum(leaf.nbytes for leaf in self.leaves)
+
+
+def aligned_offsets(nbytes: Sequence[int], alignment: int = ALIGNMENT) -> tuple[list[int], int]:
+    """Packs blocks of the given sizes one after the other at aligned offsets.
+
+    Returns:
+        The offset of each block and the total size.
+
+    Examples:
+        >>> aligned_offsets([3, 64, 0, 1])
+        ([0, 64, 128, 128], 129)
+    """
+    offsets, end = [], 0
+    for size in nbytes:
+        start = -(-end // alignment) * alignment
+        offsets.append(start)
+        end = start + size
+    return offsets, end
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _normalize_key(key: object, where: str) -> Key:
+    key_tuple = (key,) if isinstance(key, str) else key
+    if not isinstance(key_tuple, tuple) or not key_tuple or not all(isinstance(k, str) for k in key_tuple):
+        raise ConfigurationError.bad_value(where, key, "a str or a non-empty tuple of str")
+    return key_tuple
+
+
+def _dtype_name(dtype: torch.dtype, key: Key) -> str:
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise ConfigurationError.bad_value(
+            f"dtype of {key!r}", dtype, f"one of the wire dtypes {sorted(_DTYPES)}"
+        ) from None
+
+
+def _byte_view(tensor: torch.Tensor) -> memoryview:
+    # A flat uint8 view shares memory with the tensor, so sending it copies nothing;
+    # bool and bfloat16 (which numpy cannot hold) travel as their raw bytes too.
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.resolve_conj().resolve_neg()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def _walk(td: TensorDictBase, prefix: Key, leaves: list[tuple[Key, torch.Tensor]], subs: list[dict[str, Any]]) -> None:
+    for name, value in td.items():
+        key = (*prefix, name)
+        if isinstance(value, torch.Tensor):
+            leaves.append((key, value))
+        elif isinstance(value, TensorDictBase):
+            # Sub-TensorDicts with the parent's batch size are rebuilt implicitly; only
+            # the others (and empty ones, which no leaf would recreate) are spelled out.
+            if value.batch_size != td.batch_size or value.is_empty():
+                subs.append({"key": list(key), "batch_size": list(value.batch_size)})
+            _walk(value, key, leaves, subs)
+        else:
+            raise ConfigurationError.bad_value(
+                f"td entry {key!r}", type(value).__name__, "a torch.Tensor or a nested TensorDict (no non-tensor data)"
+            )
+
+
+def encode_tensordict(td: TensorDictBase) -> tuple[dict[str, Any], list[memoryview]]:
+    """Describes a TensorDict and exposes its leaves as raw byte buffers.
+
+    Contiguous CPU leaves are not copied: each buffer is a memoryview over the
+    tensor's own memory (so do not modify the tensors until the buffers are sent).
+
+    Args:
+        td: a TensorDict of tensors with wire dtypes; nested TensorDicts allowed.
+
+    Returns:
+        ``(layout, buffers)``: a msgpack-able layout and one buffer per leaf.
+
+    Raises:
+        ConfigurationError: ``td`` holds non-tensor data or an unsupported dtype.
+
+    Examples:
+        >>> td = TensorDict({"obs": torch.zeros(2, 3)}, batch_size=[2])
+        >>> layout, buffers = encode_tensordict(td)
+        >>> layout["leaves"], [b.nbytes for b in buffers]
+        ([{'key': ['obs'], 'dtype': 'float32', 'shape': [2, 3], 'nbytes': 24}], [24])
+    """
+    if not isinstance(td, TensorDictBase):
+        raise ConfigurationError.bad_value("td", type(td).__name__, "a TensorDict")
+    found: list[tuple[Key, torch.Tensor]] = []
+    subs: list[dict[str, Any]] = []
+    _walk(td, (), found, subs)
+    leaves, buffers = [], []
+    for key, tensor in found:
+        buffer = _byte_view(tensor)
+        leaves.append(
+            {
+                "key": list(key),
+                "dtype": _dtype_name(tensor.dtype, key),
+                "shape": list(tensor.shape),
+                "nbytes": buffer.nbytes,
+            }
+        )
+        buffers.append(buffer)
+    names = list(td.names) if td.batch_dims and any(n is not None for n in td.names) else None
+    layout = {"batch_size": list(td.batch_size), "names": names, "leaves": leaves, "subs": subs}
+    return layout, buffers
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _fail(reason: str) -> ProtocolError:
+    return ProtocolError(f"malformed message: {reason}")
+
+
+def _check_int(value: object, what: str, high: int) -> int:
+    if type(value) is not int or not 0 <= value <= high:
+        raise _fail(f"{what}={value!r}, expected an int in [0, {high}]")
+    return value
+
+
+def _check_dims(value: object, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > _MAX_NDIM:
+        raise _fail(f"{what}={value!r:.200}, expected a list of at most {_MAX_NDIM} ints")
+    return tuple(_check_int(d, f"{what} dim", _MAX_DIM) for d in value)
+
+
+def _check_key(value: object, what: str) -> Key:
+    if (
+        not isinstance(value, list)
+        or not 0 < len(value) <= _MAX_KEY_DEPTH
+        or not all(isinstance(k, str) and k for k in value)
+    ):
+        raise _fail(f"{what}={value!r:.200}, expected a list of 1 to {_MAX_KEY_DEPTH} non-empty str")
+    return tuple(value)
+
+
+def _check_leaf(entry: object, max_bytes: int) -> LeafLayout:
+    if not isinstance(entry, dict):
+        raise _fail(f"leaf {entry!r:.200} is not a map")
+    key = _check_key(entry.get("key"), "leaf key")
+    dtype_name = entry.get("dtype")
+    if not isinstance(dtype_name, str) or dtype_name not in _DTYPES:
+        raise _fail(f"leaf {key!r} has dtype {dtype_name!r:.100}, expected one of {sorted(_DTYPES)}")
+    dtype = _DTYPES[dtype_name]
+    shape = _check_dims(entry.get("shape"), f"shape of {key!r}")
+    nbytes = _check_int(entry.get("nbytes"), f"nbytes of {key!r}", max_bytes)
+    expected = math.prod(shape) * dtype.itemsize
+    if nbytes != expected:
+        raise _fail(f"leaf {key!r} declares {nbytes} bytes but shape {list(shape)} of {dtype_name} needs {expected}")
+    return LeafLayout(key, dtype, shape, nbytes)
+
+
+def _check_keys_disjoint(keys: Sequence[Key]) -> None:
+    seen = set(keys)
+    if len(seen) != len(keys):
+        raise _fail("a leaf key appears twice")
+    for key in keys:
+        for depth in range(1, len(key)):
+            if key[:depth] in seen:
+                raise _fail(f"leaf key {key!r} is nested under leaf {key[:depth]!r}")
+
+
+def validate_layout(layout: object, *, max_bytes: int = DEFAULT_MAX_BYTES) -> TensorDictLayout:
+    """Checks a layout received from a peer and returns its validated form.
+
+    Raises:
+        ProtocolError: anything is missing, of the wrong type, inconsistent, or
+            the leaves hold more than ``max_bytes`` in total.
+
+    Examples:
+        >>> validate_layout({"batch_size": [2], "names": None, "leaves": [], "subs": []}).batch_size
+        (2,)
+    """
+    if not isinstance(layout, dict):
+        raise _fail(f"tensor layout is a {type(layout).__name__}, expected a map")
+    batch_size = _check_dims(layout.get("batch_size"), "batch_size")
+    names = layout.get("names")
+    if names is not None:
+        if not isinstance(names, list) or len(names) != len(batch_size):
+            raise _fail(f"names={names!r:.200} do not match batch_size {list(batch_size)}")
+        given = [n for n in names if n is not None]
+        if not all(isinstance(n, str) for n in given) or len(set(given)) != len(given):
+            raise _fail(f"names={names!r:.200}, expected distinct str or None")
+        names = tuple(names)
+    raw_leaves = layout.get("leaves")
+    if not isinstance(raw_leaves, list):
+        raise _fail("tensor layout has no list of leaves")
+    leaves = tuple(_check_leaf(entry, max_bytes) for entry in raw_leaves)
+    total = sum(leaf.nbytes for leaf in leaves)
+    if total > max_bytes:
+        raise _fail(f"tensors hold {total} bytes, more than the allowed {max_bytes}")
+    for leaf in leaves:
+        if leaf.shape[: len(batch_size)] != batch_size:
+            raise _fail(
+                f"leaf {leaf.key!r} of shape {list(leaf.shape)} does not start with batch_size {list(batch_size)}"
+            )
+    _check_keys_disjoint([leaf.key for leaf in leaves])
+    raw_subs = layout.get("subs", [])
+    if not isinstance(raw_subs, list):
+        raise _fail("tensor layout subs is not a list")
+    subs = []
+    for entry in raw_subs:
+        if not isinstance(entry, dict):
+            raise _fail(f"sub-tensordict {entry!r:.200} is not a map")
+        subs.append((_check_key(entry.get("key"), "sub key"), _check_dims(entry.get("batch_size"), "sub batch_size")))
+    return TensorDictLayout(batch_size, names, leaves, tuple(subs))
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _as_bytes_view(frame: object, index: int) -> memoryview:
+    try:
+        view = memoryview(frame)  # type: ignore[arg-type]
+        return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    except (TypeError, ValueError) as exc:
+        raise _fail(f"frame {index} is not a contiguous bytes-like object ({type(frame).__name__})") from exc
+
+
+def _tensor_from(view: memoryview, leaf: LeafLayout, copy: bool) -> torch.Tensor:
+    if leaf.nbytes == 0:
+        return torch.empty(leaf.shape, dtype=leaf.dtype)
+    if copy or view.readonly:
+        # Read-only buffers (bytes) are copied: torch cannot mark a tensor read-only,
+        # and writing through it would corrupt an immutable object.
+        raw = torch.empty(leaf.nbytes, dtype=torch.uint8)
+        memoryview(raw.numpy())[:] = view  # type: ignore[arg-type]
+    else:
+        raw = torch.frombuffer(view, dtype=torch.uint8)
+        if raw.data_ptr() % leaf.dtype.itemsize:
+            raw = raw.clone()  # misaligned frame memory: not every kernel tolerates it
+    if leaf.dtype is torch.bool and bool((raw > 1).any()):
+        raise _fail(f"bool leaf {leaf.key!r} holds bytes other than 0 and 1")
+    return raw.view(leaf.dtype).view(leaf.shape)
+
+
+def _build(spec: TensorDictLayout, tensors: list[torch.Tensor]) -> TensorDict:
+    source: dict[str, Any] = {}
+    for leaf, tensor in zip(spec.leaves, tensors, strict=True):
+        node = source
+        for part in leaf.key[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.key[-1]] = tensor
+    try:
+        td = TensorDict(source, batch_size=spec.batch_size, names=spec.names)  # type: ignore[arg-type]
+        for key, batch_size in sorted(spec.subs, key=lambda sub: len(sub[0])):
+            if key in td.keys(include_nested=True):
+                td.get(key).batch_size = batch_size
+            else:
+                td.set(key, TensorDict(batch_size=batch_size))
+    except Exception as exc:  # tensordict's own checks, on data a peer controls
+        raise _fail(f"tensors do not form a TensorDict: {exc}") from exc
+    return td
+
+
+def decode_tensordict(
+    layout: object, buffers: Sequence[object], *, copy: bool = False, max_bytes: int = DEFAULT_MAX_BYTES
+) -> TensorDict:
+    """Rebuilds a TensorDict from a layout and its raw buffers.
+
+    Args:
+        layout: the layout :func:`encode_tensordict` produced (received from a peer).
+        buffers: one writable bytes-like object per leaf (zmq frames, memoryviews...).
+        copy: copy the bytes into fresh tensors. When ``False`` the tensors share memory
+            with the buffers and keep them alive; read-only buffers are always copied.
+        max_bytes: the most tensor bytes accepted.
+
+    Raises:
+        ProtocolError: the layout is malformed or does not match the buffers.
+
+    Examples:
+        >>> td = TensorDict({"a": torch.arange(3)}, batch_size=[3])
+        >>> layout, buffers = encode_tensordict(td)
+        >>> decode_tensordict(layout, [bytearray(b) for b in buffers])["a"]
+        tensor([0, 1, 2])
+    """
+    spec = validate_layout(layout, max_bytes=max_bytes)
+    if len(buffers) != len(spec.leaves):
+        raise _fail(f"layout describes {len(spec.leaves)} tensor frames but {len(buffers)} arrived")
+    tensors = []
+    for index, (leaf, buffer) in enumerate(zip(spec.leaves, buffers, strict=True), start=1):
+        view = _as_bytes_view(buffer, index)
+        if view.nbytes != leaf.nbytes:
+            raise _fail(f"frame {index} ({leaf.key!r}) has {view.nbytes} bytes, the layout says {leaf.nbytes}")
+        tensors.append(_tensor_from(view, leaf, copy))
+    return _build(spec, tensors)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def pack_message(
+    kind: str, header_fields: Mapping[str, Any] | None = None, td: TensorDictBase | None = None
+) -> list[Any]:
+    """Builds the frames of one message.
+
+    Args:
+        kind: what the message is (e.g. ``"batch"``, ``"weights"``).
+        header_fields: extra msgpack-able header entries (not ``"v"``, ``"kind"``, ``"td"``).
+        td: an optional TensorDict whose leaves follow as raw frames (not copied).
+
+    Returns:
+        ``[header bytes, *tensor buffers]``.
+
+    Examples:
+        >>> frames = pack_message("ping", {"seq": 3})
+        >>> unpack_message(frames)
+        ({'v': 1, 'kind': 'ping', 'seq': 3}, None)
+    """
+    if not isinstance(kind, str) or not kind:
+        raise ConfigurationError.bad_value("kind", kind, "a non-empty str")
+    fields = dict(header_fields or {})
+    clash = _RESERVED_FIELDS & fields.keys()
+    if clash:
+        raise ConfigurationError.bad_value(
+            "header_fields", sorted(clash), f"no reserved field {sorted(_RESERVED_FIELDS)}"
+        )
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "kind": kind, **fields}
+    buffers: list[memoryview] = []
+    if td is not None:
+        header["td"], buffers = encode_tensordict(td)
+    try:
+        packed = msgpack.packb(header, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigurationError.bad_value("header_fields", fields, f"msgpack-able values ({exc})") from exc
+    return [packed, *buffers]
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    raise ValueError(f"msgpack extension type {code} is not allowed")
+
+
+def unpack_message(
+    frames: Sequence[object],
+    *,
+    copy: bool = False,
+    kinds: frozenset[str] | set[str] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+) -> tuple[dict[str, Any], TensorDict | None]:
+    """Parses and validates the frames of one message.
+
+    Args:
+        frames: the received frames (bytes, memoryviews or zmq frames).
+        copy: passed to :func:`decode_tensordict`.
+        kinds: if given, the only message kinds accepted.
+        max_bytes: the most tensor bytes accepted.
+        max_header_bytes: the largest header frame accepted.
+
+    Returns:
+        ``(header, td)``: the header map (with ``"v"`` and ``"kind"``) and the
+        TensorDict, or ``None`` if the message carries none.
+
+    Raises:
+        ProtocolError: the message is malformed, of another protocol version or of
+            an unexpected kind.
+
+    Examples:
+        >>> unpack_message([b"\\x81\\xa1v\\x63"])
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ProtocolError: protocol version mismatch: the peer speaks version 99, this side speaks version 1
+    """
+    if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence) or not frames:
+        raise _fail("expected a non-empty list of frames")
+    head = _as_bytes_view(frames[0], 0)
+    if head.nbytes > max_header_bytes:
+        raise _fail(f"header frame has {head.nbytes} bytes, more than the allowed {max_header_bytes}")
+    limit = head.nbytes
+    try:
+        header = msgpack.unpackb(
+            head,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            ext_hook=_reject_ext,
+            max_str_len=limit,
+            max_bin_len=limit,
+            max_array_len=limit,
+            max_map_len=limit,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises a zoo of types on hostile input
+        raise _fail(f"header is not valid msgpack ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(header, dict):
+        raise _fail(f"header is a {type(header).__name__}, expected a map")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION or type(version) is not int:
+        raise ProtocolError(
+            f"protocol version mismatch: the peer speaks version {version!r:.50}, "
+            f"this side speaks version {PROTOCOL_VERSION}"
+        )
+    kind = header.get("kind")
+    if not isinstance(kind, str) or not kind:
+        raise _fail(f"header kind={kind!r:.100}, expected a non-empty str")
+    if kinds is not None and kind not in kinds:
+        raise _fail(f"unexpected message kind {kind!r:.100}, expected one of {sorted(kinds)}")
+    layout = header.pop("td", None)
+    if layout is None:
+        if len(frames) != 1:
+            raise _fail(f"a {kind!r} message without tensors arrived with {len(frames) - 1} extra frames")
+        return header, None
+    return header, decode_tensordict(layout, frames[1:], copy=copy, max_bytes=max_bytes)
