@@ -1,0 +1,372 @@
+"""ZeroMQ endpoints: the collector's asyncio ROUTER and the workers' blocking DEALER.
+
+The collector binds one :class:`Endpoint` (a ``zmq.asyncio`` ROUTER); each worker
+process connects one :class:`WorkerSocket` (a plain, synchronous DEALER whose
+identity names the worker). Messages are lists of frames, usually built with
+:func:`~acollect.transport.wire.pack_message`.
+
+Each endpoint and each worker socket owns its own ZeroMQ context and terminates
+it on ``close()``, so closing never waits on, nor leaks, a socket someone else
+opened. ZeroMQ errors become :class:`~acollect.errors.TransportError` here, at
+the boundary; cancellation passes through untouched.
+
+Frames are sent without a copy where ZeroMQ allows it (big frames): do not modify
+a buffer you sent until ZeroMQ is done with it (pass ``track=True`` and wait on
+the tracker, or send copies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from acollect.errors import ConfigurationError, TransportError
+
+__all__ = ["Endpoint", "WorkerSocket"]
+
+# Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+_MAX_IPC_PATH = 107
+
+
+def _check_timeout(timeout: object, name: str = "timeout") -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0 or math.isinf(timeout):
+        raise ConfigurationError.bad_value(name, timeout, "a finite number of seconds >= 0")
+    return float(timeout)
+
+
+def _check_positive_int(value: object, name: str) -> int:
+    if type(value) is not int or value < 1:
+        raise ConfigurationError.bad_value(name, value, "an int >= 1")
+    return value
+
+
+def _check_address(address: str) -> str:
+    if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
+        raise ConfigurationError.bad_value("address", address, "'ipc://<path>' or 'tcp://<host>:<port>'")
+    if address.startswith("ipc://") and len(os.fsencode(address[len("ipc://") :])) > _MAX_IPC_PATH:
+        raise ConfigurationError.bad_value("address", address, f"an ipc path of at most {_MAX_IPC_PATH} bytes")
+    return address
+
+
+def _configure(
+    sock: zmq.Socket[Any], *, hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None
+) -> None:
+    sock.setsockopt(zmq.LINGER, 0)  # close() never waits for unsent data of a dead peer
+    sock.setsockopt(zmq.SNDHWM, hwm)  # credits bound the batches in flight; HWM bounds the rest
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    # ZMTP pings notice a peer that vanished without closing its TCP connection.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat_ivl * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(heartbeat_timeout * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, round(heartbeat_timeout * 1000))
+    if max_message_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+def _check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None) -> None:
+    _check_positive_int(hwm, "hwm")
+    _check_timeout(heartbeat_ivl, "heartbeat_ivl")
+    _check_timeout(heartbeat_timeout, "heartbeat_timeout")
+    if max_message_bytes is not None:
+        _check_positive_int(max_message_bytes, "max_message_bytes")
+
+
+class Endpoint:
+    """The collector's side: an asyncio ROUTER socket that workers connect to.
+
+    Args:
+        address: ``"ipc://<path>"``, ``"tcp://<host>:<port>"`` (port 0 picks a free
+            one) or ``None`` for a fresh ipc path in a private temporary directory,
+            removed on close.
+        hwm: the most messages queued per peer in each direction.
+        heartbeat_ivl: seconds between ZMTP heartbeats.
+        heartbeat_timeout: seconds without traffic before ZeroMQ drops a connection.
+        max_message_bytes: reject inbound frames larger than this (``None``: no limit).
+
+    Raises:
+        ConfigurationError: a bad argument.
+        TransportError: the address cannot be bound.
+
+    Examples:
+        >>> async def main():
+        ...     async with Endpoint("tcp://127.0.0.1:0") as endpoint:
+        ...         with WorkerSocket(endpoint.address, b"w0") as worker:
+        ...             worker.send([b"hello"], timeout=5)
+        ...             identity, frames = await endpoint.recv(timeout=5)
+        ...             return identity, [bytes(f) for f in frames]
+        >>> asyncio.run(main())
+        (b'w0', [b'hello'])
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        hwm: int = 64,
+        heartbeat_ivl: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
+        self._tmpdir: str | None = None
+        if address is None:
+            self._tmpdir = tempfile.mkdtemp(prefix="acollect-")
+            address = f"ipc://{self._tmpdir}/endpoint.sock"
+        address = _check_address(address)
+        if address.startswith("tcp://") and address.endswith(":0"):
+            address = address[:-2] + ":*"
+        self._ctx = zmq.asyncio.Context()
+        self._sock: zmq.asyncio.Socket | None = self._ctx.socket(zmq.ROUTER)
+        try:
+            _configure(
+                self._sock,
+                hwm=hwm,
+                heartbeat_ivl=heartbeat_ivl,
+                heartbeat_timeout=heartbeat_timeout,
+                max_message_bytes=max_message_bytes,
+            )
+            # Sending to a worker that is not connected raises instead of dropping
+            # silently; a restarted worker takes its identity back.
+            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            self._sock.bind(address)
+            self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise TransportError(f"cannot bind {address}: {exc}") from exc
+
+    @property
+    def address(self) -> str:
+        """The bound address, with the real port for ``tcp://...:0``."""
+        return self._address
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._sock is None
+
+    def _socket(self) -> zmq.asyncio.Socket:
+        if self._sock is None:
+            raise TransportError("the endpoint is closed")
+        return self._sock
+
+    async def send(self, identity: bytes, frames: Sequence[Any], *, timeout: float = 10.0) -> None:
+        """Sends one message to the worker with ``identity``.
+
+        Args:
+            identity: the worker's identity (as given to its :class:`WorkerSocket`).
+            frames: bytes-like frames; big ones are sent without a copy.
+            timeout: seconds to wait while the worker's queue is full.
+
+        Raises:
+            TransportError: no worker with that identity is connected, or ZeroMQ failed.
+            TimeoutError: the message could not be queued within ``timeout``.
+        """
+        timeout = _check_timeout(timeout)
+        sock = self._socket()
+        try:
+            await asyncio.wait_for(sock.send_multipart([identity, *frames], copy=False), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"could not queue a message for worker {identity!r} within {timeout}s") from None
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise TransportError(f"no worker with identity {identity!r} is connected to {self._address}") from exc
+            raise TransportError(f"sending to worker {identity!r} failed: {exc}") from exc
+
+    async def recv(self, timeout: float) -> tuple[bytes, list[zmq.Frame]]:
+        """Waits for the next message from any worker.
+
+        Cancelling this call (e.g. with ``anyio.move_on_after``) loses no message:
+        one is taken off the socket only once it is there in full.
+
+        Args:
+            timeout: seconds to wait.
+
+        Returns:
+            ``(identity, frames)``: the sender's identity and its frames (zero-copy
+            ``zmq.Frame`` objects, usable as buffers).
+
+        Raises:
+            TimeoutError: nothing arrived within ``timeout``.
+            TransportError: the endpoint is closed or ZeroMQ failed.
+        """
+        timeout = _check_timeout(timeout)
+        sock = self._socket()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                if await sock.poll(timeout=math.ceil(remaining * 1000)):  # POLLIN
+                    try:
+                        frames = await sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        continue  # readable edge without a full message yet
+                    return frames[0].bytes, frames[1:]
+                if remaining <= 0:
+                    raise TimeoutError(f"no message arrived at {self._address} within {timeout}s")
+        except zmq.ZMQError as exc:
+            raise TransportError(f"receiving at {self._address} failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Closes the socket and its context and removes a private ipc file (idempotent)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close(linger=0)
+            self._ctx.term()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    async def __aenter__(self) -> Endpoint:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self._address!r}{', closed' if self.closed else ''})"
+
+
+class WorkerSocket:
+    """A worker's side: a blocking DEALER socket connected to an :class:`Endpoint`.
+
+    Plain synchronous code for worker processes; every call takes a timeout.
+
+    Args:
+        address: the endpoint's :attr:`Endpoint.address`.
+        identity: the name the endpoint sees this worker as (non-empty bytes, at most
+            255, not starting with a zero byte).
+        hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes: as for :class:`Endpoint`.
+
+    Raises:
+        ConfigurationError: a bad argument.
+        TransportError: ZeroMQ failed to connect.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        identity: bytes,
+        *,
+        hwm: int = 64,
+        heartbeat_ivl: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        address = _check_address(address)
+        if not isinstance(identity, bytes) or not 0 < len(identity) <= 255 or identity[0] == 0:
+            raise ConfigurationError.bad_value("identity", identity, "1 to 255 bytes, not starting with b'\\x00'")
+        _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
+        self._address = address
+        self._identity = identity
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.DEALER)
+        try:
+            _configure(
+                self._sock,
+                hwm=hwm,
+                heartbeat_ivl=heartbeat_ivl,
+                heartbeat_timeout=heartbeat_timeout,
+                max_message_bytes=max_message_bytes,
+            )
+            self._sock.setsockopt(zmq.ROUTING_ID, identity)
+            # Queue only to a finished connection: a send before the collector is
+            # reachable waits (and times out) instead of piling up.
+            self._sock.setsockopt(zmq.IMMEDIATE, 1)
+            self._sock.connect(address)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise TransportError(f"cannot connect to {address}: {exc}") from exc
+
+    @property
+    def identity(self) -> bytes:
+        """This worker's identity."""
+        return self._identity
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._sock is None
+
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._sock is None:
+            raise TransportError("the worker socket is closed")
+        return self._sock
+
+    def send(
+        self, frames: Sequence[Any], *, timeout: float = 10.0, copy: bool = False, track: bool = False
+    ) -> zmq.MessageTracker | None:
+        """Sends one message to the endpoint.
+
+        Args:
+            frames: bytes-like frames.
+            timeout: seconds to wait until the endpoint can take the message.
+            copy: copy every frame now (then the buffers may be reused at once).
+            track: return a tracker whose ``done`` says when ZeroMQ released the buffers.
+
+        Raises:
+            TimeoutError: the endpoint did not take the message within ``timeout``.
+            TransportError: the socket is closed or ZeroMQ failed.
+        """
+        timeout = _check_timeout(timeout)
+        sock = self._socket()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                if sock.poll(math.ceil(remaining * 1000), zmq.POLLOUT):
+                    try:
+                        tracker = sock.send_multipart(frames, zmq.NOBLOCK, copy=copy, track=track)
+                    except zmq.Again:
+                        continue
+                    return tracker if track else None
+                if remaining <= 0:
+                    raise TimeoutError(f"{self._address} did not take a message within {timeout}s")
+        except zmq.ZMQError as exc:
+            raise TransportError(f"sending to {self._address} failed: {exc}") from exc
+
+    def recv(self, timeout: float) -> list[zmq.Frame] | None:
+        """Waits up to ``timeout`` seconds for a message; ``None`` if none came.
+
+        Raises:
+            TransportError: the socket is closed or ZeroMQ failed.
+        """
+        timeout = _check_timeout(timeout)
+        sock = self._socket()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                if sock.poll(math.ceil(remaining * 1000), zmq.POLLIN):
+                    try:
+                        return sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        continue
+                if remaining <= 0:
+                    return None
+        except zmq.ZMQError as exc:
+            raise TransportError(f"receiving from {self._address} failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Closes the socket and its context (idempotent)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close(linger=0)
+            self._ctx.term()
+
+    def __enter__(self) -> WorkerSocket:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"WorkerSocket({self._address!r}, identity={self._identity!r}{', closed' if self.closed else ''})"

@@ -1,0 +1,490 @@
+"""Shared-memory slots: large same-host payloads without a copy through a socket.
+
+A segment is a file under ``/dev/shm`` named ``acollect-<owner pid>-<random>``,
+mapped with :mod:`mmap` and seen as torch tensors. The process that creates a
+segment owns it and is the only one that unlinks it; other processes attach by
+name. :mod:`multiprocessing.shared_memory` is not used on purpose: its resource
+tracker unlinks segments that child processes merely attached to, and warns.
+
+If the owner dies without unlinking, the file stays until :func:`cleanup_stale`
+removes segments whose owner pid is gone. Mappings outlive the unlink: memory is
+freed when the last process unmaps it.
+
+Where ``/dev/shm`` does not exist (:func:`shm_available` is ``False``), callers
+send the tensors as message frames instead.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+import weakref
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from acollect.errors import ConfigurationError, TransportError
+from acollect.transport.wire import LeafLayout, _build, aligned_offsets, validate_layout
+
+__all__ = ["SHM_DIR", "SHM_PREFIX", "ShmSegment", "ShmSlotRing", "ShmTensorDictSlot", "cleanup_stale", "shm_available"]
+
+#: Where segments live (a tmpfs on Linux).
+SHM_DIR = "/dev/shm"
+#: Every segment name starts with this, then ``<owner pid>-<random hex>``.
+SHM_PREFIX = "acollect-"
+_NAME = re.compile(r"acollect-(\d+)-[0-9a-f]{16}")
+
+
+def shm_available() -> bool:
+    """Whether shared-memory segments can be created here (Linux ``/dev/shm``)."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK | os.X_OK)
+
+
+def _unlink_if_owner(path: str, owner_pid: int) -> None:
+    # Runs from a finalizer, possibly at interpreter exit; a forked child that
+    # inherited the finalizer must not remove its parent's segment.
+    if os.getpid() == owner_pid:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class ShmSegment:
+    """One named shared-memory segment mapped into this process.
+
+    Use :meth:`create` (owner) or :meth:`attach` (any other process). Closing
+    unmaps the segment once no tensor over it is alive; only the owner unlinks it,
+    and an owner that is garbage collected or exits unlinks it too.
+
+    Examples:
+        >>> with ShmSegment.create(16) as owner:
+        ...     owner.tensor()[:] = 7
+        ...     with ShmSegment.attach(owner.name, 16) as other:
+        ...         int(other.tensor().sum())
+        112
+    """
+
+    def __init__(self, name: str, size: int, mapping: mmap.mmap, *, owner: bool) -> None:
+        self._name = name
+        self._size = size
+        self._mapping: mmap.mmap | None = mapping
+        self._owner = owner
+        self._tensor: torch.Tensor | None = None
+        self._unlinked = False
+        self._finalizer = weakref.finalize(self, _unlink_if_owner, self.path, os.getpid()) if owner else None
+
+    @classmethod
+    def create(cls, size: int) -> ShmSegment:
+        """Creates a new segment of ``size`` bytes owned by this process."""
+        if type(size) is not int or size < 0:
+            raise ConfigurationError.bad_value("size", size, "an int >= 0 (bytes)")
+        name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise TransportError(f"cannot create shared-memory segment {path}: {exc}") from exc
+        try:
+            os.ftruncate(fd, max(size, 1))  # mmap refuses empty mappings
+            mapping = mmap.mmap(fd, max(size, 1))
+        except OSError as exc:
+            os.unlink(path)
+            raise TransportError(f"cannot allocate {size} bytes of shared memory in {SHM_DIR}: {exc}") from exc
+        finally:
+            os.close(fd)
+        return cls(name, size, mapping, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> ShmSegment:
+        """Maps an existing segment created by another process (or this one).
+
+        Raises:
+            ConfigurationError: ``name`` is not an acollect segment name.
+            TransportError: the segment does not exist (its owner unlinked it or died
+                and it was cleaned up) or is smaller than ``size``.
+        """
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigurationError.bad_value("name", name, f"a segment name '{SHM_PREFIX}<pid>-<16 hex digits>'")
+        if type(size) is not int or size < 0:
+            raise ConfigurationError.bad_value("size", size, "an int >= 0 (bytes)")
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError as exc:
+            raise TransportError(
+                f"shared-memory segment {name!r} does not exist: its owner unlinked it or is gone"
+            ) from exc
+        except OSError as exc:
+            raise TransportError(f"cannot open shared-memory segment {name!r}: {exc}") from exc
+        try:
+            actual = os.fstat(fd).st_size
+            if actual < max(size, 1):
+                raise TransportError(f"shared-memory segment {name!r} has {actual} bytes, {size} were expected")
+            mapping = mmap.mmap(fd, max(size, 1))
+        except OSError as exc:
+            raise TransportError(f"cannot map shared-memory segment {name!r}: {exc}") from exc
+        finally:
+            os.close(fd)
+        return cls(name, size, mapping, owner=False)
+
+    @property
+    def name(self) -> str:
+        """The segment's name (what another process passes to :meth:`attach`)."""
+        return self._name
+
+    @property
+    def path(self) -> str:
+        """The segment's file path."""
+        return os.path.join(SHM_DIR, self._name)
+
+    @property
+    def size(self) -> int:
+        """Usable size in bytes."""
+        return self._size
+
+    @property
+    def owner(self) -> bool:
+        """Whether this process created the segment (and must unlink it)."""
+        return self._owner
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._mapping is None
+
+    def _require_open(self) -> mmap.mmap:
+        if self._mapping is None:
+            raise TransportError(f"shared-memory segment {self._name!r} is closed")
+        return self._mapping
+
+    @property
+    def buffer(self) -> memoryview:
+        """A writable memoryview of the segment's ``size`` bytes."""
+        return memoryview(self._require_open())[: self._size]
+
+    def tensor(self) -> torch.Tensor:
+        """The segment as a 1-D ``uint8`` tensor sharing its memory (cached)."""
+        mapping = self._require_open()
+        if self._tensor is None:
+            if self._size:
+                self._tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=self._size)
+            else:
+                self._tensor = torch.empty(0, dtype=torch.uint8)
+        return self._tensor
+
+    def close(self) -> None:
+        """Unmaps the segment from this process (idempotent).
+
+        Tensors over the segment that are still alive keep the mapping valid; it is
+        unmapped when the last of them is garbage collected.
+        """
+        mapping, self._mapping, self._tensor = self._mapping, None, None
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # views are alive: the mmap object unmaps itself when they die
+
+    def unlink(self) -> None:
+        """Removes the segment's name (owner only, idempotent); mappings stay valid.
+
+        Raises:
+            TransportError: this process is not the owner.
+        """
+        if not self._owner:
+            raise TransportError(f"only the owner (pid {self._name.split('-')[1]}) may unlink segment {self._name!r}")
+        if not self._unlinked:
+            self._unlinked = True
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> ShmSegment:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+        if self._owner:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"ShmSegment(name={self._name!r}, size={self._size}, owner={self._owner}, {state})"
+
+
+class ShmTensorDictSlot:
+    """A shared-memory segment holding every leaf of one TensorDict layout.
+
+    The owner creates the slot from a layout (see
+    :func:`~acollect.transport.wire.encode_tensordict`); another process attaches
+    with :attr:`name` and :attr:`layout`. Leaves sit at 64-byte aligned offsets.
+
+    Examples:
+        >>> from acollect.transport.wire import encode_tensordict
+        >>> td = TensorDict({"obs": torch.arange(6).view(2, 3)}, batch_size=[2])
+        >>> with ShmTensorDictSlot.create(encode_tensordict(td)[0]) as slot:
+        ...     slot.write(td)
+        ...     with ShmTensorDictSlot.attach(slot.name, slot.layout) as other:
+        ...         other.read()["obs"].sum().item()
+        15
+    """
+
+    def __init__(self, segment: ShmSegment, layout: dict[str, Any]) -> None:
+        self._segment = segment
+        self._layout = layout
+        spec = validate_layout(layout)
+        self._leaves: tuple[LeafLayout, ...] = spec.leaves
+        offsets, _ = aligned_offsets([leaf.nbytes for leaf in spec.leaves])
+        flat = segment.tensor()
+        views = [
+            flat.narrow(0, off, leaf.nbytes).view(leaf.dtype).view(leaf.shape)
+            if leaf.nbytes
+            else torch.empty(leaf.shape, dtype=leaf.dtype)
+            for leaf, off in zip(spec.leaves, offsets, strict=True)
+        ]
+        self._views = views
+        self._td: TensorDict | None = _build(spec, views)
+
+    @staticmethod
+    def nbytes_for(layout: dict[str, Any]) -> int:
+        """Segment size needed for ``layout`` (leaves plus alignment padding)."""
+        spec = validate_layout(layout)
+        return aligned_offsets([leaf.nbytes for leaf in spec.leaves])[1]
+
+    @classmethod
+    def create(cls, layout: dict[str, Any]) -> ShmTensorDictSlot:
+        """Creates (and owns) a slot for ``layout``."""
+        segment = ShmSegment.create(cls.nbytes_for(layout))
+        try:
+            return cls(segment, layout)
+        except BaseException:
+            segment.close()
+            segment.unlink()
+            raise
+
+    @classmethod
+    def attach(cls, name: str, layout: dict[str, Any]) -> ShmTensorDictSlot:
+        """Attaches to a slot another process created."""
+        segment = ShmSegment.attach(name, cls.nbytes_for(layout))
+        try:
+            return cls(segment, layout)
+        except BaseException:
+            segment.close()
+            raise
+
+    @property
+    def name(self) -> str:
+        """The segment name to send to the other process."""
+        return self._segment.name
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The msgpack-able layout the slot was made for."""
+        return self._layout
+
+    @property
+    def segment(self) -> ShmSegment:
+        """The underlying segment."""
+        return self._segment
+
+    @property
+    def tensordict(self) -> TensorDict:
+        """The slot itself as a TensorDict of views: fill it in place to skip a copy."""
+        if self._td is None or self._segment.closed:
+            raise TransportError(f"shared-memory slot {self.name!r} is closed")
+        return self._td
+
+    def write(self, td: TensorDictBase) -> None:
+        """Copies ``td`` into the slot.
+
+        Raises:
+            ConfigurationError: ``td`` does not have exactly the slot's keys, dtypes and shapes.
+        """
+        if self._td is None or self._segment.closed:
+            raise TransportError(f"shared-memory slot {self.name!r} is closed")
+        if len(list(td.keys(include_nested=True, leaves_only=True))) != len(self._leaves):
+            raise ConfigurationError.bad_value(
+                "td keys", sorted(td.keys(include_nested=True, leaves_only=True), key=str),
+                f"exactly the slot's keys {[leaf.key for leaf in self._leaves]}",
+            )  # fmt: skip
+        for leaf, view in zip(self._leaves, self._views, strict=True):
+            value = td.get(leaf.key, None)
+            if not isinstance(value, torch.Tensor) or value.dtype != leaf.dtype or tuple(value.shape) != leaf.shape:
+                got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+                raise ConfigurationError.bad_value(f"td[{leaf.key!r}]", got, f"{leaf.dtype} {list(leaf.shape)}")
+            view.copy_(value)
+
+    def read(self, *, copy: bool = True) -> TensorDict:
+        """The slot's content as a TensorDict.
+
+        Args:
+            copy: copy out of shared memory (default), so the slot can be written again
+                at once. ``False`` returns the views themselves: valid only until the next write.
+        """
+        td = self.tensordict
+        return td.clone() if copy else td
+
+    def close(self) -> None:
+        """Unmaps the slot (idempotent); see :meth:`ShmSegment.close`."""
+        self._views, self._td = [], None  # so the mapping can go once the caller's views die
+        self._segment.close()
+
+    def unlink(self) -> None:
+        """Removes the slot's segment (owner only, idempotent)."""
+        self._segment.unlink()
+
+    def __enter__(self) -> ShmTensorDictSlot:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._segment.__exit__(*exc_info)
+
+
+class ShmSlotRing:
+    """``n_slots`` slots of one layout for one worker; the slot count is its credit count.
+
+    The owner (collector) creates the ring and sends :attr:`names` and
+    :attr:`layout` to the worker, which attaches. :meth:`acquire` and
+    :meth:`release` track which slots are free on either side: the writer
+    acquires a slot, fills it and names it in a message; the slot is released when
+    the reader says it has copied it out.
+
+    Examples:
+        >>> from acollect.transport.wire import encode_tensordict
+        >>> layout, _ = encode_tensordict(TensorDict({"x": torch.zeros(4)}, batch_size=[4]))
+        >>> with ShmSlotRing.create(layout, 2) as ring:
+        ...     i = ring.acquire(); j = ring.acquire()
+        ...     (i, j, ring.acquire(), ring.n_free)
+        (0, 1, None, 0)
+    """
+
+    def __init__(self, slots: Sequence[ShmTensorDictSlot]) -> None:
+        self._slots = tuple(slots)
+        self._free: deque[int] = deque(range(len(self._slots)))
+
+    @classmethod
+    def create(cls, layout: dict[str, Any], n_slots: int) -> ShmSlotRing:
+        """Creates (and owns) ``n_slots`` slots for ``layout``."""
+        if type(n_slots) is not int or n_slots < 1:
+            raise ConfigurationError.bad_value("n_slots", n_slots, "an int >= 1")
+        slots: list[ShmTensorDictSlot] = []
+        try:
+            slots.extend(ShmTensorDictSlot.create(layout) for _ in range(n_slots))
+        except BaseException:
+            for slot in slots:
+                slot.close()
+                slot.unlink()
+            raise
+        return cls(slots)
+
+    @classmethod
+    def attach(cls, names: Sequence[str], layout: dict[str, Any]) -> ShmSlotRing:
+        """Attaches to every slot of a ring another process created."""
+        if isinstance(names, str) or not names:
+            raise ConfigurationError.bad_value("names", names, "a non-empty list of segment names")
+        slots: list[ShmTensorDictSlot] = []
+        try:
+            slots.extend(ShmTensorDictSlot.attach(name, layout) for name in names)
+        except BaseException:
+            for slot in slots:
+                slot.close()
+            raise
+        return cls(slots)
+
+    @property
+    def names(self) -> list[str]:
+        """The segment names, in slot order."""
+        return [slot.name for slot in self._slots]
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The layout every slot holds."""
+        return self._slots[0].layout
+
+    @property
+    def n_free(self) -> int:
+        """How many slots are free (credits left)."""
+        return len(self._free)
+
+    def acquire(self) -> int | None:
+        """Takes the oldest free slot's index, or ``None`` if every slot is in use."""
+        return self._free.popleft() if self._free else None
+
+    def release(self, index: int) -> None:
+        """Gives slot ``index`` back.
+
+        Raises:
+            ConfigurationError: ``index`` is not a slot in use.
+        """
+        if type(index) is not int or not 0 <= index < len(self._slots) or index in self._free:
+            raise ConfigurationError.bad_value("index", index, f"the index of a slot in use in [0, {len(self._slots)})")
+        self._free.append(index)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, index: int) -> ShmTensorDictSlot:
+        return self._slots[index]
+
+    def __iter__(self) -> Iterator[ShmTensorDictSlot]:
+        return iter(self._slots)
+
+    def close(self) -> None:
+        """Unmaps every slot (idempotent)."""
+        for slot in self._slots:
+            slot.close()
+
+    def unlink(self) -> None:
+        """Removes every slot's segment (owner only, idempotent)."""
+        for slot in self._slots:
+            slot.unlink()
+
+    def __enter__(self) -> ShmSlotRing:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for slot in self._slots:
+            slot.__exit__(*exc_info)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return True
+
+
+def cleanup_stale(directory: str = SHM_DIR) -> list[str]:
+    """Removes acollect segments whose owner process no longer exists.
+
+    A recycled pid makes a stale segment look alive; it is then left alone.
+
+    Returns:
+        The names of the removed segments.
+    """
+    removed: list[str] = []
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        match = _NAME.fullmatch(entry)
+        if match and not _pid_alive(int(match.group(1))):
+            try:
+                os.unlink(os.path.join(directory, entry))
+            except FileNotFoundError:
+                continue
+            removed.append(entry)
+    return removed
