@@ -2,14 +2,16 @@
 
 A name users can import must be listed in ``__all__`` (so docs, star-imports and type
 checkers see it), and every listed name must exist. Packages only re-export, so every public
-attribute of a package counts; in a plain module only what it defines itself counts, not what
-it imported for its own use.
+attribute of a package counts; in a plain module only what it defines itself (def, class,
+assignment) counts, not what it imported for its own use.
 """
 
 from __future__ import annotations
 import __future__
 
+import ast
 import importlib
+import inspect
 import types
 
 import pytest
@@ -48,19 +50,37 @@ PROMISED = {
 }
 
 
+def _defined_names(module: types.ModuleType) -> set[str]:
+    """Names a module binds itself at top level (def, class, assignment), not by import."""
+    tree = ast.parse(inspect.getsource(module))
+    names: set[str] = set()
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try)):
+            # Definitions guarded by a version check or an optional import still count.
+            for field in ("body", "orelse", "finalbody"):
+                pending.extend(getattr(node, field, []))
+            for handler in getattr(node, "handlers", []):
+                pending.extend(handler.body)
+    return names
+
+
 def _public_attributes(module: types.ModuleType) -> set[str]:
     is_package = hasattr(module, "__path__")
-    names = set()
-    for name, value in vars(module).items():
-        if name.startswith("_") or isinstance(value, types.ModuleType):
-            continue
-        if isinstance(value, __future__._Feature):
-            continue
-        if not is_package and getattr(value, "__module__", module.__name__) != module.__name__:
-            # Imported for the module's own use (typing helpers, torch, ...), not part of its API.
-            continue
-        names.add(name)
-    return names
+    candidates = set(vars(module)) if is_package else _defined_names(module)
+    return {
+        name
+        for name in candidates
+        if not name.startswith("_")
+        and hasattr(module, name)
+        and not isinstance(getattr(module, name), (types.ModuleType, __future__._Feature))
+    }
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
