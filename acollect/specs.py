@@ -212,31 +212,45 @@ class OneHot(TensorSpec):
         return torch.nn.functional.one_hot(idx, self.n).to(dtype=self.dtype, device=self.device)
 
     def is_in(self, value: torch.Tensor) -> bool:
-        return super().is_in(value) and bool((value.sum(-1) == 1).all())
+        if not super().is_in(value):
+            return False
+        return bool(((value == 0) | (value == 1)).all()) and bool((value.sum(-1) == 1).all())
 
     def _extra_repr(self) -> str:
         return f"n={self.n}"
 
 
 class MultiCategorical(TensorSpec):
-    """A vector of indices, entry ``i`` in ``[0, nvec[i])`` (gymnasium ``MultiDiscrete``)."""
+    """A vector of indices, entry ``i`` in ``[start[i], start[i] + nvec[i])`` (gymnasium ``MultiDiscrete``).
+
+    Args:
+        nvec: number of categories of each entry.
+        dtype: integer dtype.
+        device: device of built tensors.
+        start: the smallest value of each entry (gymnasium's ``MultiDiscrete.start``); 0 by default.
+    """
 
     def __init__(
         self,
         nvec: Sequence[int] | torch.Tensor,
         dtype: torch.dtype = torch.int64,
         device: torch.device | str = "cpu",
+        start: Sequence[int] | torch.Tensor | int = 0,
     ) -> None:
         nvec_t = torch.as_tensor(nvec, dtype=torch.int64)
         super().__init__(nvec_t.shape, dtype, device)
         self.nvec = nvec_t
+        self.start = torch.as_tensor(start, dtype=torch.int64).expand(nvec_t.shape).clone()
 
     def rand(self, batch: Sequence[int] = (), generator: torch.Generator | None = None) -> torch.Tensor:
         u = torch.rand((*batch, *self.shape), generator=generator, dtype=torch.float64)
-        return torch.floor(u * self.nvec).to(dtype=self.dtype, device=self.device)
+        return (torch.floor(u * self.nvec) + self.start).to(dtype=self.dtype, device=self.device)
 
     def is_in(self, value: torch.Tensor) -> bool:
-        return super().is_in(value) and bool(((value >= 0) & (value < self.nvec.to(value.device))).all())
+        if not super().is_in(value):
+            return False
+        low = self.start.to(value.device)
+        return bool(((value >= low) & (value < low + self.nvec.to(value.device))).all())
 
     def _extra_repr(self) -> str:
         return f"nvec={self.nvec.tolist()}"

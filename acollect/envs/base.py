@@ -177,10 +177,10 @@ class EnvBase(abc.ABC):
             f"action_spec={self.action_spec})"
         )
 
-    def __del__(self) -> None:  # noqa: D105 - best effort, envs own processes sometimes
+    def __del__(self) -> None:  # best effort: envs sometimes own processes
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
+        except Exception:  # never raise from a finalizer
             pass
 
     def __enter__(self) -> EnvBase:
