@@ -1,4 +1,21 @@
-"""Environments: the batched env protocol and its adapters."""
+"""Environments: the batched env protocol, its adapters (gymnasium, TorchRL) and ``make_env``."""
 
 from acollect.envs.base import DONE_KEYS as DONE_KEYS
 from acollect.envs.base import EnvBase as EnvBase
+from acollect.envs.factory import make_env as make_env
+from acollect.envs.gym import GymEnv as GymEnv
+from acollect.envs.gym import space_to_spec as space_to_spec
+from acollect.envs.torchrl import TorchRLActionSpec as TorchRLActionSpec
+from acollect.envs.torchrl import TorchRLEnvAdapter as TorchRLEnvAdapter
+from acollect.envs.torchrl import is_torchrl_env as is_torchrl_env
+
+__all__ = [
+    "DONE_KEYS",
+    "EnvBase",
+    "GymEnv",
+    "TorchRLActionSpec",
+    "TorchRLEnvAdapter",
+    "is_torchrl_env",
+    "make_env",
+    "space_to_spec",
+]

@@ -1,0 +1,439 @@
+"""Gymnasium adapter: single envs and vector envs behind the batched env protocol.
+
+:class:`GymEnv` wraps a gymnasium id, a ``gymnasium.Env`` instance, a factory
+of ``gymnasium.Env`` or a ``gymnasium.vector.VectorEnv`` (sync or async, any
+autoreset mode), converts its spaces to :mod:`acollect.specs` and writes every
+step into TensorDicts the caller allocated once.
+
+Autoreset: gymnasium >= 1.0 vector envs default to the NEXT_STEP autoreset
+mode, in which the step after an episode end is a no-op reset. :class:`GymEnv`
+never lets such a transition out: in SAME_STEP mode it takes the true final
+observation from ``infos["final_obs"]``, in NEXT_STEP and DISABLED modes the
+step's observation *is* the final one and the finished sub-envs are reset at
+once with ``reset(options={"reset_mask": done})``, which also clears
+gymnasium's pending autoreset.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
+from tensordict import TensorDictBase
+
+from acollect.envs.base import DONE_KEYS, EnvBase
+from acollect.errors import ConfigurationError, PolicyError
+from acollect.specs import (
+    Binary,
+    Bounded,
+    Categorical,
+    Composite,
+    MultiCategorical,
+    OneHot,
+    TensorSpec,
+    Unbounded,
+)
+
+__all__ = ["GymEnv", "space_to_spec"]
+
+# Keys the collector writes itself: an observation may not take them.
+_RESERVED_KEYS = frozenset({"action", "reward", "next", "collector", *DONE_KEYS})
+_VECTORIZATIONS = ("sync", "async")
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
+
+
+def space_to_spec(space: spaces.Space[Any], *, categorical: bool = True, device: str | torch.device = "cpu") -> Any:
+    """Converts a gymnasium space (of one sub-env) to a spec.
+
+    Args:
+        space: a ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary``,
+            or a ``Dict`` / ``Tuple`` of these (nested freely).
+        categorical: map ``Discrete`` to :class:`~acollect.specs.Categorical`
+            (an int64 index) when True, to :class:`~acollect.specs.OneHot` otherwise.
+        device: device of the tensors the spec builds.
+
+    Returns:
+        A :class:`~acollect.specs.TensorSpec`, or a :class:`~acollect.specs.Composite`
+        for ``Dict`` (same keys) and ``Tuple`` (keys ``"0"``, ``"1"``, ...).
+
+    Raises:
+        ConfigurationError: the space (or one nested in it) has no spec.
+
+    Examples:
+        >>> from gymnasium import spaces
+        >>> space_to_spec(spaces.Discrete(3))
+        Categorical(shape=(), dtype=torch.int64, n=3)
+        >>> space_to_spec(spaces.Tuple((spaces.Discrete(2), spaces.MultiBinary(3))))["1"]
+        Binary(shape=(3,), dtype=torch.int8)
+    """
+    if isinstance(space, spaces.Box):
+        return Bounded(
+            low=torch.from_numpy(np.asarray(space.low, dtype=np.float64)),
+            high=torch.from_numpy(np.asarray(space.high, dtype=np.float64)),
+            shape=space.shape,
+            dtype=_torch_dtype(space.dtype),
+            device=device,
+        )
+    if isinstance(space, spaces.Discrete):
+        if categorical:
+            return Categorical(int(space.n), dtype=torch.int64, device=device, start=int(space.start))
+        return OneHot(int(space.n), device=device)
+    if isinstance(space, spaces.MultiDiscrete):
+        return MultiCategorical(
+            torch.from_numpy(np.asarray(space.nvec, dtype=np.int64)),
+            dtype=_torch_dtype(space.dtype),
+            device=device,
+            start=torch.from_numpy(np.asarray(space.start, dtype=np.int64)),
+        )
+    if isinstance(space, spaces.MultiBinary):
+        return Binary(tuple(space.shape), dtype=_torch_dtype(space.dtype), device=device)
+    if isinstance(space, spaces.Dict):
+        return Composite({str(k): space_to_spec(v, categorical=categorical, device=device) for k, v in space.items()})
+    if isinstance(space, spaces.Tuple):
+        return Composite(
+            {str(i): space_to_spec(v, categorical=categorical, device=device) for i, v in enumerate(space.spaces)}
+        )
+    raise ConfigurationError.bad_value(
+        "space", space, "a gymnasium Box, Discrete, MultiDiscrete, MultiBinary, or a Dict/Tuple of these"
+    )
+
+
+@dataclass(frozen=True)
+class _ObsLeaf:
+    """One observation tensor: where it goes in a TensorDict, how to reach it in a gymnasium observation."""
+
+    key: tuple[str, ...]
+    path: tuple[Any, ...]
+
+
+def _leaves(space: spaces.Space[Any], key: tuple[str, ...], path: tuple[Any, ...]) -> list[_ObsLeaf]:
+    if isinstance(space, spaces.Dict):
+        return [leaf for k, sub in space.items() for leaf in _leaves(sub, (*key, str(k)), (*path, k))]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in _leaves(sub, (*key, str(i)), (*path, i))]
+    return [_ObsLeaf(key, path)]
+
+
+def _observation_layout(space: spaces.Space[Any], device: torch.device) -> tuple[Composite, list[_ObsLeaf]]:
+    """The observation spec and its leaves: Dict keys at the top, anything else under ``"observation"``."""
+    if isinstance(space, spaces.Dict):
+        clash = sorted(str(k) for k in space.keys() if str(k) in _RESERVED_KEYS)
+        if clash:
+            raise ConfigurationError.bad_value(
+                "observation_space keys", clash, f"no key among the reserved {sorted(_RESERVED_KEYS)}"
+            )
+        return space_to_spec(space, device=device), _leaves(space, (), ())
+    return Composite(observation=space_to_spec(space, device=device)), _leaves(space, ("observation",), ())
+
+
+def _pick(obs: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        obs = obs[part]
+    return obs
+
+
+class _Binding:
+    """Numpy views of the leaves of one (next_out, root_out) pair, cached across steps.
+
+    CPU tensors are written through numpy views of their memory (a numpy copy
+    costs a fraction of a torch op); other tensors get a numpy staging array
+    copied over with :meth:`flush` once per step.
+    """
+
+    __slots__ = ("done", "flush_pairs", "next_obs", "next_td", "obs_pairs", "reward", "root_flags", "root_obs",
+                 "root_td", "terminated", "truncated")
+
+    def __init__(self, env: GymEnv, next_td: TensorDictBase, root_td: TensorDictBase) -> None:
+        n = env.num_envs
+        self.next_td, self.root_td = next_td, root_td
+        self.flush_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.next_obs = [self._view(next_td, leaf.key, None) for leaf in env._leaves]
+        self.root_obs = [self._view(root_td, leaf.key, None) for leaf in env._leaves]
+        self.obs_pairs = list(zip(self.next_obs, self.root_obs, strict=True))
+        self.reward = self._view(next_td, "reward", (n,))
+        self.done, self.terminated, self.truncated = (self._view(next_td, k, (n,)) for k in DONE_KEYS)
+        self.root_flags = [self._view(root_td, k, (n,)) for k in DONE_KEYS]
+
+    def _view(self, td: TensorDictBase, key: Any, shape: tuple[int, ...] | None) -> np.ndarray:
+        tensor = td.get(key)
+        if tensor is None:
+            raise KeyError(f"missing {key!r}: build the TensorDicts with make_next() / make_root()")
+        shape = tuple(tensor.shape) if shape is None else shape
+        if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.requires_grad:
+            try:
+                return tensor.numpy().reshape(shape)
+            except TypeError:  # a dtype numpy lacks (bfloat16): stage it instead
+                pass
+        stage = torch.empty(tensor.shape, dtype=tensor.dtype if tensor.dtype != torch.bfloat16 else torch.float32)
+        self.flush_pairs.append((tensor, stage))
+        return stage.numpy().reshape(shape)
+
+    def flush(self) -> None:
+        for tensor, stage in self.flush_pairs:
+            tensor.copy_(stage)
+
+
+class GymEnv(EnvBase):
+    """A gymnasium env (single or vector) as a batched acollect env.
+
+    Args:
+        env: a registered gymnasium id (``"CartPole-v1"``), a zero-argument
+            callable returning a ``gymnasium.Env`` (both build a vector env of
+            ``num_envs`` sub-envs), a ``gymnasium.Env`` instance (``n_envs = 1``)
+            or a ``gymnasium.vector.VectorEnv`` instance, sync or async, in any
+            autoreset mode. A wrapped instance is owned: :meth:`close` closes it.
+        num_envs: sub-envs to build (id or callable only; default 1).
+        vectorization: ``"sync"`` (``SyncVectorEnv``, in this process) or
+            ``"async"`` (``AsyncVectorEnv``, one process per sub-env).
+        categorical_action_encoding: a ``Discrete`` action is an int64 index
+            (:class:`~acollect.specs.Categorical`) when True, a one-hot vector
+            (:class:`~acollect.specs.OneHot`) when False.
+        device: where the env's tensors live.
+        **kwargs: passed to ``gymnasium.make`` for each sub-env (id only).
+
+    Raises:
+        ConfigurationError: an unknown id, an unsupported space, or arguments
+            that do not fit ``env``.
+
+    Examples:
+        >>> from acollect.envs import GymEnv
+        >>> env = GymEnv("CartPole-v1", num_envs=4)
+        >>> root = env.reset(seed=0)
+        >>> root["observation"].shape, env.action_spec
+        (torch.Size([4, 4]), Categorical(shape=(), dtype=torch.int64, n=2))
+        >>> nxt = env.step(root.set("action", env.action_spec.rand((4,))))
+        >>> nxt["reward"].shape, nxt["done"].dtype
+        (torch.Size([4, 1]), torch.bool)
+        >>> env.close()
+    """
+
+    def __init__(
+        self,
+        env: str | gym.Env[Any, Any] | VectorEnv[Any, Any, Any] | Callable[[], gym.Env[Any, Any]],
+        *,
+        num_envs: int | None = None,
+        vectorization: str = "sync",
+        categorical_action_encoding: bool = True,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> None:
+        self._env: Any = None
+        self._vec: VectorEnv[Any, Any, Any] | None = None
+        self._binding: _Binding | None = None
+        if vectorization not in _VECTORIZATIONS:
+            raise ConfigurationError.bad_value("vectorization", vectorization, "'sync' or 'async'")
+        if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1):
+            raise ConfigurationError.bad_value("num_envs", num_envs, "a positive int")
+        self.device = torch.device(device)
+
+        if isinstance(env, VectorEnv):
+            self._check_instance_args(env, kwargs, num_envs, allowed=env.num_envs)
+            self._vec = self._env = env
+            n = env.num_envs
+            obs_space, act_space = env.single_observation_space, env.single_action_space
+            self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+            _check_resettable(env, self._mode)
+        elif isinstance(env, gym.Env):
+            self._check_instance_args(env, kwargs, num_envs, allowed=1)
+            self._env = env
+            n = 1
+            obs_space, act_space = env.observation_space, env.action_space
+            self._mode = AutoresetMode.DISABLED
+        elif isinstance(env, str) or callable(env):
+            n = 1 if num_envs is None else num_envs
+            self._vec = self._env = _build_vector_env(env, n, vectorization, kwargs)
+            obs_space, act_space = self._vec.single_observation_space, self._vec.single_action_space
+            self._mode = AutoresetMode.SAME_STEP
+        else:
+            raise ConfigurationError.bad_value(
+                "env",
+                env,
+                "a gymnasium id, a gymnasium.Env or VectorEnv instance, or a callable returning a gymnasium.Env",
+            )
+
+        self.batch_size = torch.Size([n])
+        try:
+            self.observation_spec, self._leaves = _observation_layout(obs_space, self.device)
+            self.action_spec = space_to_spec(act_space, categorical=categorical_action_encoding, device=self.device)
+            if not isinstance(self.action_spec, TensorSpec):
+                raise ConfigurationError.bad_value("action_space", act_space, "a single (non Dict/Tuple) space")
+        except ConfigurationError:
+            # Close what we built; leave an instance the caller passed in to the caller.
+            if not isinstance(env, (gym.Env, VectorEnv)):
+                self._env.close()
+            self._env = self._vec = None
+            raise
+        self.reward_spec = Unbounded((1,), dtype=torch.float32, device=self.device)
+        self._one_hot = isinstance(self.action_spec, OneHot)
+        self._action_shape = (n, *self.action_spec.shape)
+        self._flat_obs = len(self._leaves) == 1 and self._leaves[0].path == ()
+
+    @staticmethod
+    def _check_instance_args(env: object, kwargs: dict[str, Any], num_envs: int | None, allowed: int) -> None:
+        if kwargs:
+            raise ConfigurationError.bad_value(
+                "kwargs", sorted(kwargs), f"no gymnasium.make arguments when wrapping an instance ({env!r})"
+            )
+        if num_envs is not None and num_envs != allowed:
+            raise ConfigurationError.bad_value("num_envs", num_envs, f"None or {allowed} for the instance {env!r}")
+
+    # -- properties -------------------------------------------------------------------
+    @property
+    def env(self) -> Any:
+        """The wrapped gymnasium env or vector env."""
+        return self._env
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """The wrapped vector env's autoreset mode (``DISABLED`` for a single env: it is reset here)."""
+        return self._mode
+
+    # -- protocol -----------------------------------------------------------------------
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        self._check_open()
+        n = self.num_envs
+        mask_np: np.ndarray | None = None
+        if mask is not None:
+            mask_np = np.asarray(mask.detach().cpu().numpy(), dtype=np.bool_).reshape(-1)
+            if mask_np.shape != (n,):
+                raise ConfigurationError.bad_value("mask", tuple(mask.shape), f"a bool tensor of shape ({n},)")
+            if not mask_np.any():
+                return
+            if mask_np.all():
+                mask_np = None
+        if self._vec is None:
+            obs, _ = self._env.reset(seed=seed)
+            obs_rows = [np.asarray(_pick(obs, leaf.path))[None] for leaf in self._leaves]
+        elif mask_np is None:
+            obs, _ = self._vec.reset(seed=seed)
+            obs_rows = [_pick(obs, leaf.path) for leaf in self._leaves]
+        else:
+            obs, _ = self._vec.reset(seed=seed, options={"reset_mask": mask_np.copy()})
+            obs_rows = [_pick(obs, leaf.path) for leaf in self._leaves]
+        rows = slice(None) if mask_np is None else torch.from_numpy(mask_np).to(self.device)
+        for leaf, value in zip(self._leaves, obs_rows, strict=True):
+            target = out.get(leaf.key)
+            src = torch.as_tensor(np.asarray(value)).to(device=target.device, dtype=target.dtype)
+            target[rows] = src[rows].reshape(target[rows].shape)
+        for key in DONE_KEYS:
+            out.get(key)[rows] = False
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        # The hot path: no TensorDict access, no allocation beyond what gymnasium does; numpy writes only.
+        if self._closed:
+            self._check_open()
+        b = self._binding
+        if b is None or b.next_td is not next_out or b.root_td is not root_out:
+            b = self._binding = _Binding(self, next_out, root_out)
+        if action.requires_grad or not action.is_cpu:
+            action = action.detach().cpu()
+        act = action.numpy()
+        if act.shape != self._action_shape:
+            act = self._reshape_action(act)
+        if self._one_hot:
+            act = act.argmax(-1)
+        if self._vec is None:
+            obs, reward, terminated, truncated, info = self._env.step(act[0])
+        else:
+            obs, reward, terminated, truncated, info = self._vec.step(act)
+        if self._flat_obs:
+            b.next_obs[0][...] = obs
+        else:
+            for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
+                dst[...] = _pick(obs, leaf.path)
+        b.reward[...] = reward
+        b.terminated[...] = terminated
+        b.truncated[...] = truncated
+        done = np.logical_or(b.terminated, b.truncated, out=b.done)
+        for src, dst in b.obs_pairs:
+            dst[...] = src
+        if np.count_nonzero(done):
+            self._finish_episodes(b, done, info)
+        for flag in b.root_flags:
+            flag.fill(False)
+        if b.flush_pairs:
+            b.flush()
+
+    def _finish_episodes(self, b: _Binding, done: np.ndarray, info: dict[str, Any]) -> None:
+        """Writes the reset observation of finished sub-envs into root (and the final one into next)."""
+        if self._vec is None:
+            reset_obs, _ = self._env.reset()
+            for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
+                dst[...] = _pick(reset_obs, leaf.path)
+            return
+        rows = np.flatnonzero(done)
+        if self._mode == AutoresetMode.SAME_STEP:
+            # The step's obs already holds the reset observation of finished sub-envs (copied to root above);
+            # their true final observation is only in the info dict.
+            final = info["final_obs"]
+            for j in rows:
+                for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
+                    dst[j] = _pick(final[j], leaf.path)
+            return
+        # NEXT_STEP / DISABLED: the step's obs is the final one; reset just the finished sub-envs now so that
+        # no no-op autoreset step ever happens.
+        reset_obs, _ = self._vec.reset(options={"reset_mask": done.copy()})
+        for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
+            dst[rows] = np.asarray(_pick(reset_obs, leaf.path))[rows]
+
+    def _reshape_action(self, act: np.ndarray) -> np.ndarray:
+        try:
+            return act.reshape(self._action_shape)
+        except ValueError as exc:
+            raise PolicyError(
+                f"action of shape {act.shape} does not fit {self.num_envs} sub-envs with action_spec "
+                f"{self.action_spec}: expected shape {self._action_shape}"
+            ) from exc
+
+    def _close(self) -> None:
+        self._binding = None
+        if self._env is not None:
+            self._env.close()
+
+    def __repr__(self) -> str:
+        return f"GymEnv(env={self._env!r}, num_envs={self.num_envs}, autoreset_mode={self._mode.name})"
+
+
+def _build_vector_env(
+    env: str | Callable[[], gym.Env[Any, Any]], n: int, vectorization: str, kwargs: dict[str, Any]
+) -> VectorEnv[Any, Any, Any]:
+    """Builds our own vector env: SAME_STEP autoreset, no observation copy (we copy it out at once)."""
+    if isinstance(env, str):
+        try:
+            gym.spec(env)
+        except gym.error.Error as exc:
+            raise ConfigurationError.bad_value("env", env, f"a registered gymnasium id ({exc})") from exc
+        env_fns: Sequence[Callable[[], gym.Env[Any, Any]]] = [functools.partial(gym.make, env, **kwargs)] * n
+    else:
+        if kwargs:
+            raise ConfigurationError.bad_value("kwargs", sorted(kwargs), "no gymnasium.make arguments with a callable")
+        env_fns = [env] * n
+    try:
+        if vectorization == "sync":
+            return SyncVectorEnv(env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
+        return AsyncVectorEnv(env_fns, copy=False, autoreset_mode=AutoresetMode.SAME_STEP)
+    except (gym.error.Error, TypeError) as exc:
+        raise ConfigurationError(f"env={env!r} with kwargs={kwargs!r} could not be built: {exc}") from exc
+
+
+def _check_resettable(env: VectorEnv[Any, Any, Any], mode: AutoresetMode) -> None:
+    # An AsyncVectorEnv without shared memory keeps its NEXT_STEP autoreset flag through a masked reset
+    # (gymnasium 1.x clears it only on the shared-memory path), so the step after would be a no-op reset.
+    base = env.unwrapped
+    if mode == AutoresetMode.NEXT_STEP and isinstance(base, AsyncVectorEnv) and not base.shared_memory:
+        raise ConfigurationError.bad_value(
+            "env",
+            env,
+            "an AsyncVectorEnv with shared_memory=True or autoreset_mode=SAME_STEP (with shared_memory=False in "
+            "NEXT_STEP mode, gymnasium inserts a no-op step after each partial reset)",
+        )
