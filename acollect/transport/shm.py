@@ -173,7 +173,10 @@ class ShmSegment:
         mapping = self._require_open()
         if self._tensor is None:
             if self._size:
-                self._tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=self._size)
+                # Through a memoryview: torch keeps the object it was given alive but
+                # not a buffer export, so only the memoryview's export stops
+                # mmap.close() from unmapping memory a live tensor still points to.
+                self._tensor = torch.frombuffer(memoryview(mapping), dtype=torch.uint8, count=self._size)
             else:
                 self._tensor = torch.empty(0, dtype=torch.uint8)
         return self._tensor
