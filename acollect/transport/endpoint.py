@@ -18,9 +18,11 @@ the tracker, or send copies).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -117,6 +119,7 @@ class Endpoint:
     ) -> None:
         _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
         self._tmpdir: str | None = None
+        self._address = ""
         if address is None:
             self._tmpdir = tempfile.mkdtemp(prefix="acollect-")
             address = f"ipc://{self._tmpdir}/endpoint.sock"
@@ -221,6 +224,13 @@ class Endpoint:
         if sock is not None:
             sock.close(linger=0)
             self._ctx.term()
+            if self._address.startswith("ipc://"):
+                # libzmq leaves the socket file behind; a stale one would confuse the
+                # next bind's users, so remove it if it is still ours (a socket file).
+                path = self._address[len("ipc://") :]
+                with contextlib.suppress(OSError):
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
