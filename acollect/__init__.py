@@ -9,9 +9,15 @@ Every collector is an async iterator of TensorDict batches laid out as TorchRL's
 This module only re-exports the public surface; see the submodules for the rest.
 """
 
+from acollect.collectors import AsyncCollector as AsyncCollector
 from acollect.collectors import Collector as Collector
 from acollect.collectors import CollectorBase as CollectorBase
 from acollect.collectors import CollectorState as CollectorState
+from acollect.collectors import MultiAsyncCollector as MultiAsyncCollector
+from acollect.collectors import MultiSyncCollector as MultiSyncCollector
+from acollect.collectors import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
+from acollect.collectors import WeightSyncScheme as WeightSyncScheme
+from acollect.collectors import ZmqWeightSyncScheme as ZmqWeightSyncScheme
 from acollect.envs import EnvBase as EnvBase
 from acollect.envs import GymEnv as GymEnv
 from acollect.errors import AcollectError as AcollectError
@@ -32,8 +38,12 @@ from acollect.replay_buffer import ReplayBuffer as ReplayBuffer
 
 __version__ = "0.1.0"
 
+#: Ignore Python warnings inside worker processes (set to False before starting a collector to see them).
+filter_warnings_subprocess = True
+
 __all__ = [
     "AcollectError",
+    "AsyncCollector",
     "BackgroundCollectionError",
     "ClosedCollectorError",
     "Collector",
@@ -44,14 +54,20 @@ __all__ = [
     "EnvBase",
     "EnvError",
     "GymEnv",
+    "MultiAsyncCollector",
+    "MultiSyncCollector",
     "PolicyError",
     "ProtocolError",
     "RemoteError",
     "ReplayBuffer",
+    "SharedMemWeightSyncScheme",
     "TransportError",
     "WeightSyncError",
+    "WeightSyncScheme",
     "WorkerCrashedError",
     "WorkerError",
     "WorkerTimeoutError",
+    "ZmqWeightSyncScheme",
     "__version__",
+    "filter_warnings_subprocess",
 ]

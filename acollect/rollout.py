@@ -130,6 +130,8 @@ class RolloutEngine:
         self.frames = 0
         #: stamped on every frame of the next batches
         self.policy_version = 0
+        #: env steps taken so far (workers report it in heartbeats: a hung env stops it)
+        self.steps = 0
         self._next_traj_counter = 0
 
         self._root = env.make_root()
@@ -291,6 +293,7 @@ class RolloutEngine:
                 self._truncate_long_trajectories(max_traj)
             for dst, src in next_pairs:
                 dst[t].copy_(src)
+            self.steps += 1
             traj_views[t].copy_(self._traj_ids)
             if done_np.any():
                 finished = done_t.squeeze(-1)

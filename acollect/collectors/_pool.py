@@ -1,0 +1,511 @@
+"""The collector's side of its worker processes.
+
+:class:`WorkerPool` owns the ZeroMQ endpoint, the worker processes, their
+shared-memory slots and two asyncio tasks:
+
+* the **receiver** takes every message off the endpoint and files it (batches
+  in per-worker inboxes or the first-ready queue, acknowledgements, errors);
+* the **monitor** wakes every 0.1 s to check each process's exit code (a dead
+  worker is noticed within about that), heartbeat staleness (a hung worker) and
+  start-up deadlines, and restarts workers when allowed.
+
+Whoever waits on the pool (:meth:`WorkerPool.wait_until`) wakes on every event
+and re-raises the pool's failure, so a dead worker never leaves the trainer
+waiting. A failure is sticky: the pool is broken until it is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from acollect._threads import run_in_thread
+from acollect.collectors.weight_sync import WeightSyncScheme, WeightWriter
+from acollect.errors import (
+    ProtocolError,
+    RemoteError,
+    TransportError,
+    WeightSyncError,
+    WorkerCrashedError,
+    WorkerError,
+    WorkerTimeoutError,
+)
+from acollect.transport.endpoint import Endpoint
+from acollect.transport.shm import ShmSlotRing, shm_available
+from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
+from acollect.worker import protocol as P
+from acollect.worker.process import WorkerProcess, describe_exit, start_worker
+
+__all__ = ["SHM_THRESHOLD", "WorkerHandle", "WorkerPool"]
+
+logger = logging.getLogger("acollect")
+T = TypeVar("T")
+
+#: Batches at least this large (bytes) go through shared-memory slots by default.
+SHM_THRESHOLD = 1 << 18
+_MONITOR_PERIOD = 0.1
+
+
+@dataclass
+class Received:
+    """One batch as received: its header and data (views into a slot, or over message frames)."""
+
+    worker: int
+    generation: int
+    header: dict[str, Any]
+    data: TensorDictBase
+    in_slot: bool
+
+
+@dataclass
+class WorkerHandle:
+    """What the collector knows about one worker."""
+
+    index: int
+    config: P.WorkerConfig
+    process: WorkerProcess | None = None
+    generation: int = 0
+    ready: bool = False
+    stopping: bool = False
+    started_at: float = 0.0
+    n_envs: int = 0
+    frames_per_batch: int = 0
+    layout: dict[str, Any] | None = None
+    ring: ShmSlotRing | None = None
+    retired_rings: list[ShmSlotRing] = field(default_factory=list)
+    inbox: deque[Received] = field(default_factory=deque)
+    outstanding: int = 0  # ``collect`` requests not answered yet
+    acked_version: int = 0
+    last_beat: float = 0.0
+    last_steps: int = -1
+    last_progress: float = 0.0
+    busy: bool = False
+    traj_counter: int = 0
+    frames: int = 0
+    restarts: int = 0
+
+    @property
+    def identity(self) -> bytes:
+        return P.worker_identity(self.index, self.generation)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+class WorkerPool:
+    """Worker processes behind one endpoint.
+
+    Args:
+        configs: one config per worker (address and parent pid are filled in here).
+        start_method: see :mod:`acollect.worker.process`.
+        address: endpoint address (``None``: a private ipc path).
+        credits: batches each worker may collect ahead (``None``: one batch per ``collect`` request).
+        use_shared_memory: batches through ``/dev/shm`` slots; ``None`` decides by batch size and address.
+        heartbeat_timeout: seconds a collecting worker may make no progress before it counts as hung.
+        startup_timeout: seconds a worker may take to build its env and policy.
+        max_restarts: restarts allowed per worker before a failure is raised.
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[P.WorkerConfig],
+        *,
+        start_method: str,
+        address: str | None,
+        credits: int | None,
+        use_shared_memory: bool | None,
+        heartbeat_timeout: float,
+        startup_timeout: float,
+        max_restarts: int,
+    ) -> None:
+        self.handles = [WorkerHandle(i, cfg) for i, cfg in enumerate(configs)]
+        self.start_method = start_method
+        self.address = address
+        self.credits = credits
+        self.use_shared_memory = use_shared_memory
+        self.heartbeat_timeout = heartbeat_timeout
+        self.startup_timeout = startup_timeout
+        self.max_restarts = max_restarts
+        self.endpoint: Endpoint | None = None
+        self.failure: BaseException | None = None
+        self.ready_queue: deque[Received] = deque()
+        self.dropped_batches = 0
+        self.running = False  # ``run`` was sent (asynchronous collectors)
+        self.paused = False
+        self.version = 0
+        self._writers: dict[str, WeightWriter] = {}
+        self._last_weights: tuple[dict[str, Any], TensorDictBase | None] | None = None
+        self._weights_lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # -- waiting ---------------------------------------------------------------------
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+            logger.error("%s", exc)
+        self._notify()
+
+    def raise_failure(self) -> None:
+        """Raises the pool's failure, if any."""
+        if self.failure is not None:
+            raise self.failure
+
+    async def wait_until(self, predicate: Callable[[], T], *, timeout: float | None = None, what: str = "") -> T:
+        """Waits until ``predicate()`` is truthy (re-checked on every event) and returns its value.
+
+        Raises:
+            WorkerError: a worker failed meanwhile.
+            TimeoutError: ``timeout`` passed first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self.raise_failure()
+            value = predicate()
+            if value:
+                return value
+            event = self._changed
+            if deadline is None:
+                await event.wait()
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what or 'the workers'}")
+            with anyio.move_on_after(remaining):
+                await event.wait()
+
+    # -- start -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Binds the endpoint, starts every worker and waits until all said hello."""
+        self.endpoint = Endpoint(self.address)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._receive_loop(), name="acollect-receiver"),
+            loop.create_task(self._monitor_loop(), name="acollect-monitor"),
+        ]
+        for handle in self.handles:
+            await self._spawn(handle)
+        await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
+
+    async def _spawn(self, handle: WorkerHandle) -> None:
+        assert self.endpoint is not None
+        handle.generation += 1
+        handle.ready = False
+        handle.acked_version = 0
+        handle.last_steps, handle.busy = -1, False
+        config = dataclasses.replace(
+            handle.config,
+            generation=handle.generation,
+            address=self.endpoint.address,
+            parent_pid=os.getpid(),
+            next_traj_counter=handle.traj_counter,
+            frames=handle.frames,
+        )
+        process = start_worker(config, start_method=self.start_method)
+        handle.process = process
+        handle.started_at = time.monotonic()
+        await run_in_thread(lambda _stop: process.write_config(), name="worker-config")
+
+    def _wants_shm(self, nbytes: int) -> bool:
+        if self.use_shared_memory is not None:
+            return self.use_shared_memory and shm_available()
+        assert self.endpoint is not None
+        return nbytes >= SHM_THRESHOLD and shm_available() and not self.endpoint.address.startswith("tcp://")
+
+    async def _on_hello(self, handle: WorkerHandle, header: dict[str, Any]) -> None:
+        if header.get("protocol") != PROTOCOL_VERSION:
+            raise ProtocolError(f"worker {handle.index} speaks protocol {header.get('protocol')!r}")
+        handle.n_envs = int(header["n_envs"])
+        handle.frames_per_batch = int(header["frames_per_batch"])
+        handle.layout = header["layout"]
+        if handle.ring is not None:
+            # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
+            handle.retired_rings.append(handle.ring)
+            handle.ring = None
+        nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        if self._wants_shm(nbytes):
+            handle.ring = ShmSlotRing.create(header["layout"], self.credits or 1)
+            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
+        if self._last_weights is not None:
+            fields, td = self._last_weights
+            await self.send(handle, P.WEIGHTS, fields, td)
+        now = time.monotonic()
+        handle.last_beat = handle.last_progress = now
+        if handle.outstanding:
+            await self.send(handle, P.COLLECT)  # the request its predecessor died on
+        if self.running:
+            await self.send(handle, P.RUN, {"credits": self.credits or 1})
+            if self.paused:
+                await self.send(handle, P.PAUSE)
+        handle.ready = True
+
+    # -- messages ------------------------------------------------------------------------
+    async def send(
+        self, handle: WorkerHandle, kind: str, fields: Mapping[str, Any] | None = None, td: TensorDictBase | None = None
+    ) -> None:
+        """Sends one command to a worker; a worker that is gone is left to the monitor."""
+        if self.endpoint is None or self.endpoint.closed:
+            raise TransportError("the collector's endpoint is closed")
+        try:
+            await self.endpoint.send(handle.identity, pack_message(kind, dict(fields or {}), td), timeout=10.0)
+        except TransportError:
+            if handle.process is not None and handle.process.exitcode is None:
+                raise
+            # Dead: the monitor reports it (or restarts it, and the restart resends what matters).
+
+    async def broadcast(self, kind: str, fields: Mapping[str, Any] | None = None) -> None:
+        """Sends one command to every ready worker."""
+        for handle in self.handles:
+            if handle.ready:
+                await self.send(handle, kind, fields)
+
+    async def _receive_loop(self) -> None:
+        endpoint = self.endpoint
+        assert endpoint is not None
+        while True:
+            try:
+                _identity, frames = await endpoint.recv(timeout=1.0)
+            except TimeoutError:
+                continue
+            except TransportError as exc:
+                self._fail(exc)
+                return
+            try:
+                header, td = unpack_message(frames, kinds=P.TO_COLLECTOR)
+                index = header.get("worker")
+                if type(index) is not int or not 0 <= index < len(self.handles):
+                    raise ProtocolError(f"message from unknown worker {index!r:.50}")
+                handle = self.handles[index]
+                if header.get("gen") != handle.generation:
+                    continue  # from an incarnation that died: its batch was counted as dropped
+                await self._dispatch(handle, header, td)
+            except (ProtocolError, TransportError) as exc:
+                self._fail(exc)
+            except WorkerError as exc:
+                self._fail(exc)
+            self._notify()
+
+    async def _dispatch(self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None) -> None:
+        kind = header["kind"]
+        now = time.monotonic()
+        handle.last_beat = now
+        if kind == P.HEARTBEAT:
+            steps, busy = int(header["steps"]), bool(header["busy"])
+            if steps != handle.last_steps or (busy and not handle.busy):
+                handle.last_steps, handle.last_progress = steps, now
+            handle.busy = busy
+        elif kind == P.BATCH:
+            handle.traj_counter = int(header["traj_counter"])
+            handle.frames = int(header["frames"])
+            slot = header.get("slot")
+            if slot is not None:
+                if handle.ring is None or type(slot) is not int or not 0 <= slot < len(handle.ring):
+                    raise ProtocolError(f"worker {handle.index} named slot {slot!r:.20}, which it does not have")
+                data: TensorDictBase = handle.ring[slot].tensordict
+            elif td is not None:
+                data = td
+            else:
+                raise ProtocolError(f"worker {handle.index} sent a batch with neither slot nor tensors")
+            item = Received(handle.index, handle.generation, header, data, slot is not None)
+            if self.credits is None:
+                handle.outstanding = max(0, handle.outstanding - 1)
+                handle.inbox.append(item)
+            else:
+                self.ready_queue.append(item)
+        elif kind == P.HELLO:
+            await self._on_hello(handle, header)
+        elif kind == P.ACK:
+            handle.acked_version = max(handle.acked_version, int(header["version"]))
+        elif kind == P.ERROR:
+            raise RemoteError(
+                f"worker {handle.index} (pid {handle.pid}) raised {header.get('type')}: {header.get('message')}",
+                worker_id=handle.index,
+                type_name=str(header.get("type")),
+                remote_traceback=str(header.get("traceback")),
+            )
+
+    # -- liveness ------------------------------------------------------------------------
+    async def _monitor_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_MONITOR_PERIOD)
+            now = time.monotonic()
+            for handle in self.handles:
+                if handle.process is None or handle.stopping or self.failure is not None:
+                    continue
+                code = handle.process.exitcode
+                if code is not None:
+                    await self._on_death(handle, WorkerCrashedError(
+                        f"worker {handle.index} (pid {handle.pid}) died: {describe_exit(code)}",
+                        worker_id=handle.index,
+                        exitcode=code,
+                    ))  # fmt: skip
+                elif not handle.ready:
+                    if now - handle.started_at > self.startup_timeout:
+                        await self._on_death(handle, WorkerTimeoutError(
+                            f"worker {handle.index} (pid {handle.pid}) did not start within "
+                            f"startup_timeout={self.startup_timeout}s",
+                            worker_id=handle.index,
+                        ))  # fmt: skip
+                elif now - handle.last_beat > self.heartbeat_timeout:
+                    await self._on_death(handle, WorkerTimeoutError(
+                        f"worker {handle.index} (pid {handle.pid}) sent no heartbeat for {now - handle.last_beat:.1f}s "
+                        f"(heartbeat_timeout={self.heartbeat_timeout}s)",
+                        worker_id=handle.index,
+                    ))  # fmt: skip
+                elif handle.busy and now - handle.last_progress > self.heartbeat_timeout:
+                    await self._on_death(handle, WorkerTimeoutError(
+                        f"worker {handle.index} (pid {handle.pid}) is hung: no env step for "
+                        f"{now - handle.last_progress:.1f}s while collecting (heartbeat_timeout={self.heartbeat_timeout}s)",
+                        worker_id=handle.index,
+                    ))  # fmt: skip
+            self._notify()
+
+    async def _on_death(self, handle: WorkerHandle, error: WorkerError) -> None:
+        process = handle.process
+        assert process is not None
+        if handle.restarts >= self.max_restarts or self._closed:
+            process.kill()
+            self._fail(error)
+            return
+        handle.restarts += 1
+        logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, self.max_restarts)
+        process.kill()
+        with anyio.move_on_after(2.0):
+            while process.exitcode is None:
+                await asyncio.sleep(0.01)
+        process.close()
+        if handle.outstanding or (self.running and handle.busy):
+            self.dropped_batches += 1
+        await self._spawn(handle)
+
+    # -- weights -------------------------------------------------------------------------
+    async def push_weights(
+        self,
+        models: Mapping[str, TensorDictBase],
+        schemes: Mapping[str, WeightSyncScheme],
+        default_scheme: Callable[[], WeightSyncScheme],
+        worker_ids: Sequence[int],
+        timeout: float,
+    ) -> int:
+        """Serializes ``models`` once, sends them to ``worker_ids`` and waits for every ACK.
+
+        Returns:
+            The new policy version.
+
+        Raises:
+            WeightSyncError: some workers did not acknowledge within ``timeout``.
+        """
+        async with self._weights_lock:
+            self.raise_failure()
+            entries: list[dict[str, Any]] = []
+            frames: dict[str, torch.Tensor] = {}
+            for i, (model_id, params) in enumerate(models.items()):
+                writer = self._writers.get(model_id)
+                if writer is None:
+                    scheme = schemes.get(model_id) or default_scheme()
+                    writer = self._writers[model_id] = scheme.make_writer()
+                entry, flat = await run_in_thread(lambda _stop, w=writer, p=params: w.write(p), name="weights")
+                entries.append({"id": model_id, **entry})
+                if flat is not None:
+                    frames[f"m{i}"] = flat
+            self.version += 1
+            version = self.version
+            fields = {"version": version, "models": entries}
+            td = TensorDict(frames, batch_size=[]) if frames else None
+            self._last_weights = (fields, td)
+            targets = [self.handles[i] for i in worker_ids]
+            for handle in targets:
+                if handle.ready:
+                    await self.send(handle, P.WEIGHTS, fields, td)
+
+            def missing() -> list[int]:
+                return [h.index for h in targets if h.acked_version < version]
+
+            deadline = time.monotonic() + timeout
+            while missing():
+                dead = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
+                remaining = deadline - time.monotonic()
+                if (dead and self.max_restarts == 0) or remaining <= 0 or self.failure is not None:
+                    why = f"; workers {dead} are dead" if dead else ""
+                    raise WeightSyncError(
+                        f"weights version {version} were not acknowledged by workers {missing()} within "
+                        f"{timeout}s{why}",
+                        worker_ids=missing(),
+                    ) from self.failure
+                event = self._changed
+                with anyio.move_on_after(min(remaining, _MONITOR_PERIOD)):
+                    await event.wait()
+            return version
+
+    # -- shutdown ------------------------------------------------------------------------
+    async def close(self, timeout: float) -> None:
+        """``stop``, then SIGTERM, then SIGKILL, all within ``timeout``; releases every resource. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        for handle in self.handles:
+            handle.stopping = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
+        if self.endpoint is not None and not self.endpoint.closed:
+            for handle in live:
+                if handle.ready:
+                    with anyio.move_on_after(0.2):
+                        try:
+                            await self.send(handle, P.STOP)
+                        except TransportError:
+                            pass
+        # Most of the time goes to a graceful stop; SIGTERM and SIGKILL get what is left.
+        await self._wait_exit(live, deadline - 0.4 * timeout)
+        for handle in live:
+            if handle.process is not None:
+                handle.process.terminate()
+        await self._wait_exit(live, deadline - 0.1 * timeout)
+        for handle in live:
+            if handle.process is not None:
+                handle.process.kill()
+        await self._wait_exit(live, max(deadline, time.monotonic() + 1.0))
+        for handle in self.handles:
+            if handle.process is not None:
+                handle.process.close()
+            for ring in [*handle.retired_rings, *([handle.ring] if handle.ring is not None else [])]:
+                ring.close()
+                ring.unlink()
+            handle.ring, handle.retired_rings = None, []
+            handle.inbox.clear()
+        self.ready_queue.clear()
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        self._last_weights = None
+        if self.endpoint is not None:
+            self.endpoint.close()
+
+    @staticmethod
+    async def _wait_exit(handles: Sequence[WorkerHandle], deadline: float) -> None:
+        while any(h.process is not None and h.process.exitcode is None for h in handles):
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.01)

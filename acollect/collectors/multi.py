@@ -1,0 +1,230 @@
+"""Collectors whose envs run in worker processes: :class:`MultiSyncCollector` and :class:`MultiAsyncCollector`.
+
+Each worker is a process running the same rollout engine as the in-process
+:class:`~acollect.Collector`; the event loop only moves messages (see
+:mod:`acollect.collectors._pool`). Batches arrive as raw tensor frames or through
+shared-memory slots; every batch handed out is the caller's own memory and stays
+valid after the next iteration.
+
+Examples:
+    >>> import anyio
+    >>> from acollect import MultiSyncCollector
+    >>> from acollect.testing import CountingEnv
+    >>> async def main():
+    ...     async with MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16) as collector:
+    ...         return [tuple(batch.shape) async for batch in collector]
+    >>> anyio.run(main)
+    [(2, 1, 4), (2, 1, 4)]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.errors import ConfigurationError
+from acollect.policy import PolicyLike
+from acollect.worker import protocol as P
+
+__all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
+
+_CAT_RESULTS = (None, "stack", 0, -1)
+
+
+class MultiSyncCollector(MultiCollectorBase):
+    """Collects from several worker processes in lockstep and yields one batch from all of them.
+
+    Each worker collects ``frames_per_batch / n_workers`` frames per batch, only when the trainer asks
+    for the next batch, so a weight update made between two batches is in every frame of the next one.
+
+    Args:
+        create_env_fn_list: one env factory per worker (a list), or one factory for ``num_workers`` workers.
+            Each is an env, a gymnasium id, or a zero-argument callable returning an env; it is sent to the
+            worker process with cloudpickle, so lambdas work.
+        policy: the policy, sent to every worker (an ``nn.Module``, ``TensorDictModule``, callable or ``None``).
+        policy_factory: a zero-argument callable building the policy inside each worker instead.
+        frames_per_batch: frames per batch from all workers together.
+        total_frames: frames to collect in all; ``-1`` collects forever.
+        num_workers: number of workers when ``create_env_fn_list`` is a single factory (default: CPU count).
+        cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
+            concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, n_workers * T]``).
+        collector_kwargs: per-worker options (a dict for all, or a list of dicts, one per worker) among
+            ``device``, ``env_device``, ``policy_device``, ``storing_device``, ``max_frames_per_traj``,
+            ``init_random_frames``, ``reset_at_each_iter``, ``exploration_type``, ``env_kwargs``, ``num_threads``.
+        device, env_device, policy_device, storing_device: as for :class:`~acollect.Collector`, one value or a
+            list with one per worker.
+        max_frames_per_traj, init_random_frames, reset_at_each_iter, exploration_type, env_kwargs: as for
+            :class:`~acollect.Collector`, applied in every worker.
+        postproc: applied in this process to each batch before it is handed out.
+        split_trajs: hand out padded trajectories (see :class:`~acollect.Collector`).
+        update_after_each_batch: push the weights of ``policy`` (this process's copy) after every batch.
+        max_weight_update_interval: push them at least every this many batches.
+        weight_sync_schemes: model id -> :class:`~acollect.collectors.weight_sync.WeightSyncScheme`.
+        max_worker_restarts: restarts allowed per worker; ``0`` raises on the first crash.
+        heartbeat_timeout: seconds a collecting worker may make no env step before it counts as hung.
+        startup_timeout: seconds a worker may take to start and build its env and policy.
+        shutdown_timeout: default deadline of :meth:`async_shutdown`.
+        address: ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint (``None``: a
+            private ipc path).
+        start_method: ``"spawn"`` (fresh interpreters, default) or ``"forkserver"``.
+        num_threads: torch threads in each worker.
+        use_shared_memory: move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB or more
+            on a local address).
+
+    Raises:
+        ConfigurationError: a bad argument (named in the message).
+    """
+
+    def __init__(
+        self,
+        create_env_fn_list: Any,
+        policy: PolicyLike = None,
+        *,
+        policy_factory: Callable[[], PolicyLike] | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        num_workers: int | None = None,
+        cat_results: str | int | None = None,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        storing_device: Any = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int = 0,
+        reset_at_each_iter: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, Any] | None = None,
+        max_worker_restarts: int = 0,
+        heartbeat_timeout: float = 30.0,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = "spawn",
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+    ) -> None:
+        if cat_results not in _CAT_RESULTS or isinstance(cat_results, bool):
+            raise ConfigurationError.bad_value("cat_results", cat_results, "None, 'stack', 0 or -1")
+        self.cat_results = cat_results
+        # Every other argument is the shared multi-process one: hand them all over by name.
+        shared = {k: v for k, v in locals().items() if k not in ("self", "cat_results", "__class__")}
+        super().__init__(**shared)
+
+    def _worker_frames(self, n_workers: int) -> int:
+        return math.ceil(self.frames_per_batch / n_workers)
+
+    def _credits(self) -> int | None:
+        return None
+
+    async def _collect_batch(self) -> TensorDictBase:
+        pool = self._require_pool()
+        await self._before_batch()
+        for handle in pool.handles:
+            if not handle.inbox and not handle.outstanding:
+                handle.outstanding += 1
+                await pool.send(handle, P.COLLECT)
+        await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
+        items = [h.inbox.popleft() for h in pool.handles]
+        try:
+            batch = self._combine([item.data for item in items])
+        finally:
+            for item in items:
+                await self._release(item)
+        return self._finish(batch)
+
+    def _combine(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        try:
+            if self.cat_results in (None, "stack"):
+                return torch.stack(parts, 0)
+            return torch.cat(parts, int(self.cat_results))  # type: ignore[arg-type]
+        except (RuntimeError, ValueError) as exc:
+            shapes = [tuple(p.shape) for p in parts]
+            raise ConfigurationError.bad_value(
+                "cat_results",
+                self.cat_results,
+                f"a way to combine worker batches of shapes {shapes} (stack needs equal shapes, 0 equal T, "
+                f"-1 equal n_envs): {exc}",
+            ) from exc
+
+
+class MultiAsyncCollector(MultiCollectorBase):
+    """Collects in several worker processes ahead of the trainer; yields each worker's batch when it is ready.
+
+    First ready, first served: a slow worker never holds the others back. Every batch is one worker's
+    ``[n_envs, T]`` batch of ``frames_per_batch`` frames, tagged with ``("collector", "worker_id")``. Each
+    worker may collect ``credits`` batches ahead; then it waits for the trainer (memory stays bounded).
+    Weights pushed with :meth:`update_policy_weights_` apply from each worker's next batch boundary; batches
+    collected before carry the older ``("collector", "policy_version")``.
+
+    Takes the arguments of :class:`MultiSyncCollector` except ``cat_results``, plus ``credits`` (default 2).
+
+    Examples:
+        >>> import anyio
+        >>> from acollect import MultiAsyncCollector
+        >>> from acollect.testing import CountingEnv
+        >>> async def main():
+        ...     async with MultiAsyncCollector([CountingEnv] * 2, frames_per_batch=4, total_frames=12) as collector:
+        ...         return sorted(int(b["collector", "worker_id"][0, 0]) in (0, 1) async for b in collector)
+        >>> anyio.run(main)
+        [True, True, True]
+    """
+
+    def __init__(self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **kwargs: Any) -> None:
+        if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
+            raise ConfigurationError.bad_value("credits", credits, "an int >= 1 (batches each worker may collect ahead)")
+        self._credit_count = credits
+        super().__init__(create_env_fn_list=create_env_fn_list, policy=policy, **kwargs)
+
+    def _worker_frames(self, n_workers: int) -> int:
+        return self.frames_per_batch
+
+    def _credits(self) -> int | None:
+        return self._credit_count
+
+    async def _setup(self) -> None:
+        await super()._setup()
+        pool = self._require_pool()
+        pool.running = True
+        pool.paused = self._pauses > 0
+        await pool.broadcast(P.RUN, {"credits": self._credit_count})
+        if pool.paused:
+            await pool.broadcast(P.PAUSE)
+
+    async def _collect_batch(self) -> TensorDictBase:
+        pool = self._require_pool()
+        await self._before_batch()
+        await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
+        item = pool.ready_queue.popleft()
+        batch = item.data.clone() if item.in_slot else item.data
+        await self._release(item)
+        batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
+        return self._finish(batch)
+
+    @asynccontextmanager
+    async def pause(self) -> AsyncIterator[None]:
+        """Stops every worker from stepping until the block exits (a batch in progress is abandoned)."""
+        async with super().pause():
+            pool = self._pool
+            first = self._pauses == 1 and pool is not None and pool.running
+            if first and pool is not None:
+                pool.paused = True
+                await pool.broadcast(P.PAUSE)
+            try:
+                yield
+            finally:
+                if first and pool is not None and pool.endpoint is not None and not pool.endpoint.closed:
+                    pool.paused = False
+                    await pool.broadcast(P.RESUME)

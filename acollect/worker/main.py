@@ -1,0 +1,397 @@
+"""The worker process: one rollout engine, driven by commands from a collector.
+
+Plain synchronous code in two threads, each owning one ZeroMQ socket (sockets
+are not thread-safe):
+
+* the **control** thread (the main thread) receives commands, answers them,
+  sends heartbeats with the engine's step count, and exits when the parent
+  process is gone;
+* the **runner** thread steps the env: it collects a batch whenever one was
+  requested (``collect``) or credits are left (``run``), applies staged weights,
+  seeds and state at the batch boundary, and sends the batch on its own socket,
+  either as raw tensor frames or through a shared-memory slot.
+
+So a worker answers ``stop``, ``pause`` and weight pushes while a batch is in
+progress, and a hung env shows as heartbeats whose step count stops moving.
+
+Entry point: :func:`run_worker`, called by the bootstrap of
+:mod:`acollect.worker.process` with the worker's
+:class:`~acollect.worker.protocol.WorkerConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+import warnings
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from acollect.devices import resolve_devices
+from acollect.envs import make_env
+from acollect.policy import parse_exploration_type, wrap_policy
+from acollect.rollout import RolloutEngine, RolloutInterrupted
+from acollect.transport.endpoint import WorkerSocket
+from acollect.transport.shm import ShmSegment, ShmSlotRing
+from acollect.transport.weights import unflatten_into
+from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
+from acollect.weights import PolicyWeights
+from acollect.worker import protocol as P
+
+__all__ = ["build_engine", "run_worker"]
+
+_SEND_RETRY = 1.0
+
+
+def build_engine(config: P.WorkerConfig) -> RolloutEngine:
+    """Builds the worker's env, policy and rollout engine from its config."""
+    env = make_env(config.create_env_fn, **config.env_kwargs)
+    try:
+        policy = config.policy_factory() if config.policy_factory is not None else config.policy
+        devices = resolve_devices(**config.devices, env_default=env.device, policy=policy)
+        if isinstance(policy, torch.nn.Module):
+            policy = PolicyWeights.place(policy, devices.policy)
+        adapter = wrap_policy(
+            policy,
+            observation_keys=env.observation_spec.leaf_keys(),
+            action_spec=env.action_spec,
+            batch_size=env.batch_size,
+        )
+        engine = RolloutEngine(
+            env,
+            adapter,
+            frames_per_batch=config.frames_per_batch,
+            devices=devices,
+            max_frames_per_traj=config.max_frames_per_traj,
+            init_random_frames=config.init_random_frames,
+            reset_at_each_iter=config.reset_at_each_iter,
+            exploration_type=parse_exploration_type(config.exploration_type),
+            traj_id_offset=config.index,
+            traj_id_stride=config.n_workers,
+        )
+    except BaseException:
+        env.close()
+        raise
+    engine.next_traj_counter = config.next_traj_counter
+    engine.frames = config.frames
+    return engine
+
+
+def _resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:
+    """``"policy"``, ``"policy.<attr>..."`` or ``"env.<attr>..."`` -> the module whose weights are updated."""
+    head, _, rest = model_id.partition(".")
+    roots: dict[str, Any] = {"policy": engine.policy.weights_module, "env": engine.env}
+    obj = roots.get(head)
+    for part in rest.split(".") if rest else ():
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, torch.nn.Module):
+        raise LookupError(f"model_id={model_id!r} names no nn.Module in this worker")
+    return obj
+
+
+def _error_fields(exc: BaseException) -> dict[str, Any]:
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    tb = "".join(traceback.format_exception(cls, exc, exc.__traceback__))
+    return {"type": name, "message": str(exc), "traceback": tb}
+
+
+class _Worker:
+    def __init__(self, config: P.WorkerConfig) -> None:
+        self.config = config
+        self.identity = P.worker_identity(config.index, config.generation)
+        self.control = WorkerSocket(config.address, self.identity)
+        self.engine: RolloutEngine | None = None
+        self.cond = threading.Condition()
+        # Runner state, guarded by `cond`.
+        self.requested = 0  # one-shot batches asked for (``collect``)
+        self.credits = 0  # batches that may be sent ahead (``run``)
+        self.running = False
+        self.paused = False
+        self.stopping = False
+        self.busy = False
+        self.ring: ShmSlotRing | None = None
+        self.interrupt = threading.Event()  # abandons the batch in progress
+        # Held by whoever uses the engine (the runner for a whole batch); staged work waits in the
+        # pending_* fields, guarded by `pending_lock`, for the next batch boundary.
+        self.engine_lock = threading.Lock()
+        self.pending_lock = threading.Lock()
+        self.pending_weights: dict[str, tuple[Any, torch.Tensor]] = {}
+        self.pending_version: int | None = None
+        self.pending_seed: int | None = None
+        self.pending_state: dict[str, int] | None = None
+        self.segments: dict[str, ShmSegment] = {}
+        self.runner: threading.Thread | None = None
+        self.failed = False
+
+    # -- messages -------------------------------------------------------------------
+    def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        return {"worker": self.config.index, "gen": self.config.generation, **fields}
+
+    def send(self, kind: str, fields: dict[str, Any] | None = None) -> None:
+        self.control.send(pack_message(kind, self._fields(fields or {})), timeout=10.0)
+
+    def report(self, exc: BaseException) -> None:
+        self.failed = True
+        try:
+            self.send(P.ERROR, _error_fields(exc))
+        except Exception:  # noqa: BLE001 - the collector is gone; the exit code tells the rest
+            traceback.print_exc()
+
+    # -- main loop ------------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            self.engine = build_engine(self.config)
+            layout, _ = encode_tensordict(self.engine._allocate())
+        except Exception as exc:  # noqa: BLE001 - reported to the collector as a RemoteError
+            self.report(exc)
+            return self.control_loop()
+        self.send(
+            P.HELLO,
+            {
+                "pid": os.getpid(),
+                "protocol": PROTOCOL_VERSION,
+                "n_envs": self.engine.n_envs,
+                "frames_per_batch": self.engine.frames_per_batch,
+                "layout": layout,
+            },
+        )
+        self.runner = threading.Thread(target=self.runner_loop, name="acollect-runner", daemon=True)
+        self.runner.start()
+        return self.control_loop()
+
+    def control_loop(self) -> int:
+        interval = self.config.heartbeat_interval
+        next_beat = 0.0
+        while True:
+            if os.getppid() != self.config.parent_pid:
+                os._exit(1)  # the collector died: nobody will ever read what we collect
+            now = time.monotonic()
+            if now >= next_beat:
+                engine = self.engine
+                self.send(P.HEARTBEAT, {"steps": engine.steps if engine is not None else 0, "busy": self.busy})
+                next_beat = now + interval
+            frames = self.control.recv(timeout=min(0.2, max(0.0, next_beat - time.monotonic())))
+            if frames is None:
+                continue
+            header, td = unpack_message(frames, kinds=P.TO_WORKER)
+            if header["kind"] == P.STOP:
+                return 0
+            try:
+                self.handle(header, td)
+            except Exception as exc:  # noqa: BLE001 - e.g. weights that do not fit the policy
+                self.report(exc)
+
+    def handle(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
+        kind = header["kind"]
+        if kind == P.WEIGHTS:
+            self.stage_weights(header, td)
+            return
+        if kind == P.SEED:
+            with self.pending_lock:
+                self.pending_seed = int(header["seed"])
+            self.apply_if_idle()
+            return
+        if kind == P.LOAD_STATE:
+            with self.pending_lock:
+                self.pending_state = {k: int(header[k]) for k in ("next_traj_counter", "frames")}
+            self.apply_if_idle()
+            return
+        if kind == P.STATE:
+            engine = self.engine
+            # Plain ints read without the engine lock: exact between batches, which is when it is asked.
+            counters = (
+                {"next_traj_counter": engine.next_traj_counter, "frames": engine.frames, "steps": engine.steps}
+                if engine is not None
+                else {}
+            )
+            self.send(P.REPLY, {"req": header.get("req"), **counters})
+            return
+        with self.cond:
+            if kind == P.SLOTS:
+                self.ring = ShmSlotRing.attach(header["names"], header["layout"])
+            elif kind == P.COLLECT:
+                self.requested += 1
+            elif kind == P.RUN:
+                self.running = True
+                self.credits = int(header["credits"])
+            elif kind == P.CREDIT:
+                self.credits += 1
+                slot = header.get("slot")
+                if slot is not None and self.ring is not None:
+                    self.ring.release(int(slot))
+            elif kind == P.PAUSE:
+                self.paused = True
+                self.interrupt.set()
+            elif kind == P.RESUME:
+                self.paused = False
+            self.cond.notify_all()
+
+    # -- weights, seeds, state ---------------------------------------------------------
+    def stage_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
+        version = int(header["version"])
+        staged: dict[str, tuple[Any, torch.Tensor]] = {}
+        for i, model in enumerate(header["models"]):
+            shm = model.get("shm")
+            if shm is not None:
+                segment = self.segments.get(shm)
+                if segment is None:
+                    segment = self.segments[shm] = ShmSegment.attach(shm, int(model["layout"]["nbytes"]))
+                flat = segment.tensor()
+            else:
+                assert td is not None
+                flat = td.get(f"m{i}")
+            staged[model["id"]] = (model["layout"], flat)
+        if self.engine_lock.acquire(blocking=False):
+            # Idle between batches: apply straight from the message or segment, no staging copy.
+            try:
+                self._apply_weights(staged, version)
+            finally:
+                self.engine_lock.release()
+        else:
+            # The segment may be rewritten by the next push once we acknowledge: keep a private copy.
+            copies = {k: (layout, flat.clone()) for k, (layout, flat) in staged.items()}
+            with self.pending_lock:
+                self.pending_weights.update(copies)
+                self.pending_version = version
+        self.send(P.ACK, {"version": version})
+
+    def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
+        engine = self.engine
+        assert engine is not None
+        # Check every model before copying any, so a bad push changes nothing.
+        targets = {model_id: TensorDict.from_module(_resolve_model(engine, model_id)) for model_id in weights}
+        for model_id, (layout, flat) in weights.items():
+            unflatten_into(layout, flat, targets[model_id])
+        engine.policy_version = version
+
+    def apply_pending(self) -> None:
+        """Applies staged weights, seed and state. Call with ``engine_lock`` held, between batches."""
+        engine = self.engine
+        assert engine is not None
+        with self.pending_lock:
+            weights, self.pending_weights = self.pending_weights, {}
+            version, self.pending_version = self.pending_version, None
+            seed, self.pending_seed = self.pending_seed, None
+            state, self.pending_state = self.pending_state, None
+        if version is not None:
+            self._apply_weights(weights, version)
+        if seed is not None:
+            torch.manual_seed(seed)
+            engine.seed(seed)
+        if state is not None:
+            engine.next_traj_counter = state["next_traj_counter"]
+            engine.frames = state["frames"]
+            engine._needs_reset = True  # fresh trajectories get ids from the restored counter
+
+    def apply_if_idle(self) -> None:
+        if self.engine is not None and self.engine_lock.acquire(blocking=False):
+            try:
+                self.apply_pending()
+            finally:
+                self.engine_lock.release()
+
+    # -- the runner thread ---------------------------------------------------------------
+    def _has_work(self) -> bool:
+        if self.stopping or self.paused or self.failed:
+            return False
+        if self.ring is not None and self.ring.n_free == 0:
+            return False
+        return self.requested > 0 or (self.running and self.credits > 0)
+
+    def runner_loop(self) -> None:
+        engine = self.engine
+        assert engine is not None
+        data = WorkerSocket(self.config.address, self.identity + b"d")
+        seq = 0
+        try:
+            while True:
+                with self.cond:
+                    while not self._has_work():
+                        if self.stopping:
+                            return
+                        self.cond.wait(0.5)
+                    one_shot = self.requested > 0
+                    slot = self.ring.acquire() if self.ring is not None else None
+                    self.interrupt.clear()
+                    self.busy = True
+                try:
+                    with self.engine_lock:
+                        self.apply_pending()
+                        batch = engine.collect(self.interrupt)
+                        version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
+                except RolloutInterrupted:
+                    with self.cond:
+                        self.busy = False
+                        if slot is not None and self.ring is not None:
+                            self.ring.release(slot)
+                    continue
+                header = {
+                    "seq": seq,
+                    "policy_version": version,
+                    "traj_counter": counter,
+                    "frames": frames,
+                    "slot": slot,
+                }
+                if slot is not None and self.ring is not None:
+                    self.ring[slot].write(batch)
+                    message = pack_message(P.BATCH, self._fields(header))
+                else:
+                    message = pack_message(P.BATCH, self._fields(header), batch)
+                with self.cond:
+                    if one_shot:
+                        self.requested -= 1
+                    else:
+                        self.credits -= 1
+                    self.busy = False
+                seq += 1
+                while not self.stopping:
+                    try:
+                        data.send(message, timeout=_SEND_RETRY)
+                        break
+                    except TimeoutError:
+                        continue
+        except Exception as exc:  # noqa: BLE001 - the env or the policy raised: tell the collector
+            self.busy = False
+            self.failed = True
+            try:
+                data.send(pack_message(P.ERROR, self._fields(_error_fields(exc))), timeout=10.0)
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+        finally:
+            data.close()
+
+    # -- exit ---------------------------------------------------------------------------
+    def close(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.interrupt.set()
+            self.cond.notify_all()
+        if self.runner is not None:
+            self.runner.join(timeout=5.0)
+        if self.engine is not None:
+            try:
+                self.engine.close()
+            except Exception:  # noqa: BLE001 - exiting anyway; the env's own error is not the collector's
+                traceback.print_exc()
+        if self.ring is not None:
+            self.ring.close()
+        for segment in self.segments.values():
+            segment.close()
+        self.control.close()
+
+
+def run_worker(config: P.WorkerConfig) -> int:
+    """Runs one worker until the collector says ``stop`` (or dies). Returns the exit code."""
+    torch.set_num_threads(config.num_threads)
+    if config.filter_warnings:
+        warnings.simplefilter("ignore")
+    worker = _Worker(config)
+    try:
+        return worker.run()
+    finally:
+        worker.close()

@@ -1,0 +1,168 @@
+"""Starting local worker processes, never by ``fork``.
+
+``start_method="spawn"`` (the default) starts a fresh interpreter with
+:mod:`subprocess` (``python -c <bootstrap>``) and writes the worker's config to
+its stdin. It is what multiprocessing's spawn does, minus two costs: the user's
+``__main__`` module is not re-imported in every worker (no
+``if __name__ == "__main__"`` guard is needed), and no multiprocessing
+resource-tracker process is left running after the collector is gone.
+
+``start_method="forkserver"`` uses multiprocessing's fork server: faster
+restarts once the server runs, but the server process outlives the collector
+(it belongs to multiprocessing, one per program).
+
+Env factories and policies go to the worker through this process-creation
+channel (same host, same user), pickled with cloudpickle so that lambdas and
+functions defined in ``__main__`` work. Batches and weights never are pickled.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import cloudpickle
+
+from acollect.errors import ConfigurationError
+from acollect.worker.protocol import WorkerConfig
+
+__all__ = ["START_METHODS", "WorkerProcess", "describe_exit", "start_worker"]
+
+#: The accepted values of ``start_method``.
+START_METHODS = ("spawn", "forkserver")
+
+# Reads the config before importing anything heavy (so the parent's write never waits on the
+# child importing torch), then takes the parent's import path, so that acollect and the modules
+# defining the user's factories import here as they did there.
+_BOOTSTRAP = (
+    "import sys, pickle; path, payload = pickle.loads(sys.stdin.buffer.read()); sys.stdin.close(); "
+    "sys.path[:0] = [p for p in path if p not in sys.path]; "
+    "from acollect.worker.process import _run_payload; _run_payload(payload)"
+)
+
+
+def _run_payload(payload: bytes) -> None:
+    """The worker's entry point: ``payload`` is the cloudpickled :class:`WorkerConfig`."""
+    config = pickle.loads(payload)
+    from acollect.worker.main import run_worker
+
+    sys.exit(run_worker(config))
+
+
+def _forkserver_entry(data: bytes) -> None:
+    path, payload = pickle.loads(data)
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    _run_payload(payload)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Says how a process ended.
+
+    Examples:
+        >>> describe_exit(-9)
+        'killed by signal 9 (SIGKILL)'
+        >>> describe_exit(1)
+        'exit code 1'
+    """
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-exitcode} ({name})"
+    return f"exit code {exitcode}"
+
+
+class WorkerProcess:
+    """One local worker process: its pid, exit code, and ways to end it."""
+
+    def __init__(self, handle: subprocess.Popen[bytes] | Any, payload: bytes | None) -> None:
+        self._handle = handle
+        self._payload = payload
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return int(self._handle.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        """``None`` while it runs; negative when a signal ended it. Reaps the process once it is gone."""
+        if isinstance(self._handle, subprocess.Popen):
+            return self._handle.poll()
+        return self._handle.exitcode  # type: ignore[no-any-return]
+
+    def write_config(self) -> None:
+        """Hands the config over (blocking: call it off the event loop)."""
+        payload, self._payload = self._payload, None
+        if payload is not None and isinstance(self._handle, subprocess.Popen):
+            stdin = self._handle.stdin
+            assert stdin is not None
+            try:
+                stdin.write(payload)
+                stdin.close()
+            except (BrokenPipeError, OSError):
+                pass  # it died before reading: its exit code tells why
+
+    def terminate(self) -> None:
+        """Sends SIGTERM (no-op once it exited)."""
+        if self.exitcode is None:
+            try:
+                self._handle.terminate()
+            except (ProcessLookupError, OSError):
+                pass
+
+    def kill(self) -> None:
+        """Sends SIGKILL (no-op once it exited)."""
+        if self.exitcode is None:
+            try:
+                self._handle.kill()
+            except (ProcessLookupError, OSError):
+                pass
+
+    def close(self) -> None:
+        """Releases the handle's pipes (the process must have exited)."""
+        if isinstance(self._handle, subprocess.Popen):
+            if self._handle.stdin is not None and not self._handle.stdin.closed:
+                try:
+                    self._handle.stdin.close()
+                except OSError:
+                    pass
+        elif self._handle.exitcode is not None:
+            self._handle.close()
+
+
+def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> WorkerProcess:
+    """Starts a worker process for ``config``; call :meth:`WorkerProcess.write_config` next (spawn).
+
+    Raises:
+        ConfigurationError: ``start_method`` is unknown, or the config cannot be pickled.
+    """
+    if start_method not in START_METHODS:
+        raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
+    try:
+        payload = pickle.dumps((list(sys.path), cloudpickle.dumps(config)))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot send the env factory or policy to worker {config.index}: {type(exc).__name__}: {exc} "
+            "(it must be picklable with cloudpickle; pass policy_factory to build the policy inside the worker)"
+        ) from exc
+    if start_method == "forkserver":
+        ctx = multiprocessing.get_context("forkserver")
+        process = ctx.Process(target=_forkserver_entry, args=(payload,), name=f"acollect-worker-{config.index}")
+        process.daemon = True
+        process.start()
+        return WorkerProcess(process, None)
+    threads = str(config.num_threads)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    popen = subprocess.Popen(  # noqa: S603 - our own interpreter and bootstrap
+        [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, env=env, close_fds=True
+    )
+    return WorkerProcess(popen, payload)

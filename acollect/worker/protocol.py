@@ -1,0 +1,130 @@
+"""The control protocol between a collector and its worker processes.
+
+Every message is a wire message (:func:`acollect.transport.wire.pack_message`):
+a msgpack header whose ``"kind"`` is one of the names below, plus raw tensor
+frames for batches and weights. Nothing here is ever pickled.
+
+Collector -> worker:
+
+=============  ====================================================================
+``slots``      ``names``, ``layout``: attach these shared-memory slots for batches
+``collect``    collect exactly one batch (synchronous collectors)
+``run``        ``credits``: keep collecting while credits last (asynchronous ones)
+``credit``     ``slot`` (optional): one batch was consumed; its slot is free again
+``weights``    ``version``, ``models``: new weights, applied at the next batch boundary
+``pause``      stop stepping now (a batch in progress is abandoned, not sent)
+``resume``     go on collecting
+``seed``       ``seed``: reseed env and RNGs at the next batch boundary
+``state``      ``req``: reply with the worker's counters
+``load_state`` ``next_traj_counter``, ``frames``: restore counters
+``stop``       finish and exit
+=============  ====================================================================
+
+Worker -> collector:
+
+=============  ====================================================================
+``hello``      ``pid``, ``protocol``, ``n_envs``, ``layout``, ``nbytes``: ready to collect
+``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames
+``ack``        ``version``: these weights are in the worker (applied or staged)
+``reply``      ``req`` and the fields asked for
+``heartbeat``  ``steps``, ``busy``: the rollout engine's progress
+``error``      ``type``, ``message``, ``traceback``: an exception in env or policy
+=============  ====================================================================
+
+Every worker -> collector header also carries ``worker`` (the index) and ``gen``
+(which incarnation of that worker: a restarted worker has a new one, so a late
+message from a dead incarnation is recognised and dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ACK",
+    "BATCH",
+    "COLLECT",
+    "CREDIT",
+    "ERROR",
+    "HEARTBEAT",
+    "HELLO",
+    "LOAD_STATE",
+    "PAUSE",
+    "REPLY",
+    "RESUME",
+    "RUN",
+    "SEED",
+    "SLOTS",
+    "STATE",
+    "STOP",
+    "TO_COLLECTOR",
+    "TO_WORKER",
+    "WEIGHTS",
+    "WorkerConfig",
+    "worker_identity",
+]
+
+# collector -> worker
+SLOTS = "slots"
+COLLECT = "collect"
+RUN = "run"
+CREDIT = "credit"
+WEIGHTS = "weights"
+PAUSE = "pause"
+RESUME = "resume"
+SEED = "seed"
+STATE = "state"
+LOAD_STATE = "load_state"
+STOP = "stop"
+TO_WORKER = frozenset({SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP})
+
+# worker -> collector
+HELLO = "hello"
+BATCH = "batch"
+ACK = "ack"
+REPLY = "reply"
+HEARTBEAT = "heartbeat"
+ERROR = "error"
+TO_COLLECTOR = frozenset({HELLO, BATCH, ACK, REPLY, HEARTBEAT, ERROR})
+
+
+def worker_identity(index: int, generation: int) -> bytes:
+    """The ZeroMQ identity of one incarnation of worker ``index``.
+
+    Examples:
+        >>> worker_identity(3, 1)
+        b'w3.1'
+    """
+    return f"w{index}.{generation}".encode()
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker process needs to build its rollout engine.
+
+    It reaches the worker through the process-creation channel only (local
+    processes started by the collector, same host, same user), never through a
+    socket.
+    """
+
+    index: int
+    generation: int
+    n_workers: int
+    address: str
+    parent_pid: int
+    create_env_fn: Any
+    policy: Any = None
+    policy_factory: Any = None
+    frames_per_batch: int = 1
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    devices: dict[str, Any] = field(default_factory=dict)
+    max_frames_per_traj: int | None = None
+    init_random_frames: int = 0
+    reset_at_each_iter: bool = False
+    exploration_type: str | None = "RANDOM"
+    num_threads: int = 1
+    filter_warnings: bool = True
+    heartbeat_interval: float = 0.5
+    next_traj_counter: int = 0
+    frames: int = 0
