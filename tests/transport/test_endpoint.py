@@ -112,7 +112,7 @@ async def test_cancellation_passes_through_untouched() -> None:
             await task
 
 
-async def test_close_removes_the_ipc_file_and_is_idempotent(tmp_path: Path) -> None:
+def test_close_removes_the_ipc_file_and_is_idempotent(tmp_path: Path) -> None:
     endpoint = Endpoint()
     path = endpoint.address.removeprefix("ipc://")
     assert os.path.exists(path)
@@ -120,14 +120,21 @@ async def test_close_removes_the_ipc_file_and_is_idempotent(tmp_path: Path) -> N
     endpoint.close()
     assert not os.path.exists(path)
     assert not os.path.exists(os.path.dirname(path))  # the private temp dir too
-    with pytest.raises(TransportError, match="closed"):
-        await endpoint.recv(timeout=1)
     own = tmp_path / "collector.sock"
     explicit = Endpoint(f"ipc://{own}")
     assert explicit.address == f"ipc://{own}"
     assert own.exists()
     explicit.close()
     assert not own.exists()
+
+
+async def test_a_closed_endpoint_refuses_work() -> None:
+    endpoint = Endpoint()
+    endpoint.close()
+    with pytest.raises(TransportError, match="closed"):
+        await endpoint.recv(timeout=1)
+    with pytest.raises(TransportError, match="closed"):
+        await endpoint.send(b"w0", [b"x"])
 
 
 async def test_send_to_unknown_worker_is_a_transport_error() -> None:
