@@ -72,7 +72,9 @@ async def run_in_thread(
         stop.set()
         with anyio.CancelScope(shield=True), anyio.move_on_after(cancel_timeout):
             await finished.wait()
-        if not finished.is_set():
+        if finished.is_set():
+            thread.join(1.0)  # the target already returned; this only waits for the thread to end
+        else:
             import logging
 
             logging.getLogger("acollect").warning(

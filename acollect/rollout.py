@@ -36,7 +36,7 @@ from tensordict.nn import InteractionType, set_interaction_type
 from acollect.devices import Devices
 from acollect.envs.base import EnvBase
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy
+from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy
 
 __all__ = ["RolloutEngine", "RolloutInterrupted", "frames_per_batch_for"]
 
@@ -144,12 +144,14 @@ class RolloutEngine:
         self._needs_reset = True
         self._seed: int | None = None
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
+        self._read_only_policy = isinstance(policy, (ModulePolicy, RandomPolicy))
         self._probe_policy()
 
     # -- setup -------------------------------------------------------------------
     def _policy_input(self) -> TensorDictBase:
-        # A shallow copy: a policy that replaces entries must not detach the engine's buffers.
-        td = self._root.copy()
+        # A shallow copy: a policy that replaces entries must not detach the engine's buffers. Plain modules
+        # only read their inputs and skip it.
+        td = self._root if self._read_only_policy else self._root.copy()
         if not self.devices.policy_is_env:
             td = td.to(self.devices.policy, non_blocking=True)
         return td
@@ -157,7 +159,7 @@ class RolloutEngine:
     def _probe_policy(self) -> None:
         """Runs the policy once on a fresh reset to learn its outputs and check ``"action"``."""
         self.env.reset_into(self._root)
-        with torch.no_grad(), _exploration(self.exploration_type):
+        with torch.inference_mode(), _exploration(self.exploration_type):
             outputs = self.policy(self._policy_input())
         self._check_outputs(outputs)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
@@ -242,14 +244,16 @@ class RolloutEngine:
         Returns:
             A fresh TensorDict ``[n_envs, T]`` that the caller owns.
         """
-        with torch.no_grad(), _exploration(self.exploration_type):
-            return self._collect(stop)
+        # Buffers are allocated outside inference mode so that batches can feed autograd later; the
+        # steps run inside it, which spares the policy's forward all autograd bookkeeping.
+        batch = self._allocate()
+        with torch.inference_mode(), _exploration(self.exploration_type):
+            return self._collect(batch, stop)
 
-    def _collect(self, stop: threading.Event | None) -> TensorDict:
+    def _collect(self, batch: TensorDict, stop: threading.Event | None) -> TensorDict:
         if self._needs_reset or self.reset_at_each_iter:
             self._reset_all()
         root, nxt, env = self._root, self._next, self.env
-        batch = self._allocate()
         # Root done flags are False after every step (a finished env is reset in the same step), so
         # only their state at t=0 needs writing.
         for key in ("done", "terminated", "truncated"):
@@ -289,11 +293,11 @@ class RolloutEngine:
             if cast_action:
                 action = action.to(env_dev, non_blocking=True)
             env.step_and_reset_into(action, nxt, root)
+            self.steps += 1
             if max_traj is not None:
                 self._truncate_long_trajectories(max_traj)
             for dst, src in next_pairs:
                 dst[t].copy_(src)
-            self.steps += 1
             traj_views[t].copy_(self._traj_ids)
             if done_np.any():
                 finished = done_t.squeeze(-1)

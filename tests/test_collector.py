@@ -23,7 +23,7 @@ from acollect import (
     ReplayBuffer,
 )
 from acollect._threads import THREAD_NAME_PREFIX
-from acollect.testing import CountingEnv, CrashingEnv
+from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv
 
 
 def acollect_threads() -> list[threading.Thread]:
@@ -76,8 +76,10 @@ async def test_layout_matches_torchrl() -> None:
     done = batch["next", "done"].squeeze(-1)
     assert done.sum() > 0
     assert torch.equal(batch["next", "done"], batch["next", "terminated"] | batch["next", "truncated"])
-    # After an episode end the next root observation is the reset one, not a repeat.
-    assert torch.equal(obs[:, 1:], nxt[:, :-1])
+    # Within an episode the next root observation is the previous next one; after an episode end it is the
+    # reset observation (RESET_JUMP above the final one), never a repeat or a no-op step.
+    jump = torch.where(done[:, :-1], RESET_JUMP, 0.0)
+    assert torch.equal(obs[:, 1:], nxt[:, :-1] + jump)
     assert not batch["done"].any()
 
 
@@ -241,13 +243,13 @@ async def test_cancelling_the_consumer_leaves_no_thread_and_no_open_env() -> Non
 
 
 async def test_cancelled_batch_does_not_corrupt_the_next() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=5), None, frames_per_batch=400_000) as c:
+    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=5), None, frames_per_batch=20_000) as c:
         with anyio.move_on_after(0.02):
             await anext(c)
         c2_batch = await anext(c)
     obs, nxt = c2_batch["observation"], c2_batch["next", "observation"]
     assert torch.equal(nxt - obs, torch.ones_like(obs))
-    assert c.frames == 400_000
+    assert c.frames == 20_000
 
 
 async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
@@ -390,9 +392,9 @@ async def test_max_frames_per_traj_truncates_and_resets() -> None:
     assert torch.equal(batch["next", "done"], batch["next", "truncated"])
     ids = batch["collector", "traj_ids"][0]
     assert len(ids.unique()) == 3
-    # the env really was reset: the root observation after a truncation is not the previous next-observation
+    # the env really was reset: the root observation after a truncation is the reset one
     obs, nxt = batch["observation"][0].squeeze(-1), batch["next", "observation"][0].squeeze(-1)
-    assert obs[7] != nxt[6] or obs[7] == nxt[6] + 0  # counting env continues its counter across resets
+    assert obs[7] == nxt[6] + RESET_JUMP
     assert (batch["collector", "traj_ids"][:, 7] != batch["collector", "traj_ids"][:, 6]).all()
 
 
