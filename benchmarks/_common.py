@@ -124,11 +124,31 @@ def run_interleaved(
     return results
 
 
+_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock: Callable[[], float] = time.perf_counter
+
+
+def set_clock(name: str) -> None:
+    """Selects what :func:`now` measures: ``"wall"`` time, or ``"cpu"`` time of this process (all threads).
+
+    On a shared, loaded machine CPU time is far steadier than wall time: other processes
+    stretch the wall clock, not this process's CPU seconds. Benchmarks whose work runs in
+    other processes must use the wall clock.
+    """
+    global _clock
+    _clock = _CLOCKS[name]
+
+
+def now() -> float:
+    """The selected clock (see :func:`set_clock`)."""
+    return _clock()
+
+
 def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    """Calls ``fn`` (which returns a frame count) and returns ``(frames, seconds)``."""
-    start = time.perf_counter()
+    """Calls ``fn`` (which returns a frame count) and returns ``(frames, seconds)`` on the selected clock."""
+    start = now()
     frames = fn()
-    return frames, time.perf_counter() - start
+    return frames, now() - start
 
 
 def format_table(results: Iterable[Measurement], *, baseline: str | None = None) -> str:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import itertools
 import sys
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,9 @@ from _common import (
     CategoricalMLPPolicy,
     format_table,
     machine_info,
+    now,
     run_interleaved,
+    set_clock,
     single_thread_torch,
     timed,
     write_json,
@@ -98,11 +99,11 @@ class HandLoop:
 
 
 def hand_loop_round(num_envs: int, frames_per_batch: int, frames: int, seed: int) -> tuple[int, float, float]:
-    start = time.perf_counter()
+    start = now()
     loop = HandLoop(num_envs, frames_per_batch, seed=seed)
     try:
         loop.collect_batch()  # warm-up, untimed
-        startup = time.perf_counter() - start
+        startup = now() - start
         n_batches = max(1, frames // frames_per_batch)
         collected, seconds = timed(lambda: sum(loop.collect_batch() for _ in range(n_batches)))
     finally:
@@ -115,7 +116,7 @@ async def _collector_round(num_envs: int, frames_per_batch: int, frames: int) ->
 
     n_batches = max(1, frames // frames_per_batch)
     policy = CategoricalMLPPolicy()
-    created = time.perf_counter()
+    created = now()
     collected = 0
     first_batch_at: float | None = None
     async with Collector(
@@ -126,10 +127,10 @@ async def _collector_round(num_envs: int, frames_per_batch: int, frames: int) ->
     ) as collector:
         async for batch in collector:
             if first_batch_at is None:  # the warm-up batch, untimed
-                first_batch_at = time.perf_counter()
+                first_batch_at = now()
                 continue
             collected += batch.numel()
-        finished = time.perf_counter()
+        finished = now()
     if first_batch_at is None:
         raise RuntimeError("the collector yielded no batch")
     return collected, finished - first_batch_at, first_batch_at - created
@@ -147,7 +148,7 @@ def torchrl_round(num_envs: int, frames_per_batch: int, frames: int) -> tuple[in
 
     n_batches = max(1, frames // frames_per_batch)
     policy = TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
-    created = time.perf_counter()
+    created = now()
     env = SerialEnv(num_envs, partial(TorchRLGymEnv, ENV_ID, categorical_action_encoding=True))
     collector = TorchRLCollector(
         env, policy, frames_per_batch=frames_per_batch, total_frames=(n_batches + 1) * frames_per_batch
@@ -157,10 +158,10 @@ def torchrl_round(num_envs: int, frames_per_batch: int, frames: int) -> tuple[in
     try:
         for batch in collector:
             if first_batch_at is None:
-                first_batch_at = time.perf_counter()
+                first_batch_at = now()
                 continue
             collected += batch.numel()
-        finished = time.perf_counter()
+        finished = now()
     finally:
         collector.shutdown()
     if first_batch_at is None:
@@ -190,6 +191,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--frames-per-batch", type=int, default=2048, help="frames per batch (T = this / num-envs)")
     parser.add_argument("--torchrl", action="store_true", help="also run torchrl's Collector with SerialEnv")
     parser.add_argument("--no-collector", action="store_true", help="run the hand loop only")
+    parser.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall",
+        help="wall time, or this process's CPU time (steadier on a loaded machine; everything here runs in-process)",
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     for name in ("frames", "rounds", "num_envs", "frames_per_batch"):
@@ -202,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    set_clock(args.clock)
     single_thread_torch()
     sizes = (args.num_envs, args.frames_per_batch, args.frames)
     seeds = itertools.count()
