@@ -253,7 +253,8 @@ class CountingGymEnv(gym.Env[np.ndarray, np.int64]):
 
     def __init__(self, episode_length: int = 10, *, start: int = 0) -> None:
         self.episode_length = _positive_int("episode_length", episode_length)
-        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+        big = float(np.finfo(np.float32).max)  # finite bounds: gymnasium's checker warns on infinite ones
+        self.observation_space = gym.spaces.Box(-big, big, (1,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.counter = start - RESET_JUMP
         self.episode_id = -1

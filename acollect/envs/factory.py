@@ -83,5 +83,3 @@ def _no_kwargs(obj: object, env_kwargs: dict[str, Any]) -> None:
         raise ConfigurationError.bad_value(
             "env_kwargs", env_kwargs, f"no arguments: {type(obj).__name__} instances are used as they are"
         )
-
-

@@ -150,8 +150,19 @@ class _Binding:
     copied over with :meth:`flush` once per step.
     """
 
-    __slots__ = ("done", "flush_pairs", "next_obs", "next_td", "obs_pairs", "reward", "root_flags", "root_obs",
-                 "root_td", "terminated", "truncated")
+    __slots__ = (
+        "done",
+        "flush_pairs",
+        "next_obs",
+        "next_td",
+        "obs_pairs",
+        "reward",
+        "root_flags",
+        "root_obs",
+        "root_td",
+        "terminated",
+        "truncated",
+    )
 
     def __init__(self, env: GymEnv, next_td: TensorDictBase, root_td: TensorDictBase) -> None:
         n = env.num_envs
