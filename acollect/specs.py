@@ -33,8 +33,6 @@ __all__ = [
     "Unbounded",
 ]
 
-NestedKey = str | tuple[str, ...]
-
 
 def _size(shape: Sequence[int] | int | torch.Size) -> torch.Size:
     if isinstance(shape, int):
