@@ -413,7 +413,12 @@ class WorkerPool:
             WeightSyncError: some workers did not acknowledge within ``timeout``.
         """
         async with self._weights_lock:
-            self.raise_failure()
+            if self.failure is not None:
+                failed = getattr(self.failure, "worker_id", None)
+                raise WeightSyncError(
+                    f"cannot push weights: the collector is broken ({self.failure})",
+                    worker_ids=[failed] if isinstance(failed, int) else list(worker_ids),
+                ) from self.failure
             entries: list[dict[str, Any]] = []
             frames: dict[str, torch.Tensor] = {}
             for i, (model_id, params) in enumerate(models.items()):

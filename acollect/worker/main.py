@@ -164,11 +164,25 @@ class _Worker:
         self.runner.start()
         return self.control_loop()
 
+    def _parent_alive(self, ppid: int) -> bool:
+        # A forkserver child's parent is the fork server, which exits when the collector's
+        # process dies; a spawned worker's parent is the collector's process itself.
+        if os.getppid() != ppid:
+            return False
+        try:
+            os.kill(self.config.parent_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
     def control_loop(self) -> int:
         interval = self.config.heartbeat_interval
         next_beat = 0.0
+        ppid = os.getppid()
         while True:
-            if os.getppid() != self.config.parent_pid:
+            if not self._parent_alive(ppid):
                 os._exit(1)  # the collector died: nobody will ever read what we collect
             now = time.monotonic()
             if now >= next_beat:

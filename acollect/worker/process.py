@@ -156,6 +156,8 @@ def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> Worker
         ) from exc
     if start_method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
+        # The server imports the worker code once; every worker is then a cheap fork of it.
+        ctx.set_forkserver_preload(["acollect.worker.main"])
         process = ctx.Process(target=_forkserver_entry, args=(payload,), name=f"acollect-worker-{config.index}")
         process.daemon = True
         process.start()

@@ -1,0 +1,218 @@
+"""MultiSyncCollector with real worker processes: layout, trajectory ids, weights, seeds, state, validity."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+from multi_helpers import TwoPartProbe, WeightProbe
+
+from acollect import (
+    ClosedCollectorError,
+    ConfigurationError,
+    MultiSyncCollector,
+    ZmqWeightSyncScheme,
+)
+from acollect.testing import CountingEnv, assert_counting_batch
+
+
+def counting(num_envs: int = 2, episode_length: int = 3):
+    return lambda: CountingEnv(num_envs=num_envs, episode_length=episode_length)
+
+
+async def test_stacked_layout_and_unique_traj_ids(start_method: str) -> None:
+    seen: list[torch.Tensor] = []
+    async with MultiSyncCollector(
+        [counting()] * 2, frames_per_batch=16, total_frames=48, start_method=start_method
+    ) as collector:
+        async for batch in collector:
+            assert batch.batch_size == (2, 2, 4)
+            assert batch.names == [None, None, "time"]
+            assert_counting_batch(batch)
+            assert batch["collector", "policy_version"].eq(0).all()
+            assert batch["next", "reward"].shape == (2, 2, 4, 1)
+            ids = batch["collector", "traj_ids"]
+            # worker i hands out ids i, i + 2, i + 4...: disjoint across workers
+            assert (ids[0] % 2 == 0).all() and (ids[1] % 2 == 1).all()
+            seen.append(ids)
+        assert collector.frames == 48 and len(collector) == 3
+    # a trajectory id never belongs to two (worker, env) pairs
+    owners: dict[int, tuple[int, int]] = {}
+    for ids in seen:
+        for w in range(2):
+            for e in range(2):
+                for i in ids[w, e].unique().tolist():
+                    assert owners.setdefault(i, (w, e)) == (w, e)
+
+
+@pytest.mark.parametrize(("cat_results", "shape"), [(0, (4, 4)), (-1, (2, 8))])
+async def test_cat_results(start_method: str, cat_results: int, shape: tuple[int, int]) -> None:
+    async with MultiSyncCollector(
+        [counting()] * 2, frames_per_batch=16, total_frames=16, cat_results=cat_results, start_method=start_method
+    ) as collector:
+        batch = await anext(collector)
+    assert batch.batch_size == shape
+    if cat_results == 0:
+        assert_counting_batch(batch)
+
+
+@pytest.mark.parametrize("use_shared_memory", [True, False])
+async def test_batch_stays_valid_after_next_iteration(start_method: str, use_shared_memory: bool) -> None:
+    async with MultiSyncCollector(
+        [counting(episode_length=100)] * 2,
+        frames_per_batch=16,
+        use_shared_memory=use_shared_memory,
+        start_method=start_method,
+    ) as collector:
+        first = await anext(collector)
+        kept = first.clone()
+        second = await anext(collector)
+        third = await anext(collector)
+    assert (first == kept).all()
+    assert not (second["observation"] == first["observation"]).any()
+    assert (third["observation"] - second["observation"] == 4).all()
+
+
+async def test_weights_are_acknowledged_versioned_and_never_mixed(start_method: str) -> None:
+    policy = WeightProbe(0.0)
+    async with MultiSyncCollector(
+        [counting()] * 2, policy, frames_per_batch=16, start_method=start_method
+    ) as collector:
+        batch = await anext(collector)
+        assert batch["action"].eq(0).all() and batch["collector", "policy_version"].eq(0).all()
+        assert await collector.update_policy_weights_(WeightProbe(1.0)) == 1
+        batch = await anext(collector)
+        assert batch["action"].eq(1).all() and batch["collector", "policy_version"].eq(1).all()
+        # only worker 1 gets version 2; a version always comes with its own weights
+        await collector.update_policy_weights_({"w": torch.zeros(1)}, worker_ids=[1])
+        batch = await anext(collector)
+        assert batch["action"][0].eq(1).all() and batch["collector", "policy_version"][0].eq(1).all()
+        assert batch["action"][1].eq(0).all() and batch["collector", "policy_version"][1].eq(2).all()
+        # no argument: re-send the policy given at construction
+        await collector.update_policy_weights_()
+        batch = await anext(collector)
+        assert batch["action"].eq(0).all() and batch["collector", "policy_version"].eq(3).all()
+
+
+async def test_several_models_updated_atomically_over_zmq(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting()] * 2,
+        TwoPartProbe(),
+        frames_per_batch=8,
+        weight_sync_schemes={"policy.a": ZmqWeightSyncScheme(), "policy.b": ZmqWeightSyncScheme()},
+        start_method=start_method,
+    ) as collector:
+        version = await collector.update_policy_weights_(
+            weights_dict={"policy.a": WeightProbe(1.0), "policy.b": {"w": torch.ones(1)}}
+        )
+        batch = await anext(collector)
+    assert version == 1
+    assert batch["action"].eq(1).all() and batch["collector", "policy_version"].eq(1).all()
+
+
+async def test_update_after_each_batch_pushes_the_trainers_policy(start_method: str) -> None:
+    policy = WeightProbe(0.0)
+    async with MultiSyncCollector(
+        [counting()] * 2,
+        policy,
+        frames_per_batch=8,
+        total_frames=24,
+        update_after_each_batch=True,
+        start_method=start_method,
+    ) as collector:
+        versions, actions = [], []
+        async for batch in collector:
+            versions.append(batch["collector", "policy_version"].unique().tolist())
+            actions.append(batch["action"].unique().tolist())
+            with torch.no_grad():
+                policy.w.fill_(1.0)
+    assert versions == [[0], [1], [2]]
+    assert actions == [[0], [1], [1]]
+
+
+async def test_seeds_are_distinct_per_worker_and_deterministic(start_method: str) -> None:
+    async def first_batch(seed: int) -> torch.Tensor:
+        async with MultiSyncCollector(
+            "CartPole-v1", num_workers=2, frames_per_batch=8, env_kwargs={"num_envs": 2}, start_method=start_method
+        ) as collector:
+            assert collector.set_seed(seed) == seed + 4  # 2 workers x 2 envs
+            batch = await anext(collector)
+            return batch["observation"]
+
+    a, b = await first_batch(7), await first_batch(7)
+    assert torch.equal(a, b)
+    assert not torch.equal(a[0], a[1])  # worker 0 envs got seeds 7, 8; worker 1 envs 9, 10
+
+
+async def test_state_dict_continues_trajectory_ids(start_method: str) -> None:
+    kwargs = {"frames_per_batch": 8, "start_method": start_method}
+    async with MultiSyncCollector([counting()] * 2, **kwargs) as collector:
+        first = await anext(collector)
+        state = collector.state_dict()
+    assert state["frames"] == 8 and state["batches"] == 1
+    assert [w["next_traj_counter"] for w in state["workers"]] == [2, 2]  # T=2 < episode_length: no new episode
+    async with MultiSyncCollector([counting()] * 2, **kwargs) as resumed:
+        resumed.load_state_dict(state)
+        second = await anext(resumed)
+        assert resumed.frames == 16
+    old = set(first["collector", "traj_ids"].unique().tolist())
+    new = set(second["collector", "traj_ids"].unique().tolist())
+    assert not old & new
+
+
+async def test_tcp_address(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting()] * 2, frames_per_batch=8, total_frames=16, address="tcp://127.0.0.1:0", start_method=start_method
+    ) as collector:
+        shapes = [tuple(batch.shape) async for batch in collector]
+    assert shapes == [(2, 2, 2), (2, 2, 2)]
+
+
+async def test_shutdown_is_idempotent_and_closed_means_closed(start_method: str) -> None:
+    collector = MultiSyncCollector([counting()] * 2, frames_per_batch=8, start_method=start_method)
+    async with collector:
+        await anext(collector)
+    await collector.async_shutdown(timeout=1.0)
+    with pytest.raises(ClosedCollectorError):
+        await anext(collector)
+
+
+async def test_spawned_workers_start_and_stop(no_leaks: None) -> None:
+    # The default start method: fresh interpreters, nothing of multiprocessing left behind.
+    async with MultiSyncCollector([counting()] * 2, frames_per_batch=8, total_frames=8) as collector:
+        pids = collector.worker_pids
+        assert all(pids) and len(set(pids)) == 2
+        assert [tuple(b.shape) async for b in collector] == [(2, 2, 2)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"cat_results": 1}, "cat_results"),
+        ({"collector_kwargs": {"colour": 1}}, "collector_kwargs"),
+        ({"collector_kwargs": [{}]}, "collector_kwargs"),
+        ({"num_workers": 3}, "num_workers"),
+        ({"start_method": "fork"}, "start_method"),
+        ({"device": ["cpu"]}, "device"),
+        ({"heartbeat_timeout": 0}, "heartbeat_timeout"),
+        ({"max_worker_restarts": -1}, "max_worker_restarts"),
+        ({"weight_sync_schemes": {"policy": "zmq"}}, "weight_sync_schemes"),
+        ({"frames_per_batch": 0}, "frames_per_batch"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict, name: str) -> None:
+    args = {"frames_per_batch": 8, **kwargs}
+    with pytest.raises(ConfigurationError, match=name):
+        MultiSyncCollector([counting()] * 2, **args)
+
+
+async def test_cancelled_consumer_leaves_nothing(start_method: str) -> None:
+    from acollect.testing import SlowEnv
+
+    collector = MultiSyncCollector(
+        [lambda: SlowEnv(step_time=0.05)] * 2, frames_per_batch=1000, start_method=start_method
+    )
+    async with collector:
+        with anyio.move_on_after(1.0) as scope:
+            await anext(collector)
+        assert scope.cancelled_caught
