@@ -206,14 +206,17 @@ class Endpoint:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                remaining = max(0.0, deadline - time.monotonic())
-                if await sock.poll(timeout=math.ceil(remaining * 1000)):  # POLLIN
-                    try:
-                        frames = await sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        continue  # readable edge without a full message yet
+                # A non-blocking receive completes at once (its future is done before it
+                # is awaited), so a queued message costs no poll and no cancellation can
+                # fall between taking the message and returning it.
+                try:
+                    frames = await sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    pass
+                else:
                     return frames[0].bytes, frames[1:]
-                if remaining <= 0:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not await sock.poll(timeout=math.ceil(remaining * 1000)) and remaining <= 0:  # POLLIN
                     raise TimeoutError(f"no message arrived at {self._address} within {timeout}s")
         except zmq.ZMQError as exc:
             raise TransportError(f"receiving at {self._address} failed: {exc}") from exc

@@ -314,26 +314,40 @@ class ShmTensorDictSlot:
         """
         if self._td is None or self._segment.closed:
             raise TransportError(f"shared-memory slot {self.name!r} is closed")
-        if len(list(td.keys(include_nested=True, leaves_only=True))) != len(self._leaves):
-            raise ConfigurationError.bad_value(
-                "td keys", sorted(td.keys(include_nested=True, leaves_only=True), key=str),
-                f"exactly the slot's keys {[leaf.key for leaf in self._leaves]}",
-            )  # fmt: skip
+        self._check_matches(td, "td")
         for leaf, view in zip(self._leaves, self._views, strict=True):
+            view.copy_(td.get(leaf.key))
+
+    def _check_matches(self, td: TensorDictBase, name: str) -> None:
+        keys = list(td.keys(include_nested=True, leaves_only=True))
+        if len(keys) != len(self._leaves):
+            raise ConfigurationError.bad_value(
+                f"{name} keys", sorted(keys, key=str), f"exactly the slot's keys {[leaf.key for leaf in self._leaves]}"
+            )
+        for leaf in self._leaves:
             value = td.get(leaf.key, None)
             if not isinstance(value, torch.Tensor) or value.dtype != leaf.dtype or tuple(value.shape) != leaf.shape:
                 got = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
-                raise ConfigurationError.bad_value(f"td[{leaf.key!r}]", got, f"{leaf.dtype} {list(leaf.shape)}")
-            view.copy_(value)
+                raise ConfigurationError.bad_value(f"{name}[{leaf.key!r}]", got, f"{leaf.dtype} {list(leaf.shape)}")
 
-    def read(self, *, copy: bool = True) -> TensorDict:
+    def read(self, *, copy: bool = True, out: TensorDictBase | None = None) -> TensorDictBase:
         """The slot's content as a TensorDict.
 
         Args:
             copy: copy out of shared memory (default), so the slot can be written again
                 at once. ``False`` returns the views themselves: valid only until the next write.
+            out: copy into this TensorDict (same keys, dtypes and shapes, e.g. one worker's
+                part of a preallocated batch) instead of fresh tensors, and return it.
+
+        Raises:
+            ConfigurationError: ``out`` does not match the slot's layout.
         """
         td = self.tensordict
+        if out is not None:
+            self._check_matches(out, "out")
+            for leaf, view in zip(self._leaves, self._views, strict=True):
+                out.get(leaf.key).copy_(view)
+            return out
         return td.clone() if copy else td
 
     def close(self) -> None:
