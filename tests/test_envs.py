@@ -516,3 +516,26 @@ def test_torchrl_cartpole_rollout() -> None:
 def test_torchrl_adapter_rejects_other_objects() -> None:
     with pytest.raises(ConfigurationError, match="torchrl"):
         TorchRLEnvAdapter(CountingEnv())
+
+
+# -- devices -----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gym_env_on_cuda_writes_device_tensors() -> None:
+    with GymEnv(SyncVectorEnv(counting_fns([2, 3])), device="cuda") as env:
+        assert env.observation_spec["observation"].device.type == "cuda"
+        root, nxt = env.make_root(), env.make_next()
+        assert nxt["reward"].device.type == "cuda"
+        batch = collect(env, 7)
+        env.reset_into(root)
+        env.reset_into(root, mask=torch.tensor([True, False], device="cuda"))
+        assert root["observation"].device.type == "cuda"
+    assert batch["next", "observation"].device.type == "cuda"
+    check_episodes(batch.cpu(), [2, 3])
+
+
+@pytest.mark.gpu
+def test_counting_env_on_cuda() -> None:
+    env = CountingEnv(num_envs=2, episode_length=2, device="cuda")
+    batch = collect(env, 5)
+    assert batch["observation"].device.type == "cuda"
+    check_episodes(batch.cpu(), [2, 2])
