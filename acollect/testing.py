@@ -49,7 +49,7 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect.envs.base import DONE_KEYS, EnvBase
-from acollect.errors import ConfigurationError
+from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import Categorical, Composite, Unbounded
 
 __all__ = [
@@ -127,7 +127,13 @@ class CountingEnv(EnvBase):
 
     def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
         self._check_open()
-        rows: Any = slice(None) if mask is None else mask.reshape(-1).to(device=self.device, dtype=torch.bool)
+        rows: Any = slice(None)
+        if mask is not None:
+            rows = mask.reshape(-1).to(device=self.device, dtype=torch.bool)
+            if rows.shape != self.batch_size:
+                raise ConfigurationError.bad_value(
+                    "mask", tuple(mask.shape), f"a bool tensor of shape ({self.num_envs},)"
+                )
         self.counter[rows] += RESET_JUMP
         self._in_episode[rows] = 0
         self.episode_id[rows] += 1
@@ -138,6 +144,10 @@ class CountingEnv(EnvBase):
 
     def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         self._check_open()
+        if action.shape[:1] != self.batch_size:
+            raise PolicyError(
+                f"action of shape {tuple(action.shape)} is not batched like the env: expected ({self.num_envs}, ...)"
+            )
         self.step_count += 1
         self._before_step()
         self.last_action = action.clone()

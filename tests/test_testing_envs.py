@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect.errors import ConfigurationError, EnvError
+from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import Categorical
 from acollect.testing import (
     ENV_STRIDE,
@@ -69,6 +69,16 @@ def test_counting_env_mask_reset_and_dtype() -> None:
     assert root["observation"].squeeze(-1).tolist() == [0, ENV_STRIDE + RESET_JUMP, 2 * ENV_STRIDE]
     assert root["truncated"].squeeze(-1).tolist() == [True, False, True]
     assert env.episode_id.tolist() == [0, 1, 0]
+
+
+def test_counting_env_rejects_bad_masks_and_actions() -> None:
+    env = CountingEnv(num_envs=2)
+    root, nxt = env.make_root(), env.make_next()
+    with pytest.raises(ConfigurationError, match="mask"):
+        env.reset_into(root, mask=torch.tensor([True, False, True]))
+    env.reset_into(root)
+    with pytest.raises(PolicyError, match=r"expected \(2, ...\)"):
+        env.step_and_reset_into(torch.zeros(3, dtype=torch.int64), nxt, root)
 
 
 def test_counting_env_convenience_api_and_close() -> None:
