@@ -16,6 +16,7 @@ send the tensors as message frames instead.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -49,10 +50,8 @@ def _unlink_if_owner(path: str, owner_pid: int) -> None:
     # Runs from a finalizer, possibly at interpreter exit; a forked child that
     # inherited the finalizer must not remove its parent's segment.
     if os.getpid() == owner_pid:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 class ShmSegment:
@@ -206,10 +205,8 @@ class ShmSegment:
             self._unlinked = True
             if self._finalizer is not None:
                 self._finalizer.detach()
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
     def __enter__(self) -> ShmSegment:
         return self
@@ -248,14 +245,13 @@ class ShmTensorDictSlot:
         self._leaves: tuple[LeafLayout, ...] = spec.leaves
         offsets, _ = aligned_offsets([leaf.nbytes for leaf in spec.leaves])
         flat = segment.tensor()
-        views = [
+        self._views = [
             flat.narrow(0, off, leaf.nbytes).view(leaf.dtype).view(leaf.shape)
             if leaf.nbytes
             else torch.empty(leaf.shape, dtype=leaf.dtype)
             for leaf, off in zip(spec.leaves, offsets, strict=True)
         ]
-        self._views = views
-        self._td: TensorDict | None = _build(spec, views)
+        self._td: TensorDict | None = _build(spec, self._views)
 
     @staticmethod
     def nbytes_for(layout: dict[str, Any]) -> int:
@@ -492,16 +488,11 @@ def cleanup_stale(directory: str = SHM_DIR) -> list[str]:
         The names of the removed segments.
     """
     removed: list[str] = []
-    try:
-        entries = os.listdir(directory)
-    except FileNotFoundError:
-        return removed
+    entries = os.listdir(directory) if os.path.isdir(directory) else []
     for entry in entries:
         match = _NAME.fullmatch(entry)
         if match and not _pid_alive(int(match.group(1))):
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another cleaner was faster
                 os.unlink(os.path.join(directory, entry))
-            except FileNotFoundError:
-                continue
-            removed.append(entry)
+                removed.append(entry)
     return removed

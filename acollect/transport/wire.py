@@ -399,6 +399,8 @@ def pack_message(
     if not isinstance(kind, str) or not kind:
         raise ConfigurationError.bad_value("kind", kind, "a non-empty str")
     fields = dict(header_fields or {})
+    if not all(isinstance(name, str) for name in fields):
+        raise ConfigurationError.bad_value("header_fields", fields, "a mapping with str keys (the peer rejects others)")
     clash = _RESERVED_FIELDS & fields.keys()
     if clash:
         raise ConfigurationError.bad_value(

@@ -167,6 +167,8 @@ def test_pack_rejects_reserved_and_unpackable_fields_and_bad_kind() -> None:
         pack_message("batch", {"obj": object()})
     with pytest.raises(ConfigurationError, match="kind"):
         pack_message("")
+    with pytest.raises(ConfigurationError, match="str keys"):
+        pack_message("batch", {1: "x"})  # type: ignore[dict-item]
 
 
 # --------------------------------------------------------------------------- receiver-side validation
