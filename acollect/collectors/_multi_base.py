@@ -317,9 +317,10 @@ class MultiCollectorBase(CollectorBase):
         pool = self._require_pool()
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
-            for handle, counters in zip(pool.handles, state["workers"]):
+            for handle, counters in zip(pool.handles, state["workers"], strict=True):
                 handle.traj_counter, handle.frames = int(counters["next_traj_counter"]), int(counters["frames"])
-                await pool.send(handle, P.LOAD_STATE, {"next_traj_counter": handle.traj_counter, "frames": handle.frames})
+                fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
+                await pool.send(handle, P.LOAD_STATE, fields)
         if self._pending_seed is not None:
             seed, self._pending_seed = self._pending_seed, None
             for handle in pool.handles:
@@ -400,7 +401,8 @@ class MultiCollectorBase(CollectorBase):
         ids = list(range(self.num_workers)) if worker_ids is None else list(worker_ids)
         for wid in ids:
             if isinstance(wid, bool) or not isinstance(wid, int) or not 0 <= wid < self.num_workers:
-                raise ConfigurationError.bad_value("worker_ids", worker_ids, f"worker indices in [0, {self.num_workers})")
+                expected = f"worker indices in [0, {self.num_workers})"
+                raise ConfigurationError.bad_value("worker_ids", worker_ids, expected)
         await self._ensure_setup()
         pool = self._require_pool()
         version = await pool.push_weights(
@@ -449,7 +451,10 @@ class MultiCollectorBase(CollectorBase):
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` saved; worker counters and weights reach the workers before the next batch."""
+        """Restores what :meth:`state_dict` saved.
+
+        Worker counters and weights reach the workers before the next batch.
+        """
         missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
         if missing:
             raise ConfigurationError.bad_value(

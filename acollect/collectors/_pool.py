@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -104,6 +105,10 @@ class WorkerHandle:
         return self.process.pid if self.process is not None else None
 
 
+def _write(writer: WeightWriter, params: TensorDictBase, _stop: object) -> tuple[dict[str, Any], torch.Tensor | None]:
+    return writer.write(params)
+
+
 class WorkerPool:
     """Worker processes behind one endpoint.
 
@@ -168,14 +173,14 @@ class WorkerPool:
         if self.failure is not None:
             raise self.failure
 
-    async def wait_until(self, predicate: Callable[[], T], *, timeout: float | None = None, what: str = "") -> T:
+    async def wait_until(self, predicate: Callable[[], T], *, limit: float | None = None, what: str = "") -> T:
         """Waits until ``predicate()`` is truthy (re-checked on every event) and returns its value.
 
         Raises:
             WorkerError: a worker failed meanwhile.
-            TimeoutError: ``timeout`` passed first.
+            TimeoutError: ``limit`` seconds passed first.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if limit is None else time.monotonic() + limit
         while True:
             self.raise_failure()
             value = predicate()
@@ -187,7 +192,7 @@ class WorkerPool:
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"timed out after {timeout}s waiting for {what or 'the workers'}")
+                raise TimeoutError(f"timed out after {limit}s waiting for {what or 'the workers'}")
             with anyio.move_on_after(remaining):
                 await event.wait()
 
@@ -372,7 +377,8 @@ class WorkerPool:
                 elif handle.busy and now - handle.last_progress > self.heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
                         f"worker {handle.index} (pid {handle.pid}) is hung: no env step for "
-                        f"{now - handle.last_progress:.1f}s while collecting (heartbeat_timeout={self.heartbeat_timeout}s)",
+                        f"{now - handle.last_progress:.1f}s while collecting "
+                        f"(heartbeat_timeout={self.heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip
             self._notify()
@@ -388,7 +394,7 @@ class WorkerPool:
         logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, self.max_restarts)
         process.kill()
         with anyio.move_on_after(2.0):
-            while process.exitcode is None:
+            while process.exitcode is None:  # noqa: ASYNC110 - an exit code has no event to wait on
                 await asyncio.sleep(0.01)
         process.close()
         if handle.outstanding or (self.running and handle.busy):
@@ -402,7 +408,7 @@ class WorkerPool:
         schemes: Mapping[str, WeightSyncScheme],
         default_scheme: Callable[[], WeightSyncScheme],
         worker_ids: Sequence[int],
-        timeout: float,
+        limit: float,
     ) -> int:
         """Serializes ``models`` once, sends them to ``worker_ids`` and waits for every ACK.
 
@@ -410,7 +416,7 @@ class WorkerPool:
             The new policy version.
 
         Raises:
-            WeightSyncError: some workers did not acknowledge within ``timeout``.
+            WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
         """
         async with self._weights_lock:
             if self.failure is not None:
@@ -426,7 +432,7 @@ class WorkerPool:
                 if writer is None:
                     scheme = schemes.get(model_id) or default_scheme()
                     writer = self._writers[model_id] = scheme.make_writer()
-                entry, flat = await run_in_thread(lambda _stop, w=writer, p=params: w.write(p), name="weights")
+                entry, flat = await run_in_thread(partial(_write, writer, params), name="weights")
                 entries.append({"id": model_id, **entry})
                 if flat is not None:
                     frames[f"m{i}"] = flat
@@ -443,15 +449,21 @@ class WorkerPool:
             def missing() -> list[int]:
                 return [h.index for h in targets if h.acked_version < version]
 
-            deadline = time.monotonic() + timeout
+            def dead() -> list[int]:
+                gone = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
+                if self.failure is not None and isinstance(getattr(self.failure, "worker_id", None), int):
+                    gone.append(self.failure.worker_id)  # type: ignore[attr-defined]
+                return sorted(set(gone))
+
+            deadline = time.monotonic() + limit
             while missing():
-                dead = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
+                # Without restarts a dead worker never answers: wait only for the live ones.
+                waiting = missing() if self.max_restarts else [i for i in missing() if i not in dead()]
                 remaining = deadline - time.monotonic()
-                if (dead and self.max_restarts == 0) or remaining <= 0 or self.failure is not None:
-                    why = f"; workers {dead} are dead" if dead else ""
+                if not waiting or remaining <= 0:
+                    why = f"; workers {dead()} are dead" if dead() else ""
                     raise WeightSyncError(
-                        f"weights version {version} were not acknowledged by workers {missing()} within "
-                        f"{timeout}s{why}",
+                        f"weights version {version} were not acknowledged by workers {missing()} within {limit}s{why}",
                         worker_ids=missing(),
                     ) from self.failure
                 event = self._changed
@@ -460,12 +472,12 @@ class WorkerPool:
             return version
 
     # -- shutdown ------------------------------------------------------------------------
-    async def close(self, timeout: float) -> None:
-        """``stop``, then SIGTERM, then SIGKILL, all within ``timeout``; releases every resource. Idempotent."""
+    async def close(self, limit: float) -> None:
+        """``stop``, then SIGTERM, then SIGKILL, all within ``limit`` seconds; releases everything. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + limit
         for handle in self.handles:
             handle.stopping = True
         tasks, self._tasks = self._tasks, []
@@ -476,18 +488,18 @@ class WorkerPool:
         live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
         if self.endpoint is not None and not self.endpoint.closed:
             for handle in live:
-                if handle.ready:
+                if handle.process is not None:  # a worker that never said hello may be waiting for it too
                     with anyio.move_on_after(0.2):
                         try:
                             await self.send(handle, P.STOP)
                         except TransportError:
                             pass
         # Most of the time goes to a graceful stop; SIGTERM and SIGKILL get what is left.
-        await self._wait_exit(live, deadline - 0.4 * timeout)
+        await self._wait_exit(live, deadline - 0.4 * limit)
         for handle in live:
             if handle.process is not None:
                 handle.process.terminate()
-        await self._wait_exit(live, deadline - 0.1 * timeout)
+        await self._wait_exit(live, deadline - 0.1 * limit)
         for handle in live:
             if handle.process is not None:
                 handle.process.kill()

@@ -40,8 +40,9 @@ class AsyncCollector(MultiAsyncCollector):
     def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **kwargs: Any) -> None:
         if "num_workers" in kwargs:
             raise ConfigurationError.bad_value(
-                "num_workers", kwargs["num_workers"], "no value: an AsyncCollector has one worker "
-                "(use MultiAsyncCollector for more)"
+                "num_workers",
+                kwargs["num_workers"],
+                "no value: an AsyncCollector has one worker (use MultiAsyncCollector for more)",
             )
         if isinstance(create_env_fn, (list, tuple)):
             raise ConfigurationError.bad_value(

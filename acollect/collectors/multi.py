@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDictBase
@@ -148,8 +148,8 @@ class MultiSyncCollector(MultiCollectorBase):
     def _combine(self, parts: list[TensorDictBase]) -> TensorDictBase:
         try:
             if self.cat_results in (None, "stack"):
-                return torch.stack(parts, 0)
-            return torch.cat(parts, int(self.cat_results))  # type: ignore[arg-type]
+                return cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
+            return cast(TensorDictBase, torch.cat(parts, int(self.cat_results)))  # type: ignore[arg-type]
         except (RuntimeError, ValueError) as exc:
             shapes = [tuple(p.shape) for p in parts]
             raise ConfigurationError.bad_value(
@@ -184,7 +184,8 @@ class MultiAsyncCollector(MultiCollectorBase):
 
     def __init__(self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **kwargs: Any) -> None:
         if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
-            raise ConfigurationError.bad_value("credits", credits, "an int >= 1 (batches each worker may collect ahead)")
+            expected = "an int >= 1 (batches each worker may collect ahead)"
+            raise ConfigurationError.bad_value("credits", credits, expected)
         self._credit_count = credits
         super().__init__(create_env_fn_list=create_env_fn_list, policy=policy, **kwargs)
 

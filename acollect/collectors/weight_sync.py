@@ -64,7 +64,7 @@ class _FrameWriter(WeightWriter):
 class ZmqWeightSyncScheme(WeightSyncScheme):
     """Weights as one raw frame in the ZeroMQ weights message (any address, ``ipc://`` or ``tcp://``)."""
 
-    def make_writer(self) -> WeightWriter:  # noqa: D102
+    def make_writer(self) -> WeightWriter:
         return _FrameWriter()
 
 
@@ -98,5 +98,5 @@ class _ShmWriter(WeightWriter):
 class SharedMemWeightSyncScheme(WeightSyncScheme):
     """Weights written once into a ``/dev/shm`` segment that every local worker reads (same host only)."""
 
-    def make_writer(self) -> WeightWriter:  # noqa: D102
+    def make_writer(self) -> WeightWriter:
         return _ShmWriter()

@@ -139,7 +139,7 @@ class _Worker:
         self.failed = True
         try:
             self.send(P.ERROR, _error_fields(exc))
-        except Exception:  # noqa: BLE001 - the collector is gone; the exit code tells the rest
+        except Exception:
             traceback.print_exc()
 
     # -- main loop ------------------------------------------------------------------
@@ -147,7 +147,7 @@ class _Worker:
         try:
             self.engine = build_engine(self.config)
             layout, _ = encode_tensordict(self.engine._allocate())
-        except Exception as exc:  # noqa: BLE001 - reported to the collector as a RemoteError
+        except Exception as exc:
             self.report(exc)
             return self.control_loop()
         self.send(
@@ -197,7 +197,7 @@ class _Worker:
                 return 0
             try:
                 self.handle(header, td)
-            except Exception as exc:  # noqa: BLE001 - e.g. weights that do not fit the policy
+            except Exception as exc:
                 self.report(exc)
 
     def handle(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
@@ -369,12 +369,12 @@ class _Worker:
                         break
                     except TimeoutError:
                         continue
-        except Exception as exc:  # noqa: BLE001 - the env or the policy raised: tell the collector
+        except Exception as exc:
             self.busy = False
             self.failed = True
             try:
                 data.send(pack_message(P.ERROR, self._fields(_error_fields(exc))), timeout=10.0)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 traceback.print_exc()
         finally:
             data.close()
@@ -386,11 +386,15 @@ class _Worker:
             self.interrupt.set()
             self.cond.notify_all()
         if self.runner is not None:
-            self.runner.join(timeout=5.0)
+            # A step stuck in C code or a long sleep cannot be interrupted: do not wait for it (the
+            # runner is a daemon thread and dies with the process), and leave its env alone.
+            self.runner.join(timeout=1.0)
+            if self.runner.is_alive():
+                self.engine = None
         if self.engine is not None:
             try:
                 self.engine.close()
-            except Exception:  # noqa: BLE001 - exiting anyway; the env's own error is not the collector's
+            except Exception:
                 traceback.print_exc()
         if self.ring is not None:
             self.ring.close()

@@ -97,7 +97,7 @@ class WorkerProcess:
         """``None`` while it runs; negative when a signal ended it. Reaps the process once it is gone."""
         if isinstance(self._handle, subprocess.Popen):
             return self._handle.poll()
-        return self._handle.exitcode  # type: ignore[no-any-return]
+        return self._handle.exitcode
 
     def write_config(self) -> None:
         """Hands the config over (blocking: call it off the event loop)."""
@@ -164,7 +164,5 @@ def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> Worker
         return WorkerProcess(process, None)
     threads = str(config.num_threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    popen = subprocess.Popen(  # noqa: S603 - our own interpreter and bootstrap
-        [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, env=env, close_fds=True
-    )
+    popen = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, env=env, close_fds=True)
     return WorkerProcess(popen, payload)

@@ -57,3 +57,11 @@ class PixelEnv(EnvBase):
 
     def _close(self) -> None:
         pass
+
+
+def report_threads(td: TensorDictBase) -> TensorDictBase:
+    """A TensorDict policy that acts 0 and writes the worker's torch thread count as ``"threads"``."""
+    n = td.batch_size[0]
+    td.set("action", torch.zeros(n, dtype=torch.int64))
+    td.set("threads", torch.full((n,), torch.get_num_threads(), dtype=torch.int64))
+    return td

@@ -33,9 +33,11 @@ async def test_stacked_layout_and_unique_traj_ids(start_method: str) -> None:
             assert batch["next", "reward"].shape == (2, 2, 4, 1)
             ids = batch["collector", "traj_ids"]
             # worker i hands out ids i, i + 2, i + 4...: disjoint across workers
-            assert (ids[0] % 2 == 0).all() and (ids[1] % 2 == 1).all()
+            assert (ids[0] % 2 == 0).all()
+            assert (ids[1] % 2 == 1).all()
             seen.append(ids)
-        assert collector.frames == 48 and len(collector) == 3
+        assert collector.frames == 48
+        assert len(collector) == 3
     # a trajectory id never belongs to two (worker, env) pairs
     owners: dict[int, tuple[int, int]] = {}
     for ids in seen:
@@ -79,19 +81,24 @@ async def test_weights_are_acknowledged_versioned_and_never_mixed(start_method: 
         [counting()] * 2, policy, frames_per_batch=16, start_method=start_method
     ) as collector:
         batch = await anext(collector)
-        assert batch["action"].eq(0).all() and batch["collector", "policy_version"].eq(0).all()
+        assert batch["action"].eq(0).all()
+        assert batch["collector", "policy_version"].eq(0).all()
         assert await collector.update_policy_weights_(WeightProbe(1.0)) == 1
         batch = await anext(collector)
-        assert batch["action"].eq(1).all() and batch["collector", "policy_version"].eq(1).all()
+        assert batch["action"].eq(1).all()
+        assert batch["collector", "policy_version"].eq(1).all()
         # only worker 1 gets version 2; a version always comes with its own weights
         await collector.update_policy_weights_({"w": torch.zeros(1)}, worker_ids=[1])
         batch = await anext(collector)
-        assert batch["action"][0].eq(1).all() and batch["collector", "policy_version"][0].eq(1).all()
-        assert batch["action"][1].eq(0).all() and batch["collector", "policy_version"][1].eq(2).all()
+        assert batch["action"][0].eq(1).all()
+        assert batch["collector", "policy_version"][0].eq(1).all()
+        assert batch["action"][1].eq(0).all()
+        assert batch["collector", "policy_version"][1].eq(2).all()
         # no argument: re-send the policy given at construction
         await collector.update_policy_weights_()
         batch = await anext(collector)
-        assert batch["action"].eq(0).all() and batch["collector", "policy_version"].eq(3).all()
+        assert batch["action"].eq(0).all()
+        assert batch["collector", "policy_version"].eq(3).all()
 
 
 async def test_several_models_updated_atomically_over_zmq(start_method: str) -> None:
@@ -107,7 +114,8 @@ async def test_several_models_updated_atomically_over_zmq(start_method: str) -> 
         )
         batch = await anext(collector)
     assert version == 1
-    assert batch["action"].eq(1).all() and batch["collector", "policy_version"].eq(1).all()
+    assert batch["action"].eq(1).all()
+    assert batch["collector", "policy_version"].eq(1).all()
 
 
 async def test_update_after_each_batch_pushes_the_trainers_policy(start_method: str) -> None:
@@ -149,7 +157,8 @@ async def test_state_dict_continues_trajectory_ids(start_method: str) -> None:
     async with MultiSyncCollector([counting()] * 2, **kwargs) as collector:
         first = await anext(collector)
         state = collector.state_dict()
-    assert state["frames"] == 8 and state["batches"] == 1
+    assert state["frames"] == 8
+    assert state["batches"] == 1
     assert [w["next_traj_counter"] for w in state["workers"]] == [2, 2]  # T=2 < episode_length: no new episode
     async with MultiSyncCollector([counting()] * 2, **kwargs) as resumed:
         resumed.load_state_dict(state)
@@ -181,7 +190,8 @@ async def test_spawned_workers_start_and_stop(no_leaks: None) -> None:
     # The default start method: fresh interpreters, nothing of multiprocessing left behind.
     async with MultiSyncCollector([counting()] * 2, frames_per_batch=8, total_frames=8) as collector:
         pids = collector.worker_pids
-        assert all(pids) and len(set(pids)) == 2
+        assert all(pids)
+        assert len(set(pids)) == 2
         assert [tuple(b.shape) async for b in collector] == [(2, 2, 2)]
 
 

@@ -1,0 +1,94 @@
+"""MultiAsyncCollector and AsyncCollector: first-ready order, tags, credits (bounded memory), pause, background."""
+
+from __future__ import annotations
+
+import anyio
+import psutil
+import torch
+from multi_helpers import PixelEnv, report_threads
+
+from acollect import AsyncCollector, MultiAsyncCollector, ReplayBuffer
+from acollect.testing import CountingEnv, SlowEnv, assert_counting_batch
+
+
+async def test_first_ready_first_served_and_tagged(start_method: str) -> None:
+    # Worker 0 needs hours per batch; worker 1 none: everything comes from worker 1, nobody waits.
+    async with MultiAsyncCollector(
+        [lambda: SlowEnv(step_time=3600), lambda: CountingEnv(num_envs=2, start=10**6)],
+        frames_per_batch=4,
+        total_frames=24,
+        start_method=start_method,
+        heartbeat_timeout=3600,
+    ) as collector:
+        with anyio.fail_after(30):
+            batches = [batch async for batch in collector]
+    assert len(batches) == 6
+    for batch in batches:
+        assert batch.batch_size == (2, 2)
+        assert batch["collector", "worker_id"].eq(1).all()
+        assert (batch["observation"] >= 10**6).all()
+        assert_counting_batch(batch)
+    assert (batches[-1]["observation"] > batches[0]["observation"]).all()  # in order, none repeated
+
+
+async def test_workers_run_with_one_torch_thread(start_method: str) -> None:
+    async with AsyncCollector(CountingEnv, report_threads, frames_per_batch=4, start_method=start_method) as collector:
+        batch = await anext(collector)
+    assert batch.batch_size == (1, 4)
+    assert batch["threads"].eq(1).all()
+
+
+async def test_slow_consumer_keeps_memory_bounded(start_method: str) -> None:
+    # Each batch is ~7 MB; unthrottled, the workers would fill gigabytes while the consumer sleeps.
+    frames = 8 * 16
+    async with MultiAsyncCollector(
+        [lambda: PixelEnv(num_envs=8)] * 2, frames_per_batch=frames, credits=2, start_method=start_method
+    ) as collector:
+        await anext(collector)
+        rss = psutil.Process().memory_info().rss
+        for _ in range(6):
+            batch = await anext(collector)
+            await anyio.sleep(0.3)
+        growth = psutil.Process().memory_info().rss - rss
+        seen = collector.state_dict()["workers"]
+    assert batch["pixels"].shape == (8, 16, 84, 84, 4)
+    batch_bytes = 2 * batch["pixels"].numel()
+    assert growth < 10 * batch_bytes, f"main process grew by {growth / 1e6:.0f} MB"
+    # no worker got more than its credits ahead of what was consumed
+    assert sum(w["frames"] for w in seen) <= (7 + 2 * 2) * frames
+
+
+async def test_pause_stops_background_collection(start_method: str) -> None:
+    buffer = ReplayBuffer(100_000)
+    async with MultiAsyncCollector(
+        [lambda: SlowEnv(step_time=0.001, num_envs=2)] * 2, frames_per_batch=8, start_method=start_method
+    ) as collector:
+        collector.start(replay_buffer=buffer)
+        with anyio.fail_after(30):
+            while len(buffer) < 32:  # noqa: ASYNC110 - a buffer has no event to wait on
+                await anyio.sleep(0.01)
+        async with collector.pause():
+            size = len(buffer)
+            await anyio.sleep(0.5)
+            assert len(buffer) == size
+        with anyio.fail_after(30):
+            while len(buffer) <= size:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+
+
+async def test_async_collector_weights_apply_at_a_batch_boundary(start_method: str) -> None:
+    from multi_helpers import WeightProbe
+
+    async with AsyncCollector(
+        lambda: CountingEnv(num_envs=2), WeightProbe(0.0), frames_per_batch=8, start_method=start_method
+    ) as collector:
+        await anext(collector)
+        await collector.update_policy_weights_(WeightProbe(1.0))
+        for _ in range(6):
+            batch = await anext(collector)
+            version = batch["collector", "policy_version"]
+            # one version per batch, and the actions are that version's
+            assert version.unique().numel() == 1
+            assert batch["action"].eq(int(version[0, 0])).all()
+        assert int(version[0, 0]) == 1
+    assert torch.is_tensor(batch["collector", "worker_id"])

@@ -1,0 +1,176 @@
+"""Failures of worker processes: crashes, restarts, remote exceptions, hangs, and the trainer's own death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import anyio
+import psutil
+import pytest
+from multi_helpers import WeightProbe
+
+from acollect import (
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    RemoteError,
+    WeightSyncError,
+    WorkerCrashedError,
+    WorkerTimeoutError,
+)
+from acollect.testing import CountingEnv, CrashingEnv, SlowEnv
+
+# Generous deadlines: they bound a hang, they do not measure speed.
+NOTICE = 10.0
+
+
+def slow(step_time: float):
+    return lambda: SlowEnv(step_time=step_time, num_envs=2, episode_length=5)
+
+
+async def test_killed_worker_raises_with_index_and_exit_code(start_method: str) -> None:
+    async with MultiSyncCollector([slow(0.01)] * 2, frames_per_batch=400, start_method=start_method) as collector:
+        os.kill(collector.worker_pids[1], signal.SIGKILL)
+        with anyio.fail_after(NOTICE), pytest.raises(WorkerCrashedError) as info:
+            await anext(collector)
+    assert info.value.worker_id == 1
+    assert info.value.exitcode == -signal.SIGKILL
+    assert "SIGKILL" in str(info.value)
+
+
+async def test_restarted_worker_keeps_going_without_duplicates(start_method: str) -> None:
+    ids: list[set[int]] = []
+    async with MultiSyncCollector(
+        [slow(0.002)] * 2, frames_per_batch=80, max_worker_restarts=1, start_method=start_method
+    ) as collector:
+        batch = await anext(collector)
+        ids.append(set(batch["collector", "traj_ids"].unique().tolist()))
+        dead = collector.worker_pids[0]
+        os.kill(dead, signal.SIGKILL)
+        with anyio.fail_after(60):
+            for _ in range(3):
+                batch = await anext(collector)
+                assert batch.batch_size == (2, 2, 20)
+                new = set(batch["collector", "traj_ids"].unique().tolist())
+                # a trajectory may continue from the previous batch, never come back later
+                assert not new & set().union(*ids[:-1])
+                ids.append(new)
+        assert collector.worker_pids[0] != dead
+        assert collector.dropped_batches <= 1
+        # a second death is over the limit
+        os.kill(collector.worker_pids[0], signal.SIGKILL)
+        with anyio.fail_after(NOTICE), pytest.raises(WorkerCrashedError):
+            await anext(collector)
+
+
+async def test_exception_in_worker_env_becomes_remote_error(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [CountingEnv, lambda: CrashingEnv(crash_at_step=3, exc_type=KeyError)],
+        frames_per_batch=20,
+        start_method=start_method,
+    ) as collector:
+        with anyio.fail_after(NOTICE), pytest.raises(RemoteError) as info:
+            await anext(collector)
+    err = info.value
+    assert err.worker_id == 1
+    assert err.type_name == "KeyError"
+    assert "CrashingEnv crashed at step 3" in err.remote_traceback
+    assert "_before_step" in err.remote_traceback  # the worker's own frames
+    assert "Remote traceback (worker 1)" in str(err)
+
+
+async def test_exception_while_building_the_env_is_a_remote_error(start_method: str) -> None:
+    def broken() -> CountingEnv:
+        raise ValueError("no such level")
+
+    collector = MultiSyncCollector([CountingEnv, broken], frames_per_batch=8, start_method=start_method)
+    with anyio.fail_after(NOTICE), pytest.raises(RemoteError, match="no such level") as info:
+        async with collector:
+            pass
+    assert info.value.type_name == "ValueError"
+    assert info.value.worker_id == 1
+
+
+async def test_hung_worker_raises_timeout(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [CountingEnv, slow(3600)], frames_per_batch=8, heartbeat_timeout=1.0, start_method=start_method
+    ) as collector:
+        with anyio.fail_after(NOTICE + 1.0), pytest.raises(WorkerTimeoutError, match="hung") as info:
+            await anext(collector)
+    assert info.value.worker_id == 1
+
+
+async def test_weight_push_to_a_dead_worker_names_it(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [CountingEnv] * 2, WeightProbe(), frames_per_batch=8, start_method=start_method
+    ) as collector:
+        await anext(collector)
+        os.kill(collector.worker_pids[1], signal.SIGKILL)
+        with anyio.fail_after(NOTICE), pytest.raises(WeightSyncError) as info:
+            await collector.update_policy_weights_(WeightProbe(1.0), timeout=5.0)
+    assert info.value.worker_ids == (1,)
+
+
+async def test_async_collector_reports_a_crash(start_method: str) -> None:
+    async with MultiAsyncCollector([slow(0.01)] * 2, frames_per_batch=400, start_method=start_method) as collector:
+        os.kill(collector.worker_pids[0], signal.SIGKILL)
+        with anyio.fail_after(NOTICE), pytest.raises(WorkerCrashedError) as info:
+            async for _ in collector:
+                pass
+    assert info.value.worker_id == 0
+
+
+async def test_shutdown_mid_collection_is_bounded(start_method: str) -> None:
+    collector = MultiAsyncCollector([slow(0.001)] * 2, frames_per_batch=10_000, start_method=start_method)
+    async with collector:
+        await anyio.sleep(0.2)  # both workers are mid-batch
+        with anyio.fail_after(NOTICE):
+            await collector.async_shutdown(timeout=2.0)
+
+
+TRAINER = textwrap.dedent(
+    """
+    import anyio, sys
+    from acollect import MultiSyncCollector
+    from acollect.testing import SlowEnv
+
+    async def main():
+        async with MultiSyncCollector(
+            [lambda: SlowEnv(step_time=0.01)] * 2, frames_per_batch=10_000, start_method=sys.argv[1]
+        ) as collector:
+            print(*collector.worker_pids, flush=True)
+            await anext(collector)
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_exit_when_the_trainer_is_killed(method: str) -> None:
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, method],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert trainer.stdout is not None
+        pids = [int(p) for p in trainer.stdout.readline().split()]
+        assert len(pids) == 2
+        assert all(psutil.pid_exists(p) for p in pids)
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=NOTICE)
+        if trainer.stdout is not None:
+            trainer.stdout.close()
+    deadline = time.monotonic() + NOTICE
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.05)
+    assert not alive, f"workers {alive} outlived their trainer"
