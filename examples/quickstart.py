@@ -1,7 +1,8 @@
-"""Quickstart: collect CartPole-v1 frames with a small MLP policy and print live frames/s.
+"""Quickstart: collect CartPole-v1 frames in 2 worker processes with a small MLP policy; print live frames/s.
 
 Shows the core loop of acollect: build a collector, ``async for`` its batches,
-and read the TorchRL-compatible batch layout. Run it with
+and read the TorchRL-compatible batch layout. Envs and policy copies run in
+worker processes; each batch stacks the workers' ``[n_envs, T]`` batches. Run it with
 ``python examples/quickstart.py`` (``--help`` lists the options).
 """
 
@@ -10,19 +11,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import time
 
 import torch
 
-from acollect import Collector, GymEnv
+from acollect import GymEnv, MultiSyncCollector
 
 
 @dataclasses.dataclass
 class Args:
     env_id: str = "CartPole-v1"
     """gymnasium environment id"""
+    num_workers: int = 2
+    """worker processes"""
     num_envs: int = 16
-    """environments stepped together (one vector env)"""
+    """environments stepped together in each worker (one vector env per worker)"""
     frames_per_batch: int = 2048
     """frames in each batch"""
     total_frames: int = 100_000
@@ -56,9 +60,10 @@ class MLPPolicy(torch.nn.Module):
 async def main(args: Args) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    collector = Collector(
-        lambda: GymEnv(args.env_id, num_envs=args.num_envs),
+    collector = MultiSyncCollector(
+        functools.partial(GymEnv, args.env_id, num_envs=args.num_envs),
         MLPPolicy(),
+        num_workers=args.num_workers,
         frames_per_batch=args.frames_per_batch,
         total_frames=args.total_frames,
     )
