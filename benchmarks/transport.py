@@ -8,8 +8,9 @@ frames, 16 envs x 25 steps, with next observations) the same bytes travel three 
                 ipc to the collector's asyncio :class:`~acollect.transport.Endpoint`,
                 which decodes it without a copy (``unpack_message``).
 (c) ``shm``     the worker writes the payload into a shared-memory slot of a 2-slot ring
-                and sends a small "ready" message; the collector copies the slot out
-                (``read()``) and hands the slot back.
+                and sends a small "ready" message; the collector copies the slot out into
+                a buffer it already holds (``read(out=...)``) and hands the slot back.
+    ``shm_alloc``  the same, copied out into fresh tensors (``read()``).
 
 (b) and (c) run with 2 credits (two batches in flight) and are timed at the collector
 from the first credit to the last batch, so the figure is delivered bytes per second.
