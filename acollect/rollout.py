@@ -213,6 +213,10 @@ class RolloutEngine:
         self._needs_reset = False
 
     # -- the batch -----------------------------------------------------------------
+    def allocate(self) -> TensorDict:
+        """Empty buffers with the layout of one batch (what :meth:`collect` fills)."""
+        return self._allocate()
+
     def _allocate(self) -> TensorDict:
         E, T, dev = self.n_envs, self.time_steps, self.devices.storing
 
@@ -234,19 +238,21 @@ class RolloutEngine:
         batch.set((_COLLECTOR, "policy_version"), torch.empty((E, T), dtype=torch.int64, device=dev))
         return batch
 
-    def collect(self, stop: threading.Event | None = None) -> TensorDict:
+    def collect(self, stop: threading.Event | None = None, *, out: TensorDict | None = None) -> TensorDict:
         """Collects one batch (blocking).
 
         Args:
             stop: when set, the batch is abandoned at the next step with :class:`RolloutInterrupted`;
                 the env and counters stay consistent, so collection can go on later.
+            out: fill this TensorDict (the layout of :meth:`allocate`, e.g. a shared-memory slot)
+                instead of fresh buffers.
 
         Returns:
-            A fresh TensorDict ``[n_envs, T]`` that the caller owns.
+            A fresh TensorDict ``[n_envs, T]`` that the caller owns, or ``out``.
         """
         # Buffers are allocated outside inference mode so that batches can feed autograd later; the
         # steps run inside it, which spares the policy's forward all autograd bookkeeping.
-        batch = self._allocate()
+        batch = self._allocate() if out is None else out
         with torch.inference_mode(), _exploration(self.exploration_type):
             return self._collect(batch, stop)
 
