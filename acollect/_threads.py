@@ -56,7 +56,7 @@ async def run_in_thread(
     def target() -> None:
         try:
             outcome["value"] = fn(stop)
-        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task as is
+        except BaseException as exc:  # handed to the awaiting task as is
             outcome["error"] = exc
         finally:
             try:
@@ -85,4 +85,5 @@ async def run_in_thread(
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]  # type: ignore[no-any-return]
+    value: T = outcome["value"]
+    return value

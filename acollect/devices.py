@@ -80,10 +80,10 @@ class Devices:
 
 def _module_device(policy: object) -> torch.device | None:
     if isinstance(policy, torch.nn.Module):
-        for tensor in policy.parameters():
-            return tensor.device
-        for tensor in policy.buffers():
-            return tensor.device
+        for param in policy.parameters():
+            return param.device
+        for buffer in policy.buffers():
+            return buffer.device
     return None
 
 

@@ -43,7 +43,7 @@ __all__ = ["RolloutEngine", "RolloutInterrupted", "frames_per_batch_for"]
 _COLLECTOR = "collector"
 
 
-class RolloutInterrupted(Exception):  # noqa: N818 - a signal, not an error
+class RolloutInterrupted(Exception):  # a signal, not an error: hence no "Error" suffix
     """Raised inside :meth:`RolloutEngine.collect` when its stop event is set mid-batch."""
 
 
@@ -224,14 +224,14 @@ class RolloutEngine:
             return torch.empty((E, T, *t.shape[1:]), dtype=t.dtype, device=dev)
 
         batch = TensorDict({}, batch_size=(E, T), device=dev)
-        for key in self._obs_keys:
+        root_keys: list[NestedKey] = [*self._obs_keys, "done", "terminated", "truncated"]
+        for key in root_keys:
             batch.set(key, like(self._root.get(key)))
-        for key in ("done", "terminated", "truncated"):
-            batch.set(key, like(self._root.get(key)))
-        for key, (shape, dtype) in self._out_specs.items():
-            batch.set(key, torch.empty((E, T, *shape), dtype=dtype, device=dev))
+        for out_key, (shape, dtype) in self._out_specs.items():
+            batch.set(out_key, torch.empty((E, T, *shape), dtype=dtype, device=dev))
         nxt = TensorDict({}, batch_size=(E, T), device=dev)
-        for key in (*self._obs_keys, "reward", "terminated", "truncated", "done"):
+        next_keys: list[NestedKey] = [*self._obs_keys, "reward", "terminated", "truncated", "done"]
+        for key in next_keys:
             nxt.set(key, like(self._next.get(key)))
         batch.set("next", nxt)
         batch.set((_COLLECTOR, "traj_ids"), torch.empty((E, T), dtype=torch.int64, device=dev))
@@ -289,8 +289,8 @@ class RolloutEngine:
                 outputs = self._random(None)
             else:
                 outputs = policy(self._policy_input())
-            for key, dst in out_views.items():
-                value = outputs.get(key)
+            for out_key, dst in out_views.items():
+                value = outputs.get(out_key)
                 if value is None:  # the random policy writes only "action"
                     dst[t].zero_()
                 else:

@@ -39,10 +39,12 @@ Examples:
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import gymnasium as gym
 import numpy as np
 import torch
@@ -60,6 +62,7 @@ __all__ = [
     "CrashingEnv",
     "SlowEnv",
     "assert_counting_batch",
+    "wait_until",
 ]
 
 #: Distance between the starts of two sub-envs' counters.
@@ -331,3 +334,29 @@ def assert_counting_batch(batch: TensorDictBase, *, key: str | tuple[str, ...] =
             f"gap or repeat after {where}: next_obs={nxt[where].tolist()} done={bool(done[where].item())} "
             f"then obs={obs[then].tolist()}"
         )
+
+
+async def wait_until(predicate: Callable[[], bool], *, timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Waits until ``predicate()`` is true, checking every ``interval`` seconds.
+
+    Handy for tests of background collection ("until the buffer holds N frames").
+
+    Args:
+        predicate: a cheap, non-blocking check.
+        timeout: seconds before giving up.
+        interval: seconds between checks.
+
+    Raises:
+        TimeoutError: ``predicate()`` was still false after ``timeout`` seconds.
+
+    Examples:
+        >>> import anyio
+        >>> anyio.run(lambda: wait_until(lambda: True))
+    """
+    with anyio.move_on_after(timeout):
+        for _ in itertools.count():
+            if predicate():
+                return
+            await anyio.sleep(interval)
+    if not predicate():
+        raise TimeoutError(f"the condition was still false after {timeout}s")

@@ -50,6 +50,7 @@ def split_trajectories(batch: TensorDictBase) -> TensorDictBase:
         return out
 
     result = flat.apply(scatter, batch_size=[n_traj, t_max])
+    assert result is not None  # apply returns None only with inplace=True
     mask = torch.zeros((n_traj, t_max), dtype=torch.bool, device=ids.device)
     mask[segment, position] = True
     result.set(("collector", "mask"), mask)

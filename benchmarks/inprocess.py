@@ -52,7 +52,7 @@ class HandLoop:
 
     def __init__(self, num_envs: int, frames_per_batch: int, *, seed: int) -> None:
         self.envs = gym.vector.SyncVectorEnv(
-            [partial(gym.make, ENV_ID)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP
+            [partial(gym.make, ENV_ID)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP, copy=False
         )
         self.policy = CategoricalMLPPolicy()
         self.steps = frames_per_batch // num_envs

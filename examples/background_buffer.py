@@ -15,6 +15,7 @@ import dataclasses
 import torch
 
 from acollect import Collector, GymEnv, ReplayBuffer
+from acollect.testing import wait_until
 
 
 @dataclasses.dataclass
@@ -71,8 +72,7 @@ async def main(args: Args) -> None:
         collector.set_seed(args.seed)
         await collector.update_policy_weights_(learner)
         collector.start(replay_buffer=rb)
-        while len(rb) < 4 * args.batch_size:
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(rb) >= 4 * args.batch_size, timeout=60)
 
         for step in range(1, args.train_steps + 1):
             data = rb.sample(args.batch_size)

@@ -9,7 +9,8 @@ import anyio
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import InteractionType, TensorDictModule, interaction_type
+from tensordict.nn import InteractionType, TensorDictModule
+from tensordict.nn.probabilistic import interaction_type
 
 from acollect import (
     BackgroundCollectionError,
@@ -23,7 +24,7 @@ from acollect import (
     ReplayBuffer,
 )
 from acollect._threads import THREAD_NAME_PREFIX
-from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv
+from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, wait_until
 
 
 def acollect_threads() -> list[threading.Thread]:
@@ -260,9 +261,7 @@ async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
         c.start(replay_buffer=rb)
         with pytest.raises(CollectorStateError, match="already"):
             c.start(rb)
-        with anyio.fail_after(10):
-            while len(rb) < 640:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: len(rb) >= 640)
         with pytest.raises(CollectorStateError, match="background"):
             await anext(c)
         async with c.pause():
@@ -271,9 +270,7 @@ async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
             await anyio.sleep(0.2)
             assert len(rb) == size
         assert c.state is CollectorState.RUNNING
-        with anyio.fail_after(10):
-            while len(rb) == size:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: len(rb) > size)
     assert acollect_threads() == []
 
 
@@ -281,9 +278,7 @@ async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:
     rb = ReplayBuffer(1000)
     c = Collector(lambda: CrashingEnv(crash_at_step=50), None, frames_per_batch=16)
     c.start(rb)
-    with anyio.fail_after(10):
-        while c.running_in_background:
-            await anyio.sleep(0.01)
+    await wait_until(lambda: not c.running_in_background)
     with pytest.raises(BackgroundCollectionError, match="step") as info:
         await c.update_policy_weights_(AlwaysZero())
     assert isinstance(info.value.__cause__, RuntimeError)
@@ -291,9 +286,7 @@ async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:
 
     c = Collector(lambda: CrashingEnv(crash_at_step=10), None, frames_per_batch=4)
     c.start(rb)
-    with anyio.fail_after(10):
-        while c.running_in_background:
-            await anyio.sleep(0.01)
+    await wait_until(lambda: not c.running_in_background)
     with pytest.raises(BackgroundCollectionError):
         await c.async_shutdown()  # not reported yet: raised here
 
@@ -387,7 +380,8 @@ async def test_max_frames_per_traj_truncates_and_resets() -> None:
                          max_frames_per_traj=7) as c:
         batch = await anext(c)
     truncated = batch["next", "truncated"].squeeze(-1)
-    assert truncated[:, 6].all() and truncated[:, 13].all()
+    assert truncated[:, 6].all()
+    assert truncated[:, 13].all()
     assert not batch["next", "terminated"].any()
     assert torch.equal(batch["next", "done"], batch["next", "truncated"])
     ids = batch["collector", "traj_ids"][0]

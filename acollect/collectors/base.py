@@ -53,8 +53,8 @@ class CollectorState(enum.Enum):
 class SupportsExtend(Protocol):
     """Anything a background collector can fill: ``acollect.ReplayBuffer``, torchrl's ``ReplayBuffer``..."""
 
-    def extend(self, data: TensorDictBase, /) -> Any:  # noqa: D102
-        ...
+    def extend(self, data: TensorDictBase, /) -> Any:
+        """Adds a batch of transitions."""
 
 
 def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
@@ -265,7 +265,7 @@ class CollectorBase:
                     self._bg_idle.set()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001 - kept and raised at the next call, never lost
+        except BaseException as exc:  # kept and raised at the next call, never lost
             logger.error("background collection failed: %s: %s", type(exc).__name__, exc)
             self._bg_error = exc
 
