@@ -25,6 +25,7 @@ from acollect.errors import BackgroundCollectionError as BackgroundCollectionErr
 from acollect.errors import ClosedCollectorError as ClosedCollectorError
 from acollect.errors import CollectorStateError as CollectorStateError
 from acollect.errors import ConfigurationError as ConfigurationError
+from acollect.errors import EmptyBufferError as EmptyBufferError
 from acollect.errors import EnvError as EnvError
 from acollect.errors import PolicyError as PolicyError
 from acollect.errors import ProtocolError as ProtocolError
@@ -51,6 +52,7 @@ __all__ = [
     "CollectorState",
     "CollectorStateError",
     "ConfigurationError",
+    "EmptyBufferError",
     "EnvBase",
     "EnvError",
     "GymEnv",

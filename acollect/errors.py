@@ -15,6 +15,7 @@ errors pass through untouched::
     │   ├── WorkerCrashedError      the worker process died (exit code / signal)
     │   ├── WorkerTimeoutError      the worker stopped sending heartbeats (hung)
     │   └── RemoteError             an exception inside the worker (original type name + traceback)
+    ├── EmptyBufferError            (also an IndexError) sampling a replay buffer that holds nothing
     ├── WeightSyncError             a weight push was not acknowledged in time (names the workers)
     └── TransportError              the wire broke (ZeroMQ, shared memory)
         └── ProtocolError           a malformed, replayed or incompatible message
@@ -32,6 +33,7 @@ __all__ = [
     "ClosedCollectorError",
     "CollectorStateError",
     "ConfigurationError",
+    "EmptyBufferError",
     "EnvError",
     "PolicyError",
     "ProtocolError",
@@ -140,6 +142,10 @@ class RemoteError(WorkerError):
         if self.remote_traceback:
             return f"{base}\n\nRemote traceback (worker {self.worker_id}):\n{self.remote_traceback}"
         return base
+
+
+class EmptyBufferError(AcollectError, IndexError):
+    """Sampling was asked of a replay buffer that holds no transitions yet."""
 
 
 class WeightSyncError(AcollectError):

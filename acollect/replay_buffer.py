@@ -21,15 +21,11 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect.errors import AcollectError, ConfigurationError
+from acollect.errors import ConfigurationError, EmptyBufferError
 
 __all__ = ["EmptyBufferError", "ReplayBuffer"]
 
 NestedKey = str | tuple[str, ...]
-
-
-class EmptyBufferError(AcollectError, IndexError):
-    """Sampling was asked of a buffer that holds no transitions yet."""
 
 
 def _key_name(key: NestedKey) -> str:
