@@ -146,7 +146,7 @@ class _Worker:
     def run(self) -> int:
         try:
             self.engine = build_engine(self.config)
-            layout, _ = encode_tensordict(self.engine._allocate())
+            layout, _ = encode_tensordict(self.engine.allocate())
         except Exception as exc:
             self.report(exc)
             return self.control_loop()
@@ -336,7 +336,9 @@ class _Worker:
                 try:
                     with self.engine_lock:
                         self.apply_pending()
-                        batch = engine.collect(self.interrupt)
+                        # With slots, the engine writes straight into shared memory: no copy on this side.
+                        out = self.ring[slot].tensordict if slot is not None and self.ring is not None else None
+                        batch = engine.collect(self.interrupt, out=out)
                         version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
                 except RolloutInterrupted:
                     with self.cond:
@@ -351,8 +353,7 @@ class _Worker:
                     "frames": frames,
                     "slot": slot,
                 }
-                if slot is not None and self.ring is not None:
-                    self.ring[slot].write(batch)
+                if slot is not None:
                     message = pack_message(P.BATCH, self._fields(header))
                 else:
                     message = pack_message(P.BATCH, self._fields(header), batch)

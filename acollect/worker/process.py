@@ -51,7 +51,13 @@ def _run_payload(payload: bytes) -> None:
     config = pickle.loads(payload)
     from acollect.worker.main import run_worker
 
-    sys.exit(run_worker(config))
+    code = run_worker(config)
+    # Everything the worker owns is closed by now. A normal interpreter exit would wait for
+    # pyzmq's zero-copy garbage-collector thread and library atexit hooks, which can take
+    # seconds (or abort) in a process that sent frames without copying.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _forkserver_entry(data: bytes) -> None:

@@ -1,0 +1,269 @@
+"""Worker-process collection: throughput, transport, weight pushes, start-up and shutdown.
+
+Five measurements, each against an in-process reference taken in the same run:
+
+1. ``cartpole``: MultiSyncCollector, 2 workers x 16 CartPole-v1 envs, the reference MLP,
+   frames_per_batch 2048, against the hand-written in-process loop of ``inprocess.py`` (same
+   total env count, one process). Rounds alternate between the two (wall clock).
+2. ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost, 2 workers x 8
+   envs: batch bytes delivered per second, against ``tensor.copy_`` of a batch of that size.
+3. ``weights``: a 10M-parameter MLP pushed to 2 idle workers and acknowledged, against one
+   in-process copy of its parameters.
+4. ``startup``: constructing a 2-worker collector (default ``spawn``) to its first batch, against
+   a fresh ``python -c "import torch, gymnasium, acollect"``.
+5. ``shutdown``: ``async_shutdown()`` of a 4-worker collector in mid-collection.
+
+Run ``python benchmarks/multi.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _common import CategoricalMLPPolicy, machine_info, single_thread_torch, write_json
+from inprocess import hand_loop_round
+
+from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
+from acollect.envs.base import EnvBase
+from acollect.specs import Categorical, Composite, Unbounded
+from acollect.testing import CountingEnv
+
+
+class PixelEnv(EnvBase):
+    """84x84x4 uint8 observations, no step cost: only the transport is measured."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.batch_size = torch.Size([num_envs])
+        self.observation_spec = Composite(pixels=Unbounded((84, 84, 4), dtype=torch.uint8))
+        self.action_spec = Categorical(2)
+        self._t = 0
+
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        out.get("pixels").zero_()
+        for key in ("done", "terminated", "truncated"):
+            out.get(key).zero_()
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        self._t += 1
+        next_out.get("pixels").fill_(self._t % 251)
+        next_out.get("reward").fill_(1.0)
+        for key in ("done", "terminated", "truncated"):
+            next_out.get(key).zero_()
+        root_out.get("pixels").copy_(next_out.get("pixels"))
+
+    def _close(self) -> None:
+        pass
+
+
+class BigPolicy(torch.nn.Module):
+    """Acts 0 on any observation; carries a ~10M-parameter MLP to push around."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.big = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.Linear(4096, 1400))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(observation.shape[0], dtype=torch.int64)
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+# -- 1. CartPole throughput ------------------------------------------------------------------------
+async def _multi_round(frames: int, fpb: int, workers: int, envs: int) -> tuple[int, float, float]:
+    n_batches = max(1, frames // fpb)
+    created = time.perf_counter()
+    async with MultiSyncCollector(
+        functools.partial(GymEnv, "CartPole-v1", num_envs=envs),
+        CategoricalMLPPolicy(),
+        num_workers=workers,
+        frames_per_batch=fpb,
+        total_frames=(n_batches + 1) * fpb,
+    ) as collector:
+        collected, first = 0, None
+        async for batch in collector:
+            if first is None:
+                first = time.perf_counter()
+                continue
+            collected += batch.numel()
+        seconds = time.perf_counter() - first
+    return collected, seconds, first - created
+
+
+def cartpole(args: argparse.Namespace) -> dict[str, Any]:
+    envs_total = args.workers * args.envs
+    hand, multi = [], []
+    for r in range(args.rounds):
+        n, s, _ = hand_loop_round(envs_total, args.frames_per_batch, args.frames, seed=r)
+        hand.append(n / s)
+        n, s, _ = asyncio.run(_multi_round(args.frames, args.frames_per_batch, args.workers, args.envs))
+        multi.append(n / s)
+        print(f"  round {r + 1}: hand loop ({envs_total} envs) {hand[-1]:,.0f}  multi {multi[-1]:,.0f} frames/s")
+    ratio = _median(multi) / _median(hand)
+    print(f"cartpole: hand loop {_median(hand):,.0f} frames/s, MultiSyncCollector {_median(multi):,.0f} frames/s "
+          f"-> {ratio:.2f}x")  # fmt: skip
+    return {"hand_loop": hand, "multi_sync": multi, "ratio": ratio, "target": 1.6}
+
+
+# -- 2. pixels ------------------------------------------------------------------------------------
+async def _pixel_round(batches: int, envs: int, steps: int, kind: str) -> tuple[float, int]:
+    if kind == "sync":  # one batch from both workers per request: [2, envs, steps]
+        fpb = 2 * envs * steps
+        collector: Any = MultiSyncCollector(
+            [functools.partial(PixelEnv, envs)] * 2, frames_per_batch=fpb, total_frames=(batches + 1) * fpb
+        )
+    else:  # each worker collects ahead (2 credits); batches of [envs, steps], twice as many of them
+        fpb, batches = envs * steps, 2 * batches
+        collector = MultiAsyncCollector(
+            [functools.partial(PixelEnv, envs)] * 2, frames_per_batch=fpb, total_frames=(batches + 1) * fpb
+        )
+    async with collector:
+        nbytes, first = 0, None
+        async for batch in collector:
+            if first is None:
+                first = time.perf_counter()
+                continue
+            nbytes += sum(t.numel() * t.element_size() for t in batch.values(True, True))
+        return nbytes / (time.perf_counter() - first), nbytes // batches
+
+
+def pixels(args: argparse.Namespace) -> dict[str, Any]:
+    rate, batch_bytes = asyncio.run(_pixel_round(args.pixel_batches, 8, args.pixel_steps, "sync"))
+    async_rate, _ = asyncio.run(_pixel_round(args.pixel_batches, 8, args.pixel_steps, "async"))
+    src = torch.randint(0, 255, (batch_bytes,), dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    reps, start = 20, time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    copy_rate = reps * batch_bytes / (time.perf_counter() - start)
+    ratio, async_ratio = rate / copy_rate, async_rate / copy_rate
+    print(f"pixels: MultiSync {rate / 1e9:.2f} GB/s delivered ({batch_bytes / 1e6:.0f} MB batches), "
+          f"MultiAsync {async_rate / 1e9:.2f} GB/s; copy_ {copy_rate / 1e9:.2f} GB/s "
+          f"-> {ratio:.2f}x / {async_ratio:.2f}x")  # fmt: skip
+    return {"sync_bytes_per_s": rate, "async_bytes_per_s": async_rate, "copy_bytes_per_s": copy_rate,
+            "batch_bytes": batch_bytes, "ratio": ratio, "async_ratio": async_ratio, "target": 0.5}  # fmt: skip
+
+
+# -- 3. weights -----------------------------------------------------------------------------------
+async def _weights(reps: int) -> tuple[list[float], int]:
+    policy = BigPolicy()
+    n_params = sum(p.numel() for p in policy.parameters())
+    async with MultiSyncCollector([CountingEnv] * 2, BigPolicy(), frames_per_batch=2, total_frames=-1) as collector:
+        await anext(collector)
+        await collector.update_policy_weights_(policy)  # first push creates the segment
+        times = []
+        for _ in range(reps):
+            with torch.no_grad():
+                for p in policy.parameters():
+                    p.add_(1.0)
+            start = time.perf_counter()
+            await collector.update_policy_weights_(policy)
+            times.append(time.perf_counter() - start)
+    return times, n_params
+
+
+def weights(args: argparse.Namespace) -> dict[str, Any]:
+    times, n_params = asyncio.run(_weights(args.weight_reps))
+    src, dst = TensorDict.from_module(BigPolicy()), TensorDict.from_module(BigPolicy())
+    copies = []
+    for _ in range(args.weight_reps):
+        start = time.perf_counter()
+        with torch.no_grad():
+            dst.update_(src)
+        copies.append(time.perf_counter() - start)
+    ratio = _median(times) / _median(copies)
+    print(f"weights: {n_params / 1e6:.1f}M params, push to 2 workers {_median(times) * 1e3:.1f} ms, in-process copy "
+          f"{_median(copies) * 1e3:.1f} ms -> {ratio:.1f}x")  # fmt: skip
+    return {"params": n_params, "push_s": times, "copy_s": copies, "ratio": ratio, "target": 5.0}
+
+
+# -- 4. start-up ----------------------------------------------------------------------------------
+async def _startup(start_method: str) -> float:
+    start = time.perf_counter()
+    async with MultiSyncCollector(
+        functools.partial(GymEnv, "CartPole-v1", num_envs=16),
+        CategoricalMLPPolicy(),
+        num_workers=2,
+        frames_per_batch=2048,
+        start_method=start_method,
+    ) as collector:
+        await anext(collector)
+        return time.perf_counter() - start
+
+
+def startup(args: argparse.Namespace) -> dict[str, Any]:
+    imports, collector = [], []
+    root = str(Path(__file__).resolve().parent.parent)
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch, gymnasium, acollect"], check=True, cwd=root)
+        imports.append(time.perf_counter() - start)
+        collector.append(asyncio.run(_startup("spawn")))
+    ratio = _median(collector) / _median(imports)
+    print(f"startup: 2-worker collector to first batch {_median(collector):.2f} s, python -c 'import torch, "
+          f"gymnasium, acollect' {_median(imports):.2f} s -> {ratio:.2f}x")  # fmt: skip
+    return {"collector_s": collector, "import_s": imports, "ratio": ratio, "target": 2.0}
+
+
+# -- 5. shutdown ----------------------------------------------------------------------------------
+async def _shutdown() -> float:
+    collector = MultiAsyncCollector(
+        functools.partial(GymEnv, "CartPole-v1", num_envs=8), CategoricalMLPPolicy(), num_workers=4,
+        frames_per_batch=100_000,
+    )  # fmt: skip
+    await collector.__aenter__()
+    await asyncio.sleep(0.5)  # every worker is mid-batch
+    start = time.perf_counter()
+    await collector.async_shutdown()
+    return time.perf_counter() - start
+
+
+def shutdown(args: argparse.Namespace) -> dict[str, Any]:
+    times = [asyncio.run(_shutdown()) for _ in range(args.rounds)]
+    print(f"shutdown: 4 workers mid-collection {_median(times):.3f} s")
+    return {"shutdown_s": times}
+
+
+PARTS = {"cartpole": cartpole, "pixels": pixels, "weights": weights, "startup": startup, "shutdown": shutdown}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--only", nargs="*", choices=sorted(PARTS), default=list(PARTS), help="parts to run")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds for cartpole, startup and shutdown")
+    parser.add_argument("--frames", type=int, default=100_000, help="timed CartPole frames per round")
+    parser.add_argument("--frames-per-batch", type=int, default=2048)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=16, help="CartPole envs per worker")
+    parser.add_argument("--pixel-batches", type=int, default=20)
+    parser.add_argument("--pixel-steps", type=int, default=32, help="T of each pixel batch (8 envs per worker)")
+    parser.add_argument("--weight-reps", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
+    args = parser.parse_args(argv)
+    single_thread_torch()
+    results = {name: PARTS[name](args) for name in args.only}
+    payload = {"benchmark": "multi", "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_info(),
+               "results": results}  # fmt: skip
+    if args.json is not None:
+        write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
