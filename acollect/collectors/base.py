@@ -7,6 +7,11 @@ machine, ``total_frames`` accounting, background mode (``start()`` /
 Subclasses implement four coroutines: ``_setup`` (build what collects),
 ``_collect_batch`` (one batch), ``_push_weights`` and ``_teardown``.
 
+Statistics (:meth:`CollectorBase.stats`) and the ``progress=`` display live here
+too: the base counts what is handed out, and a subclass reports, per batch and
+per worker, the policy version and the episodes that ended
+(:meth:`CollectorBase._record_worker`).
+
 States::
 
     NEW ──(async with / first batch / start())──▶ RUNNING ◀──▶ PAUSED
@@ -34,6 +39,8 @@ from acollect.errors import (
     CollectorStateError,
     ConfigurationError,
 )
+from acollect.progress import ProgressReporter, check_progress, make_progress
+from acollect.stats import CollectorStats, EpisodeSummary, StatsRecorder
 
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 
@@ -76,13 +83,16 @@ def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
 class CollectorBase:
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
-    Subclasses call ``super().__init__(frames_per_batch=..., total_frames=...)`` and implement
+    Subclasses call ``super().__init__(frames_per_batch=..., total_frames=..., progress=...)`` and implement
     ``_setup``, ``_collect_batch``, ``_push_weights`` and ``_teardown``.
     """
 
-    def __init__(self, *, frames_per_batch: int, total_frames: int) -> None:
+    def __init__(self, *, frames_per_batch: int, total_frames: int, progress: bool | str = False) -> None:
         self.frames_per_batch = frames_per_batch
         self.total_frames = check_total_frames(total_frames, frames_per_batch)
+        self._progress_kind = check_progress(progress)
+        self._progress: ProgressReporter | None = None
+        self._stats = StatsRecorder()
         self._state = CollectorState.NEW
         self._frames = 0
         self._batches = 0
@@ -156,6 +166,7 @@ class CollectorBase:
                 self._state = CollectorState.RUNNING
             await self._setup()
             self._setup_done = True
+            self._stats.start()  # frame rates count from here: building envs and workers is not collecting
 
     # -- async resource ------------------------------------------------------------------
     async def __aenter__(self) -> CollectorBase:
@@ -190,6 +201,7 @@ class CollectorBase:
                 await self._teardown()
         finally:
             self._state = CollectorState.CLOSED
+            self._close_progress()
         if raise_background_error:
             self._raise_background_error()
 
@@ -214,8 +226,64 @@ class CollectorBase:
         return batch
 
     def _count(self, batch: TensorDictBase) -> None:
-        self._frames += batch.numel()
+        frames = batch.numel()
+        self._frames += frames
         self._batches += 1
+        self._stats.record_batch(frames)
+        if self._progress_kind is not None:
+            if self._progress is None:
+                self._progress = make_progress(self._progress_kind, total_frames=self.total_frames,
+                                               name=type(self).__name__)  # fmt: skip
+            if self._progress is not None:
+                self._progress.update(self.stats())
+
+    def _close_progress(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            try:
+                progress.close(self.stats())
+            except Exception as exc:  # a broken display must not hide how the shutdown went
+                logger.warning("closing the progress display failed: %s: %s", type(exc).__name__, exc)
+
+    # -- statistics ----------------------------------------------------------------------
+    def stats(self) -> CollectorStats:
+        """Progress so far: frames, frames/s, episodes and their returns, policy lag, restarts.
+
+        Cheap to call (no message to any worker): collectors fill it from what comes with each batch.
+        Episode returns and lengths are counted over whole episodes, across batch boundaries.
+
+        Examples:
+            >>> import anyio
+            >>> from acollect import Collector
+            >>> from acollect.testing import CountingEnv
+            >>> async def main():
+            ...     env = lambda: CountingEnv(num_envs=2, episode_length=5)  # reward 1 per step
+            ...     async with Collector(env, frames_per_batch=20, total_frames=40) as collector:
+            ...         async for _ in collector:
+            ...             pass
+            ...         return collector.stats()
+            >>> stats = anyio.run(main)
+            >>> stats.frames, stats.episodes, stats.episode_return_mean, stats.policy_lag
+            (40, 8, 5.0, {0: 0})
+        """
+        restarts, dropped = self._worker_counters()
+        return self._stats.snapshot(
+            frames=self._frames,
+            batches=self._batches,
+            policy_version=int(getattr(self, "policy_version", 0)),
+            restarts=restarts,
+            dropped_batches=dropped,
+        )
+
+    def _record_worker(
+        self, worker: int, frames: int, policy_version: int, episodes: EpisodeSummary | None = None
+    ) -> None:
+        """Hook for subclasses, on the event loop: a worker (``0`` in-process) produced a batch."""
+        self._stats.record_worker(worker, frames, policy_version, episodes)
+
+    def _worker_counters(self) -> tuple[int, int]:
+        """Hook for collectors with worker processes: ``(restarts, dropped batches)`` so far."""
+        return 0, 0
 
     # -- background mode -------------------------------------------------------------------
     def start(self, replay_buffer: SupportsExtend | None = None) -> None:

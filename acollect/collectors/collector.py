@@ -33,6 +33,7 @@ from acollect.envs import make_env
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike, parse_exploration_type, wrap_policy
 from acollect.rollout import RolloutEngine, check_frames_per_batch, frames_per_batch_for
+from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, weights_of
 
@@ -70,6 +71,9 @@ class Collector(CollectorBase):
         exploration_type: tensordict interaction type used while collecting (``RANDOM`` by default); set per
             collection thread, so collectors never change each other's.
         env_kwargs: keyword arguments for building the env from a gymnasium id.
+        progress: show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm bar
+            if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
+            ``"log"`` or ``False`` (default: nothing is shown).
 
     Examples:
         >>> import anyio, torch
@@ -107,9 +111,10 @@ class Collector(CollectorBase):
         split_trajs: bool = False,
         exploration_type: InteractionType | str | None = InteractionType.RANDOM,
         env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
     ) -> None:
         frames_per_batch = check_frames_per_batch(frames_per_batch)
-        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames)
+        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, progress=progress)
         if policy is not None and policy_factory is not None:
             raise ConfigurationError(
                 "policy and policy_factory were both given: pass one (policy_factory builds the policy where "
@@ -153,6 +158,7 @@ class Collector(CollectorBase):
         self._seed: int | None = None
         self._pending_state: dict[str, Any] | None = None
         self._engine_busy = threading.Lock()
+        self._episodes = EpisodeTracker()  # used by the collection thread only
 
     # -- building --------------------------------------------------------------------
     def _build_engine(self, _stop: threading.Event) -> RolloutEngine:
@@ -202,7 +208,7 @@ class Collector(CollectorBase):
             await run_in_thread(lambda _stop: engine.close(), name="close-env")
 
     # -- collecting ----------------------------------------------------------------------
-    def _collect_in_thread(self, stop: threading.Event) -> TensorDictBase:
+    def _collect_in_thread(self, stop: threading.Event) -> tuple[TensorDictBase, int, int, EpisodeSummary]:
         engine = self._engine
         assert engine is not None
         with self._engine_busy:
@@ -212,14 +218,19 @@ class Collector(CollectorBase):
                 engine.seed(self._seed)
                 self._seed = None
             batch: TensorDictBase = engine.collect(stop)
+            version, frames = engine.policy_version, engine.frames_per_batch
+            # Here, off the event loop and before postproc can change the layout.
+            episodes = self._episodes.update(batch)
         if self.split_trajs:
             batch = split_trajectories(batch)
         if self.postproc is not None:
             batch = self.postproc(batch)
-        return batch
+        return batch, version, frames, episodes
 
     async def _collect_batch(self) -> TensorDictBase:
-        return await run_in_thread(self._collect_in_thread, name="rollout")
+        batch, version, frames, episodes = await run_in_thread(self._collect_in_thread, name="rollout")
+        self._record_worker(0, frames, version, episodes)
+        return batch
 
     # -- weights ----------------------------------------------------------------------------
     @property

@@ -1,0 +1,364 @@
+"""Collection statistics: episode returns from batches, frame rates over a window, one snapshot type.
+
+Three pieces, usable wherever batches are made:
+
+* :class:`EpisodeTracker` reads ``("next", "reward")`` and ``("next", "done")``
+  of each ``[..., T]`` batch and reports the episodes that ended in it
+  (:class:`EpisodeSummary`). It keeps a running return and length per env
+  across batches, so an episode that spans several batches is counted whole.
+  It is vectorised (no Python loop over steps), so it runs beside the rollout
+  engine, in the collection thread or in a worker, at a cost far below one step
+  of a batch. An :class:`EpisodeSummary` travels in a batch header as a small
+  dict (:meth:`EpisodeSummary.to_header`), so a worker reports its episodes
+  without any extra message.
+* :class:`StatsRecorder` lives with a collector, on the event loop: it takes
+  each batch's frame count and each worker's report, and keeps frames/s over a
+  recent window (overall and per worker) and the last episodes.
+* :class:`CollectorStats` is what ``collector.stats()`` returns.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> tracker = EpisodeTracker()
+    >>> def batch(rewards, dones):
+    ...     r = torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1)
+    ...     d = torch.tensor(dones).unsqueeze(-1)
+    ...     return TensorDict({("next", "reward"): r, ("next", "done"): d}, batch_size=r.shape[:2])
+    >>> tracker.update(batch([[1, 1, 1]], [[False, False, False]])).count  # nothing ended yet
+    0
+    >>> summary = tracker.update(batch([[1, 1, 1]], [[False, True, False]]))  # 5 steps, started last batch
+    >>> summary.count, summary.returns, summary.lengths
+    (1, [5.0], [5])
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+__all__ = [
+    "EPISODE_WINDOW",
+    "RATE_WINDOW_S",
+    "CollectorStats",
+    "EpisodeSummary",
+    "EpisodeTracker",
+    "RateWindow",
+    "StatsRecorder",
+]
+
+#: Episodes kept for the mean return and length (as most RL libraries report it).
+EPISODE_WINDOW = 100
+#: Seconds of recent batches over which frames/s are measured.
+RATE_WINDOW_S = 10.0
+# Episode lists in a batch header are capped: the mean only ever needs the last EPISODE_WINDOW.
+_HEADER_CAP = EPISODE_WINDOW
+
+
+@dataclass(frozen=True)
+class EpisodeSummary:
+    """The episodes that ended within one batch, in the order they ended.
+
+    Attributes:
+        count: episodes that ended (may exceed ``len(returns)`` when sent capped in a header).
+        returns: the undiscounted return of each, summed over every step of the episode.
+        lengths: the number of steps of each.
+    """
+
+    count: int = 0
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    def to_header(self) -> dict[str, Any]:
+        """A msgpack-ready dict for a batch header (the last :data:`EPISODE_WINDOW` episodes at most).
+
+        Examples:
+            >>> EpisodeSummary(2, [1.5, 3.0], [2, 4]).to_header()
+            {'n': 2, 'r': [1.5, 3.0], 'l': [2, 4]}
+        """
+        return {"n": self.count, "r": self.returns[-_HEADER_CAP:], "l": self.lengths[-_HEADER_CAP:]}
+
+    @classmethod
+    def from_header(cls, fields: Mapping[str, Any] | None) -> EpisodeSummary:
+        """Reads what :meth:`to_header` wrote; ``None`` (a header without episodes) gives an empty summary.
+
+        Examples:
+            >>> EpisodeSummary.from_header({'n': 2, 'r': [1.5, 3.0], 'l': [2, 4]}).returns
+            [1.5, 3.0]
+        """
+        if not fields:
+            return cls()
+        returns = [float(x) for x in fields.get("r", ())]
+        lengths = [int(x) for x in fields.get("l", ())]
+        return cls(int(fields.get("n", len(returns))), returns, lengths)
+
+
+class EpisodeTracker:
+    """Episode returns and lengths from a stream of ``[..., T]`` batches of one set of envs.
+
+    Each call to :meth:`update` takes the next batch of the same envs (the last batch dim is time)
+    and returns the episodes that ended in it. A running return and length per env carry an episode
+    over batch boundaries. When the batch has ``("collector", "traj_ids")``, an env whose first
+    trajectory id differs from the last one seen was reset in between (a seed, ``reset_at_each_iter``)
+    and its running episode is dropped rather than merged with the new one.
+
+    Batches without ``("next", "reward")`` or ``("next", "done")`` report no episodes.
+    """
+
+    def __init__(self) -> None:
+        self._return: torch.Tensor | None = None  # float64 [N]
+        self._length: torch.Tensor | None = None  # int64 [N]
+        self._last_traj: torch.Tensor | None = None  # int64 [N]
+
+    def reset(self) -> None:
+        """Forgets every running episode."""
+        self._return = self._length = self._last_traj = None
+
+    def update(self, batch: TensorDictBase) -> EpisodeSummary:
+        """Accounts for one batch and returns the episodes that ended in it."""
+        if batch.batch_dims < 1:
+            return EpisodeSummary()
+        reward = batch.get(("next", "reward"), None)
+        done = batch.get(("next", "done"), None)
+        if reward is None or done is None:
+            return EpisodeSummary()
+        traj = batch.get(("collector", "traj_ids"), None)
+        shape = batch.batch_size
+        return self.update_tensors(
+            reward.reshape(*shape, -1).sum(-1),
+            done.reshape(*shape, -1).any(-1),
+            traj.reshape(shape) if isinstance(traj, torch.Tensor) and traj.shape == shape else None,
+        )
+
+    def update_tensors(
+        self, reward: torch.Tensor, done: torch.Tensor, traj_ids: torch.Tensor | None = None
+    ) -> EpisodeSummary:
+        """Like :meth:`update`, from ``[..., T]`` reward, done and (optionally) trajectory-id tensors."""
+        steps = reward.shape[-1]
+        # Envs (all leading dims) by time; a few kilobytes, so working on the CPU costs nothing worth a sync.
+        r = reward.detach().reshape(-1, steps).to("cpu", torch.float64)
+        d = done.detach().reshape(-1, steps).to("cpu", torch.bool)
+        n = r.shape[0]
+        carry_r, carry_l = self._carry(n, traj_ids)
+        # Cumulated return including what each env's running episode had before this batch; an episode's
+        # return is the difference of the cumulated return at its end and at the previous end in its row.
+        cum = torch.cumsum(r, 1) + carry_r.unsqueeze(1)
+        index = torch.arange(steps).expand(n, steps)
+        last_end = torch.cummax(torch.where(d, index, torch.full_like(index, -1)), 1).values
+        prev_end = torch.cat([torch.full((n, 1), -1, dtype=torch.int64), last_end[:, :-1]], 1)
+        started_here = prev_end >= 0
+        base = torch.where(started_here, cum.gather(1, prev_end.clamp(min=0)), torch.zeros_like(cum))
+        lengths = index - prev_end + torch.where(started_here, 0, carry_l.unsqueeze(1))
+        final = last_end[:, -1]
+        ended = final >= 0
+        self._return = torch.where(ended, cum[:, -1] - cum.gather(1, final.clamp(min=0).unsqueeze(1)).squeeze(1),
+                                   cum[:, -1])  # fmt: skip
+        self._length = torch.where(ended, steps - 1 - final, carry_l + steps)
+        if traj_ids is not None:
+            self._last_traj = traj_ids.detach().reshape(-1, steps)[:, -1].to("cpu", torch.int64)
+        if not bool(d.any()):
+            return EpisodeSummary()
+        # Order the finished episodes by the step they ended at (env order within a step).
+        where_t, where_e = torch.nonzero(d.t(), as_tuple=True)
+        returns = (cum - base)[where_e, where_t]
+        return EpisodeSummary(int(where_t.numel()), returns.tolist(), lengths[where_e, where_t].tolist())
+
+    def _carry(self, n: int, traj_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._return is None or self._length is None or self._return.shape[0] != n:
+            return torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.int64)
+        carry_r, carry_l = self._return, self._length
+        if traj_ids is not None and self._last_traj is not None:
+            first = traj_ids.detach().reshape(n, -1)[:, 0].to("cpu", torch.int64)
+            same = first == self._last_traj
+            carry_r = torch.where(same, carry_r, 0.0)
+            carry_l = torch.where(same, carry_l, 0)
+        return carry_r, carry_l
+
+
+class RateWindow:
+    """Events per second over the samples of the last ``window_s`` seconds.
+
+    Examples:
+        >>> w = RateWindow(window_s=10.0)
+        >>> w.add(0, now=0.0); w.add(100, now=1.0); w.add(100, now=2.0)
+        >>> w.rate()
+        100.0
+    """
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.total = 0
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def add(self, count: int, *, now: float | None = None) -> None:
+        """Records ``count`` new events (``0`` marks the start of measuring)."""
+        t = time.monotonic() if now is None else now
+        self.total += count
+        samples = self._samples
+        samples.append((t, self.total))
+        # Keep one sample older than the window, so the rate always spans at least the last interval.
+        while len(samples) > 2 and samples[1][0] < t - self.window_s:
+            samples.popleft()
+
+    def rate(self) -> float:
+        """Events per second between the oldest and newest sample kept (``0.0`` before two samples)."""
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self._samples[0], self._samples[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+@dataclass(frozen=True)
+class CollectorStats:
+    """A snapshot of a collector's progress, from ``collector.stats()``.
+
+    Attributes:
+        frames: frames handed out so far (continues after ``load_state_dict``).
+        batches: batches handed out so far.
+        elapsed_s: seconds since collection started.
+        frames_per_s: frames per second over the batches of the last 10 seconds.
+        episodes: episodes that ended so far.
+        episode_return_mean: mean return of the last 100 episodes (``None`` before the first ended).
+        episode_return_last: return of the last episode that ended.
+        episode_length_mean: mean length (steps) of the last 100 episodes.
+        episode_length_last: length of the last episode that ended.
+        policy_version: the collector's current policy version.
+        policy_lag: per worker, ``policy_version`` minus the version its last batch was collected with
+            (the in-process collector is worker 0).
+        worker_frames_per_s: per worker, frames per second over the last 10 seconds.
+        restarts: worker processes restarted after a crash or hang.
+        dropped_batches: batches lost to worker restarts.
+    """
+
+    frames: int = 0
+    batches: int = 0
+    elapsed_s: float = 0.0
+    frames_per_s: float = 0.0
+    episodes: int = 0
+    episode_return_mean: float | None = None
+    episode_return_last: float | None = None
+    episode_length_mean: float | None = None
+    episode_length_last: int | None = None
+    policy_version: int = 0
+    policy_lag: dict[int, int] = field(default_factory=dict)
+    worker_frames_per_s: dict[int, float] = field(default_factory=dict)
+    restarts: int = 0
+    dropped_batches: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """A plain dict (for loggers such as TensorBoard or wandb)."""
+        return asdict(self)
+
+    def describe(self, total_frames: int | None = None) -> str:
+        """One line: frames (of ``total_frames``), frames/s, episodes, mean return, and lag or losses if any.
+
+        Examples:
+            >>> CollectorStats(frames=2048, frames_per_s=1500.0, episodes=3, episode_return_mean=21.5).describe(4096)
+            '2,048/4,096 frames, 1,500 frames/s, 3 episodes, return 21.5'
+        """
+        ret = "-" if self.episode_return_mean is None else f"{self.episode_return_mean:.4g}"
+        of = f"/{total_frames:,}" if total_frames is not None and total_frames > 0 else ""
+        parts = [f"{self.frames:,}{of} frames", f"{self.frames_per_s:,.0f} frames/s", f"{self.episodes} episodes",
+                 f"return {ret}"]  # fmt: skip
+        lag = max(self.policy_lag.values(), default=0)
+        if lag:
+            parts.append(f"policy lag {lag}")
+        if self.restarts or self.dropped_batches:
+            parts.append(f"{self.restarts} restarts, {self.dropped_batches} dropped batches")
+        return ", ".join(parts)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _mean(values: deque[float] | deque[int]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+class StatsRecorder:
+    """Everything :class:`CollectorStats` is made of, fed batch by batch on the collector's event loop."""
+
+    def __init__(self, *, window_s: float = RATE_WINDOW_S, episode_window: int = EPISODE_WINDOW) -> None:
+        self.window_s = window_s
+        self.started_at: float | None = None
+        self.frames = RateWindow(window_s)
+        self.workers: dict[int, RateWindow] = {}
+        self.worker_versions: dict[int, int] = {}
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=episode_window)
+        self.lengths: deque[int] = deque(maxlen=episode_window)
+        self.last_return: float | None = None
+        self.last_length: int | None = None
+
+    def start(self, now: float | None = None) -> None:
+        """Marks the start of collection (the origin of the first frame rate); later calls do nothing."""
+        if self.started_at is None:
+            t = time.monotonic() if now is None else now
+            self.started_at = t
+            self.frames.add(0, now=t)
+
+    def record_batch(self, frames: int, now: float | None = None) -> None:
+        """Counts a batch handed out."""
+        t = time.monotonic() if now is None else now
+        self.start(t)
+        self.frames.add(frames, now=t)
+
+    def record_worker(
+        self,
+        worker: int,
+        frames: int,
+        policy_version: int,
+        episodes: EpisodeSummary | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Takes one worker's report on a batch: its frames, the policy version it used, its episodes."""
+        t = time.monotonic() if now is None else now
+        self.start(t)
+        window = self.workers.get(worker)
+        if window is None:
+            window = self.workers[worker] = RateWindow(self.window_s)
+            window.add(0, now=self.started_at)
+        window.add(frames, now=t)
+        self.worker_versions[worker] = policy_version
+        if episodes is not None and episodes.count:
+            self.episodes += episodes.count
+            self.returns.extend(episodes.returns)
+            self.lengths.extend(episodes.lengths)
+            if episodes.returns:
+                self.last_return = episodes.returns[-1]
+                self.last_length = episodes.lengths[-1]
+
+    def snapshot(
+        self,
+        *,
+        frames: int,
+        batches: int,
+        policy_version: int,
+        restarts: int = 0,
+        dropped_batches: int = 0,
+        now: float | None = None,
+    ) -> CollectorStats:
+        """The current :class:`CollectorStats`."""
+        t = time.monotonic() if now is None else now
+        return CollectorStats(
+            frames=frames,
+            batches=batches,
+            elapsed_s=0.0 if self.started_at is None else t - self.started_at,
+            frames_per_s=self.frames.rate(),
+            episodes=self.episodes,
+            episode_return_mean=_mean(self.returns),
+            episode_return_last=self.last_return,
+            episode_length_mean=_mean(self.lengths),
+            episode_length_last=self.last_length,
+            policy_version=policy_version,
+            policy_lag={w: policy_version - v for w, v in sorted(self.worker_versions.items())},
+            worker_frames_per_s={w: window.rate() for w, window in sorted(self.workers.items())},
+            restarts=restarts,
+            dropped_batches=dropped_batches,
+        )
