@@ -1,0 +1,1 @@
+"""The ``acollect`` command line: ``acollect info``, ``acollect bench`` and more (see :mod:`acollect.cli.main`)."""

@@ -1,0 +1,426 @@
+"""``acollect bench``: how fast acollect collects on this machine, against a hand-written loop.
+
+Two workloads, each timed after one untimed warm-up batch, contenders in turns:
+
+* ``cartpole``: CartPole-v1 driven by a 4-64-64-2 Tanh MLP sampling a categorical
+  action, one torch thread. The reference is a hand-written in-process loop (a
+  gymnasium ``SyncVectorEnv`` in SAME_STEP autoreset mode filling preallocated
+  ``[n_envs, T]`` buffers); then ``Collector`` and ``MultiSyncCollector`` with the
+  same total env count, and TorchRL's collectors when torchrl is installed.
+* ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost, so
+  only moving data is measured. The reference is an in-process loop copying the
+  same observations into preallocated buffers.
+
+The defaults take well under a minute; pass ``--frames`` and ``--rounds`` for
+steadier figures. Compare figures only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect.envs.base import EnvBase
+from acollect.specs import Categorical, Composite, Unbounded
+
+__all__ = ["CartPoleHandLoop", "CategoricalMLPPolicy", "PixelEnv", "Result", "add_parser", "run"]
+
+ENV_ID = "CartPole-v1"
+PIXEL_SHAPE = (84, 84, 4)
+# A round returns (frames collected in its timed part, seconds they took).
+Round = Callable[[], tuple[int, float]]
+
+
+# -- the workloads -------------------------------------------------------------------------
+class CategoricalMLPPolicy(torch.nn.Module):
+    """Observation in, sampled action out: ``4 -> 64 -> 64 -> 2`` with Tanh, ``torch.multinomial`` on the softmax.
+
+    Examples:
+        >>> CategoricalMLPPolicy()(torch.zeros(8, 4)).shape
+        torch.Size([8])
+    """
+
+    def __init__(self, obs_dim: int = 4, n_actions: int = 2, hidden: int = 64) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(obs_dim, hidden),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, hidden),
+            torch.nn.Tanh(),
+            torch.nn.Linear(hidden, n_actions),
+        )
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.net(observation), dim=-1)
+        return torch.multinomial(probs, 1).squeeze(-1)
+
+
+class CartPoleHandLoop:
+    """The reference: one gymnasium vector env, the MLP, preallocated ``[E, T]`` buffers filled with ``copy_``."""
+
+    def __init__(self, num_envs: int, frames_per_batch: int, *, seed: int = 0) -> None:
+        import gymnasium as gym
+        from gymnasium.vector import AutoresetMode
+
+        self.envs = gym.vector.SyncVectorEnv(
+            [partial(gym.make, ENV_ID)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP, copy=False
+        )
+        self.policy = CategoricalMLPPolicy()
+        self.steps = frames_per_batch // num_envs
+        obs, _ = self.envs.reset(seed=seed)
+        self._obs = torch.from_numpy(obs)
+        shape = (num_envs, self.steps)
+        self.observation = torch.empty(*shape, obs.shape[1])
+        self.next_observation = torch.empty(*shape, obs.shape[1])
+        self.action = torch.empty(shape, dtype=torch.int64)
+        self.reward = torch.empty(*shape, 1)
+        self.flags = {k: torch.empty(*shape, 1, dtype=torch.bool) for k in ("done", "terminated", "truncated")}
+
+    def collect_batch(self) -> int:
+        """One batch; returns its frame count."""
+        envs, policy = self.envs, self.policy
+        with torch.inference_mode():
+            for t in range(self.steps):
+                obs = self._obs
+                self.observation[:, t].copy_(obs)
+                action = policy(obs)
+                self.action[:, t].copy_(action)
+                next_obs, reward, terminated, truncated, info = envs.step(action.numpy())
+                done = terminated | truncated
+                self.reward[:, t, 0].copy_(torch.from_numpy(reward))
+                self.flags["terminated"][:, t, 0].copy_(torch.from_numpy(terminated))
+                self.flags["truncated"][:, t, 0].copy_(torch.from_numpy(truncated))
+                self.flags["done"][:, t, 0].copy_(torch.from_numpy(done))
+                next_t = torch.from_numpy(next_obs)
+                self.next_observation[:, t].copy_(next_t)
+                if done.any():  # SAME_STEP mode: the true next observation of a finished env is the final one
+                    for i in done.nonzero()[0]:
+                        self.next_observation[i, t].copy_(torch.from_numpy(info["final_obs"][i]))
+                self._obs = next_t
+        return self.steps * self.envs.num_envs
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class PixelEnv(EnvBase):
+    """84x84x4 uint8 observations, reward 1, never done, no step cost: only moving data is measured."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.batch_size = torch.Size([num_envs])
+        self.observation_spec = Composite(pixels=Unbounded(PIXEL_SHAPE, dtype=torch.uint8))
+        self.action_spec = Categorical(2)
+        self._t = 0
+
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        out.get("pixels").zero_()
+        for key in ("done", "terminated", "truncated"):
+            out.get(key).zero_()
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        self._t += 1
+        next_out.get("pixels").fill_(self._t % 251)
+        next_out.get("reward").fill_(1.0)
+        for key in ("done", "terminated", "truncated"):
+            next_out.get(key).zero_()
+        root_out.get("pixels").copy_(next_out.get("pixels"))
+
+    def _close(self) -> None:
+        pass
+
+
+class PixelHandLoop:
+    """The pixels reference: the same observations written into preallocated ``[E, T]`` buffers, in-process."""
+
+    def __init__(self, num_envs: int, frames_per_batch: int) -> None:
+        self.steps = frames_per_batch // num_envs
+        self.obs = torch.zeros(num_envs, *PIXEL_SHAPE, dtype=torch.uint8)
+        self.observation = torch.empty(num_envs, self.steps, *PIXEL_SHAPE, dtype=torch.uint8)
+        self.next_observation = torch.empty_like(self.observation)
+        self._t = 0
+
+    def collect_batch(self) -> int:
+        for t in range(self.steps):
+            self.observation[:, t].copy_(self.obs)
+            self._t += 1
+            self.obs.fill_(self._t % 251)
+            self.next_observation[:, t].copy_(self.obs)
+        return self.steps * self.obs.shape[0]
+
+    def close(self) -> None:
+        pass
+
+
+# -- rounds ------------------------------------------------------------------------------------
+def _loop_round(make: Callable[[], Any], frames: int, frames_per_batch: int) -> tuple[int, float]:
+    loop = make()
+    try:
+        loop.collect_batch()  # warm-up, untimed
+        n_batches = max(1, frames // frames_per_batch)
+        start = time.perf_counter()
+        collected = sum(loop.collect_batch() for _ in range(n_batches))
+        return collected, time.perf_counter() - start
+    finally:
+        loop.close()
+
+
+async def _collector_round(make: Callable[[int], Any], frames: int, frames_per_batch: int) -> tuple[int, float]:
+    n_batches = max(1, frames // frames_per_batch)
+    async with make((n_batches + 1) * frames_per_batch) as collector:
+        collected, start = 0, None
+        async for batch in collector:
+            if start is None:  # the warm-up batch: start-up is not collection
+                start = time.perf_counter()
+                continue
+            collected += batch.numel()
+        assert start is not None
+        return collected, time.perf_counter() - start
+
+
+def _torchrl_round(num_envs: int, workers: int, frames: int, frames_per_batch: int) -> tuple[int, float]:
+    import torchrl.collectors as trc
+    from tensordict.nn import TensorDictModule
+    from torchrl.envs import GymEnv as TorchRLGymEnv
+    from torchrl.envs import SerialEnv
+
+    n_batches = max(1, frames // frames_per_batch)
+    policy = TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
+    make_env = partial(TorchRLGymEnv, ENV_ID, categorical_action_encoding=True)
+    total = (n_batches + 1) * frames_per_batch
+    if workers == 1:
+        cls = getattr(trc, "Collector", None) or trc.SyncDataCollector
+        collector = cls(SerialEnv(num_envs, make_env), policy, frames_per_batch=frames_per_batch, total_frames=total)
+    else:
+        cls = getattr(trc, "MultiSyncCollector", None) or trc.MultiSyncDataCollector
+        envs = [partial(SerialEnv, num_envs // workers, make_env)] * workers
+        collector = cls(envs, policy, frames_per_batch=frames_per_batch, total_frames=total)
+    collected, start = 0, None
+    try:
+        for batch in collector:
+            if start is None:
+                start = time.perf_counter()
+                continue
+            collected += batch.numel()
+    finally:
+        collector.shutdown()
+    assert start is not None
+    return collected, time.perf_counter() - start
+
+
+# -- measuring and reporting -------------------------------------------------------------------
+@dataclass
+class Result:
+    """Frames/s of one contender over its rounds, or why it did not run."""
+
+    name: str
+    frames_per_s: list[float] = field(default_factory=list)
+    skipped: str | None = None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.frames_per_s) if self.frames_per_s else None
+
+
+def _measure(contenders: list[tuple[str, Round | str]], rounds: int, log: Callable[[str], None]) -> list[Result]:
+    """Runs the contenders in turns so that drifting machine load hits them alike."""
+    results = [Result(name, skipped=run if isinstance(run, str) else None) for name, run in contenders]
+    for r in range(rounds):
+        for result, (name, run) in zip(results, contenders, strict=True):
+            if isinstance(run, str) or result.skipped:
+                continue
+            log(f"  {name}: round {r + 1}/{rounds}")
+            try:
+                frames, seconds = run()
+            except Exception as exc:
+                if not name.startswith("torchrl"):
+                    raise
+                # torchrl is only a point of comparison: its failure must not cost the user acollect's figures.
+                result.skipped = f"failed: {type(exc).__name__}: {exc}"
+                continue
+            result.frames_per_s.append(frames / seconds)
+    return results
+
+
+def format_table(results: list[Result], *, bytes_per_frame: int | None = None) -> str:
+    """Median frames/s per contender and its ratio to the first one (the hand loop)."""
+    base = results[0].median
+    header = f"{'contender':<42} {'frames/s':>12} {'vs hand loop':>13}"
+    if bytes_per_frame:
+        header += f" {'GB/s':>7}"
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if r.median is None:
+            lines.append(f"{r.name:<42} {'skipped: ' + (r.skipped or 'not run')}")
+            continue
+        ratio = f"{r.median / base:.2f}x" if base else "-"
+        line = f"{r.name:<42} {r.median:>12,.0f} {ratio:>13}"
+        if bytes_per_frame:
+            line += f" {r.median * bytes_per_frame / 1e9:>7.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _torchrl_missing() -> str | None:
+    try:
+        import torchrl  # noqa: F401
+    except Exception as exc:  # any import failure means "no torchrl figures here"
+        return f"torchrl not importable ({type(exc).__name__})"
+    return None
+
+
+def cartpole(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    """The CartPole workload: hand loop, Collector, MultiSyncCollector (and torchrl's collectors)."""
+    from acollect import Collector, MultiSyncCollector
+    from acollect.envs import GymEnv
+
+    envs, workers, fpb, frames = args.num_envs, args.workers, args.frames_per_batch, args.frames
+    per_worker = envs // workers
+
+    def collector(total: int) -> Collector:
+        return Collector(partial(GymEnv, ENV_ID, num_envs=envs), CategoricalMLPPolicy(), frames_per_batch=fpb,
+                         total_frames=total)  # fmt: skip
+
+    def multi(total: int) -> MultiSyncCollector:
+        return MultiSyncCollector(partial(GymEnv, ENV_ID, num_envs=per_worker), CategoricalMLPPolicy(),
+                                  num_workers=workers, frames_per_batch=fpb, total_frames=total)  # fmt: skip
+
+    contenders: list[tuple[str, Round | str]] = [
+        (f"hand loop, in-process ({envs} envs)",
+         lambda: _loop_round(partial(CartPoleHandLoop, envs, fpb), frames, fpb)),
+        (f"acollect Collector ({envs} envs)", lambda: asyncio.run(_collector_round(collector, frames, fpb))),
+        (f"acollect MultiSyncCollector ({workers}x{per_worker} envs)",
+         lambda: asyncio.run(_collector_round(multi, frames, fpb))),
+    ]  # fmt: skip
+    if not args.no_torchrl:
+        missing = _torchrl_missing()
+        contenders += [
+            (f"torchrl Collector, SerialEnv({envs})", missing or (lambda: _torchrl_round(envs, 1, frames, fpb))),
+            (f"torchrl MultiSyncCollector ({workers}x{per_worker})",
+             missing or (lambda: _torchrl_round(envs, workers, frames, fpb))),
+        ]  # fmt: skip
+    title = f"{ENV_ID}, MLP 4-64-64-2, frames_per_batch {fpb}, {frames:,} timed frames x {args.rounds} round(s)"
+    log(f"cartpole: {title}")
+    results = _measure(contenders, args.rounds, log)
+    return {"title": title, "results": results}
+
+
+def pixels(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+    """The pixels workload: hand loop, Collector, MultiSyncCollector on :class:`PixelEnv`."""
+    from acollect import Collector, MultiSyncCollector
+
+    envs, workers, frames = args.pixel_envs, args.workers, args.pixel_frames
+    per_worker = envs // workers
+    fpb = envs * args.pixel_steps
+
+    def collector(total: int) -> Collector:
+        return Collector(partial(PixelEnv, envs), frames_per_batch=fpb, total_frames=total)
+
+    def multi(total: int) -> MultiSyncCollector:
+        return MultiSyncCollector(partial(PixelEnv, per_worker), num_workers=workers, frames_per_batch=fpb,
+                                  total_frames=total)  # fmt: skip
+
+    contenders: list[tuple[str, Round | str]] = [
+        (f"hand loop, in-process ({envs} envs)", lambda: _loop_round(partial(PixelHandLoop, envs, fpb), frames, fpb)),
+        (f"acollect Collector ({envs} envs)", lambda: asyncio.run(_collector_round(collector, frames, fpb))),
+        (f"acollect MultiSyncCollector ({workers}x{per_worker} envs)",
+         lambda: asyncio.run(_collector_round(multi, frames, fpb))),
+    ]  # fmt: skip
+    shape = "x".join(map(str, PIXEL_SHAPE))
+    title = (f"pixels {shape} uint8, no step cost, frames_per_batch {fpb}, "
+             f"{frames:,} timed frames x {args.rounds} round(s)")  # fmt: skip
+    log(f"pixels: {title}")
+    results = _measure(contenders, args.rounds, log)
+    # Observation and next observation: what a frame carries that matters.
+    return {"title": title, "results": results, "bytes_per_frame": 2 * int(torch.Size(PIXEL_SHAPE).numel())}
+
+
+WORKLOADS = {"cartpole": cartpole, "pixels": pixels}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Registers ``acollect bench``."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="frames/s of acollect's collectors on this machine, against a hand-written loop",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS),
+                        help="workloads to run (default: all)")  # fmt: skip
+    parser.add_argument("--frames", type=int, default=40_960, help="timed CartPole frames per round")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per contender, run in turns")
+    parser.add_argument("--frames-per-batch", type=int, default=2048, help="CartPole frames per batch")
+    parser.add_argument("--num-envs", type=int, default=32, help="CartPole envs in all (split among workers)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes of MultiSyncCollector")
+    parser.add_argument("--pixel-frames", type=int, default=8192, help="timed pixel frames per round")
+    parser.add_argument("--pixel-envs", type=int, default=16, help="pixel envs in all (split among workers)")
+    parser.add_argument("--pixel-steps", type=int, default=32, help="steps per pixel batch (T)")
+    parser.add_argument("--no-torchrl", action="store_true", help="skip torchrl's collectors even if installed")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _check(args: argparse.Namespace) -> None:
+    from acollect.errors import ConfigurationError
+
+    for name in ("frames", "rounds", "frames_per_batch", "num_envs", "workers", "pixel_frames", "pixel_envs",
+                 "pixel_steps"):  # fmt: skip
+        if getattr(args, name) <= 0:
+            raise ConfigurationError.bad_value(f"--{name.replace('_', '-')}", getattr(args, name), "a positive int")
+    if args.num_envs % args.workers or args.pixel_envs % args.workers:
+        raise ConfigurationError.bad_value(
+            "--workers", args.workers, f"a divisor of --num-envs ({args.num_envs}) and --pixel-envs ({args.pixel_envs})"
+        )
+    if args.frames_per_batch % args.num_envs:
+        raise ConfigurationError.bad_value(
+            "--frames-per-batch", args.frames_per_batch, f"a multiple of --num-envs ({args.num_envs})"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the workloads and prints one table per workload."""
+    _check(args)
+    torch.set_num_threads(1)  # as in every worker: the figures compare like with like
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    cores = os.cpu_count()
+    print(f"acollect bench on {cores} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+          f"1 torch thread")  # fmt: skip
+    report: dict[str, Any] = {"cores": cores, "python": platform.python_version(), "torch": torch.__version__,
+                              "args": vars(args) | {"run": None}, "workloads": {}}  # fmt: skip
+    for name in args.only:
+        outcome = WORKLOADS[name](args, log)
+        results: list[Result] = outcome["results"]
+        print(f"\n{name}: {outcome['title']}")
+        print(format_table(results, bytes_per_frame=outcome.get("bytes_per_frame")))
+        base = results[0].median
+        report["workloads"][name] = {
+            "title": outcome["title"],
+            "bytes_per_frame": outcome.get("bytes_per_frame"),
+            "results": [
+                {"name": r.name, "frames_per_s": r.frames_per_s, "median": r.median, "skipped": r.skipped,
+                 "vs_hand_loop": (r.median / base) if r.median and base else None}
+                for r in results
+            ],
+        }  # fmt: skip
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+        print(f"\nresults written to {args.json}")
+    return 0

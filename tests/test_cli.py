@@ -1,0 +1,116 @@
+"""The ``acollect`` command, run for real in a subprocess as a user types it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+
+from acollect.cli.main import COMMANDS, build_parser
+from acollect.transport.shm import shm_available
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def acollect(*args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
+    """``python -m acollect ARGS``, from a scratch-free cwd, warnings as errors."""
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    return subprocess.run(
+        [sys.executable, "-m", "acollect", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def test_info_reports_this_machine() -> None:
+    proc = acollect("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    import torch
+
+    import acollect as pkg
+
+    assert report["versions"]["acollect"] == pkg.__version__
+    assert report["versions"]["torch"] == str(torch.__version__)
+    assert report["cpu"]["logical"] == os.cpu_count()
+    assert report["cuda"]["available"] == torch.cuda.is_available()
+    assert "spawn" in report["multiprocessing"]["acollect_supports"]
+    transports = report["transports"]
+    assert transports["ipc"] == zmq.has("ipc")
+    assert transports["curve"] == zmq.has("curve")
+    assert transports["shm"]["available"] == shm_available()
+    assert set(report["extras"]) >= {"progress", "torchrl", "ray", "submitit"}
+
+
+def test_info_text_has_one_line_per_fact() -> None:
+    proc = acollect("info")
+    assert proc.returncode == 0, proc.stderr
+    names = [line.split("  ")[0].strip() for line in proc.stdout.splitlines()]
+    for expected in ("acollect", "torch", "tensordict", "gymnasium", "pyzmq", "anyio", "cpu cores", "cuda",
+                     "start methods", "transport ipc", "transport tcp", "shared memory", "CURVE (zmq)"):  # fmt: skip
+        assert expected in names
+    assert proc.stderr == ""
+
+
+def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = acollect("bench", "--frames", "2048", "--pixel-frames", "512", "--json", str(out), timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cartpole:" in proc.stdout
+    assert "pixels:" in proc.stdout
+    report = json.loads(out.read_text())
+    for workload in ("cartpole", "pixels"):
+        rows = {r["name"].split(" (")[0]: r for r in report["workloads"][workload]["results"]}
+        for name in ("hand loop, in-process", "acollect Collector", "acollect MultiSyncCollector"):
+            assert rows[name]["median"] > 0, rows[name]
+            assert f"{rows[name]['median']:,.0f}" in proc.stdout
+        assert rows["hand loop, in-process"]["vs_hand_loop"] == 1.0
+    torchrl_rows = [r for r in report["workloads"]["cartpole"]["results"] if r["name"].startswith("torchrl")]
+    assert len(torchrl_rows) == 2
+    try:
+        import torchrl  # noqa: F401
+    except ImportError:
+        assert all(r["skipped"].startswith("torchrl not importable") for r in torchrl_rows)
+
+
+def test_bench_rejects_bad_arguments_with_a_clear_message() -> None:
+    proc = acollect("bench", "--workers", "3")
+    assert proc.returncode == 1
+    assert "--workers" in proc.stderr
+    assert "a divisor of --num-envs (32)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_command_prints_usage() -> None:
+    proc = acollect()
+    assert proc.returncode == 2
+    assert "usage: acollect" in proc.stderr
+    assert "info" in acollect("--help").stdout
+
+
+def test_every_registered_command_has_a_parser_and_a_run() -> None:
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(subparsers.choices) == len(COMMANDS)
+    for name, sub in subparsers.choices.items():
+        assert callable(sub.get_default("run")), name
+
+
+def test_console_script_is_installed() -> None:
+    script = shutil.which("acollect", path=str(Path(sys.executable).parent))
+    if script is None:
+        pytest.skip("acollect is not installed in this environment (pip install -e .)")
+    proc = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("acollect ")
