@@ -46,6 +46,9 @@ __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 
 logger = logging.getLogger("acollect")
 
+#: Seconds async_shutdown() waits for the cancelled background task before tearing down under it.
+_TASK_CANCEL_TIMEOUT = 5.0
+
 
 class CollectorState(enum.Enum):
     """Where a collector is in its life."""
@@ -196,7 +199,11 @@ class CollectorBase:
                 task, self._bg_task = self._bg_task, None
                 if task is not None and not task.done():
                     task.cancel()
-                    await asyncio.wait({task})
+                    # A deadline even here: a task that swallowed its cancellation must not hang shutdown.
+                    # Teardown below closes what it waits on, which ends it for good.
+                    await asyncio.wait({task}, timeout=_TASK_CANCEL_TIMEOUT)
+                    if not task.done():
+                        logger.error("the background task ignored its cancellation; tearing down under it")
                 self._resume.set()
                 await self._teardown()
         finally:

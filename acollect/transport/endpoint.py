@@ -17,7 +17,6 @@ the tracker, or send copies).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import os
@@ -28,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import zmq
 import zmq.asyncio
 
@@ -175,9 +175,12 @@ class Endpoint:
         """
         timeout = _check_timeout(timeout)
         sock = self._socket()
+        # Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that arrives as the send
+        # completes, which left a cancelled collector task running. anyio's scope never does.
         try:
-            await asyncio.wait_for(sock.send_multipart([identity, *frames], copy=False), timeout)
-        except asyncio.TimeoutError:
+            with anyio.fail_after(timeout):
+                await sock.send_multipart([identity, *frames], copy=False)
+        except TimeoutError:
             raise TimeoutError(f"could not queue a message for worker {identity!r} within {timeout}s") from None
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
