@@ -17,6 +17,7 @@ from acollect.devices import check_device
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.rollout import check_frames_per_batch
+from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.shm import shm_available
 from acollect.worker import protocol as P
@@ -94,9 +95,10 @@ class MultiCollectorBase(CollectorBase):
         start_method: str = "spawn",
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
+        progress: bool | str = False,
     ) -> None:
         frames_per_batch = check_frames_per_batch(frames_per_batch)
-        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames)
+        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, progress=progress)
         env_fns = self._env_fns(create_env_fn_list, num_workers)
         n = len(env_fns)
         if policy is not None and policy_factory is not None:
@@ -296,6 +298,11 @@ class MultiCollectorBase(CollectorBase):
         """Batches lost to worker restarts (collected in part by a worker that died, never handed out)."""
         return self._pool.dropped_batches if self._pool is not None else 0
 
+    def _worker_counters(self) -> tuple[int, int]:
+        if self._pool is None:
+            return 0, 0
+        return sum(h.restarts for h in self._pool.handles), self._pool.dropped_batches
+
     @property
     def worker_pids(self) -> list[int | None]:
         """The pid of each worker process (``None`` before start)."""
@@ -332,6 +339,10 @@ class MultiCollectorBase(CollectorBase):
 
     async def _release(self, item: Received) -> None:
         pool = self._require_pool()
+        header = item.header
+        # The worker counted its episodes: statistics cost no message of their own.
+        self._record_worker(item.worker, item.data.numel(), int(header["policy_version"]),
+                            EpisodeSummary.from_header(header.get("episodes")))  # fmt: skip
         handle = pool.handles[item.worker]
         if item.generation == handle.generation:
             await pool.send(handle, P.CREDIT, {"slot": item.header.get("slot")})

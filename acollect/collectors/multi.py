@@ -77,6 +77,8 @@ class MultiSyncCollector(MultiCollectorBase):
         num_threads: torch threads in each worker.
         use_shared_memory: move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB or more
             on a local address).
+        progress: show frames, frames/s and the mean episode return as collection goes (see
+            :class:`~acollect.Collector`); the workers count episodes and send them with each batch.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -115,6 +117,7 @@ class MultiSyncCollector(MultiCollectorBase):
         start_method: str = "spawn",
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
+        progress: bool | str = False,
     ) -> None:
         if cat_results not in _CAT_RESULTS or isinstance(cat_results, bool):
             raise ConfigurationError.bad_value("cat_results", cat_results, "None, 'stack', 0 or -1")

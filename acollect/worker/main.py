@@ -35,6 +35,7 @@ from acollect.devices import resolve_devices
 from acollect.envs import make_env
 from acollect.policy import parse_exploration_type, wrap_policy
 from acollect.rollout import RolloutEngine, RolloutInterrupted
+from acollect.stats import EpisodeTracker
 from acollect.transport.endpoint import WorkerSocket
 from acollect.transport.shm import ShmSegment, ShmSlotRing
 from acollect.transport.weights import unflatten_into
@@ -127,6 +128,7 @@ class _Worker:
         self.segments: dict[str, ShmSegment] = {}
         self.runner: threading.Thread | None = None
         self.failed = False
+        self.episodes = EpisodeTracker()  # the runner's: episodes travel in each batch header
 
     # -- messages -------------------------------------------------------------------
     def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
@@ -340,6 +342,7 @@ class _Worker:
                         out = self.ring[slot].tensordict if slot is not None and self.ring is not None else None
                         batch = engine.collect(self.interrupt, out=out)
                         version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
+                        episodes = self.episodes.update(batch).to_header()
                 except RolloutInterrupted:
                     with self.cond:
                         self.busy = False
@@ -352,6 +355,7 @@ class _Worker:
                     "traj_counter": counter,
                     "frames": frames,
                     "slot": slot,
+                    "episodes": episodes,
                 }
                 if slot is not None:
                     message = pack_message(P.BATCH, self._fields(header))
