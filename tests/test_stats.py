@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import functools
 import logging
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from acollect import Collector, ConfigurationError, ReplayBuffer
+from acollect import Collector, ConfigurationError, MultiSyncCollector, ReplayBuffer
 from acollect.progress import check_progress
 from acollect.stats import EpisodeSummary, EpisodeTracker, RateWindow, StatsRecorder
 from acollect.testing import CountingEnv, wait_until
@@ -188,6 +191,41 @@ async def test_collector_stats_in_background_mode() -> None:
     assert stats.frames == 8 * stats.batches
     assert stats.episodes == stats.frames // 2
     assert stats.episode_return_mean == 2.0
+
+
+# -- worker processes: episodes come in the batch headers ----------------------------------------
+# The fork server imports torch once for all workers, which keeps these tests short.
+async def test_worker_collectors_report_episodes_from_their_batch_headers() -> None:
+    env = functools.partial(CountingEnv, num_envs=2, episode_length=[3, 5])
+    async with MultiSyncCollector([env] * 2, frames_per_batch=16, total_frames=96, start_method="forkserver") as c:
+        async for _ in c:
+            pass
+        stats = c.stats()
+    # Each worker's envs step 24 times: 8 episodes of 3 steps and 4 of 5, per worker.
+    assert stats.episodes == 2 * (8 + 4)
+    assert stats.episode_return_mean == pytest.approx((2 * 8 * 3 + 2 * 4 * 5) / 24)
+    assert set(stats.worker_frames_per_s) == {0, 1}
+    assert all(rate > 0 for rate in stats.worker_frames_per_s.values())
+    assert stats.policy_lag == {0: 0, 1: 0}
+    assert (stats.frames, stats.restarts, stats.dropped_batches) == (96, 0, 0)
+
+
+async def test_worker_restarts_show_in_stats_and_progress(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="acollect.progress")
+    async with MultiSyncCollector(
+        [CountingEnv] * 2, frames_per_batch=4, max_worker_restarts=1, start_method="forkserver", progress="log"
+    ) as collector:
+        await anext(collector)
+        pid = collector.worker_pids[0]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await anext(collector)  # worker 0's part can only come from its restarted incarnation
+        stats = collector.stats()
+        assert stats.restarts == 1
+        assert stats.dropped_batches == collector.dropped_batches
+    lines = [r.getMessage() for r in caplog.records if r.name == "acollect.progress"]
+    assert lines[-1].startswith("MultiSyncCollector: 8 frames, ")
+    assert "1 restarts" in lines[-1]
 
 
 # -- progress ------------------------------------------------------------------------------
