@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -114,3 +115,17 @@ def test_console_script_is_installed() -> None:
     proc = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0
     assert proc.stdout.startswith("acollect ")
+
+
+def test_every_command_in_the_cli_page_parses() -> None:
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    shell = "\n".join(re.findall(r"^```bash\n(.*?)^```", text, flags=re.M | re.S))
+    lines = [line.split("#")[0].split() for line in shell.splitlines() if line.startswith("acollect ")]
+    parser = build_parser()
+    checked = 0
+    for words in lines:
+        if "--help" in words or "--version" in words:
+            continue
+        parser.parse_args(words[1:])
+        checked += 1
+    assert checked >= 5

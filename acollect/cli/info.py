@@ -55,7 +55,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "info",
         help="versions, cores, CUDA, start methods and transports of this machine",
-        description=__doc__.split("\n\n")[1].replace("\n", " ") if __doc__ else None,
+        description=(
+            "Prints the versions of acollect and its dependencies, CPU cores, CUDA devices, multiprocessing start "
+            "methods, the transports that work here (ZeroMQ ipc and tcp, shared memory in /dev/shm, CURVE "
+            "encryption) and which optional extras are installed. Paste it into a bug report."
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=run)
