@@ -58,10 +58,15 @@ class MultiSyncCollector(MultiCollectorBase):
         collector_kwargs: per-worker options (a dict for all, or a list of dicts, one per worker) among
             ``device``, ``env_device``, ``policy_device``, ``storing_device``, ``max_frames_per_traj``,
             ``init_random_frames``, ``reset_at_each_iter``, ``exploration_type``, ``env_kwargs``, ``num_threads``.
-        device, env_device, policy_device, storing_device: as for :class:`~acollect.Collector`, one value or a
-            list with one per worker.
-        max_frames_per_traj, init_random_frames, reset_at_each_iter, exploration_type, env_kwargs: as for
-            :class:`~acollect.Collector`, applied in every worker.
+        device: as for :class:`~acollect.Collector`; one value, or a list with one per worker.
+        env_device: likewise.
+        policy_device: likewise.
+        storing_device: likewise.
+        max_frames_per_traj: as for :class:`~acollect.Collector`, applied in every worker.
+        init_random_frames: likewise.
+        reset_at_each_iter: likewise.
+        exploration_type: likewise.
+        env_kwargs: likewise.
         postproc: applied in this process to each batch before it is handed out.
         split_trajs: hand out padded trajectories (see :class:`~acollect.Collector`).
         update_after_each_batch: push the weights of ``policy`` (this process's copy) after every batch.
