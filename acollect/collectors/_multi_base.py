@@ -96,6 +96,7 @@ class MultiCollectorBase(CollectorBase):
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
         progress: bool | str = False,
+        copy_batches: bool = True,
     ) -> None:
         frames_per_batch = check_frames_per_batch(frames_per_batch)
         super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, progress=progress)
@@ -113,6 +114,8 @@ class MultiCollectorBase(CollectorBase):
             raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
         if use_shared_memory not in (None, True, False):
             raise ConfigurationError.bad_value("use_shared_memory", use_shared_memory, "None, True or False")
+        if not isinstance(copy_batches, bool):
+            raise ConfigurationError.bad_value("copy_batches", copy_batches, "True or False")
         self.heartbeat_timeout = _check_seconds("heartbeat_timeout", heartbeat_timeout)
         self.startup_timeout = _check_seconds("startup_timeout", startup_timeout)
         self.shutdown_timeout = _check_seconds("shutdown_timeout", shutdown_timeout)
@@ -127,6 +130,7 @@ class MultiCollectorBase(CollectorBase):
         self.address = address
         self.start_method = start_method
         self.use_shared_memory = use_shared_memory
+        self.copy_batches = copy_batches
         self._policy_arg = policy
 
         shared = {
@@ -169,6 +173,8 @@ class MultiCollectorBase(CollectorBase):
         self._pending_weights: TensorDictBase | None = None
         self._initial_version = 0
         self._last_push = 0
+        # copy_batches=False: the batch handed out last, whose slot goes back to its worker at the next batch.
+        self._lent: list[Received] = []
 
     # -- argument checks -------------------------------------------------------------
     @property
@@ -312,6 +318,7 @@ class MultiCollectorBase(CollectorBase):
 
     # -- per batch -------------------------------------------------------------------------
     async def _before_batch(self) -> None:
+        await self._return_lent()
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
@@ -337,15 +344,28 @@ class MultiCollectorBase(CollectorBase):
             weights, self._pending_weights = self._pending_weights, None
             await self.update_policy_weights_(weights)
 
-    async def _release(self, item: Received) -> None:
-        pool = self._require_pool()
+    async def _release(self, item: Received, *, lend: bool = False) -> None:
+        """Counts ``item`` and gives its credit (and slot) back, or, with ``lend``, at the next batch."""
         header = item.header
         # The worker counted its episodes: statistics cost no message of their own.
         self._record_worker(item.worker, item.data.numel(), int(header["policy_version"]),
                             EpisodeSummary.from_header(header.get("episodes")))  # fmt: skip
+        if lend:
+            self._lent.append(item)
+        else:
+            await self._give_back(item)
+
+    async def _give_back(self, item: Received) -> None:
+        pool = self._require_pool()
         handle = pool.handles[item.worker]
         if item.generation == handle.generation:
             await pool.send(handle, P.CREDIT, {"slot": item.header.get("slot")})
+
+    async def _return_lent(self) -> None:
+        """Ends the loan of the last batch handed out without a copy: its slots may be written again."""
+        lent, self._lent = self._lent, []
+        for item in lent:
+            await self._give_back(item)
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         if self.split_trajs:

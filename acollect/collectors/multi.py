@@ -3,8 +3,10 @@
 Each worker is a process running the same rollout engine as the in-process
 :class:`~acollect.Collector`; the event loop only moves messages (see
 :mod:`acollect.collectors._pool`). Batches arrive as raw tensor frames or through
-shared-memory slots; every batch handed out is the caller's own memory and stays
-valid after the next iteration.
+shared-memory slots. By default every batch handed out is the caller's own memory
+and stays valid after the next iteration; ``copy_batches=False`` trades that for
+speed: the batch is lent, and valid only until the next iteration (see
+``docs/workers.md``, "Who owns a batch").
 
 Examples:
     >>> import anyio
@@ -84,6 +86,10 @@ class MultiSyncCollector(MultiCollectorBase):
             on a local address).
         progress: show frames, frames/s and the mean episode return as collection goes (see
             :class:`~acollect.Collector`); the workers count episodes and send them with each batch.
+        copy_batches: ``True`` (default): each batch is fresh memory of its own, valid for as long as it is
+            kept. ``False``: batches are combined into one buffer the collector reuses, so a batch is valid
+            only until the next iteration (``clone()`` what must outlive it); this saves allocating (and
+            page-faulting) a new batch each time, which matters for large observations such as pixels.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -123,10 +129,12 @@ class MultiSyncCollector(MultiCollectorBase):
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
         progress: bool | str = False,
+        copy_batches: bool = True,
     ) -> None:
         if cat_results not in _CAT_RESULTS or isinstance(cat_results, bool):
             raise ConfigurationError.bad_value("cat_results", cat_results, "None, 'stack', 0 or -1")
         self.cat_results = cat_results
+        self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
         # Every other argument is the shared multi-process one: hand them all over by name.
         shared = {k: v for k, v in locals().items() if k not in ("self", "cat_results", "__class__")}
         super().__init__(**shared)
@@ -154,10 +162,19 @@ class MultiSyncCollector(MultiCollectorBase):
         return self._finish(batch)
 
     def _combine(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        stack = self.cat_results in (None, "stack")
+        if not self.copy_batches and self._out is not None:
+            try:  # into the batch handed out last time: warm memory, no allocation
+                if stack:
+                    return cast(TensorDictBase, torch.stack(parts, 0, out=self._out))  # type: ignore[arg-type]
+                return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=self._out))  # type: ignore[arg-type]
+            except (RuntimeError, ValueError, KeyError):
+                self._out = None  # the layout changed (a postproc kept a reference, a new key): start afresh
         try:
-            if self.cat_results in (None, "stack"):
-                return cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
-            return cast(TensorDictBase, torch.cat(parts, int(self.cat_results)))  # type: ignore[arg-type]
+            if stack:
+                batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
+            else:
+                batch = cast(TensorDictBase, torch.cat(parts, int(self.cat_results)))  # type: ignore[arg-type]
         except (RuntimeError, ValueError) as exc:
             shapes = [tuple(p.shape) for p in parts]
             raise ConfigurationError.bad_value(
@@ -166,6 +183,9 @@ class MultiSyncCollector(MultiCollectorBase):
                 f"a way to combine worker batches of shapes {shapes} (stack needs equal shapes, 0 equal T, "
                 f"-1 equal n_envs): {exc}",
             ) from exc
+        if not self.copy_batches:
+            self._out = batch
+        return batch
 
 
 class MultiAsyncCollector(MultiCollectorBase):
@@ -178,6 +198,8 @@ class MultiAsyncCollector(MultiCollectorBase):
     collected before carry the older ``("collector", "policy_version")``.
 
     Takes the arguments of :class:`MultiSyncCollector` except ``cat_results``, plus ``credits`` (default 2).
+    With ``copy_batches=False`` a batch that came through shared memory is handed out as the slot itself,
+    with no copy at all: it is valid until the next iteration, when the slot goes back to its worker.
 
     Examples:
         >>> import anyio
@@ -218,8 +240,13 @@ class MultiAsyncCollector(MultiCollectorBase):
         await self._before_batch()
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         item = pool.ready_queue.popleft()
-        batch = item.data.clone() if item.in_slot else item.data
-        await self._release(item)
+        if not item.in_slot:
+            batch = item.data  # over the message's own frames: already the caller's memory
+        elif self.copy_batches:
+            batch = item.data.clone()
+        else:
+            batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
+        await self._release(item, lend=item.in_slot and not self.copy_batches)
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
         return self._finish(batch)
 
