@@ -32,8 +32,13 @@ import zmq
 import zmq.asyncio
 
 from acollect.errors import ConfigurationError, TransportError
+from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
 
 __all__ = ["Endpoint", "WorkerSocket"]
+
+_REFUSED_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 # Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 _MAX_IPC_PATH = 107
@@ -92,12 +97,16 @@ class Endpoint:
         heartbeat_ivl: seconds between ZMTP heartbeats.
         heartbeat_timeout: seconds without traffic before ZeroMQ drops a connection.
         max_message_bytes: reject inbound frames larger than this (``None``: no limit).
+        keys: make this a CURVE server: every connection is encrypted, and only workers whose
+            public key is in ``keys.authorized_dir`` get in (see :mod:`acollect.transport.auth`).
+            Refused handshakes are counted in :attr:`rejected_connections`.
 
     Raises:
         ConfigurationError: a bad argument.
         TransportError: the address cannot be bound.
 
     Examples:
+        >>> import asyncio
         >>> async def main():
         ...     async with Endpoint("tcp://127.0.0.1:0") as endpoint:
         ...         with WorkerSocket(endpoint.address, b"w0") as worker:
@@ -116,9 +125,16 @@ class Endpoint:
         heartbeat_ivl: float = 1.0,
         heartbeat_timeout: float = 10.0,
         max_message_bytes: int | None = None,
+        keys: ServerKeys | None = None,
     ) -> None:
         _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
+        if keys is not None and not isinstance(keys, ServerKeys):
+            raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
         self._tmpdir: str | None = None
+        self._allow: AllowList | None = None
+        self._monitor: zmq.Socket[Any] | None = None
+        self._rejected = 0
+        self._server_public = b""
         self._address = ""
         if address is None:
             self._tmpdir = tempfile.mkdtemp(prefix="acollect-")
@@ -140,11 +156,65 @@ class Endpoint:
             # silently; a restarted worker takes its identity back.
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            if keys is not None:
+                self._guard(keys)
             self._sock.bind(address)
             self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
             self.close()
             raise TransportError(f"cannot bind {address}: {exc}") from exc
+
+    def _guard(self, keys: ServerKeys) -> None:
+        assert self._sock is not None
+        keys.apply(self._sock)
+        self._server_public = keys.public
+        self._allow = AllowList(self._ctx, keys.authorized_dir)
+        # Handshake failures never reach the ZAP handler when a peer speaks no CURVE or has
+        # the wrong collector key; the socket monitor sees those too. A plain (synchronous)
+        # socket in a shadow of the same context reads it without the event loop.
+        monitor_address = f"inproc://acollect-monitor-{id(self)}"
+        self._sock.monitor(monitor_address, _REFUSED_EVENTS)
+        self._monitor = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PAIR)
+        self._monitor.setsockopt(zmq.LINGER, 0)
+        self._monitor.connect(monitor_address)
+
+    def local_client_keys(self) -> ClientKeys:
+        """A fresh key pair this endpoint accepts, for workers it starts itself (handed over privately).
+
+        Raises:
+            TransportError: the endpoint has no keys.
+        """
+        if self._allow is None or self._sock is None:
+            raise TransportError("local_client_keys() needs an open endpoint with keys")
+        public, secret = zmq.curve_keypair()
+        self._allow.allow(public)
+        return ClientKeys(public, secret, self._server_public)
+
+    @property
+    def secure(self) -> bool:
+        """Whether this endpoint encrypts and authenticates with CURVE keys."""
+        return self._allow is not None
+
+    @property
+    def rejected_connections(self) -> int:
+        """Connection attempts refused so far: keys not on the allow-list, peers without CURVE or
+        with a wrong collector key (a peer that keeps retrying counts once per attempt)."""
+        monitor = self._monitor
+        if monitor is not None:
+            try:
+                while True:
+                    monitor.recv_multipart(zmq.NOBLOCK)
+                    self._rejected += 1
+            except zmq.Again:
+                pass
+            except zmq.ZMQError:
+                pass  # closed meanwhile: the count so far stands
+        return self._rejected
+
+    @property
+    def rejected_keys(self) -> dict[str, int]:
+        """Public keys (z85) refused by the allow-list and how often each was."""
+        return self._allow.rejected_keys if self._allow is not None else {}
 
     @property
     def address(self) -> str:
@@ -228,7 +298,14 @@ class Endpoint:
         """Closes the socket and its context and removes a private ipc file (idempotent)."""
         sock, self._sock = self._sock, None
         if sock is not None:
+            if self._monitor is not None:
+                _ = self.rejected_connections  # keep the count readable after close
+                sock.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
             sock.close(linger=0)
+            if self._allow is not None:
+                self._allow.stop()
             self._ctx.term()
             if self._address.startswith("ipc://"):
                 # libzmq leaves the socket file behind; a stale one would confuse the
@@ -261,6 +338,8 @@ class WorkerSocket:
         identity: the name the endpoint sees this worker as (non-empty bytes, at most
             255, not starting with a zero byte).
         hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes: as for :class:`Endpoint`.
+        keys: connect as a CURVE client with this key pair, to a collector that must hold the
+            secret half of ``keys.server_public``.
 
     Raises:
         ConfigurationError: a bad argument.
@@ -276,8 +355,11 @@ class WorkerSocket:
         heartbeat_ivl: float = 1.0,
         heartbeat_timeout: float = 10.0,
         max_message_bytes: int | None = None,
+        keys: ClientKeys | None = None,
     ) -> None:
         address = _check_address(address)
+        if keys is not None and not isinstance(keys, ClientKeys):
+            raise ConfigurationError.bad_value("keys", keys, "None or a ClientKeys (ClientKeys.load(directory, name))")
         if not isinstance(identity, bytes) or not 0 < len(identity) <= 255 or identity[0] == 0:
             raise ConfigurationError.bad_value("identity", identity, "1 to 255 bytes, not starting with b'\\x00'")
         _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
@@ -297,6 +379,8 @@ class WorkerSocket:
             # Queue only to a finished connection: a send before the collector is
             # reachable waits (and times out) instead of piling up.
             self._sock.setsockopt(zmq.IMMEDIATE, 1)
+            if keys is not None:
+                keys.apply(self._sock)
             self._sock.connect(address)
         except zmq.ZMQError as exc:
             self.close()
