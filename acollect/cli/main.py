@@ -30,6 +30,8 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: tuple[str, ...] = (
     "acollect.cli.info",
     "acollect.cli.bench",
+    "acollect.cli.keys_cmd",
+    "acollect.cli.worker_cmd",
 )
 
 

@@ -50,9 +50,12 @@ _SEND_RETRY = 1.0
 
 def build_engine(config: P.WorkerConfig) -> RolloutEngine:
     """Builds the worker's env, policy and rollout engine from its config."""
-    env = make_env(config.create_env_fn, **config.env_kwargs)
+    from acollect.worker.remote import resolve_import_path  # "pkg.module:make_env" names a factory
+
+    env = make_env(resolve_import_path(config.create_env_fn), **config.env_kwargs)
     try:
-        policy = config.policy_factory() if config.policy_factory is not None else config.policy
+        factory = resolve_import_path(config.policy_factory)
+        policy = factory() if factory is not None else config.policy
         devices = resolve_devices(**config.devices, env_default=env.device, policy=policy)
         if isinstance(policy, torch.nn.Module):
             policy = PolicyWeights.place(policy, devices.policy)
@@ -105,7 +108,7 @@ class _Worker:
     def __init__(self, config: P.WorkerConfig) -> None:
         self.config = config
         self.identity = P.worker_identity(config.index, config.generation)
-        self.control = WorkerSocket(config.address, self.identity)
+        self.control = WorkerSocket(config.address, self.identity, keys=config.keys)
         self.engine: RolloutEngine | None = None
         self.cond = threading.Condition()
         # Runner state, guarded by `cond`.
@@ -184,7 +187,8 @@ class _Worker:
         next_beat = 0.0
         ppid = os.getppid()
         while True:
-            if not self._parent_alive(ppid):
+            # parent_pid 0: the collector runs on another host (its engine ends this worker if it dies).
+            if self.config.parent_pid and not self._parent_alive(ppid):
                 os._exit(1)  # the collector died: nobody will ever read what we collect
             now = time.monotonic()
             if now >= next_beat:
@@ -322,7 +326,7 @@ class _Worker:
     def runner_loop(self) -> None:
         engine = self.engine
         assert engine is not None
-        data = WorkerSocket(self.config.address, self.identity + b"d")
+        data = WorkerSocket(self.config.address, self.identity + b"d", keys=self.config.keys)
         seq = 0
         try:
             while True:

@@ -18,6 +18,8 @@ Collector -> worker:
 ``state``      ``req``: reply with the worker's counters
 ``load_state`` ``next_traj_counter``, ``frames``: restore counters
 ``stop``       finish and exit
+``config``     ``index``, ``generation`` and ``plain`` (msgpack fields) or ``pickled``: the config of a
+               worker started by hand (answers ``join``; ``refused`` says why there is none)
 =============  ====================================================================
 
 Worker -> collector:
@@ -29,6 +31,8 @@ Worker -> collector:
 ``reply``      ``req`` and the fields asked for
 ``heartbeat``  ``steps``, ``busy``: the rollout engine's progress
 ``error``      ``type``, ``message``, ``traceback``: an exception in env or policy
+``join``       ``protocol``, ``pid``, ``host``, ``pickle``: a worker started by hand asks for a config
+               (sent from a socket of its own; carries no ``worker`` index yet)
 =============  ====================================================================
 
 Every worker -> collector header also carries ``worker`` (the index) and ``gen``
@@ -45,10 +49,12 @@ __all__ = [
     "ACK",
     "BATCH",
     "COLLECT",
+    "CONFIG",
     "CREDIT",
     "ERROR",
     "HEARTBEAT",
     "HELLO",
+    "JOIN",
     "LOAD_STATE",
     "PAUSE",
     "REPLY",
@@ -77,7 +83,8 @@ SEED = "seed"
 STATE = "state"
 LOAD_STATE = "load_state"
 STOP = "stop"
-TO_WORKER = frozenset({SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP})
+CONFIG = "config"
+TO_WORKER = frozenset({SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG})
 
 # worker -> collector
 HELLO = "hello"
@@ -86,7 +93,8 @@ ACK = "ack"
 REPLY = "reply"
 HEARTBEAT = "heartbeat"
 ERROR = "error"
-TO_COLLECTOR = frozenset({HELLO, BATCH, ACK, REPLY, HEARTBEAT, ERROR})
+JOIN = "join"
+TO_COLLECTOR = frozenset({HELLO, BATCH, ACK, REPLY, HEARTBEAT, ERROR, JOIN})
 
 
 def worker_identity(index: int, generation: int) -> bytes:
@@ -103,9 +111,10 @@ def worker_identity(index: int, generation: int) -> bytes:
 class WorkerConfig:
     """Everything a worker process needs to build its rollout engine.
 
-    It reaches the worker through the process-creation channel only (local
-    processes started by the collector, same host, same user), never through a
-    socket.
+    It reaches a local worker through the process-creation channel (same host,
+    same user). A worker started by hand (``remote``) gets it in a ``config``
+    message over a CURVE-authenticated connection, and its own keys (``keys``)
+    never leave its machine.
     """
 
     index: int
@@ -128,3 +137,5 @@ class WorkerConfig:
     heartbeat_interval: float = 0.5
     next_traj_counter: int = 0
     frames: int = 0
+    remote: bool = False
+    keys: Any = None
