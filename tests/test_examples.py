@@ -20,6 +20,7 @@ CASES = {
         + ["--eval-episodes", "2"],
         "eval return",
     ),
+    "ppo_cartpole.py": (["--total-frames", "2048", "--frames-per-batch", "1024", "--epochs", "1"], "done:"),
 }
 
 
