@@ -10,14 +10,21 @@ This module only re-exports the public surface; see the submodules for the rest.
 """
 
 from acollect.collectors import AsyncCollector as AsyncCollector
+from acollect.collectors import BaseCollector as BaseCollector
 from acollect.collectors import Collector as Collector
 from acollect.collectors import CollectorBase as CollectorBase
 from acollect.collectors import CollectorState as CollectorState
+from acollect.collectors import DataCollectorBase as DataCollectorBase
 from acollect.collectors import MultiAsyncCollector as MultiAsyncCollector
+from acollect.collectors import MultiaSyncDataCollector as MultiaSyncDataCollector
 from acollect.collectors import MultiSyncCollector as MultiSyncCollector
+from acollect.collectors import MultiSyncDataCollector as MultiSyncDataCollector
+from acollect.collectors import RayCollector as RayCollector
 from acollect.collectors import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
+from acollect.collectors import SyncDataCollector as SyncDataCollector
 from acollect.collectors import WeightSyncScheme as WeightSyncScheme
 from acollect.collectors import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+from acollect.collectors import aSyncDataCollector as aSyncDataCollector
 from acollect.envs import EnvBase as EnvBase
 from acollect.envs import GymEnv as GymEnv
 from acollect.errors import AcollectError as AcollectError
@@ -35,6 +42,7 @@ from acollect.errors import WeightSyncError as WeightSyncError
 from acollect.errors import WorkerCrashedError as WorkerCrashedError
 from acollect.errors import WorkerError as WorkerError
 from acollect.errors import WorkerTimeoutError as WorkerTimeoutError
+from acollect.launchers import submitit_delayed_launcher as submitit_delayed_launcher
 from acollect.replay_buffer import ReplayBuffer as ReplayBuffer
 
 __version__ = "0.1.0"
@@ -46,23 +54,29 @@ __all__ = [
     "AcollectError",
     "AsyncCollector",
     "BackgroundCollectionError",
+    "BaseCollector",
     "ClosedCollectorError",
     "Collector",
     "CollectorBase",
     "CollectorState",
     "CollectorStateError",
     "ConfigurationError",
+    "DataCollectorBase",
     "EmptyBufferError",
     "EnvBase",
     "EnvError",
     "GymEnv",
     "MultiAsyncCollector",
     "MultiSyncCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
     "PolicyError",
     "ProtocolError",
+    "RayCollector",
     "RemoteError",
     "ReplayBuffer",
     "SharedMemWeightSyncScheme",
+    "SyncDataCollector",
     "TransportError",
     "WeightSyncError",
     "WeightSyncScheme",
@@ -71,5 +85,7 @@ __all__ = [
     "WorkerTimeoutError",
     "ZmqWeightSyncScheme",
     "__version__",
+    "aSyncDataCollector",
     "filter_warnings_subprocess",
+    "submitit_delayed_launcher",
 ]

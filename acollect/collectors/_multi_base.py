@@ -15,6 +15,7 @@ from acollect.collectors.base import CollectorBase
 from acollect.collectors.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.devices import check_device
 from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.launchers.base import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.rollout import check_frames_per_batch
 from acollect.stats import EpisodeSummary
@@ -93,6 +94,7 @@ class MultiCollectorBase(CollectorBase):
         shutdown_timeout: float = 5.0,
         address: str | None = None,
         start_method: str = "spawn",
+        launcher: Any = "local",
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
         progress: bool | str = False,
@@ -129,6 +131,8 @@ class MultiCollectorBase(CollectorBase):
         self.split_trajs = bool(split_trajs)
         self.address = address
         self.start_method = start_method
+        self.launcher = resolve_launcher(launcher, start_method=start_method)
+        self.launcher.check_address(address)
         self.use_shared_memory = use_shared_memory
         self.copy_batches = copy_batches
         self._policy_arg = policy
@@ -269,6 +273,7 @@ class MultiCollectorBase(CollectorBase):
         pool = WorkerPool(
             self._configs,
             start_method=self.start_method,
+            launcher=self.launcher,
             address=self.address,
             credits=self._credits(),
             use_shared_memory=self.use_shared_memory,
@@ -443,7 +448,7 @@ class MultiCollectorBase(CollectorBase):
         return version
 
     def _default_scheme(self) -> WeightSyncScheme:
-        local = self.address is None or self.address.startswith("ipc://")
+        local = self.launcher.same_host and (self.address is None or self.address.startswith("ipc://"))
         return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
 
     # -- seeds and state ---------------------------------------------------------------------

@@ -42,11 +42,13 @@ from acollect.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from acollect.launchers.base import LaunchedWorker, Launcher
+from acollect.launchers.local import LocalLauncher
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.shm import ShmSlotRing, shm_available
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
 from acollect.worker import protocol as P
-from acollect.worker.process import WorkerProcess, describe_exit, start_worker
+from acollect.worker.process import describe_exit
 
 __all__ = ["SHM_THRESHOLD", "WorkerHandle", "WorkerPool"]
 
@@ -75,7 +77,7 @@ class WorkerHandle:
 
     index: int
     config: P.WorkerConfig
-    process: WorkerProcess | None = None
+    process: LaunchedWorker | None = None  # from the pool's launcher
     generation: int = 0
     ready: bool = False
     stopping: bool = False
@@ -104,6 +106,17 @@ class WorkerHandle:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
+    @property
+    def where(self) -> str:
+        """How messages name this worker's process: ``"pid 123"``, ``"Ray actor 1f2e..."``..."""
+        return self.process.describe() if self.process is not None else f"pid {self.pid}"
+
+
+def _launch(launcher: Launcher, config: P.WorkerConfig, _stop: object) -> LaunchedWorker:
+    process = launcher.start(config)
+    process.write_config()
+    return process
+
 
 def _write(writer: WeightWriter, params: TensorDictBase, _stop: object) -> tuple[dict[str, Any], torch.Tensor | None]:
     return writer.write(params)
@@ -121,6 +134,7 @@ class WorkerPool:
         heartbeat_timeout: seconds a collecting worker may make no progress before it counts as hung.
         startup_timeout: seconds a worker may take to build its env and policy.
         max_restarts: restarts allowed per worker before a failure is raised.
+        launcher: where workers run (default: local processes started with ``start_method``).
     """
 
     def __init__(
@@ -134,9 +148,11 @@ class WorkerPool:
         heartbeat_timeout: float,
         startup_timeout: float,
         max_restarts: int,
+        launcher: Launcher | None = None,
     ) -> None:
         self.handles = [WorkerHandle(i, cfg) for i, cfg in enumerate(configs)]
         self.start_method = start_method
+        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(start_method)
         self.address = address
         self.credits = credits
         self.use_shared_memory = use_shared_memory
@@ -199,7 +215,13 @@ class WorkerPool:
     # -- start -----------------------------------------------------------------------
     async def start(self) -> None:
         """Binds the endpoint, starts every worker and waits until all said hello."""
-        self.endpoint = Endpoint(self.address)
+        launcher = self.launcher
+        if launcher.prepare_on_loop_thread:
+            launcher.prepare()
+        else:
+            await run_in_thread(lambda _stop: launcher.prepare(), name="launcher-prepare")
+        address = self.address if self.address is not None else launcher.default_address()
+        self.endpoint = Endpoint(address)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._receive_loop(), name="acollect-receiver"),
@@ -218,17 +240,19 @@ class WorkerPool:
         config = dataclasses.replace(
             handle.config,
             generation=handle.generation,
-            address=self.endpoint.address,
+            address=self.launcher.connect_address(self.endpoint.address),
             parent_pid=os.getpid(),
             next_traj_counter=handle.traj_counter,
             frames=handle.frames,
         )
-        process = start_worker(config, start_method=self.start_method)
-        handle.process = process
         handle.started_at = time.monotonic()
-        await run_in_thread(lambda _stop: process.write_config(), name="worker-config")
+        handle.process = None  # the monitor skips the worker until it is launched
+        # Off the event loop: a local start writes the config down a pipe, an engine may make a network call.
+        handle.process = await run_in_thread(partial(_launch, self.launcher, config), name="worker-launch")
 
     def _wants_shm(self, nbytes: int) -> bool:
+        if not self.launcher.same_host:
+            return False  # a worker on another host cannot map this host's memory
         if self.use_shared_memory is not None:
             return self.use_shared_memory and shm_available()
         assert self.endpoint is not None
@@ -340,7 +364,7 @@ class WorkerPool:
             handle.acked_version = max(handle.acked_version, int(header["version"]))
         elif kind == P.ERROR:
             raise RemoteError(
-                f"worker {handle.index} (pid {handle.pid}) raised {header.get('type')}: {header.get('message')}",
+                f"worker {handle.index} ({handle.where}) raised {header.get('type')}: {header.get('message')}",
                 worker_id=handle.index,
                 type_name=str(header.get("type")),
                 remote_traceback=str(header.get("traceback")),
@@ -357,26 +381,26 @@ class WorkerPool:
                 code = handle.process.exitcode
                 if code is not None:
                     await self._on_death(handle, WorkerCrashedError(
-                        f"worker {handle.index} (pid {handle.pid}) died: {describe_exit(code)}",
+                        f"worker {handle.index} ({handle.where}) died: {describe_exit(code)}",
                         worker_id=handle.index,
                         exitcode=code,
                     ))  # fmt: skip
                 elif not handle.ready:
                     if now - handle.started_at > self.startup_timeout:
                         await self._on_death(handle, WorkerTimeoutError(
-                            f"worker {handle.index} (pid {handle.pid}) did not start within "
+                            f"worker {handle.index} ({handle.where}) did not start within "
                             f"startup_timeout={self.startup_timeout}s",
                             worker_id=handle.index,
                         ))  # fmt: skip
                 elif now - handle.last_beat > self.heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} (pid {handle.pid}) sent no heartbeat for {now - handle.last_beat:.1f}s "
+                        f"worker {handle.index} ({handle.where}) sent no heartbeat for {now - handle.last_beat:.1f}s "
                         f"(heartbeat_timeout={self.heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip
                 elif handle.busy and now - handle.last_progress > self.heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} (pid {handle.pid}) is hung: no env step for "
+                        f"worker {handle.index} ({handle.where}) is hung: no env step for "
                         f"{now - handle.last_progress:.1f}s while collecting "
                         f"(heartbeat_timeout={self.heartbeat_timeout}s)",
                         worker_id=handle.index,
@@ -519,6 +543,7 @@ class WorkerPool:
         self._last_weights = None
         if self.endpoint is not None:
             self.endpoint.close()
+        self.launcher.close()
 
     @staticmethod
     async def _wait_exit(handles: Sequence[WorkerHandle], deadline: float) -> None:

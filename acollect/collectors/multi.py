@@ -81,6 +81,10 @@ class MultiSyncCollector(MultiCollectorBase):
         address: ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint (``None``: a
             private ipc path).
         start_method: ``"spawn"`` (fresh interpreters, default) or ``"forkserver"``.
+        launcher: where workers run: ``"local"`` (processes on this machine, default), ``"ray"`` (one Ray
+            actor each), ``"submitit"`` (one submitit job each), or a launcher instance such as
+            ``RayLauncher(remote_configs=...)`` (see :mod:`acollect.launchers`). With Ray or submitit the
+            collector binds ``tcp://<this node's address>:<free port>`` unless ``address`` says otherwise.
         num_threads: torch threads in each worker.
         use_shared_memory: move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB or more
             on a local address).
@@ -126,6 +130,7 @@ class MultiSyncCollector(MultiCollectorBase):
         shutdown_timeout: float = 5.0,
         address: str | None = None,
         start_method: str = "spawn",
+        launcher: Any = "local",
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
         progress: bool | str = False,

@@ -105,6 +105,15 @@ class WorkerProcess:
             return self._handle.poll()
         return self._handle.exitcode
 
+    @property
+    def alive(self) -> bool:
+        """Whether the process still runs."""
+        return self.exitcode is None
+
+    def describe(self) -> str:
+        """``"pid <pid>"``: how error messages name this worker."""
+        return f"pid {self.pid}"
+
     def write_config(self) -> None:
         """Hands the config over (blocking: call it off the event loop)."""
         payload, self._payload = self._payload, None

@@ -1,0 +1,391 @@
+"""RayCollector: TorchRL's Ray collector, as a multi-process collector whose workers are Ray actors.
+
+It takes TorchRL's arguments and is built on the general mechanism: a
+:class:`~acollect.MultiSyncCollector` (``sync=True``) or
+:class:`~acollect.MultiAsyncCollector` (``sync=False``, TorchRL's default) with a
+:class:`~acollect.launchers.RayLauncher`. Each remote collector is one or more Ray
+actors that run the ordinary worker loop and connect back to this process's ZeroMQ
+endpoint; batches and weights travel over that endpoint, never through Ray's object
+store, so Ray only places and watches the actors.
+
+Remote collectors that are themselves multi-worker collectors (TorchRL's
+``collector_class=MultiSyncCollector`` with ``num_workers_per_collector``) become
+``num_workers_per_collector`` actors each, all driven from here: one level of
+fan-in instead of two, and a weight push goes to each actor directly instead of
+cascading through a sub-collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.base import CollectorState
+from acollect.collectors.collector import Collector
+from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
+from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.launchers.ray import RayLauncher, RayWorker, check_remote_configs
+from acollect.policy import PolicyLike
+
+__all__ = ["RayCollector"]
+
+_COLLECTOR_CLASSES = (Collector, MultiSyncCollector, MultiAsyncCollector)
+_COLLECTOR_NAMES = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
+# TorchRL arguments for mechanisms acollect does without; accepted so that TorchRL code runs unchanged.
+_NOT_NEEDED = frozenset({"trust_policy", "use_env_creator", "no_cuda_sync"})
+
+
+def _none_if_negative(value: object) -> Any:
+    # TorchRL spells "no limit" -1 where acollect spells it None.
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value < 0):
+        return None
+    return value
+
+
+def _per_collector(name: str, value: Any, n_collectors: int) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_collectors:
+            raise ConfigurationError.bad_value(
+                name, value, f"one value, or a list of {n_collectors} (one per collector)"
+            )
+        return list(value)
+    return [value] * n_collectors
+
+
+class RayCollector(MultiCollectorBase):
+    """Collects with remote collectors running as Ray actors (TorchRL's ``RayCollector`` arguments).
+
+    ``RayCollector(..., sync=True)`` is a :class:`~acollect.MultiSyncCollector` and yields one batch
+    stacked from every remote collector; ``sync=False`` (the default, as in TorchRL) is a
+    :class:`~acollect.MultiAsyncCollector` and yields each remote collector's batch as it is ready.
+    Either way it is iterated with ``async for``, runs in the background with :meth:`start`, and has
+    :meth:`pause`, :meth:`update_policy_weights_`, :meth:`set_seed` and :meth:`state_dict`.
+
+    Args:
+        create_env_fn: one env factory per remote collector (a list), or one factory for ``num_collectors``.
+        policy: the policy sent to every actor (or ``None`` for random actions).
+        policy_factory: builds the policy inside each actor instead (for policies that do not pickle).
+        frames_per_batch: frames per batch: from all collectors together (``sync=True``) or from one
+            (``sync=False``).
+        total_frames: frames to collect in all; ``-1`` collects forever.
+        device: as for :class:`~acollect.Collector`; one value, or a list with one per collector.
+        storing_device: likewise.
+        env_device: likewise.
+        policy_device: likewise.
+        max_frames_per_traj: as for :class:`~acollect.Collector` (``-1`` or ``None``: no limit).
+        init_random_frames: likewise (``-1`` or ``None``: none).
+        reset_at_each_iter: likewise.
+        postproc: applied in this process to each batch.
+        split_trajs: hand out padded trajectories.
+        exploration_type: as for :class:`~acollect.Collector`.
+        collector_class: what each remote collector is: ``Collector`` (default, one actor),
+            ``MultiSyncCollector`` or ``MultiAsyncCollector`` (``num_workers_per_collector`` actors), or
+            ``"single"``/``"sync"``/``"async"``.
+        collector_kwargs: per-collector options (a dict for all, or a list with one per collector) among
+            those of ``MultiSyncCollector``'s ``collector_kwargs`` (devices, ``env_kwargs``...).
+        num_workers_per_collector: actors per remote collector (each with its own env from the same factory).
+        sync: stack one batch from every collector (``True``), or first ready, first served (``False``).
+        ray_init_config: keyword arguments of ``ray.init`` (default: find a running cluster or start a
+            local one); unused when Ray is initialized already.
+        remote_configs: ``ray.remote`` options (``num_cpus``, ``num_gpus``, ``memory``...): one dict, or a
+            list with one per collector (default ``{"num_cpus": 1}`` per actor).
+        num_collectors: number of remote collectors (default: ``len(create_env_fn)``, or 1).
+        update_after_each_batch: push this process's ``policy`` weights after every batch.
+        max_weight_update_interval: push them at least every this many batches (``-1``: never forced).
+        replay_buffer: the buffer :meth:`start` extends when called without one.
+        weight_sync_schemes: model id -> weight sync scheme (default: the weights go over the endpoint).
+        **kwargs: the other options of :class:`~acollect.MultiSyncCollector` /
+            :class:`~acollect.MultiAsyncCollector` (``address``, ``max_worker_restarts``,
+            ``heartbeat_timeout``, ``startup_timeout``, ``credits``, ``cat_results``, ``progress``...), and
+            TorchRL's ``trust_policy``, ``use_env_creator`` and ``no_cuda_sync``, which need nothing here.
+
+    Raises:
+        ConfigurationError: a bad argument (named in the message).
+
+    Examples:
+        >>> import anyio
+        >>> from acollect import RayCollector
+        >>> from acollect.testing import CountingEnv
+        >>> async def main():  # doctest: +SKIP
+        ...     async with RayCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=32, sync=True,
+        ...                             ray_init_config={"num_cpus": 2}) as collector:
+        ...         return [tuple(batch.shape) async for batch in collector]
+        >>> anyio.run(main)  # doctest: +SKIP
+        [(2, 1, 4), (2, 1, 4), (2, 1, 4), (2, 1, 4)]
+    """
+
+    def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> RayCollector:
+        if cls is RayCollector:
+            cls = _SyncRayCollector if sync else _AsyncRayCollector
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        policy_factory: Callable[[], PolicyLike] | None = None,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        device: Any = None,
+        storing_device: Any = None,
+        env_device: Any = None,
+        policy_device: Any = None,
+        max_frames_per_traj: int | None = -1,
+        init_random_frames: int | None = -1,
+        reset_at_each_iter: bool = False,
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        collector_class: Any = Collector,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        num_workers_per_collector: int = 1,
+        sync: bool = False,
+        ray_init_config: Mapping[str, Any] | None = None,
+        remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        num_collectors: int | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = -1,
+        replay_buffer: Any = None,
+        weight_sync_schemes: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        for name in ("weight_updater", "weight_recv_schemes"):
+            if kwargs.get(name) is not None:
+                raise ConfigurationError.bad_value(
+                    name, kwargs[name], "None: weights reach the actors with update_policy_weights_() "
+                    "(and weight_sync_schemes), acknowledged by each",
+                )  # fmt: skip
+        extra = {k: v for k, v in kwargs.items() if k not in _NOT_NEEDED | {"weight_updater", "weight_recv_schemes"}}
+        for name in ("launcher", "num_workers", "create_env_fn_list"):
+            if name in extra:
+                raise ConfigurationError.bad_value(
+                    name, extra[name], "no value: a RayCollector's workers are Ray actors, set by create_env_fn, "
+                    "num_collectors and num_workers_per_collector",
+                )  # fmt: skip
+        if not isinstance(sync, bool):
+            raise ConfigurationError.bad_value("sync", sync, "True or False")
+        if (not sync and "cat_results" in extra) or (sync and "credits" in extra):
+            bad = "cat_results" if not sync else "credits"
+            raise ConfigurationError.bad_value(bad, extra[bad], f"no value with sync={sync}")
+        self.sync = sync
+        self.collector_class = self._check_class(collector_class)
+        k = num_workers_per_collector
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigurationError.bad_value("num_workers_per_collector", k, "an int >= 1")
+        self.num_workers_per_collector = k
+        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
+            raise ConfigurationError.bad_value("replay_buffer", replay_buffer, "None or an object with extend(batch)")
+        self.replay_buffer = replay_buffer
+        env_fns = self._collector_env_fns(create_env_fn, num_collectors)
+        n = len(env_fns)
+        self.num_collectors = n
+        configs = check_remote_configs(remote_configs, n if isinstance(remote_configs, (list, tuple)) else None)
+        # Each collector's options are repeated for each of its actors.
+        per_worker_configs = [c for c in configs for _ in range(k)] if isinstance(configs, list) else configs
+        self._ray_launcher = RayLauncher(ray_init_config, per_worker_configs)
+        devices = {
+            name: [d for d in _per_collector(name, value, n) for _ in range(k)] if isinstance(value, (list, tuple))
+            else value
+            for name, value in (("device", device), ("storing_device", storing_device), ("env_device", env_device),
+                                ("policy_device", policy_device))
+        }  # fmt: skip
+        if isinstance(collector_kwargs, (list, tuple)):
+            collector_kwargs = [kw for kw in _per_collector("collector_kwargs", collector_kwargs, n) for _ in range(k)]
+        self._collector_args: dict[str, Any] = {
+            "create_env_fn_list": [fn for fn in env_fns for _ in range(k)],
+            "policy": policy,
+            "policy_factory": policy_factory,
+            "frames_per_batch": frames_per_batch,
+            "total_frames": total_frames,
+            **devices,
+            "max_frames_per_traj": _none_if_negative(max_frames_per_traj),
+            "init_random_frames": _none_if_negative(init_random_frames) or 0,
+            "reset_at_each_iter": reset_at_each_iter,
+            "postproc": postproc,
+            "split_trajs": split_trajs,
+            "exploration_type": exploration_type,
+            "collector_kwargs": collector_kwargs,
+            "update_after_each_batch": update_after_each_batch,
+            "max_weight_update_interval": _none_if_negative(max_weight_update_interval),
+            "weight_sync_schemes": weight_sync_schemes,
+            "launcher": self._ray_launcher,
+            **extra,
+        }
+        self._build()
+
+    def _build(self) -> None:
+        super().__init__(**self._collector_args)
+
+    @staticmethod
+    def _check_class(collector_class: Any) -> type:
+        if isinstance(collector_class, str) and collector_class in _COLLECTOR_NAMES:
+            return _COLLECTOR_NAMES[collector_class]
+        if isinstance(collector_class, type) and issubclass(collector_class, _COLLECTOR_CLASSES):
+            return collector_class
+        raise ConfigurationError.bad_value(
+            "collector_class", collector_class,
+            "Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), or 'single', 'sync', 'async'",
+        )  # fmt: skip
+
+    @staticmethod
+    def _collector_env_fns(create_env_fn: Any, num_collectors: int | None) -> list[Any]:
+        if num_collectors is not None and (isinstance(num_collectors, bool) or not isinstance(num_collectors, int)
+                                           or num_collectors < 1):  # fmt: skip
+            raise ConfigurationError.bad_value("num_collectors", num_collectors, "None or an int >= 1")
+        if isinstance(create_env_fn, (list, tuple)):
+            fns = list(create_env_fn)
+            if not fns:
+                raise ConfigurationError.bad_value("create_env_fn", fns, "a non-empty list of env factories")
+            if num_collectors is not None and num_collectors != len(fns):
+                if len(fns) != 1:
+                    raise ConfigurationError.bad_value(
+                        "num_collectors", num_collectors, f"None or len(create_env_fn) = {len(fns)}"
+                    )
+                fns = fns * num_collectors
+            return fns
+        if create_env_fn is None:
+            raise ConfigurationError.bad_value("create_env_fn", None, "an env factory or a list of them")
+        return [create_env_fn] * (num_collectors or 1)
+
+    # -- TorchRL's methods ---------------------------------------------------------------
+    def add_collectors(
+        self,
+        create_env_fn: Any,
+        num_envs: int = 1,
+        policy: PolicyLike = None,
+        collector_kwargs: Mapping[str, Any] | None = None,
+        remote_configs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Adds ``num_envs`` remote collectors running ``create_env_fn``, before the collector starts.
+
+        Args:
+            create_env_fn: the env factory of the new collectors.
+            num_envs: how many collectors to add.
+            policy: must be ``None`` or the collector's own policy (every actor runs the same one).
+            collector_kwargs: must be ``None`` or equal to the collector's (options are per collector at
+                construction).
+            remote_configs: ``ray.remote`` options of the new actors (default: those of the first actor).
+
+        Raises:
+            CollectorStateError: the collector started already (actors are placed once, at start).
+            ConfigurationError: a bad argument.
+        """
+        if self._state is not CollectorState.NEW or self._pool is not None:
+            raise CollectorStateError("add_collectors() must be called before the collector starts")
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise ConfigurationError.bad_value("num_envs", num_envs, "an int >= 1")
+        if policy is not None and policy is not self._collector_args["policy"]:
+            raise ConfigurationError.bad_value("policy", policy, "None (every actor runs the collector's policy)")
+        if collector_kwargs is not None and collector_kwargs != self._collector_args["collector_kwargs"]:
+            raise ConfigurationError.bad_value(
+                "collector_kwargs", collector_kwargs, "None (collector options are set at construction)"
+            )
+        if isinstance(self._collector_args["collector_kwargs"], list):
+            raise ConfigurationError(
+                "add_collectors() cannot extend per-collector collector_kwargs: pass a list for every collector "
+                "at construction instead"
+            )
+        k = self.num_workers_per_collector
+        new = (
+            check_remote_configs(remote_configs) if remote_configs is not None else self._ray_launcher.remote_config(0)
+        )
+        assert isinstance(new, dict)
+        old = self._ray_launcher.remote_configs
+        n_old = len(self._collector_args["create_env_fn_list"])
+        listed = old if isinstance(old, list) else [dict(old)] * n_old
+        self._ray_launcher.remote_configs = [*listed, *[dict(new)] * (num_envs * k)]
+        self._collector_args["create_env_fn_list"] = [
+            *self._collector_args["create_env_fn_list"],
+            *[create_env_fn] * (num_envs * k),
+        ]
+        self.num_collectors += num_envs
+        self._build()
+
+    @property
+    def remote_collectors(self) -> list[Any]:
+        """The Ray actor handles of the running workers (empty before start)."""
+        if self._pool is None:
+            return []
+        return [h.process.actor for h in self._pool.handles if isinstance(h.process, RayWorker)]
+
+    def start(self, replay_buffer: Any = None) -> None:
+        """Collects in the background into ``replay_buffer`` (default: the one given at construction)."""
+        super().start(replay_buffer if replay_buffer is not None else self.replay_buffer)
+
+    async def _setup(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super()._setup()
+
+    async def async_shutdown(
+        self, timeout: float | None = None, *, shutdown_ray: bool = False, raise_background_error: bool = True
+    ) -> None:
+        """Stops the actors and releases everything; idempotent.
+
+        Args:
+            timeout: the shutdown's deadline in seconds (default: ``shutdown_timeout``).
+            shutdown_ray: also ``ray.shutdown()``: this ends every actor of this process, replay buffers
+                and other collectors' included, so only when nothing else uses Ray.
+            raise_background_error: raise a background failure not reported yet.
+        """
+        try:
+            await super().async_shutdown(timeout, raise_background_error=raise_background_error)
+        finally:
+            if shutdown_ray:
+                self._ray_launcher.shutdown_ray()
+
+    def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False) -> None:
+        """Blocking :meth:`async_shutdown`, for code that has no event loop of its own.
+
+        From another thread than the one whose event loop runs the collector, it waits (up to
+        ``timeout`` plus a margin) for the shutdown to finish there.
+
+        Raises:
+            CollectorStateError: called from inside a running event loop (``await async_shutdown()`` there).
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise CollectorStateError("shutdown() blocks: inside an event loop, await collector.async_shutdown()")
+        loop: asyncio.AbstractEventLoop | None = getattr(self, "_loop", None)
+        coro = self.async_shutdown(timeout, shutdown_ray=shutdown_ray)
+        if self._pool is None or loop is None or loop.is_closed():
+            # Never started, or its loop is gone (and with it every task): nothing runs that needs that loop.
+            self._abandon_workers()
+            asyncio.run(coro)
+            return
+        if not loop.is_running():
+            coro.close()
+            raise CollectorStateError(
+                "shutdown() cannot reach the event loop that runs this collector (it is not running): "
+                "await collector.async_shutdown() on it"
+            )
+        limit = (timeout if timeout is not None else self.shutdown_timeout) + 10.0
+        asyncio.run_coroutine_threadsafe(coro, loop).result(limit)
+
+    def _abandon_workers(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        for handle in pool.handles:
+            if handle.process is not None:
+                handle.process.kill()
+                handle.process.close()
+        if pool.endpoint is not None:
+            pool.endpoint.close()
+        pool.launcher.close()
+
+
+class _SyncRayCollector(RayCollector, MultiSyncCollector):
+    """``RayCollector(..., sync=True)``: one batch stacked from every remote collector."""
+
+
+class _AsyncRayCollector(RayCollector, MultiAsyncCollector):
+    """``RayCollector(..., sync=False)``: each remote collector's batch as it is ready."""
