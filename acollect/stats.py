@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -112,9 +113,9 @@ class EpisodeTracker:
     """
 
     def __init__(self) -> None:
-        self._return: torch.Tensor | None = None  # float64 [N]
-        self._length: torch.Tensor | None = None  # int64 [N]
-        self._last_traj: torch.Tensor | None = None  # int64 [N]
+        self._return: np.ndarray | None = None  # float64 [N]
+        self._length: np.ndarray | None = None  # int64 [N]
+        self._last_traj: np.ndarray | None = None  # int64 [N]
 
     def reset(self) -> None:
         """Forgets every running episode."""
@@ -130,55 +131,73 @@ class EpisodeTracker:
             return EpisodeSummary()
         traj = batch.get(("collector", "traj_ids"), None)
         shape = batch.batch_size
-        return self.update_tensors(
-            reward.reshape(*shape, -1).sum(-1),
-            done.reshape(*shape, -1).any(-1),
-            traj.reshape(shape) if isinstance(traj, torch.Tensor) and traj.shape == shape else None,
-        )
+        steps = shape[-1]
+        # Per-agent rewards and flags (trailing dims past the batch dims) are summed and or-ed.
+        r = np.asarray(_host(reward).reshape(-1, steps, _trailing(reward, shape)).sum(-1))
+        d = np.asarray(_host(done).reshape(-1, steps, _trailing(done, shape)).any(-1))
+        t = _host(traj).reshape(-1, steps) if isinstance(traj, torch.Tensor) and traj.shape == shape else None
+        return self._update(r, d, t)
 
     def update_tensors(
         self, reward: torch.Tensor, done: torch.Tensor, traj_ids: torch.Tensor | None = None
     ) -> EpisodeSummary:
         """Like :meth:`update`, from ``[..., T]`` reward, done and (optionally) trajectory-id tensors."""
-        steps = reward.shape[-1]
-        # Envs (all leading dims) by time; a few kilobytes, so working on the CPU costs nothing worth a sync.
-        r = reward.detach().reshape(-1, steps).to("cpu", torch.float64)
-        d = done.detach().reshape(-1, steps).to("cpu", torch.bool)
+        shape = reward.shape
+        traj = None if traj_ids is None else _host(traj_ids).reshape(-1, shape[-1])
+        return self._update(_host(reward).reshape(-1, shape[-1]), _host(done).reshape(-1, shape[-1]), traj)
+
+    def _update(self, reward: np.ndarray, done: np.ndarray, traj_ids: np.ndarray | None) -> EpisodeSummary:
+        # [envs, T] numpy arrays: a few kilobytes, where numpy's per-call cost is a fraction of torch's (this
+        # runs once per batch beside the rollout engine).
+        steps = reward.shape[1]
+        r = reward.astype(np.float64, copy=False)
+        d = done.astype(bool, copy=False)
         n = r.shape[0]
         carry_r, carry_l = self._carry(n, traj_ids)
-        # Cumulated return including what each env's running episode had before this batch; an episode's
-        # return is the difference of the cumulated return at its end and at the previous end in its row.
-        cum = torch.cumsum(r, 1) + carry_r.unsqueeze(1)
-        index = torch.arange(steps).expand(n, steps)
-        last_end = torch.cummax(torch.where(d, index, torch.full_like(index, -1)), 1).values
-        prev_end = torch.cat([torch.full((n, 1), -1, dtype=torch.int64), last_end[:, :-1]], 1)
-        started_here = prev_end >= 0
-        base = torch.where(started_here, cum.gather(1, prev_end.clamp(min=0)), torch.zeros_like(cum))
-        lengths = index - prev_end + torch.where(started_here, 0, carry_l.unsqueeze(1))
-        final = last_end[:, -1]
-        ended = final >= 0
-        self._return = torch.where(ended, cum[:, -1] - cum.gather(1, final.clamp(min=0).unsqueeze(1)).squeeze(1),
-                                   cum[:, -1])  # fmt: skip
-        self._length = torch.where(ended, steps - 1 - final, carry_l + steps)
         if traj_ids is not None:
-            self._last_traj = traj_ids.detach().reshape(-1, steps)[:, -1].to("cpu", torch.int64)
-        if not bool(d.any()):
+            self._last_traj = traj_ids[:, -1].astype(np.int64)
+        ends = d.any(1)
+        if not ends.any():  # the common case for long episodes: only the running sums move
+            self._return, self._length = carry_r + r.sum(1), carry_l + steps
             return EpisodeSummary()
-        # Order the finished episodes by the step they ended at (env order within a step).
-        where_t, where_e = torch.nonzero(d.t(), as_tuple=True)
-        returns = (cum - base)[where_e, where_t]
-        return EpisodeSummary(int(where_t.numel()), returns.tolist(), lengths[where_e, where_t].tolist())
+        # Cumulated return including what each env's running episode had before this batch; an episode's
+        # return is the cumulated return at its end minus that at the previous end in its row.
+        cum = np.cumsum(r, axis=1)
+        cum += carry_r[:, None]
+        index = np.arange(steps)
+        last_end = np.maximum.accumulate(np.where(d, index, -1), axis=1)
+        final = last_end[:, -1]
+        rows = np.arange(n)
+        self._return = np.where(ends, cum[:, -1] - cum[rows, np.maximum(final, 0)], cum[:, -1])
+        self._length = np.where(ends, steps - 1 - final, carry_l + steps)
+        # The finished episodes, ordered by the step they ended at (env order within a step).
+        at_t, at_e = np.nonzero(d.T)
+        prev = np.where(at_t > 0, last_end[at_e, np.maximum(at_t - 1, 0)], -1)
+        first = prev < 0
+        returns = cum[at_e, at_t] - np.where(first, 0.0, cum[at_e, np.maximum(prev, 0)])
+        lengths = at_t - prev + np.where(first, carry_l[at_e], 0)
+        return EpisodeSummary(int(at_t.size), returns.tolist(), lengths.tolist())
 
-    def _carry(self, n: int, traj_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _carry(self, n: int, traj_ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         if self._return is None or self._length is None or self._return.shape[0] != n:
-            return torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.int64)
+            return np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
         carry_r, carry_l = self._return, self._length
         if traj_ids is not None and self._last_traj is not None:
-            first = traj_ids.detach().reshape(n, -1)[:, 0].to("cpu", torch.int64)
-            same = first == self._last_traj
-            carry_r = torch.where(same, carry_r, 0.0)
-            carry_l = torch.where(same, carry_l, 0)
+            same = traj_ids[:, 0] == self._last_traj
+            carry_r = np.where(same, carry_r, 0.0)
+            carry_l = np.where(same, carry_l, 0)
         return carry_r, carry_l
+
+
+def _trailing(tensor: torch.Tensor, batch_shape: torch.Size) -> int:
+    """Number of elements per frame past the batch dims (1 for ``[*batch, 1]`` rewards)."""
+    return math.prod(tensor.shape[len(batch_shape) :])
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a numpy array on the host (no copy for a CPU tensor)."""
+    host = tensor.detach().cpu()
+    return (host.float() if host.dtype == torch.bfloat16 else host).numpy()  # numpy has no bfloat16
 
 
 class RateWindow:
