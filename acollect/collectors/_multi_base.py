@@ -20,6 +20,7 @@ from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.rollout import check_frames_per_batch
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
+from acollect.transport.auth import ServerKeys
 from acollect.transport.shm import shm_available
 from acollect.worker import protocol as P
 from acollect.worker.process import START_METHODS
@@ -47,6 +48,14 @@ def _check_int(name: str, value: object, minimum: int, *, optional: bool = False
         expected = f"{'None or ' if optional else ''}an int >= {minimum}"
         raise ConfigurationError.bad_value(name, value, expected)
     return value
+
+
+def _load_keys(keys: object) -> ServerKeys | None:
+    if keys is None or isinstance(keys, ServerKeys):
+        return keys
+    if isinstance(keys, (str, os.PathLike)):
+        return ServerKeys.load(keys)
+    raise ConfigurationError.bad_value("keys", keys, "None, a key directory (`acollect keys DIR`) or a ServerKeys")
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
@@ -97,6 +106,8 @@ class MultiCollectorBase(CollectorBase):
         launcher: Any = "local",
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Any = None,
         progress: bool | str = False,
         copy_batches: bool = True,
     ) -> None:
@@ -108,7 +119,7 @@ class MultiCollectorBase(CollectorBase):
             raise ConfigurationError(
                 "policy and policy_factory were both given: pass one (policy_factory builds the policy in each worker)."
             )
-        if policy_factory is not None and not callable(policy_factory):
+        if policy_factory is not None and not callable(policy_factory) and not isinstance(policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", policy_factory, "a zero-argument callable")
         if postproc is not None and not callable(postproc):
             raise ConfigurationError.bad_value("postproc", postproc, "None or a callable on TensorDicts")
@@ -116,6 +127,16 @@ class MultiCollectorBase(CollectorBase):
             raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
         if use_shared_memory not in (None, True, False):
             raise ConfigurationError.bad_value("use_shared_memory", use_shared_memory, "None, True or False")
+        self.remote_workers = _check_int("remote_workers", remote_workers, 0)
+        if remote_workers > n:
+            raise ConfigurationError.bad_value("remote_workers", remote_workers, f"at most num_workers = {n}")
+        self._server_keys = _load_keys(keys)
+        if remote_workers and (self._server_keys is None or not isinstance(address, str)):
+            raise ConfigurationError.bad_value(
+                "remote_workers", remote_workers,
+                "0 unless address='tcp://HOST:PORT' and keys=<directory from `acollect keys`> are given "
+                "(workers started by hand must connect to a known address and authenticate)",
+            )  # fmt: skip
         if not isinstance(copy_batches, bool):
             raise ConfigurationError.bad_value("copy_batches", copy_batches, "True or False")
         self.heartbeat_timeout = _check_seconds("heartbeat_timeout", heartbeat_timeout)
@@ -168,10 +189,12 @@ class MultiCollectorBase(CollectorBase):
                 num_threads=opts["num_threads"],
                 filter_warnings=filter_warnings,
                 heartbeat_interval=min(1.0, self.heartbeat_timeout / 4),
+                remote=i >= n - self.remote_workers,
             )
             for i, opts in enumerate(options)
         ]
         self._pool: WorkerPool | None = None
+        self._rejected_before = 0
         self._pending_seed: int | None = None
         self._pending_state: Mapping[str, Any] | None = None
         self._pending_weights: TensorDictBase | None = None
@@ -269,8 +292,12 @@ class MultiCollectorBase(CollectorBase):
             raise CollectorStateError("the collector's workers are not running")
         return self._pool
 
+    def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
+        """Builds the worker pool (subclasses moving data another way return a subclass of it)."""
+        return WorkerPool(*args, **kwargs)
+
     async def _setup(self) -> None:
-        pool = WorkerPool(
+        pool = self._new_pool(
             self._configs,
             start_method=self.start_method,
             launcher=self.launcher,
@@ -280,6 +307,7 @@ class MultiCollectorBase(CollectorBase):
             heartbeat_timeout=self.heartbeat_timeout,
             startup_timeout=self.startup_timeout,
             max_restarts=self.max_worker_restarts,
+            keys=self._server_keys,
         )
         pool.version = self._initial_version
         self._pool = pool
@@ -303,6 +331,22 @@ class MultiCollectorBase(CollectorBase):
         if timeout is not None:
             self.shutdown_timeout = _check_seconds("timeout", timeout)
         await super().async_shutdown(raise_background_error=raise_background_error)
+
+    @property
+    def rejected_peers(self) -> int:
+        """Connection attempts refused by the endpoint's CURVE keys (a key not on the allow-list, no CURVE,
+        a wrong collector key); each attempt of a peer that keeps retrying counts. ``0`` without ``keys``."""
+        pool = self._pool
+        if pool is None or pool.endpoint is None:
+            return self._rejected_before
+        self._rejected_before = pool.endpoint.rejected_connections
+        return self._rejected_before
+
+    @property
+    def endpoint_address(self) -> str | None:
+        """The address workers connect to, with the real port of ``tcp://...:0`` (``None`` before start)."""
+        pool = self._pool
+        return pool.endpoint.address if pool is not None and pool.endpoint is not None else None
 
     @property
     def dropped_batches(self) -> int:

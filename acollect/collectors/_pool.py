@@ -44,6 +44,7 @@ from acollect.errors import (
 )
 from acollect.launchers.base import LaunchedWorker, Launcher
 from acollect.launchers.local import LocalLauncher
+from acollect.transport.auth import ServerKeys
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.shm import ShmSlotRing, shm_available
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
@@ -97,6 +98,7 @@ class WorkerHandle:
     traj_counter: int = 0
     frames: int = 0
     restarts: int = 0
+    joined: bool = False  # a worker started by hand took this slot (``config.remote``)
 
     @property
     def identity(self) -> bytes:
@@ -134,6 +136,7 @@ class WorkerPool:
         heartbeat_timeout: seconds a collecting worker may make no progress before it counts as hung.
         startup_timeout: seconds a worker may take to build its env and policy.
         max_restarts: restarts allowed per worker before a failure is raised.
+        keys: CURVE keys of the endpoint (workers must hold an allowed key to connect).
         launcher: where workers run (default: local processes started with ``start_method``).
     """
 
@@ -148,9 +151,11 @@ class WorkerPool:
         heartbeat_timeout: float,
         startup_timeout: float,
         max_restarts: int,
+        keys: ServerKeys | None = None,
         launcher: Launcher | None = None,
     ) -> None:
         self.handles = [WorkerHandle(i, cfg) for i, cfg in enumerate(configs)]
+        self.keys = keys
         self.start_method = start_method
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(start_method)
         self.address = address
@@ -221,15 +226,56 @@ class WorkerPool:
         else:
             await run_in_thread(lambda _stop: launcher.prepare(), name="launcher-prepare")
         address = self.address if self.address is not None else launcher.default_address()
-        self.endpoint = Endpoint(address)
+        self.endpoint = Endpoint(address, keys=self.keys)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._receive_loop(), name="acollect-receiver"),
             loop.create_task(self._monitor_loop(), name="acollect-monitor"),
         ]
         for handle in self.handles:
-            await self._spawn(handle)
+            if handle.config.remote:
+                self._vacate(handle)  # started by hand: it joins (see _on_join)
+            else:
+                await self._spawn(handle)
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
+
+    def _vacate(self, handle: WorkerHandle) -> None:
+        # A slot for a worker started by hand: the next one to join gets it, under a new generation.
+        handle.generation += 1
+        handle.ready = handle.joined = False
+        handle.acked_version = 0
+        handle.last_steps, handle.busy = -1, False
+        handle.started_at = time.monotonic()
+
+    async def _on_join(self, identity: bytes, header: dict[str, Any]) -> None:
+        """A worker started by hand (``acollect worker``) asks for a config: give it a free remote slot."""
+        from acollect.worker.remote import encode_config
+
+        assert self.endpoint is not None
+        handle = next((h for h in self.handles if h.config.remote and not h.joined and not h.stopping), None)
+        if header.get("protocol") != PROTOCOL_VERSION:
+            reply: dict[str, Any] = {"refused": f"protocol {header.get('protocol')!r} != {PROTOCOL_VERSION}"}
+        elif handle is None:
+            reply = {"refused": "every remote worker slot of this collector is taken"}
+        else:
+            config = dataclasses.replace(
+                handle.config,
+                generation=handle.generation,
+                address=self.endpoint.address,
+                parent_pid=0,
+                next_traj_counter=handle.traj_counter,
+                frames=handle.frames,
+            )
+            reply = {"index": handle.index, "generation": handle.generation,
+                     **encode_config(config, allow_pickle=bool(header.get("pickle")))}  # fmt: skip
+            handle.joined = True
+            handle.started_at = time.monotonic()
+            logger.info("worker %d joined from %s (pid %s)", handle.index, header.get("host"), header.get("pid"))
+        try:
+            await self.endpoint.send(identity, pack_message(P.CONFIG, reply), timeout=1.0)
+        except (TransportError, TimeoutError):
+            if handle is not None:  # it left already: free the slot again
+                handle.joined = False
 
     async def _spawn(self, handle: WorkerHandle) -> None:
         assert self.endpoint is not None
@@ -244,6 +290,8 @@ class WorkerPool:
             parent_pid=os.getpid(),
             next_traj_counter=handle.traj_counter,
             frames=handle.frames,
+            # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
+            keys=self.endpoint.local_client_keys() if self.endpoint.secure else None,
         )
         handle.started_at = time.monotonic()
         handle.process = None  # the monitor skips the worker until it is launched
@@ -269,7 +317,7 @@ class WorkerPool:
             handle.retired_rings.append(handle.ring)
             handle.ring = None
         nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
-        if self._wants_shm(nbytes):
+        if not handle.config.remote and self._wants_shm(nbytes):  # a remote worker cannot map our memory
             handle.ring = ShmSlotRing.create(header["layout"], self.credits or 1)
             await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
         if self._last_weights is not None:
@@ -295,7 +343,8 @@ class WorkerPool:
         try:
             await self.endpoint.send(handle.identity, pack_message(kind, dict(fields or {}), td), timeout=10.0)
         except TransportError:
-            if handle.process is not None and handle.process.exitcode is None:
+            # An engine (Ray, submitit) learns of a death a little after the worker's socket is gone.
+            if handle.process is not None and handle.process.exitcode is None and self.launcher.same_host:
                 raise
             # Dead: the monitor reports it (or restarts it, and the restart resends what matters).
 
@@ -310,7 +359,7 @@ class WorkerPool:
         assert endpoint is not None
         while True:
             try:
-                _identity, frames = await endpoint.recv(timeout=1.0)
+                identity, frames = await endpoint.recv(timeout=1.0)
             except TimeoutError:
                 continue
             except TransportError as exc:
@@ -318,6 +367,9 @@ class WorkerPool:
                 return
             try:
                 header, td = unpack_message(frames, kinds=P.TO_COLLECTOR)
+                if header["kind"] == P.JOIN:
+                    await self._on_join(identity, header)
+                    continue
                 index = header.get("worker")
                 if type(index) is not int or not 0 <= index < len(self.handles):
                     raise ProtocolError(f"message from unknown worker {index!r:.50}")
@@ -376,9 +428,10 @@ class WorkerPool:
             await asyncio.sleep(_MONITOR_PERIOD)
             now = time.monotonic()
             for handle in self.handles:
-                if handle.process is None or handle.stopping or self.failure is not None:
+                remote = handle.config.remote  # started by hand: no process handle, liveness from heartbeats only
+                if (handle.process is None and not remote) or handle.stopping or self.failure is not None:
                     continue
-                code = handle.process.exitcode
+                code = handle.process.exitcode if handle.process is not None else None
                 if code is not None:
                     await self._on_death(handle, WorkerCrashedError(
                         f"worker {handle.index} ({handle.where}) died: {describe_exit(code)}",
@@ -388,8 +441,9 @@ class WorkerPool:
                 elif not handle.ready:
                     if now - handle.started_at > self.startup_timeout:
                         await self._on_death(handle, WorkerTimeoutError(
-                            f"worker {handle.index} ({handle.where}) did not start within "
-                            f"startup_timeout={self.startup_timeout}s",
+                            (f"no remote worker joined as worker {handle.index}" if remote and not handle.joined
+                             else f"worker {handle.index} ({handle.where}) did not start")
+                            + f" within startup_timeout={self.startup_timeout}s",
                             worker_id=handle.index,
                         ))  # fmt: skip
                 elif now - handle.last_beat > self.heartbeat_timeout:
@@ -409,7 +463,17 @@ class WorkerPool:
 
     async def _on_death(self, handle: WorkerHandle, error: WorkerError) -> None:
         process = handle.process
-        assert process is not None
+        if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
+            if handle.restarts >= self.max_restarts or self._closed:
+                self._fail(error)
+                return
+            handle.restarts += 1
+            logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
+                           self.max_restarts)  # fmt: skip
+            if handle.outstanding or (self.running and handle.busy):
+                self.dropped_batches += 1
+            self._vacate(handle)
+            return
         if handle.restarts >= self.max_restarts or self._closed:
             process.kill()
             self._fail(error)
@@ -510,9 +574,10 @@ class WorkerPool:
         if tasks:
             await asyncio.wait(tasks)
         live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
+        remote = [h for h in self.handles if h.process is None and h.joined]
         if self.endpoint is not None and not self.endpoint.closed:
-            for handle in live:
-                if handle.process is not None:  # a worker that never said hello may be waiting for it too
+            for handle in [*live, *remote]:
+                if handle.process is not None or handle.joined:  # one that never said hello may wait for it too
                     with anyio.move_on_after(0.2):
                         try:
                             await self.send(handle, P.STOP)

@@ -88,6 +88,12 @@ class MultiSyncCollector(MultiCollectorBase):
         num_threads: torch threads in each worker.
         use_shared_memory: move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB or more
             on a local address).
+        remote_workers: how many of the ``num_workers`` workers are started by hand (``acollect worker
+            --connect ADDRESS --keys DIR``, on any machine) instead of by the collector: the last ones. The
+            collector waits up to ``startup_timeout`` for them to join. Needs ``address`` and ``keys``.
+        keys: a key directory written by ``acollect keys`` (or a ``ServerKeys``): the endpoint then
+            encrypts every connection with CURVE and accepts only the workers whose public key is in its
+            ``authorized/`` directory; others are refused and counted in :attr:`rejected_peers`.
         progress: show frames, frames/s and the mean episode return as collection goes (see
             :class:`~acollect.Collector`); the workers count episodes and send them with each batch.
         copy_batches: ``True`` (default): each batch is fresh memory of its own, valid for as long as it is
@@ -133,6 +139,8 @@ class MultiSyncCollector(MultiCollectorBase):
         launcher: Any = "local",
         num_threads: int = 1,
         use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Any = None,
         progress: bool | str = False,
         copy_batches: bool = True,
     ) -> None:

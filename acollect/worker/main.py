@@ -132,6 +132,8 @@ class _Worker:
         self.runner: threading.Thread | None = None
         self.failed = False
         self.episodes = EpisodeTracker()  # the runner's: episodes travel in each batch header
+        self.layout: dict[str, Any] = {}  # this worker's batch layout, as sent in hello
+        self.dist: Any = None  # a DistLink once the collector sent ``dist_init`` (DistributedCollector)
 
     # -- messages -------------------------------------------------------------------
     def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +154,7 @@ class _Worker:
         try:
             self.engine = build_engine(self.config)
             layout, _ = encode_tensordict(self.engine.allocate())
+            self.layout = layout
         except Exception as exc:
             self.report(exc)
             return self.control_loop()
@@ -211,6 +214,11 @@ class _Worker:
         if kind == P.WEIGHTS:
             self.stage_weights(header, td)
             return
+        if kind == P.DIST_INIT:
+            from acollect.transport.torch_dist import DistLink
+
+            self.dist = DistLink(header)  # blocks until every rank joined (within the given timeout)
+            return
         if kind == P.SEED:
             with self.pending_lock:
                 self.pending_seed = int(header["seed"])
@@ -255,9 +263,17 @@ class _Worker:
     def stage_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
         version = int(header["version"])
         staged: dict[str, tuple[Any, torch.Tensor]] = {}
+        # DistributedCollector: the flat buffers follow as one broadcast per model, not as frames.
+        broadcast = (
+            self.dist.recv_weights([int(m["layout"]["nbytes"]) for m in header["models"]])
+            if header.get("dist") and self.dist is not None
+            else None
+        )
         for i, model in enumerate(header["models"]):
             shm = model.get("shm")
-            if shm is not None:
+            if broadcast is not None:
+                flat = broadcast[i]
+            elif shm is not None:
                 segment = self.segments.get(shm)
                 if segment is None:
                     segment = self.segments[shm] = ShmSegment.attach(shm, int(model["layout"]["nbytes"]))
@@ -361,7 +377,9 @@ class _Worker:
                     "slot": slot,
                     "episodes": episodes,
                 }
-                if slot is not None:
+                if self.dist is not None:  # the header here, the tensors through torch.distributed
+                    message = pack_message(P.BATCH, self._fields({**header, "dist": True}))
+                elif slot is not None:
                     message = pack_message(P.BATCH, self._fields(header))
                 else:
                     message = pack_message(P.BATCH, self._fields(header), batch)
@@ -378,6 +396,8 @@ class _Worker:
                         break
                     except TimeoutError:
                         continue
+                if self.dist is not None and not self.stopping:
+                    self.dist.send_batch([batch.get(tuple(leaf["key"])) for leaf in self.layout["leaves"]])
         except Exception as exc:
             self.busy = False
             self.failed = True

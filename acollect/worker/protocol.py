@@ -18,6 +18,8 @@ Collector -> worker:
 ``state``      ``req``: reply with the worker's counters
 ``load_state`` ``next_traj_counter``, ``frames``: restore counters
 ``stop``       finish and exit
+``dist_init``  ``backend``, ``init_method``, ``rank``, ``world_size``, ``timeout``: join torch.distributed;
+               from then on batch tensors and weights flagged ``dist`` travel there
 ``config``     ``index``, ``generation`` and ``plain`` (msgpack fields) or ``pickled``: the config of a
                worker started by hand (answers ``join``; ``refused`` says why there is none)
 =============  ====================================================================
@@ -51,6 +53,7 @@ __all__ = [
     "COLLECT",
     "CONFIG",
     "CREDIT",
+    "DIST_INIT",
     "ERROR",
     "HEARTBEAT",
     "HELLO",
@@ -84,7 +87,10 @@ STATE = "state"
 LOAD_STATE = "load_state"
 STOP = "stop"
 CONFIG = "config"
-TO_WORKER = frozenset({SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG})
+DIST_INIT = "dist_init"
+TO_WORKER = frozenset(
+    {SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT}
+)
 
 # worker -> collector
 HELLO = "hello"
