@@ -1,0 +1,103 @@
+"""Workers as Ray actors, on a real local Ray cluster of 2 CPUs: RayCollector and launcher="ray".
+
+Each test starts real actors (a few seconds each); the cluster is started once for the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from acollect import MultiAsyncCollector, RayCollector, ReplayBuffer, WorkerCrashedError
+from acollect.launchers import RayLauncher
+from acollect.testing import CountingEnv, wait_until
+
+from launcher_helpers import WeightProbe
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    # On the main thread: a local cluster's processes die with the thread that started them.
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _dead(actor: object) -> bool:
+    ref = actor.run.remote(b"")  # type: ignore[attr-defined]
+    try:
+        ray.get(ref, timeout=30)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
+
+
+async def test_sync_ray_collector_stacks_batches_pushes_weights_and_restarts_a_killed_actor() -> None:
+    collector = RayCollector(
+        [CountingEnv, CountingEnv], WeightProbe(0.0), frames_per_batch=8, sync=True,
+        remote_configs={"num_cpus": 1}, max_worker_restarts=1,
+    )  # fmt: skip
+    async with collector:
+        batch = await anext(collector)
+        assert batch.shape == (2, 1, 4)
+        assert batch["action"].eq(0).all()
+        traj = batch["collector", "traj_ids"][:, 0, 0].tolist()
+        assert len(set(traj)) == 2
+        actors = collector.remote_collectors
+        assert len(actors) == 2
+        assert collector.launcher.connect_address(collector.endpoint_address or "").startswith("tcp://")
+
+        assert await collector.update_policy_weights_(WeightProbe(1.0)) == 1
+        batch = await anext(collector)
+        assert batch["action"].eq(1).all() and batch["collector", "policy_version"].eq(1).all()
+
+        # A dead actor is noticed through its run() call and replaced by a fresh one, weights included.
+        ray.kill(actors[0], no_restart=True)
+        await wait_until(lambda: collector.stats().restarts == 1, timeout=60)
+        batch = await anext(collector)
+        assert batch.shape == (2, 1, 4)
+        assert collector.remote_collectors[0] != actors[0]
+        for _ in range(3):
+            batch = await anext(collector)
+        assert batch["action"].eq(1).all()
+        state = collector.state_dict()
+        assert [w["frames"] > 0 for w in state["workers"]] == [True, True]
+        assert collector.set_seed(7) == 9
+        await anext(collector)
+        actors = collector.remote_collectors
+    assert all(_dead(a) for a in actors), "shutdown leaves no actor holding resources"
+
+
+async def test_killed_actor_without_restarts_is_reported_with_its_actor() -> None:
+    collector = MultiAsyncCollector(
+        [CountingEnv] * 2, frames_per_batch=4, launcher=RayLauncher(remote_configs=[{"num_cpus": 1}] * 2)
+    )
+    async with collector:
+        await anext(collector)
+        pool = collector._pool
+        assert pool is not None
+        victim = pool.handles[1].process
+        ray.kill(victim.actor, no_restart=True)  # type: ignore[union-attr]
+        with pytest.raises(WorkerCrashedError, match=r"worker 1 \(Ray actor \w+ \(ended: .*ActorDiedError"):
+            for _ in range(1000):
+                await anext(collector)
+
+
+async def test_async_ray_collector_fills_its_replay_buffer_in_the_background() -> None:
+    rb = ReplayBuffer(1000)
+    collector = RayCollector(CountingEnv, num_collectors=2, frames_per_batch=4, replay_buffer=rb)
+    async with collector:
+        collector.start()
+        await wait_until(lambda: len(rb) >= 40, timeout=60)
+        async with collector.pause():
+            pass
+    assert len(rb) >= 40
+    assert collector.state.name == "CLOSED"
