@@ -15,11 +15,17 @@ from acollect.collectors import Collector as Collector
 from acollect.collectors import CollectorBase as CollectorBase
 from acollect.collectors import CollectorState as CollectorState
 from acollect.collectors import DataCollectorBase as DataCollectorBase
+from acollect.collectors import DistributedCollector as DistributedCollector
+from acollect.collectors import DistributedDataCollector as DistributedDataCollector
+from acollect.collectors import DistributedSyncCollector as DistributedSyncCollector
+from acollect.collectors import DistributedSyncDataCollector as DistributedSyncDataCollector
 from acollect.collectors import MultiAsyncCollector as MultiAsyncCollector
 from acollect.collectors import MultiaSyncDataCollector as MultiaSyncDataCollector
 from acollect.collectors import MultiSyncCollector as MultiSyncCollector
 from acollect.collectors import MultiSyncDataCollector as MultiSyncDataCollector
 from acollect.collectors import RayCollector as RayCollector
+from acollect.collectors import RPCCollector as RPCCollector
+from acollect.collectors import RPCDataCollector as RPCDataCollector
 from acollect.collectors import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from acollect.collectors import SyncDataCollector as SyncDataCollector
 from acollect.collectors import WeightSyncScheme as WeightSyncScheme
@@ -62,6 +68,10 @@ __all__ = [
     "CollectorStateError",
     "ConfigurationError",
     "DataCollectorBase",
+    "DistributedCollector",
+    "DistributedDataCollector",
+    "DistributedSyncCollector",
+    "DistributedSyncDataCollector",
     "EmptyBufferError",
     "EnvBase",
     "EnvError",
@@ -72,6 +82,8 @@ __all__ = [
     "MultiaSyncDataCollector",
     "PolicyError",
     "ProtocolError",
+    "RPCCollector",
+    "RPCDataCollector",
     "RayCollector",
     "RemoteError",
     "ReplayBuffer",

@@ -15,13 +15,18 @@ from __future__ import annotations
 from acollect.collectors.async_collector import AsyncCollector
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.collector import Collector
+from acollect.collectors.distributed import DistributedCollector, DistributedSyncCollector
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
+from acollect.collectors.rpc import RPCCollector
 
 __all__ = [
     "BaseCollector",
     "DataCollectorBase",
+    "DistributedDataCollector",
+    "DistributedSyncDataCollector",
     "MultiSyncDataCollector",
     "MultiaSyncDataCollector",
+    "RPCDataCollector",
     "SyncDataCollector",
     "aSyncDataCollector",
 ]
@@ -46,6 +51,10 @@ BaseCollector = CollectorBase
 
 # -- across machines ------------------------------------------------------------------------
 # RayCollector and submitit_delayed_launcher keep TorchRL's names as they are (acollect.RayCollector,
-# acollect.submitit_delayed_launcher). The torch.distributed collectors' legacy names go here:
-# DistributedDataCollector = DistributedCollector, DistributedSyncDataCollector = DistributedSyncCollector,
-# RPCDataCollector = RPCCollector.
+# acollect.submitit_delayed_launcher).
+#: TorchRL's legacy name of :class:`~acollect.DistributedCollector`.
+DistributedDataCollector = DistributedCollector
+#: TorchRL's legacy name of :class:`~acollect.DistributedSyncCollector`.
+DistributedSyncDataCollector = DistributedSyncCollector
+#: TorchRL's legacy name of :class:`~acollect.RPCCollector`.
+RPCDataCollector = RPCCollector
