@@ -47,7 +47,8 @@ def test_remote_launchers_bind_tcp_on_the_node_and_connect_to_wildcards() -> Non
     assert launcher.connect_address("tcp://0.0.0.0:4242") == f"tcp://{ip}:4242"
     assert launcher.connect_address("tcp://10.1.2.3:4242") == "tcp://10.1.2.3:4242"
     assert LocalLauncher().default_address() is None
-    assert not launcher.same_host and LocalLauncher().same_host
+    assert not launcher.same_host
+    assert LocalLauncher().same_host
 
 
 @pytest.mark.parametrize(
@@ -112,16 +113,20 @@ def test_ray_collector_maps_torchrl_arguments_without_starting_ray() -> None:
         num_workers_per_collector=2, remote_configs=[{"num_cpus": 1}, {"num_cpus": 2}], max_frames_per_traj=-1,
         init_random_frames=-1, max_weight_update_interval=-1, trust_policy=True, use_env_creator=False,
     )  # fmt: skip
-    assert isinstance(sync, MultiSyncCollector) and isinstance(sync, RayCollector)
-    assert sync.num_workers == 4 and sync.num_collectors == 2
+    assert isinstance(sync, MultiSyncCollector)
+    assert isinstance(sync, RayCollector)
+    assert sync.num_workers == 4
+    assert sync.num_collectors == 2
     assert [sync.launcher.remote_config(i)["num_cpus"] for i in range(4)] == [1, 1, 2, 2]  # type: ignore[attr-defined]
     assert sync.max_weight_update_interval is None
     assert sync.remote_collectors == []
     sync.add_collectors(CountingEnv, num_envs=1, remote_configs={"num_cpus": 3})
-    assert sync.num_workers == 6 and sync.num_collectors == 3
+    assert sync.num_workers == 6
+    assert sync.num_collectors == 3
     assert sync.launcher.remote_config(5) == {"num_cpus": 3}  # type: ignore[attr-defined]
     unsync = RayCollector(CountingEnv, num_collectors=3, frames_per_batch=8)
-    assert isinstance(unsync, MultiAsyncCollector) and not isinstance(unsync, MultiSyncCollector)
+    assert isinstance(unsync, MultiAsyncCollector)
+    assert not isinstance(unsync, MultiSyncCollector)
     assert unsync.num_workers == 3
 
 
@@ -154,7 +159,8 @@ async def test_local_launcher_instance_runs_workers_and_names_them_by_pid() -> N
     async with MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16, launcher=launcher) as c:
         batches = [b async for b in c]
         pool = c._pool
-        assert pool is not None and pool.launcher is launcher
+        assert pool is not None
+        assert pool.launcher is launcher
         assert all(isinstance(h.process, LaunchedWorker) for h in pool.handles)
         assert [h.where for h in pool.handles] == [f"pid {pid}" for pid in c.worker_pids]
     assert len(batches) == 2

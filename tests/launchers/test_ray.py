@@ -8,17 +8,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
+from launcher_helpers import WeightProbe
 
-from acollect import MultiAsyncCollector, RayCollector, ReplayBuffer, WorkerCrashedError
+from acollect import MultiAsyncCollector, MultiSyncCollector, RayCollector, ReplayBuffer, WorkerCrashedError
 from acollect.launchers import RayLauncher
 from acollect.testing import CountingEnv, wait_until
-
-from launcher_helpers import WeightProbe
 
 ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.timeout(300)
+
+
+async def _drain(collector: MultiAsyncCollector | MultiSyncCollector) -> None:
+    """Iterates until the collector raises (each wait inside has its own deadline)."""
+    for _ in range(1000):
+        await anext(collector)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,7 +61,8 @@ async def test_sync_ray_collector_stacks_batches_pushes_weights_and_restarts_a_k
 
         assert await collector.update_policy_weights_(WeightProbe(1.0)) == 1
         batch = await anext(collector)
-        assert batch["action"].eq(1).all() and batch["collector", "policy_version"].eq(1).all()
+        assert batch["action"].eq(1).all()
+        assert batch["collector", "policy_version"].eq(1).all()
 
         # A dead actor is noticed through its run() call and replaced by a fresh one, weights included.
         ray.kill(actors[0], no_restart=True)
@@ -87,8 +92,7 @@ async def test_killed_actor_without_restarts_is_reported_with_its_actor() -> Non
         victim = pool.handles[1].process
         ray.kill(victim.actor, no_restart=True)  # type: ignore[union-attr]
         with pytest.raises(WorkerCrashedError, match=r"worker 1 \(Ray actor \w+ \(ended: .*ActorDiedError"):
-            for _ in range(1000):
-                await anext(collector)
+            await _drain(collector)
 
 
 async def test_async_ray_collector_fills_its_replay_buffer_in_the_background() -> None:
