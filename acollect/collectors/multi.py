@@ -164,7 +164,10 @@ class MultiSyncCollector(MultiCollectorBase):
         for handle in pool.handles:
             if not handle.inbox and not handle.outstanding:
                 handle.outstanding += 1
-                await pool.send(handle, P.COLLECT)
+                # A restarted worker that has not said hello yet is not connected: it gets the request
+                # with its hello (the pool resends outstanding requests then).
+                if handle.ready:
+                    await pool.send(handle, P.COLLECT)
         await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
         items = [h.inbox.popleft() for h in pool.handles]
         try:
