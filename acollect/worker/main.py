@@ -21,6 +21,7 @@ Entry point: :func:`run_worker`, called by the bootstrap of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -37,7 +38,7 @@ from acollect.policy import parse_exploration_type, wrap_policy
 from acollect.rollout import RolloutEngine, RolloutInterrupted
 from acollect.stats import EpisodeTracker
 from acollect.transport.endpoint import WorkerSocket
-from acollect.transport.shm import ShmSegment, ShmSlotRing
+from acollect.transport.shm import SHM_DIR, SHM_PREFIX, ShmSegment, ShmSlotRing
 from acollect.transport.weights import unflatten_into
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect.weights import PolicyWeights
@@ -185,6 +186,22 @@ class _Worker:
             pass
         return True
 
+    def _remove_orphans(self) -> None:
+        """Removes what the dead collector can no longer remove: its segments that we know, its ipc file."""
+        # Only the owner unlinks a segment while it lives; it is gone now (killed, or out of memory), and
+        # its segments would otherwise stay in /dev/shm until reboot. Every worker tries; the first one wins.
+        owned = f"{SHM_PREFIX}{self.config.parent_pid}-"
+        names = [*self.segments, *(self.ring.names if self.ring is not None else ())]
+        for name in names:
+            if name.startswith(owned):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(SHM_DIR, name))
+        path = self.config.address.removeprefix("ipc://")
+        if path != self.config.address and os.path.basename(os.path.dirname(path)).startswith("acollect-"):
+            with contextlib.suppress(OSError):  # the endpoint's private directory (see Endpoint)
+                os.unlink(path)
+                os.rmdir(os.path.dirname(path))
+
     def control_loop(self) -> int:
         interval = self.config.heartbeat_interval
         next_beat = 0.0
@@ -192,6 +209,7 @@ class _Worker:
         while True:
             # parent_pid 0: the collector runs on another host (its engine ends this worker if it dies).
             if self.config.parent_pid and not self._parent_alive(ppid):
+                self._remove_orphans()
                 os._exit(1)  # the collector died: nobody will ever read what we collect
             now = time.monotonic()
             if now >= next_beat:
