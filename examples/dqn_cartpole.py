@@ -7,7 +7,9 @@ its exploration rate, a buffer of the policy module) every few updates; an
 evaluation runs inside ``async with collector.pause()``; ``collector.stats()``
 reports the training episodes' returns. Double DQN with a target network.
 Run it with ``python examples/dqn_cartpole.py`` (``--help`` lists the options);
-with the defaults, the greedy policy reaches CartPole's maximum return of 500 within 61k frames.
+with the defaults (102,400 frames, about 4 minutes) the greedy policy ends at or near CartPole's
+maximum return of 500: 500.0 for seeds 0 to 3 in one set of runs, 438.8 for seed 2 on a busier
+machine (which buffer contents a sample sees depends on the machine's speed, so runs differ).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from acollect.testing import wait_until
 
 @dataclasses.dataclass
 class Args:
-    total_frames: int = 61_440
+    total_frames: int = 102_400
     """env frames to collect in all (the run ends when they are collected)"""
     num_envs: int = 8
     """environments stepped together by the collector"""
@@ -59,7 +61,7 @@ class Args:
     """exploration rate at the end of the decay"""
     eps_decay_frames: int = 10_000
     """frames over which the exploration rate decays linearly"""
-    eval_every: int = 4_000
+    eval_every: int = 8_000
     """gradient steps between evaluations"""
     eval_episodes: int = 10
     """greedy episodes per evaluation"""
