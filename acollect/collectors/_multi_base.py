@@ -333,6 +333,15 @@ class MultiCollectorBase(CollectorBase):
         await super().async_shutdown(raise_background_error=raise_background_error)
 
     @property
+    def rejected_messages(self) -> int:
+        """Messages the endpoint dropped: not from a live worker (a stray or hostile peer), or replayed batches.
+
+        Each is logged with its reason on the ``"acollect"`` logger; none is ever unpickled. Peers refused
+        at the handshake (wrong CURVE key) are counted in :attr:`rejected_peers` instead.
+        """
+        return self._pool.rejected_messages if self._pool is not None else 0
+
+    @property
     def rejected_peers(self) -> int:
         """Connection attempts refused by the endpoint's CURVE keys (a key not on the allow-list, no CURVE,
         a wrong collector key); each attempt of a peer that keeps retrying counts. ``0`` without ``keys``."""

@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -59,6 +60,12 @@ T = TypeVar("T")
 #: Batches at least this large (bytes) go through shared-memory slots by default.
 SHM_THRESHOLD = 1 << 18
 _MONITOR_PERIOD = 0.1
+# ``w<index>.<generation>`` (control socket) or the same plus ``d`` (data socket): see worker_identity.
+_IDENTITY = re.compile(rb"w(\d{1,9})\.(\d{1,9})d?")
+
+
+class _Rejected(Exception):
+    """A message that is dropped and counted, not a failure: it did not come from a live worker."""
 
 
 @dataclass
@@ -98,6 +105,7 @@ class WorkerHandle:
     traj_counter: int = 0
     frames: int = 0
     restarts: int = 0
+    next_seq: int = 0  # sequence number of the next batch this incarnation sends
     joined: bool = False  # a worker started by hand took this slot (``config.remote``)
 
     @property
@@ -168,6 +176,7 @@ class WorkerPool:
         self.failure: BaseException | None = None
         self.ready_queue: deque[Received] = deque()
         self.dropped_batches = 0
+        self.rejected_messages = 0  # not from a live worker, or replayed: logged and dropped
         self.running = False  # ``run`` was sent (asynchronous collectors)
         self.paused = False
         self.version = 0
@@ -245,6 +254,7 @@ class WorkerPool:
         handle.ready = handle.joined = False
         handle.acked_version = 0
         handle.last_steps, handle.busy = -1, False
+        handle.next_seq = 0
         handle.started_at = time.monotonic()
 
     async def _on_join(self, identity: bytes, header: dict[str, Any]) -> None:
@@ -283,6 +293,7 @@ class WorkerPool:
         handle.ready = False
         handle.acked_version = 0
         handle.last_steps, handle.busy = -1, False
+        handle.next_seq = 0
         config = dataclasses.replace(
             handle.config,
             generation=handle.generation,
@@ -354,6 +365,17 @@ class WorkerPool:
             if handle.ready:
                 await self.send(handle, kind, fields)
 
+    def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
+        """The worker and generation an identity names (``None``: no worker of this pool)."""
+        match = _IDENTITY.fullmatch(identity)
+        if match is None or int(match[1]) >= len(self.handles):
+            return None
+        return self.handles[int(match[1])], int(match[2])
+
+    def _reject(self, identity: bytes, reason: BaseException) -> None:
+        self.rejected_messages += 1
+        logger.warning("rejected a message from %r (%d so far): %s", identity[:64], self.rejected_messages, reason)
+
     async def _receive_loop(self) -> None:
         endpoint = self.endpoint
         assert endpoint is not None
@@ -365,21 +387,38 @@ class WorkerPool:
             except TransportError as exc:
                 self._fail(exc)
                 return
+            sender = self._sender(identity)
+            if sender is not None and sender[1] < sender[0].generation:
+                continue  # from an incarnation that died: its batch was counted as dropped
+            # Only a live worker's own sockets can break the pool; anything else that reaches the endpoint
+            # (a stray or hostile peer, a replay) is dropped, logged and counted, and collection goes on.
+            live = sender is not None and sender[1] == sender[0].generation
             try:
                 header, td = unpack_message(frames, kinds=P.TO_COLLECTOR)
-                if header["kind"] == P.JOIN:
+                if header["kind"] == P.JOIN:  # a worker started by hand, from a socket of its own
                     await self._on_join(identity, header)
                     continue
-                index = header.get("worker")
-                if type(index) is not int or not 0 <= index < len(self.handles):
-                    raise ProtocolError(f"message from unknown worker {index!r:.50}")
-                handle = self.handles[index]
-                if header.get("gen") != handle.generation:
-                    continue  # from an incarnation that died: its batch was counted as dropped
-                await self._dispatch(handle, header, td)
-            except (ProtocolError, TransportError) as exc:
-                self._fail(exc)
-            except WorkerError as exc:
+                if sender is None or not live:
+                    raise _Rejected(f"{header['kind']!r} message from {identity!r:.60}, which is no live worker")
+                handle = sender[0]
+                if header.get("worker") != handle.index or header.get("gen") != handle.generation:
+                    raise ProtocolError(
+                        f"worker {handle.index} sent a header naming worker {header.get('worker')!r:.20} "
+                        f"generation {header.get('gen')!r:.20}"
+                    )
+                try:
+                    await self._dispatch(handle, header, td)
+                except (KeyError, TypeError, ValueError) as exc:
+                    what = f"{header['kind']!r} message: {type(exc).__name__}: {exc}"
+                    raise ProtocolError(f"worker {handle.index} sent a malformed {what}") from exc
+            except _Rejected as exc:
+                self._reject(identity, exc)
+            except ProtocolError as exc:
+                if live:
+                    self._fail(exc)
+                else:
+                    self._reject(identity, exc)
+            except (TransportError, WorkerError, TimeoutError) as exc:
                 self._fail(exc)
             self._notify()
 
@@ -393,6 +432,14 @@ class WorkerPool:
                 handle.last_steps, handle.last_progress = steps, now
             handle.busy = busy
         elif kind == P.BATCH:
+            seq = header.get("seq")
+            if type(seq) is not int:
+                raise ProtocolError(f"worker {handle.index} sent a batch with seq={seq!r:.20}, expected an int")
+            if seq < handle.next_seq:
+                raise _Rejected(f"replayed batch: seq {seq} from worker {handle.index}, expected {handle.next_seq}")
+            if seq > handle.next_seq:
+                raise ProtocolError(f"worker {handle.index} sent batch {seq} after {handle.next_seq - 1}: batches lost")
+            handle.next_seq += 1
             handle.traj_counter = int(header["traj_counter"])
             handle.frames = int(header["frames"])
             slot = header.get("slot")
