@@ -25,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -200,22 +201,26 @@ def _torchrl_round(num_envs: int, workers: int, frames: int, frames_per_batch: i
     policy = TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
     make_env = partial(TorchRLGymEnv, ENV_ID, categorical_action_encoding=True)
     total = (n_batches + 1) * frames_per_batch
-    if workers == 1:
-        cls = getattr(trc, "Collector", None) or trc.SyncDataCollector
-        collector = cls(SerialEnv(num_envs, make_env), policy, frames_per_batch=frames_per_batch, total_frames=total)
-    else:
-        cls = getattr(trc, "MultiSyncCollector", None) or trc.MultiSyncDataCollector
-        envs = [partial(SerialEnv, num_envs // workers, make_env)] * workers
-        collector = cls(envs, policy, frames_per_batch=frames_per_batch, total_frames=total)
     collected, start = 0, None
-    try:
-        for batch in collector:
-            if start is None:
-                start = time.perf_counter()
-                continue
-            collected += batch.numel()
-    finally:
-        collector.shutdown()
+    # torchrl is only measured here: its deprecation notices are not the reader's business.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if workers == 1:
+            cls = getattr(trc, "Collector", None) or trc.SyncDataCollector
+            env = SerialEnv(num_envs, make_env)
+            collector = cls(env, policy, frames_per_batch=frames_per_batch, total_frames=total)
+        else:
+            cls = getattr(trc, "MultiSyncCollector", None) or trc.MultiSyncDataCollector
+            envs = [partial(SerialEnv, num_envs // workers, make_env)] * workers
+            collector = cls(envs, policy, frames_per_batch=frames_per_batch, total_frames=total)
+        try:
+            for batch in collector:
+                if start is None:
+                    start = time.perf_counter()
+                    continue
+                collected += batch.numel()
+        finally:
+            collector.shutdown()
     assert start is not None
     return collected, time.perf_counter() - start
 
