@@ -106,6 +106,7 @@ class WorkerHandle:
     frames: int = 0
     restarts: int = 0
     next_seq: int = 0  # sequence number of the next batch this incarnation sends
+    missing_since: float | None = None  # when a heartbeat first said a batch was sent that has not arrived
     joined: bool = False  # a worker started by hand took this slot (``config.remote``)
 
     @property
@@ -254,7 +255,7 @@ class WorkerPool:
         handle.ready = handle.joined = False
         handle.acked_version = 0
         handle.last_steps, handle.busy = -1, False
-        handle.next_seq = 0
+        handle.next_seq, handle.missing_since = 0, None
         handle.started_at = time.monotonic()
 
     async def _on_join(self, identity: bytes, header: dict[str, Any]) -> None:
@@ -263,6 +264,7 @@ class WorkerPool:
 
         assert self.endpoint is not None
         handle = next((h for h in self.handles if h.config.remote and not h.joined and not h.stopping), None)
+        payload: TensorDictBase | None = None
         if header.get("protocol") != PROTOCOL_VERSION:
             reply: dict[str, Any] = {"refused": f"protocol {header.get('protocol')!r} != {PROTOCOL_VERSION}"}
         elif handle is None:
@@ -276,13 +278,13 @@ class WorkerPool:
                 next_traj_counter=handle.traj_counter,
                 frames=handle.frames,
             )
-            reply = {"index": handle.index, "generation": handle.generation,
-                     **encode_config(config, allow_pickle=bool(header.get("pickle")))}  # fmt: skip
+            fields, payload = encode_config(config, allow_pickle=bool(header.get("pickle")))
+            reply = {"index": handle.index, "generation": handle.generation, **fields}
             handle.joined = True
             handle.started_at = time.monotonic()
             logger.info("worker %d joined from %s (pid %s)", handle.index, header.get("host"), header.get("pid"))
         try:
-            await self.endpoint.send(identity, pack_message(P.CONFIG, reply), timeout=1.0)
+            await self.endpoint.send(identity, pack_message(P.CONFIG, reply, payload), timeout=1.0)
         except (TransportError, TimeoutError):
             if handle is not None:  # it left already: free the slot again
                 handle.joined = False
@@ -293,7 +295,7 @@ class WorkerPool:
         handle.ready = False
         handle.acked_version = 0
         handle.last_steps, handle.busy = -1, False
-        handle.next_seq = 0
+        handle.next_seq, handle.missing_since = 0, None
         config = dataclasses.replace(
             handle.config,
             generation=handle.generation,
@@ -431,6 +433,12 @@ class WorkerPool:
             if steps != handle.last_steps or (busy and not handle.busy):
                 handle.last_steps, handle.last_progress = steps, now
             handle.busy = busy
+            # Batches travel on another connection than heartbeats, so one may be overtaken; a batch
+            # still missing a heartbeat_timeout later was lost (a dropped connection loses what it held).
+            if int(header.get("sent", 0)) <= handle.next_seq:
+                handle.missing_since = None
+            elif handle.missing_since is None:
+                handle.missing_since = now
         elif kind == P.BATCH:
             seq = header.get("seq")
             if type(seq) is not int:
@@ -440,6 +448,7 @@ class WorkerPool:
             if seq > handle.next_seq:
                 raise ProtocolError(f"worker {handle.index} sent batch {seq} after {handle.next_seq - 1}: batches lost")
             handle.next_seq += 1
+            handle.missing_since = None
             handle.traj_counter = int(header["traj_counter"])
             handle.frames = int(header["frames"])
             slot = header.get("slot")
@@ -493,6 +502,13 @@ class WorkerPool:
                             + f" within startup_timeout={self.startup_timeout}s",
                             worker_id=handle.index,
                         ))  # fmt: skip
+                elif handle.missing_since is not None and now - handle.missing_since > self.heartbeat_timeout:
+                    await self._on_death(handle, WorkerTimeoutError(
+                        f"worker {handle.index} ({handle.where}) sent batch {handle.next_seq} more than "
+                        f"heartbeat_timeout={self.heartbeat_timeout}s ago and it never arrived: its connection "
+                        "to the collector dropped it",
+                        worker_id=handle.index,
+                    ))  # fmt: skip
                 elif now - handle.last_beat > self.heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
                         f"worker {handle.index} ({handle.where}) sent no heartbeat for {now - handle.last_beat:.1f}s "

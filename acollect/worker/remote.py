@@ -30,6 +30,8 @@ from typing import Any
 
 import cloudpickle
 import msgpack
+import torch
+from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, ProtocolError
 from acollect.transport.auth import ClientKeys
@@ -68,8 +70,9 @@ def resolve_import_path(value: Any) -> Any:
     return obj
 
 
-def encode_config(config: P.WorkerConfig, *, allow_pickle: bool) -> dict[str, Any]:
-    """The ``config`` message fields for ``config``: ``plain`` if msgpack can carry it, else ``pickled``."""
+def encode_config(config: P.WorkerConfig, *, allow_pickle: bool) -> tuple[dict[str, Any], TensorDict | None]:
+    """The ``config`` message for ``config``: ``plain`` header fields if msgpack can carry them, else a
+    ``pickled`` flag and the pickle as a raw ``uint8`` frame (a policy may weigh megabytes)."""
     plain = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _LOCAL_FIELDS}
     plain["devices"] = {k: (None if v is None else str(v)) for k, v in plain["devices"].items()}
     try:
@@ -77,18 +80,25 @@ def encode_config(config: P.WorkerConfig, *, allow_pickle: bool) -> dict[str, An
     except (TypeError, ValueError, OverflowError):
         pass
     else:
-        return {"plain": plain}
+        return {"plain": plain}, None
     if not allow_pickle:
         return {
             "refused": "this collector's env factory or policy is a Python object, and the worker refuses "
             "pickled configs: name the factories by import path ('pkg.module:make_env') and pass "
             "policy_factory by import path, or start the worker without --no-pickle"
-        }
-    return {"pickled": cloudpickle.dumps(dataclasses.replace(config, keys=None))}
+        }, None
+    payload = bytearray(cloudpickle.dumps(dataclasses.replace(config, keys=None)))
+    return {"pickled": True}, TensorDict({"pickled": torch.frombuffer(payload, dtype=torch.uint8)}, batch_size=[])
 
 
 def decode_config(
-    fields: dict[str, Any], *, address: str, keys: ClientKeys, allow_pickle: bool, authenticated: bool
+    fields: dict[str, Any],
+    td: TensorDictBase | None,
+    *,
+    address: str,
+    keys: ClientKeys,
+    allow_pickle: bool,
+    authenticated: bool,
 ) -> P.WorkerConfig:
     """Builds this worker's config from a ``config`` message.
 
@@ -99,11 +109,13 @@ def decode_config(
         raise ConfigurationError(f"the collector at {address} refused this worker: {fields['refused']}")
     if "plain" in fields:
         config = P.WorkerConfig(address=address, parent_pid=0, **fields["plain"])
-    elif "pickled" in fields:
+    elif fields.get("pickled"):
         if not (allow_pickle and authenticated):
             why = "--no-pickle was given" if authenticated else "the collector is not authenticated"
             raise ConfigurationError(f"the collector at {address} sent a pickled config, not unpickled: {why}")
-        config = cloudpickle.loads(fields["pickled"])
+        if td is None or "pickled" not in td.keys():
+            raise ProtocolError("a pickled config message without its payload frame")
+        config = cloudpickle.loads(td.get("pickled").numpy().tobytes())
     else:
         raise ProtocolError("a config message with neither 'plain' nor 'pickled' fields")
     if config.index != fields.get("index") or config.generation != fields.get("generation"):
@@ -135,8 +147,8 @@ def join(address: str, keys: ClientKeys, *, timeout: float = 60.0, allow_pickle:
         frames = sock.recv(timeout=max(0.0, deadline - time.monotonic()))
     if frames is None:
         raise TimeoutError(f"the collector at {address} did not answer within {timeout}s")
-    header, _ = unpack_message(frames, kinds=frozenset({P.CONFIG}))
-    return decode_config(header, address=address, keys=keys, allow_pickle=allow_pickle, authenticated=True)
+    header, td = unpack_message(frames, kinds=frozenset({P.CONFIG}))
+    return decode_config(header, td, address=address, keys=keys, allow_pickle=allow_pickle, authenticated=True)
 
 
 def run_remote_worker(address: str, keys: ClientKeys, *, join_timeout: float = 60.0, allow_pickle: bool = True) -> int:
