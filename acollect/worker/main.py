@@ -132,6 +132,7 @@ class _Worker:
         self.segments: dict[str, ShmSegment] = {}
         self.runner: threading.Thread | None = None
         self.failed = False
+        self.sent = 0  # batches handed to ZeroMQ; heartbeats carry it so a lost batch is noticed
         self.episodes = EpisodeTracker()  # the runner's: episodes travel in each batch header
         self.layout: dict[str, Any] = {}  # this worker's batch layout, as sent in hello
         self.dist: Any = None  # a DistLink once the collector sent ``dist_init`` (DistributedCollector)
@@ -214,7 +215,8 @@ class _Worker:
             now = time.monotonic()
             if now >= next_beat:
                 engine = self.engine
-                self.send(P.HEARTBEAT, {"steps": engine.steps if engine is not None else 0, "busy": self.busy})
+                steps = engine.steps if engine is not None else 0
+                self.send(P.HEARTBEAT, {"steps": steps, "busy": self.busy, "sent": self.sent})
                 next_beat = now + interval
             frames = self.control.recv(timeout=min(0.2, max(0.0, next_beat - time.monotonic())))
             if frames is None:
@@ -411,6 +413,7 @@ class _Worker:
                 while not self.stopping:
                     try:
                         data.send(message, timeout=_SEND_RETRY)
+                        self.sent = seq
                         break
                     except TimeoutError:
                         continue

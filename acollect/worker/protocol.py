@@ -31,7 +31,7 @@ Worker -> collector:
 ``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames
 ``ack``        ``version``: these weights are in the worker (applied or staged)
 ``reply``      ``req`` and the fields asked for
-``heartbeat``  ``steps``, ``busy``: the rollout engine's progress
+``heartbeat``  ``steps``, ``busy``, ``sent``: the rollout engine's progress, batches sent so far
 ``error``      ``type``, ``message``, ``traceback``: an exception in env or policy
 ``join``       ``protocol``, ``pid``, ``host``, ``pickle``: a worker started by hand asks for a config
                (sent from a socket of its own; carries no ``worker`` index yet)
