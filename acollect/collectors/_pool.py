@@ -570,11 +570,13 @@ class WorkerPool:
             WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
         """
         async with self._weights_lock:
-            if self.failure is not None:
-                failed = getattr(self.failure, "worker_id", None)
+            failed = getattr(self.failure, "worker_id", None)
+            # A pool broken by one worker still updates the others (they are alive and answer), so the
+            # error below names exactly the workers without the weights; any other failure refuses at once.
+            if self.failure is not None and not isinstance(failed, int):
                 raise WeightSyncError(
                     f"cannot push weights: the collector is broken ({self.failure})",
-                    worker_ids=[failed] if isinstance(failed, int) else list(worker_ids),
+                    worker_ids=list(worker_ids),
                 ) from self.failure
             entries: list[dict[str, Any]] = []
             frames: dict[str, torch.Tensor] = {}
@@ -608,8 +610,9 @@ class WorkerPool:
 
             deadline = time.monotonic() + limit
             while missing():
-                # Without restarts a dead worker never answers: wait only for the live ones.
-                waiting = missing() if self.max_restarts else [i for i in missing() if i not in dead()]
+                # Without restarts (or once the pool is broken) a dead worker never answers: wait for the live ones.
+                restarting = self.max_restarts and self.failure is None
+                waiting = missing() if restarting else [i for i in missing() if i not in dead()]
                 remaining = deadline - time.monotonic()
                 if not waiting or remaining <= 0:
                     why = f"; workers {dead()} are dead" if dead() else ""
