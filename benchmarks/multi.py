@@ -4,9 +4,14 @@ Five measurements, each against an in-process reference taken in the same run:
 
 1. ``cartpole``: MultiSyncCollector, 2 workers x 16 CartPole-v1 envs, the reference MLP,
    frames_per_batch 2048, against the hand-written in-process loop of ``inprocess.py`` (same
-   total env count, one process). Rounds alternate between the two (wall clock).
+   total env count, one process). Rounds alternate between the two (wall clock). With
+   ``--torchrl``, also torchrl's ``MultiSyncCollector`` with 2 workers x ``SerialEnv(16)``, the
+   same module in a ``TensorDictModule``, same frames_per_batch (``--torchrl-frames`` timed
+   frames per round: it is much slower).
 2. ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost, 2 workers x 8
-   envs: batch bytes delivered per second, against ``tensor.copy_`` of a batch of that size.
+   envs: batch bytes delivered per second, against ``tensor.copy_`` of a batch of that size;
+   MultiSync and MultiAsync, each with the default ``copy_batches=True`` (every batch fresh
+   memory of its own) and with ``copy_batches=False`` (lent until the next iteration).
 3. ``weights``: a 10M-parameter MLP pushed to 2 idle workers and acknowledged, against one
    in-process copy of its parameters.
 4. ``startup``: constructing a 2-worker collector (default ``spawn``) to its first batch, against
@@ -105,32 +110,73 @@ async def _multi_round(frames: int, fpb: int, workers: int, envs: int) -> tuple[
     return collected, seconds, first - created
 
 
+def _torchrl_round(frames: int, fpb: int, workers: int, envs: int) -> tuple[int, float]:
+    from tensordict.nn import TensorDictModule
+    from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
+    from torchrl.envs import GymEnv as TorchRLGymEnv
+    from torchrl.envs import SerialEnv
+
+    n_batches = max(1, frames // fpb)
+    make_env = functools.partial(
+        SerialEnv, envs, functools.partial(TorchRLGymEnv, "CartPole-v1", categorical_action_encoding=True)
+    )
+    policy = TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
+    collector = TorchRLMultiSync([make_env] * workers, policy, frames_per_batch=fpb, total_frames=(n_batches + 1) * fpb)
+    collected, first = 0, None
+    try:
+        for batch in collector:
+            if first is None:
+                first = time.perf_counter()
+                continue
+            collected += batch.numel()
+        seconds = time.perf_counter() - (first or 0.0)
+    finally:
+        collector.shutdown()
+    return collected, seconds
+
+
 def cartpole(args: argparse.Namespace) -> dict[str, Any]:
     envs_total = args.workers * args.envs
-    hand, multi = [], []
+    hand, multi, trl = [], [], []
     for r in range(args.rounds):
         n, s, _ = hand_loop_round(envs_total, args.frames_per_batch, args.frames, seed=r)
         hand.append(n / s)
         n, s, _ = asyncio.run(_multi_round(args.frames, args.frames_per_batch, args.workers, args.envs))
         multi.append(n / s)
-        print(f"  round {r + 1}: hand loop ({envs_total} envs) {hand[-1]:,.0f}  multi {multi[-1]:,.0f} frames/s")
+        line = f"  round {r + 1}: hand loop ({envs_total} envs) {hand[-1]:,.0f}  multi {multi[-1]:,.0f}"
+        if args.torchrl:
+            n, s = _torchrl_round(args.torchrl_frames, args.frames_per_batch, args.workers, args.envs)
+            trl.append(n / s)
+            line += f"  torchrl {trl[-1]:,.0f}"
+        print(line + " frames/s")
     ratio = _median(multi) / _median(hand)
     print(f"cartpole: hand loop {_median(hand):,.0f} frames/s, MultiSyncCollector {_median(multi):,.0f} frames/s "
           f"-> {ratio:.2f}x")  # fmt: skip
-    return {"hand_loop": hand, "multi_sync": multi, "ratio": ratio, "target": 1.6}
+    result: dict[str, Any] = {"hand_loop": hand, "multi_sync": multi, "ratio": ratio, "target": 1.6}
+    if trl:
+        result.update(torchrl_multi_sync=trl, over_torchrl=_median(multi) / _median(trl), torchrl_target=10.0)
+        print(f"cartpole: torchrl MultiSyncCollector {_median(trl):,.0f} frames/s -> acollect is "
+              f"{result['over_torchrl']:.1f}x")  # fmt: skip
+    return result
 
 
 # -- 2. pixels ------------------------------------------------------------------------------------
-async def _pixel_round(batches: int, envs: int, steps: int, kind: str) -> tuple[float, int]:
+async def _pixel_round(batches: int, envs: int, steps: int, kind: str, copy: bool = True) -> tuple[float, int]:
     if kind == "sync":  # one batch from both workers per request: [2, envs, steps]
         fpb = 2 * envs * steps
         collector: Any = MultiSyncCollector(
-            [functools.partial(PixelEnv, envs)] * 2, frames_per_batch=fpb, total_frames=(batches + 1) * fpb
+            [functools.partial(PixelEnv, envs)] * 2,
+            frames_per_batch=fpb,
+            total_frames=(batches + 1) * fpb,
+            copy_batches=copy,
         )
     else:  # each worker collects ahead (2 credits); batches of [envs, steps], twice as many of them
         fpb, batches = envs * steps, 2 * batches
         collector = MultiAsyncCollector(
-            [functools.partial(PixelEnv, envs)] * 2, frames_per_batch=fpb, total_frames=(batches + 1) * fpb
+            [functools.partial(PixelEnv, envs)] * 2,
+            frames_per_batch=fpb,
+            total_frames=(batches + 1) * fpb,
+            copy_batches=copy,
         )
     async with collector:
         nbytes, first = 0, None
@@ -142,22 +188,40 @@ async def _pixel_round(batches: int, envs: int, steps: int, kind: str) -> tuple[
         return nbytes / (time.perf_counter() - first), nbytes // batches
 
 
-def pixels(args: argparse.Namespace) -> dict[str, Any]:
-    rate, batch_bytes = asyncio.run(_pixel_round(args.pixel_batches, 8, args.pixel_steps, "sync"))
-    async_rate, _ = asyncio.run(_pixel_round(args.pixel_batches, 8, args.pixel_steps, "async"))
-    src = torch.randint(0, 255, (batch_bytes,), dtype=torch.uint8)
+def _copy_rate(nbytes: int) -> float:
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)
     reps, start = 20, time.perf_counter()
     for _ in range(reps):
         dst.copy_(src)
-    copy_rate = reps * batch_bytes / (time.perf_counter() - start)
-    ratio, async_ratio = rate / copy_rate, async_rate / copy_rate
-    print(f"pixels: MultiSync {rate / 1e9:.2f} GB/s delivered ({batch_bytes / 1e6:.0f} MB batches), "
-          f"MultiAsync {async_rate / 1e9:.2f} GB/s; copy_ {copy_rate / 1e9:.2f} GB/s "
-          f"-> {ratio:.2f}x / {async_ratio:.2f}x")  # fmt: skip
-    return {"sync_bytes_per_s": rate, "async_bytes_per_s": async_rate, "copy_bytes_per_s": copy_rate,
-            "batch_bytes": batch_bytes, "ratio": ratio, "async_ratio": async_ratio, "target": 0.5}  # fmt: skip
+    return reps * nbytes / (time.perf_counter() - start)
+
+
+def pixels(args: argparse.Namespace) -> dict[str, Any]:
+    # Rounds alternate between the contenders, and copy_ is timed in each round, so load changes hit all alike.
+    contenders = {"sync": ("sync", True), "sync_lent": ("sync", False), "async": ("async", True),
+                  "async_lent": ("async", False)}  # fmt: skip
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    copies: list[float] = []
+    batch_bytes = 0
+    for r in range(args.pixel_rounds):
+        for name, (kind, copy) in contenders.items():
+            rate, nbytes = asyncio.run(_pixel_round(args.pixel_batches, 8, args.pixel_steps, kind, copy))
+            rates[name].append(rate)
+            batch_bytes = batch_bytes or (nbytes if kind == "sync" else 2 * nbytes)
+        copies.append(_copy_rate(batch_bytes))
+        print(f"  round {r + 1}: " + ", ".join(f"{n} {v[-1] / 1e9:.2f}" for n, v in rates.items())
+              + f", copy_ {copies[-1] / 1e9:.2f} GB/s")  # fmt: skip
+    copy_rate = _median(copies)
+    ratios = {name: _median(v) / copy_rate for name, v in rates.items()}
+    figures = ", ".join(f"{name} {_median(rates[name]) / 1e9:.2f} GB/s ({ratios[name]:.2f}x)" for name in rates)
+    print(f"pixels ({batch_bytes / 1e6:.0f} MB per MultiSync batch; copy_ {copy_rate / 1e9:.2f} GB/s): {figures}")
+    return {"sync_bytes_per_s": rates["sync"], "sync_lent_bytes_per_s": rates["sync_lent"],
+            "async_bytes_per_s": rates["async"], "async_lent_bytes_per_s": rates["async_lent"],
+            "copy_bytes_per_s": copies, "batch_bytes": batch_bytes, "ratio": ratios["sync"],
+            "lent_ratio": ratios["sync_lent"], "async_ratio": ratios["async"],
+            "async_lent_ratio": ratios["async_lent"], "target": 0.5}  # fmt: skip
 
 
 # -- 3. weights -----------------------------------------------------------------------------------
@@ -250,9 +314,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--frames", type=int, default=100_000, help="timed CartPole frames per round")
     parser.add_argument("--frames-per-batch", type=int, default=2048)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--torchrl", action="store_true", help="also run torchrl's MultiSyncCollector (cartpole)")
+    parser.add_argument("--torchrl-frames", type=int, default=20_480, help="timed torchrl frames per round")
     parser.add_argument("--envs", type=int, default=16, help="CartPole envs per worker")
     parser.add_argument("--pixel-batches", type=int, default=20)
     parser.add_argument("--pixel-steps", type=int, default=32, help="T of each pixel batch (8 envs per worker)")
+    parser.add_argument("--pixel-rounds", type=int, default=3, help="rounds of the pixel contenders")
     parser.add_argument("--weight-reps", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
