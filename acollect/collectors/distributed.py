@@ -182,7 +182,11 @@ class _DistributedMixin:
             )
 
 
-_DOC_ARGS = """
+class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
+    """A :class:`~acollect.MultiSyncCollector` whose batches and weights move over torch.distributed.
+
+    Every batch holds one part from each worker, collected with the same weights.
+
     Args:
         create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
         policy: the policy (see :class:`~acollect.MultiSyncCollector`).
@@ -197,14 +201,7 @@ _DOC_ARGS = """
 
     Raises:
         ConfigurationError: a bad argument, a backend torch does not have here, or ``max_worker_restarts``.
-"""
-
-
-class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
-    __doc__ = (
-        "A :class:`~acollect.MultiSyncCollector` whose batches and weights move over torch.distributed.\n\n"
-        "    Every batch holds one part from each worker, collected with the same weights.\n" + _DOC_ARGS
-    )
+    """
 
     def __init__(
         self,
@@ -228,12 +225,27 @@ class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
 
 
 class DistributedCollector(_DistributedMixin, MultiAsyncCollector):
-    __doc__ = (
-        "Collects in worker processes whose batches and weights move over torch.distributed.\n\n"
-        "    ``sync=False`` (default): a :class:`~acollect.MultiAsyncCollector` (first ready, first served).\n"
-        "    ``sync=True``: returns a :class:`DistributedSyncCollector` instead.\n"
-        + _DOC_ARGS.replace("        **kwargs", "        sync: collect in lockstep (see above).\n        **kwargs")
-    )
+    """Collects in worker processes whose batches and weights move over torch.distributed.
+
+    ``sync=False`` (default): a :class:`~acollect.MultiAsyncCollector` (first ready, first served);
+    ``sync=True``: a :class:`DistributedSyncCollector` is returned instead.
+
+    Args:
+        create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
+        policy: the policy (see :class:`~acollect.MultiSyncCollector`).
+        backend: ``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors, one GPU per rank) or ``"mpi"``.
+        tcp_port: port of the rendezvous on ``master_addr`` (default: a free one).
+        init_method: a torch.distributed init URL instead (``"tcp://host:port"``, ``"file:///path"``).
+        master_addr: the collector's address as the workers reach it (default ``127.0.0.1``).
+        dist_timeout: seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast);
+            torch's own default is 30 minutes.
+        sync: ``True`` returns a :class:`DistributedSyncCollector` instead.
+        **kwargs: every keyword argument of the multi-process collector (``frames_per_batch``,
+            ``total_frames``, ``num_workers``, ``policy_factory``, devices, ``update_after_each_batch``...).
+
+    Raises:
+        ConfigurationError: a bad argument, a backend torch does not have here, or ``max_worker_restarts``.
+    """
 
     def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> Any:
         if not isinstance(sync, bool):
