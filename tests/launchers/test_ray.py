@@ -105,3 +105,19 @@ async def test_async_ray_collector_fills_its_replay_buffer_in_the_background() -
             pass
     assert len(rb) >= 40
     assert collector.state.name == "CLOSED"
+
+
+def test_blocking_shutdown_after_the_event_loop_ended_ends_the_actors() -> None:
+    import anyio
+
+    collector = RayCollector([CountingEnv], frames_per_batch=4, sync=True)
+
+    async def take_one() -> list[object]:
+        await collector.__aenter__()
+        await anext(collector)
+        return collector.remote_collectors  # the loop ends here without async_shutdown()
+
+    actors = anyio.run(take_one)
+    collector.shutdown(timeout=5)
+    assert collector.state.name == "CLOSED"
+    assert all(_dead(a) for a in actors)
