@@ -123,8 +123,10 @@ class WorkerHandle:
         return self.process.describe() if self.process is not None else f"pid {self.pid}"
 
 
-def _launch(launcher: Launcher, config: P.WorkerConfig, _stop: object) -> LaunchedWorker:
-    process = launcher.start(config)
+def _launch(launcher: Launcher, config: P.WorkerConfig, handle: WorkerHandle, _stop: object) -> LaunchedWorker:
+    # Recorded as soon as it exists: a launch cancelled (or failing) half-way still leaves a process
+    # that close() knows about and stops, instead of one that outlives the collector.
+    process = handle.process = launcher.start(config)
     process.write_config()
     return process
 
@@ -309,7 +311,7 @@ class WorkerPool:
         handle.started_at = time.monotonic()
         handle.process = None  # the monitor skips the worker until it is launched
         # Off the event loop: a local start writes the config down a pipe, an engine may make a network call.
-        handle.process = await run_in_thread(partial(_launch, self.launcher, config), name="worker-launch")
+        await run_in_thread(partial(_launch, self.launcher, config, handle), name="worker-launch")
 
     def _wants_shm(self, nbytes: int) -> bool:
         if not self.launcher.same_host:
