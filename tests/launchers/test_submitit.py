@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 from launcher_helpers import WeightProbe
 
-from acollect import MultiAsyncCollector, MultiSyncCollector, WorkerCrashedError, submitit_delayed_launcher
+from acollect import (
+    ConfigurationError,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    WorkerCrashedError,
+    submitit_delayed_launcher,
+)
 from acollect.launchers import SubmititLauncher
 from acollect.testing import CountingEnv
 
@@ -73,3 +79,14 @@ def test_delayed_launcher_caps_worker_jobs() -> None:
 
     with pytest.raises(Exception, match="max_jobs"):
         too_many()
+
+
+async def test_an_unpicklable_env_factory_is_named_before_any_job_starts() -> None:
+    import threading
+
+    lock = threading.Lock()
+    launcher = SubmititLauncher(cluster="local")
+    collector = MultiSyncCollector([lambda: (lock, CountingEnv())[1]], frames_per_batch=4, launcher=launcher)
+    with pytest.raises(ConfigurationError, match=r"cannot send the env factory or policy to worker 0.*cloudpickle"):
+        await collector.__aenter__()
+    assert launcher._tmp_folder is None, "the launcher released its job folder"
