@@ -37,7 +37,7 @@ def _ray() -> Any:
         import ray
     except ImportError as exc:
         raise ConfigurationError(
-            "launcher='ray' needs Ray: pip install 'acollect[ray]' (or pip install 'ray[default]')"
+            "launcher='ray' needs Ray: pip install 'acollect[ray]' (or pip install ray)"
         ) from exc
     return ray
 
