@@ -76,9 +76,7 @@ def _make(
         return MultiSyncCollector(env_fn, policy, address="tcp://127.0.0.1:0", keys=keys, **common), []
     if road == "remote workers":
         address = f"tcp://127.0.0.1:{_free_port()}"
-        collector = MultiSyncCollector(
-            env_fn, policy, address=address, keys=keys, remote_workers=WORKERS, **common
-        )
+        collector = MultiSyncCollector(env_fn, policy, address=address, keys=keys, remote_workers=WORKERS, **common)
         return collector, _start_remote(address, keys)
     if road == "gloo":
         return DistributedSyncCollector(env_fn, policy, backend="gloo", **common), []
@@ -141,6 +139,59 @@ async def _push(road: str, keys: Path, big: bool, reps: int) -> list[float]:
 
 ROADS = ("ipc", "tcp", "tcp+curve", "remote workers", "gloo")
 
+# One sender process blasting batch messages at the collector's endpoint: how many a collector
+# can take in per second (unpacked, as the pool does), i.e. its fan-in ceiling.
+_SENDER = """
+import sys, torch
+from tensordict import TensorDict
+from acollect.transport.auth import ClientKeys
+from acollect.transport.endpoint import WorkerSocket
+from acollect.transport.wire import pack_message
+address, nbytes, count, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+td = TensorDict({"x": torch.zeros(nbytes // 4)}, batch_size=[])
+msg = pack_message("batch", {"worker": 0, "gen": 1}, td)
+with WorkerSocket(address, b"s", keys=ClientKeys.load(keys, "w0") if keys != "-" else None) as sock:
+    for _ in range(count):
+        sock.send(msg, timeout=60)
+    sock.recv(timeout=60)  # linger is 0: stay until everything was taken
+"""
+
+
+async def _fanin(road: str, keys: Path, nbytes: int, count: int) -> float:
+    from acollect.transport.auth import ServerKeys
+    from acollect.transport.endpoint import Endpoint
+    from acollect.transport.wire import unpack_message
+
+    address = None if road == "ipc" else "tcp://127.0.0.1:0"
+    async with Endpoint(address, keys=ServerKeys.load(keys) if road == "tcp+curve" else None) as endpoint:
+        key_arg = str(keys) if road == "tcp+curve" else "-"
+        cmd = [sys.executable, "-c", _SENDER, endpoint.address, str(nbytes), str(count), key_arg]
+        sender = subprocess.Popen(cmd)  # noqa: ASYNC220 - started once, before the timed part
+        try:
+            await endpoint.recv(timeout=60)
+            start = time.perf_counter()
+            for _ in range(count - 1):
+                _, frames = await endpoint.recv(timeout=60)
+                unpack_message(frames)
+            seconds = time.perf_counter() - start
+            await endpoint.send(b"s", [b"done"])
+        finally:
+            _finish([sender])
+    return (count - 1) / seconds
+
+
+def fanin(args: argparse.Namespace, keys: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    sizes = {"CartPole part, 1024 frames (82 KB)": 82_000, "4 MB": 4_000_000}
+    print(f"\n{'collector fan-in, messages/s':<30}" + "".join(f"{k:>36}" for k in sizes))
+    for road in ("ipc", "tcp", "tcp+curve"):
+        rates = {k: statistics.median(asyncio.run(_fanin(road, keys, n, args.fanin_count)) for _ in range(args.rounds))
+                 for k, n in sizes.items()}  # fmt: skip
+        out[road] = {k: {"messages_per_s": r, "GB_per_s": r * sizes[k] / 1e9} for k, r in rates.items()}
+        cells = "".join(f"{f'{r:,.0f} ({r * sizes[k] / 1e9:.2f} GB/s)':>36}" for k, r in rates.items())
+        print(f"{road:<30}{cells}")
+    return out
+
 
 def throughput(args: argparse.Namespace, keys: Path) -> dict[str, Any]:
     def contender(road: str) -> Callable[[], tuple[int, float, float]]:
@@ -174,12 +225,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--frames", type=int, default=60_000, help="timed frames per round")
     parser.add_argument("--weight-reps", type=int, default=10)
-    parser.add_argument("--only", nargs="*", choices=["throughput", "weights"], default=["throughput", "weights"])
+    parser.add_argument("--fanin-count", type=int, default=2000, help="messages per fan-in round")
+    parser.add_argument(
+        "--only", nargs="*", choices=["throughput", "weights", "fanin"], default=["throughput", "weights", "fanin"]
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH")
     args = parser.parse_args(argv)
     single_thread_torch()
     keys = _keys()
-    parts = {"throughput": throughput, "weights": weights}
+    parts = {"throughput": throughput, "weights": weights, "fanin": fanin}
     results = {name: parts[name](args, keys) for name in args.only}
     payload = {"benchmark": "remote", "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_info(),
                "results": results}  # fmt: skip

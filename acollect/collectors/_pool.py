@@ -651,6 +651,10 @@ class WorkerPool:
                             await self.send(handle, P.STOP)
                         except TransportError:
                             pass
+            if remote:
+                # No exit code to wait for, and the socket drops unsent messages on close (linger 0):
+                # give the I/O thread a moment to put each ``stop`` on the wire.
+                await asyncio.sleep(min(0.5, 0.2 * limit))
         # Most of the time goes to a graceful stop; SIGTERM and SIGKILL get what is left.
         await self._wait_exit(live, deadline - 0.4 * limit)
         for handle in live:
