@@ -164,6 +164,13 @@ class MultiCollectorBase(CollectorBase):
             "init_random_frames": init_random_frames, "reset_at_each_iter": reset_at_each_iter,
             "exploration_type": exploration_type, "env_kwargs": env_kwargs, "num_threads": num_threads,
         }  # fmt: skip
+        # What crosses processes is host memory. One storing device for the whole collector is therefore
+        # applied where batches are handed out; workers then store on the CPU and need no CUDA context
+        # just to hold a batch. (A list of devices, one per worker, is passed to the workers as is.)
+        store = storing_device if storing_device is not None else device
+        self._storing_device = None if isinstance(store, (list, tuple)) else check_device("storing_device", store)
+        if self._storing_device is not None and self._storing_device.type != "cpu":
+            shared["storing_device"] = "cpu"
         options = [self._worker_options(shared, collector_kwargs, i, n) for i in range(n)]
         import acollect
 
@@ -426,6 +433,8 @@ class MultiCollectorBase(CollectorBase):
             await self._give_back(item)
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._storing_device is not None and self._storing_device.type != "cpu":
+            batch = batch.to(self._storing_device, non_blocking=True)
         if self.split_trajs:
             batch = split_trajectories(batch)
         if self.postproc is not None:
