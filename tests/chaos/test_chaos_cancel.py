@@ -1,0 +1,101 @@
+"""Chaos: cancel the consuming task at random points of a collector's life, and find nothing left behind.
+
+Each round runs a short trainer (start-up, batches, a weight push, a pause, shutdown) and cancels it at a
+random moment inside one of those phases, in turn. After each round: no child process, acollect thread,
+shared-memory segment, open file descriptor (ZeroMQ sockets and contexts) or ipc socket file remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+from chaos_helpers import (
+    Ledger,
+    LedgerEnv,
+    LedgerPolicy,
+    env_int,
+    ipc_file_exists,
+    leftovers,
+    open_fds,
+    our_children,
+    our_segments,
+)
+from chaos_helpers import our_threads as acollect_threads
+
+from acollect import CollectorState, MultiAsyncCollector, MultiSyncCollector
+from acollect.collectors._multi_base import MultiCollectorBase
+
+CANCELS = env_int("ACOLLECT_CHAOS_CANCELS", 40)
+PHASES = ("start-up", "batch", "weights", "pause", "shutdown")
+# How long after entering its phase a round may be cancelled (seconds): about the phase's length.
+SPREAD = {"start-up": 0.4, "batch": 0.02, "weights": 0.01, "pause": 0.05, "shutdown": 0.05}
+
+
+def make_collector(kind: int, ledger: Ledger, address: str, start_method: str) -> MultiCollectorBase:
+    env = functools.partial(LedgerEnv, str(ledger.path), num_envs=2, step_time=0.0002)
+    cls = MultiSyncCollector if kind % 2 == 0 else MultiAsyncCollector
+    # Large enough batches go through shared-memory slots, small ones as frames: both kinds of cleanup.
+    return cls(
+        [env] * 2,
+        LedgerPolicy(0.0),
+        frames_per_batch=40,
+        address=address,
+        use_shared_memory=kind % 4 < 2,
+        start_method=start_method,
+        shutdown_timeout=3.0,
+    )
+
+
+async def trainer(collector: MultiCollectorBase, arm: Callable[[str], None]) -> None:
+    """A short trainer's life; ``arm(phase)`` is called as each phase begins."""
+    arm("start-up")
+    async with collector:
+        arm("batch")
+        await anext(collector)
+        await anext(collector)
+        arm("weights")
+        await collector.update_policy_weights_(LedgerPolicy(1.0))
+        arm("pause")
+        async with collector.pause():
+            await anyio.sleep(0.05)
+        await anext(collector)
+        arm("shutdown")
+
+
+async def test_cancelling_the_consumer_anywhere_leaves_nothing_behind(
+    start_method: str, ledger: Ledger, rng: random.Random, tmp_path: Path
+) -> None:
+    # A first collector starts what lives as long as this process (the fork server, pyzmq's garbage
+    # collector thread) before the baselines are taken.
+    async with make_collector(0, ledger, f"ipc://{tmp_path}/warm.sock", start_method) as warm:
+        await anext(warm)
+    children, segments, threads, fds = our_children(), our_segments(), acollect_threads(), open_fds()
+    loop = asyncio.get_running_loop()
+    hit = dict.fromkeys(PHASES, 0)
+    for i in range(CANCELS):
+        phase = PHASES[i % len(PHASES)]
+        address = f"ipc://{tmp_path}/round{i}.sock"
+        collector = make_collector(i // len(PHASES), ledger, address, start_method)
+        with anyio.CancelScope() as scope:
+
+            def arm(entered: str, scope: anyio.CancelScope = scope, phase: str = phase) -> None:
+                if entered == phase:
+                    loop.call_later(rng.uniform(0, SPREAD[phase]), scope.cancel)
+
+            with anyio.fail_after(60):  # a hang is a failure, not a stuck suite
+                await trainer(collector, arm)
+        if scope.cancelled_caught:
+            hit[phase] += 1
+        assert collector.state is CollectorState.CLOSED, f"round {i} ({phase}): collector left {collector.state}"
+        left = leftovers(children, segments, threads)
+        assert not left, f"round {i}, cancelled during {phase}: {left}"
+        assert open_fds() <= fds, f"round {i}, cancelled during {phase}: {open_fds() - fds} file descriptors left"
+        assert not ipc_file_exists(address), f"round {i}: ipc socket file left"
+    # Most rounds were really cancelled (the rest finished before their random moment came).
+    assert sum(hit.values()) >= CANCELS // 2, hit
+    print(f"\ncancelled {sum(hit.values())} of {CANCELS} rounds, per phase: {hit}")

@@ -1,0 +1,152 @@
+"""Chaos: SIGKILL random workers at random moments, and account for every frame.
+
+The envs are counting envs whose workers keep a ledger of the steps they took (see ``chaos_helpers``),
+so the test knows what each killed worker collected and compares it with what the collector handed
+out: nothing is duplicated, nothing is missing inside what a worker delivered, and the only frames lost
+are those of the batch in flight at each kill, which the collector counts in ``dropped_batches``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+
+import anyio
+import pytest
+from chaos_helpers import NOTICE, Ledger, LedgerEnv, StreamChecker, env_int
+
+from acollect import MultiSyncCollector, WorkerCrashedError
+from acollect.testing import wait_until
+
+N_WORKERS, N_ENVS, T = 2, 2, 25
+KILLS = env_int("ACOLLECT_CHAOS_KILLS", 50)
+
+
+@dataclass
+class Kill:
+    worker: int
+    pid: int
+    mid_batch: bool  # the trainer was waiting for a batch when the kill came
+    dropped: int  # what dropped_batches grew by
+    notice_s: float  # until the restart was counted
+
+
+def ledger_env(ledger: Ledger, step_time: float = 0.0005) -> functools.partial[LedgerEnv]:
+    return functools.partial(LedgerEnv, str(ledger.path), step_time=step_time, num_envs=N_ENVS, episode_length=7)
+
+
+async def test_random_kills_with_restarts_lose_only_the_batches_in_flight(
+    start_method: str, ledger: Ledger, rng: random.Random
+) -> None:
+    checker = StreamChecker()
+    pids: dict[int, list[int]] = {w: [] for w in range(N_WORKERS)}
+    kills: list[Kill] = []
+    collector = MultiSyncCollector(
+        [ledger_env(ledger)] * N_WORKERS,
+        frames_per_batch=N_WORKERS * N_ENVS * T,
+        max_worker_restarts=KILLS,
+        start_method=start_method,
+    )
+    async with collector:
+
+        async def take() -> None:
+            batch = await anext(collector)
+            for w in range(N_WORKERS):
+                checker.feed(w, batch[w])
+
+        for w, pid in enumerate(collector.worker_pids):
+            assert pid is not None
+            pids[w].append(pid)
+        await take()
+        for k in range(KILLS):
+            w = rng.randrange(N_WORKERS)
+            victim = collector.worker_pids[w]
+            assert victim is not None
+            before = collector.dropped_batches
+            mid = rng.random() < 0.7
+            killed_at = time.monotonic()
+            if mid:  # while the trainer waits for a batch: some time into it, up to about one batch
+                killed_at += rng.uniform(0, 0.015)
+                asyncio.get_running_loop().call_at(killed_at - time.monotonic() + asyncio.get_running_loop().time(),
+                                                   os.kill, victim, signal.SIGKILL)  # fmt: skip
+                with anyio.fail_after(NOTICE + 5):
+                    await take()
+            else:
+                os.kill(victim, signal.SIGKILL)
+            # Each kill is counted as a restart: the trainer never waits on a dead worker.
+            await wait_until(
+                lambda: collector.stats().restarts >= k + 1 and collector.worker_pids[w] not in (victim, None),  # noqa: B023
+                timeout=NOTICE,
+                interval=0.005,
+            )
+            notice = time.monotonic() - killed_at
+            kills.append(Kill(w, victim, mid, collector.dropped_batches - before, notice))
+            new_pid = collector.worker_pids[w]
+            assert new_pid is not None
+            pids[w].append(new_pid)
+            with anyio.fail_after(NOTICE):
+                await take()  # every incarnation delivers at least one batch
+        dropped = collector.dropped_batches
+        assert collector.stats().restarts == KILLS
+
+    # Every kill restarted its worker: one incarnation per process, each gap-free from its env's first step.
+    for w in range(N_WORKERS):
+        assert len(checker.streams[w]) == len(pids[w]), f"worker {w}: incarnations do not match its processes"
+    # Frames lost are the frames a killed worker collected and never delivered: at most one batch (the one
+    # in flight), none when the kill came between batches, and counted whenever there were any.
+    by_pid = {(k.worker, k.pid): k for k in kills}
+    for w in range(N_WORKERS):
+        for pid, incarnation in zip(pids[w], checker.streams[w], strict=True):
+            taken = ledger.steps(pid)
+            lost = taken - incarnation.steps
+            kill = by_pid.get((w, pid))
+            if kill is None:  # still running at the end: shut down gracefully, nothing lost
+                assert lost == 0, f"worker {w} (pid {pid}) collected {lost} steps it never delivered"
+                assert ledger.closed(pid)
+                continue
+            assert 0 <= lost <= T, f"worker {w} (pid {pid}) lost {lost} steps, more than the one batch in flight"
+            if not kill.mid_batch:
+                assert lost == 0, f"a kill between batches lost {lost} steps: {kill}"
+                assert kill.dropped == 0, f"a kill between batches counted a dropped batch: {kill}"
+            if lost:
+                assert kill.dropped == 1, f"{lost} steps lost but not counted: {kill}"
+            assert kill.dropped <= 1
+    assert dropped == sum(k.dropped for k in kills)
+    print(
+        f"\n{KILLS} kills ({sum(k.mid_batch for k in kills)} mid-batch), {dropped} batches dropped, "
+        f"restart counted within {max(k.notice_s for k in kills):.2f}s at most"
+    )
+
+
+@pytest.mark.parametrize("mid_batch", [True, False])
+async def test_a_kill_without_restarts_raises_with_index_and_exit_code(
+    start_method: str, ledger: Ledger, rng: random.Random, mid_batch: bool
+) -> None:
+    collector = MultiSyncCollector(
+        [ledger_env(ledger, 0.002)] * N_WORKERS, frames_per_batch=N_WORKERS * N_ENVS * T, start_method=start_method
+    )
+    async with collector:
+        await anext(collector)
+        w = rng.randrange(N_WORKERS)
+        pids = list(collector.worker_pids)
+        victim = pids[w]
+        assert victim is not None
+        if mid_batch:  # while the trainer waits for the batch
+            asyncio.get_running_loop().call_later(rng.uniform(0, 0.04), os.kill, victim, signal.SIGKILL)
+        else:
+            os.kill(victim, signal.SIGKILL)
+        with anyio.fail_after(NOTICE), pytest.raises(WorkerCrashedError) as info:
+            await anext(collector)
+    error = info.value
+    assert error.worker_id == w
+    assert error.exitcode == -signal.SIGKILL
+    assert f"worker {w}" in str(error)
+    assert "SIGKILL" in str(error)
+    # The other worker was stopped, not killed: it closed its env on the way out.
+    assert all(ledger.closed(pid) for i, pid in enumerate(pids) if i != w and pid is not None)
+    assert not ledger.closed(victim)
