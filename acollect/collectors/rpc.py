@@ -3,7 +3,7 @@
 TorchRL drives remote collectors with ``torch.distributed.rpc``. Here the remote
 side is a worker process (local, or wherever the launcher puts it) driven over
 ZeroMQ: the same commands (collect, push weights, seed, stop), with heartbeats
-and deadlines. So :class:`RPCCollector` is not a new engine: it translates
+and deadlines. So :func:`RPCCollector` is not a new engine: it translates
 ``RPCDataCollector``'s arguments and returns a :class:`~acollect.MultiAsyncCollector`
 (``sync=False``, the default) or a :class:`~acollect.MultiSyncCollector` (``sync=True``).
 The mapping, argument by argument, is in ``docs/distributed.md``.
@@ -45,7 +45,19 @@ def _check_collector_class(collector_class: Any) -> None:
         )  # fmt: skip
 
 
-class RPCCollector:
+def RPCCollector(  # TorchRL's class name: code written against it calls it
+    create_env_fn: Any,
+    policy: PolicyLike = None,
+    *,
+    collector_class: Any = None,
+    num_workers_per_collector: int = 1,
+    sync: bool = False,
+    max_weight_update_interval: int | None = None,
+    tcp_port: int | None = None,
+    visible_devices: Any = None,
+    tensorpipe_options: Any = None,
+    **kwargs: Any,
+) -> MultiSyncCollector | MultiAsyncCollector:
     """Builds a multi-process collector from ``RPCDataCollector``'s arguments (see the module docs).
 
     Args:
@@ -64,44 +76,29 @@ class RPCCollector:
             ``policy_factory``, devices, ``collector_kwargs``, ``update_after_each_batch``, ``launcher``...).
 
     Returns:
-        A :class:`~acollect.MultiAsyncCollector` or :class:`~acollect.MultiSyncCollector`.
+        The collector: a :class:`~acollect.MultiAsyncCollector` or a :class:`~acollect.MultiSyncCollector`.
 
     Raises:
         ConfigurationError: an argument acollect has no equivalent for (the message says what to use).
     """
-
-    def __new__(  # type: ignore[misc]
-        cls,
-        create_env_fn: Any,
-        policy: PolicyLike = None,
-        *,
-        collector_class: Any = None,
-        num_workers_per_collector: int = 1,
-        sync: bool = False,
-        max_weight_update_interval: int | None = None,
-        tcp_port: int | None = None,
-        visible_devices: Any = None,
-        tensorpipe_options: Any = None,
-        **kwargs: Any,
-    ) -> MultiSyncCollector | MultiAsyncCollector:
-        _check_collector_class(collector_class)
-        if num_workers_per_collector != 1:
+    _check_collector_class(collector_class)
+    if num_workers_per_collector != 1:
+        raise ConfigurationError.bad_value(
+            "num_workers_per_collector", num_workers_per_collector,
+            "1: use more workers (a longer create_env_fn list), or env_kwargs={'num_envs': N} in each",
+        )  # fmt: skip
+    for name, value in (("visible_devices", visible_devices), ("tensorpipe_options", tensorpipe_options)):
+        if value is not None:
             raise ConfigurationError.bad_value(
-                "num_workers_per_collector", num_workers_per_collector,
-                "1: use more workers (a longer create_env_fn list), or env_kwargs={'num_envs': N} in each",
-            )  # fmt: skip
-        for name, value in (("visible_devices", visible_devices), ("tensorpipe_options", tensorpipe_options)):
-            if value is not None:
-                raise ConfigurationError.bad_value(
-                    name, value, "None (no torch.distributed.rpc here: devices come from device/collector_kwargs)"
-                )
-        if not isinstance(sync, bool):
-            raise ConfigurationError.bad_value("sync", sync, "True or False")
-        if max_weight_update_interval is not None and max_weight_update_interval < 0:
-            max_weight_update_interval = None  # TorchRL's "never"
-        if tcp_port is not None:
-            if isinstance(tcp_port, bool) or not isinstance(tcp_port, int) or not 0 < tcp_port < 65536:
-                raise ConfigurationError.bad_value("tcp_port", tcp_port, "None or a port number in 1..65535")
-            kwargs.setdefault("address", f"tcp://127.0.0.1:{tcp_port}")
-        target = MultiSyncCollector if sync else MultiAsyncCollector
-        return target(create_env_fn, policy, max_weight_update_interval=max_weight_update_interval, **kwargs)
+                name, value, "None (no torch.distributed.rpc here: devices come from device/collector_kwargs)"
+            )
+    if not isinstance(sync, bool):
+        raise ConfigurationError.bad_value("sync", sync, "True or False")
+    if max_weight_update_interval is not None and max_weight_update_interval < 0:
+        max_weight_update_interval = None  # TorchRL's "never"
+    if tcp_port is not None:
+        if isinstance(tcp_port, bool) or not isinstance(tcp_port, int) or not 0 < tcp_port < 65536:
+            raise ConfigurationError.bad_value("tcp_port", tcp_port, "None or a port number in 1..65535")
+        kwargs.setdefault("address", f"tcp://127.0.0.1:{tcp_port}")
+    target = MultiSyncCollector if sync else MultiAsyncCollector
+    return target(create_env_fn, policy, max_weight_update_interval=max_weight_update_interval, **kwargs)
