@@ -114,7 +114,8 @@ def messages(tripwire: str) -> st.SearchStrategy[list[bytes]]:
                                        st.lists(st.integers(0, 9), max_size=3)), max_size=9)  # fmt: skip
     valid = st.integers(0, 50).map(_forged_batch)
     random_frames = st.lists(frame, min_size=1, max_size=4)
-    random_headers = st.tuples(header, st.lists(frame, max_size=2)).map(
+    # (a well-formed ``join`` is a worker started by hand asking for a slot: answered, not rejected)
+    random_headers = st.tuples(header.filter(lambda h: h.get("kind") != P.JOIN), st.lists(frame, max_size=2)).map(
         lambda h: [msgpack.packb(h[0], use_bin_type=True), *h[1]]
     )
     truncated = st.tuples(valid, st.integers(0, 10_000), st.integers(0, 3)).map(
