@@ -28,7 +28,7 @@ import math
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
@@ -45,6 +45,8 @@ from acollect.stats import CollectorStats, EpisodeSummary, StatsRecorder
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 
 logger = logging.getLogger("acollect")
+
+_Collector = TypeVar("_Collector", bound="CollectorBase")
 
 #: Seconds async_shutdown() waits for the cancelled background task before tearing down under it.
 _TASK_CANCEL_TIMEOUT = 5.0
@@ -172,7 +174,7 @@ class CollectorBase:
             self._stats.start()  # frame rates count from here: building envs and workers is not collecting
 
     # -- async resource ------------------------------------------------------------------
-    async def __aenter__(self) -> CollectorBase:
+    async def __aenter__(self: _Collector) -> _Collector:
         self._check_usable("enter the collector")
         try:
             await self._ensure_setup()
@@ -213,7 +215,7 @@ class CollectorBase:
             self._raise_background_error()
 
     # -- iteration ---------------------------------------------------------------------
-    def __aiter__(self) -> CollectorBase:
+    def __aiter__(self: _Collector) -> _Collector:
         return self
 
     async def __anext__(self) -> TensorDictBase:
