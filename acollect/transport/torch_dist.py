@@ -46,9 +46,7 @@ def check_backend(backend: object) -> str:
     return str(backend)
 
 
-def init_groups(
-    backend: str, init_method: str, rank: int, world_size: int, timeout: float
-) -> dist.ProcessGroup | None:
+def init_groups(backend: str, init_method: str, rank: int, world_size: int, timeout: float) -> dist.ProcessGroup | None:
     """Joins the default group and creates the weights group (every rank calls this, in this order).
 
     Returns:
