@@ -60,6 +60,7 @@ __all__ = [
     "CountingEnv",
     "CountingGymEnv",
     "CrashingEnv",
+    "PixelEnv",
     "SlowEnv",
     "assert_counting_batch",
     "wait_until",
@@ -241,6 +242,47 @@ class SlowEnv(CountingEnv):
 
     def _before_step(self) -> None:
         time.sleep(self.step_time)
+
+
+class PixelEnv(EnvBase):
+    """Synthetic image observations (``84x84x4`` uint8 by default) with no step cost: a transport workload.
+
+    Every step fills the ``"pixels"`` observation with one value (the step count modulo 251), gives
+    reward 1 and never ends an episode, so what a collector measures with it is only the cost of moving
+    frames.
+
+    Args:
+        num_envs: number of sub-envs.
+        shape: per-env observation shape.
+
+    Examples:
+        >>> env = PixelEnv(num_envs=2)
+        >>> env.reset()["pixels"].shape
+        torch.Size([2, 84, 84, 4])
+    """
+
+    def __init__(self, num_envs: int = 1, shape: tuple[int, ...] = (84, 84, 4)) -> None:
+        self.batch_size = torch.Size([_positive_int("num_envs", num_envs)])
+        self.observation_spec = Composite(pixels=Unbounded(shape, dtype=torch.uint8))
+        self.action_spec = Categorical(2)
+        self._t = 0
+
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        rows = slice(None) if mask is None else mask.reshape(-1)
+        out.get("pixels")[rows] = 0
+        for key in DONE_KEYS:
+            out.get(key)[rows] = False
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        self._t += 1
+        next_out.get("pixels").fill_(self._t % 251)
+        next_out.get("reward").fill_(1.0)
+        for key in DONE_KEYS:
+            next_out.get(key).zero_()
+        root_out.get("pixels").copy_(next_out.get("pixels"))
+
+    def _close(self) -> None:
+        pass
 
 
 class CountingGymEnv(gym.Env[np.ndarray, np.int64]):

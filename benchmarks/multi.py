@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -43,35 +43,7 @@ from _common import CategoricalMLPPolicy, machine_info, single_thread_torch, wri
 from inprocess import hand_loop_round
 
 from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
-from acollect.envs.base import EnvBase
-from acollect.specs import Categorical, Composite, Unbounded
-from acollect.testing import CountingEnv
-
-
-class PixelEnv(EnvBase):
-    """84x84x4 uint8 observations, no step cost: only the transport is measured."""
-
-    def __init__(self, num_envs: int) -> None:
-        self.batch_size = torch.Size([num_envs])
-        self.observation_spec = Composite(pixels=Unbounded((84, 84, 4), dtype=torch.uint8))
-        self.action_spec = Categorical(2)
-        self._t = 0
-
-    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
-        out.get("pixels").zero_()
-        for key in ("done", "terminated", "truncated"):
-            out.get(key).zero_()
-
-    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
-        self._t += 1
-        next_out.get("pixels").fill_(self._t % 251)
-        next_out.get("reward").fill_(1.0)
-        for key in ("done", "terminated", "truncated"):
-            next_out.get(key).zero_()
-        root_out.get("pixels").copy_(next_out.get("pixels"))
-
-    def _close(self) -> None:
-        pass
+from acollect.testing import CountingEnv, PixelEnv
 
 
 class BigPolicy(torch.nn.Module):

@@ -16,8 +16,8 @@ CASES = {
     "quickstart.py": (["--total-frames", "4096", "--frames-per-batch", "1024", "--num-envs", "4"], "frames/s"),
     "background_buffer.py": (["--train-steps", "100", "--frames-per-batch", "128"], "done:"),
     "dqn_cartpole.py": (
-        ["--total-frames", "2048", "--learning-starts", "512", "--frames-per-update", "8", "--eval-every", "100"]
-        + ["--eval-episodes", "2"],
+        ["--total-frames", "2048", "--learning-starts", "512", "--frames-per-update", "8", "--eval-every", "100",
+         "--eval-episodes", "2"],
         "eval return",
     ),
     "ppo_cartpole.py": (["--total-frames", "2048", "--frames-per-batch", "1024", "--epochs", "1"], "done:"),
@@ -60,4 +60,5 @@ def test_example_runs(name: str) -> None:
     assert expected in proc.stdout
     with open(EXAMPLES / name) as f:
         first = f.readline()
-    assert first.startswith('"""') and len(first.strip()) > 10, "an example states what it shows in its first line"
+    assert first.startswith('"""'), "an example states what it shows in its first line"
+    assert len(first.strip()) > 10, "an example states what it shows in its first line"

@@ -32,12 +32,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
 
-from acollect.envs.base import EnvBase
-from acollect.specs import Categorical, Composite, Unbounded
-
-__all__ = ["CartPoleHandLoop", "CategoricalMLPPolicy", "PixelEnv", "Result", "add_parser", "run"]
+__all__ = ["CartPoleHandLoop", "CategoricalMLPPolicy", "Result", "add_parser", "run"]
 
 ENV_ID = "CartPole-v1"
 PIXEL_SHAPE = (84, 84, 4)
@@ -115,32 +111,6 @@ class CartPoleHandLoop:
 
     def close(self) -> None:
         self.envs.close()
-
-
-class PixelEnv(EnvBase):
-    """84x84x4 uint8 observations, reward 1, never done, no step cost: only moving data is measured."""
-
-    def __init__(self, num_envs: int) -> None:
-        self.batch_size = torch.Size([num_envs])
-        self.observation_spec = Composite(pixels=Unbounded(PIXEL_SHAPE, dtype=torch.uint8))
-        self.action_spec = Categorical(2)
-        self._t = 0
-
-    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
-        out.get("pixels").zero_()
-        for key in ("done", "terminated", "truncated"):
-            out.get(key).zero_()
-
-    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
-        self._t += 1
-        next_out.get("pixels").fill_(self._t % 251)
-        next_out.get("reward").fill_(1.0)
-        for key in ("done", "terminated", "truncated"):
-            next_out.get(key).zero_()
-        root_out.get("pixels").copy_(next_out.get("pixels"))
-
-    def _close(self) -> None:
-        pass
 
 
 class PixelHandLoop:
@@ -323,8 +293,9 @@ def cartpole(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
 
 
 def pixels(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
-    """The pixels workload: hand loop, Collector, MultiSyncCollector on :class:`PixelEnv`."""
+    """The pixels workload: hand loop, Collector, MultiSyncCollector on :class:`~acollect.testing.PixelEnv`."""
     from acollect import Collector, MultiSyncCollector
+    from acollect.testing import PixelEnv
 
     envs, workers, frames = args.pixel_envs, args.workers, args.pixel_frames
     per_worker = envs // workers

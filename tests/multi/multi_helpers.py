@@ -5,9 +5,6 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
-from acollect.envs.base import EnvBase
-from acollect.specs import Categorical, Composite, Unbounded
-
 
 class WeightProbe(torch.nn.Module):
     """Acts with ``clamp(w, 0, 1)``: the action in a batch shows which weights collected it."""
@@ -30,33 +27,6 @@ class TwoPartProbe(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return (observation[..., 0] * 0 + self.a.w * self.b.w).clamp(0, 1).long()
-
-
-class PixelEnv(EnvBase):
-    """Synthetic ``84x84x4`` uint8 observations, no step cost: a transport workload."""
-
-    def __init__(self, num_envs: int = 1, shape: tuple[int, ...] = (84, 84, 4)) -> None:
-        self.batch_size = torch.Size([num_envs])
-        self.observation_spec = Composite(pixels=Unbounded(shape, dtype=torch.uint8))
-        self.action_spec = Categorical(2)
-        self._t = 0
-
-    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
-        rows = slice(None) if mask is None else mask.reshape(-1)
-        out.get("pixels")[rows] = 0
-        for key in ("done", "terminated", "truncated"):
-            out.get(key)[rows] = False
-
-    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
-        self._t += 1
-        next_out.get("pixels").fill_(self._t % 251)
-        next_out.get("reward").fill_(1.0)
-        for key in ("done", "terminated", "truncated"):
-            next_out.get(key).zero_()
-        root_out.get("pixels").copy_(next_out.get("pixels"))
-
-    def _close(self) -> None:
-        pass
 
 
 def report_threads(td: TensorDictBase) -> TensorDictBase:

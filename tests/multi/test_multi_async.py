@@ -5,10 +5,10 @@ from __future__ import annotations
 import anyio
 import psutil
 import torch
-from multi_helpers import PixelEnv, report_threads
+from multi_helpers import report_threads
 
 from acollect import AsyncCollector, MultiAsyncCollector, ReplayBuffer
-from acollect.testing import CountingEnv, SlowEnv, assert_counting_batch
+from acollect.testing import CountingEnv, PixelEnv, SlowEnv, assert_counting_batch
 
 
 async def test_first_ready_first_served_and_tagged(start_method: str) -> None:
