@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from acollect import ConfigurationError, MultiAsyncCollector, MultiSyncCollector
+from acollect.testing import wait_until
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
 from acollect.worker.remote import join
 
@@ -166,3 +167,26 @@ def test_remote_workers_need_keys_and_an_address(keydirs: tuple[Path, Path]) -> 
         MultiSyncCollector("CartPole-v1", num_workers=1, frames_per_batch=8, keys=good / "authorized")
     assert isinstance(ServerKeys.load(good), ServerKeys)
     assert "secret" not in repr(ServerKeys.load(good))
+
+
+async def test_a_dead_remote_worker_is_replaced_by_the_next_to_join(keydirs: tuple[Path, Path]) -> None:
+    good, _ = keydirs
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    first = _worker(address, good, "a")
+    second = None
+    try:
+        async with MultiSyncCollector(
+            "acollect.testing:CountingEnv", num_workers=1, remote_workers=1, address=address, keys=good,
+            frames_per_batch=4, heartbeat_timeout=2, max_worker_restarts=1, startup_timeout=60,
+        ) as collector:  # fmt: skip
+            batches = _take(collector, 2)
+            await batches.__anext__()
+            first.kill()  # no process handle here: only its silence tells
+            await wait_until(lambda: collector.stats().restarts == 1, timeout=30)  # its slot is free again
+            second = _worker(address, good, "b")
+            batch = await batches.__anext__()  # from the worker that took the freed slot
+            assert batch.shape == (1, 1, 4)
+            await batches.aclose()
+    finally:
+        codes = _stop([first] + ([second] if second is not None else []))
+    assert codes[1] == 0
