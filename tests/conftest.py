@@ -18,3 +18,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# ``--doctest-modules`` would also collect the conftest files under tests/ as doctest modules, and
+# several of them share the module name "conftest"; they hold no doctests, so none is collected.
+collect_ignore_glob = ["conftest.py", "*/conftest.py"]
