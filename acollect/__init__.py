@@ -50,6 +50,7 @@ from acollect.errors import WorkerError as WorkerError
 from acollect.errors import WorkerTimeoutError as WorkerTimeoutError
 from acollect.launchers import submitit_delayed_launcher as submitit_delayed_launcher
 from acollect.replay_buffer import ReplayBuffer as ReplayBuffer
+from acollect.stats import CollectorStats as CollectorStats
 
 __version__ = "0.1.0"
 
@@ -66,6 +67,7 @@ __all__ = [
     "CollectorBase",
     "CollectorState",
     "CollectorStateError",
+    "CollectorStats",
     "ConfigurationError",
     "DataCollectorBase",
     "DistributedCollector",
