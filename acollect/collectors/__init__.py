@@ -19,6 +19,6 @@ from acollect.collectors.multi import MultiAsyncCollector as MultiAsyncCollector
 from acollect.collectors.multi import MultiSyncCollector as MultiSyncCollector
 from acollect.collectors.ray_collector import RayCollector as RayCollector
 from acollect.collectors.rpc import RPCCollector as RPCCollector
-from acollect.collectors.weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
-from acollect.collectors.weight_sync import WeightSyncScheme as WeightSyncScheme
-from acollect.collectors.weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+from acollect.transport.weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
+from acollect.transport.weight_sync import WeightSyncScheme as WeightSyncScheme
+from acollect.transport.weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme

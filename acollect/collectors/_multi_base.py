@@ -10,18 +10,18 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
-from acollect.collectors._pool import Received, WorkerPool
 from acollect.collectors.base import CollectorBase
-from acollect.collectors.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.devices import check_device
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.launchers.base import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
+from acollect.pool import Received, WorkerPool
 from acollect.rollout import check_frames_per_batch
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.auth import ServerKeys
 from acollect.transport.shm import shm_available
+from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.worker import protocol as P
 from acollect.worker.process import START_METHODS
 
@@ -141,7 +141,7 @@ class MultiCollectorBase(CollectorBase):
             raise ConfigurationError.bad_value("copy_batches", copy_batches, "True or False")
         self.heartbeat_timeout = _check_seconds("heartbeat_timeout", heartbeat_timeout)
         self.startup_timeout = _check_seconds("startup_timeout", startup_timeout)
-        self.shutdown_timeout = _check_seconds("shutdown_timeout", shutdown_timeout)
+        self.shutdown_timeout = self._shutdown_limit = _check_seconds("shutdown_timeout", shutdown_timeout)
         self.max_worker_restarts = _check_int("max_worker_restarts", max_worker_restarts, 0)
         self.max_weight_update_interval = _check_int(
             "max_weight_update_interval", max_weight_update_interval, 1, optional=True
@@ -315,29 +315,23 @@ class MultiCollectorBase(CollectorBase):
             startup_timeout=self.startup_timeout,
             max_restarts=self.max_worker_restarts,
             keys=self._server_keys,
+            on_failure=self._fail,
         )
         pool.version = self._initial_version
+        # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
-        await pool.start()
+        self._lent = []
+        await pool.start(self._tasks)
         await self._apply_pending()
 
     async def _teardown(self) -> None:
+        # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
         pool = self._pool
         if pool is not None:
             await pool.close(self.shutdown_timeout)
 
-    async def async_shutdown(self, timeout: float | None = None, *, raise_background_error: bool = True) -> None:
-        """Stops the workers (``stop``, then SIGTERM, then SIGKILL, all within ``timeout``) and releases everything.
-
-        Idempotent. No worker process, socket, ipc file or shared-memory segment is left afterwards.
-
-        Args:
-            timeout: the whole shutdown's deadline in seconds (default: ``shutdown_timeout``).
-            raise_background_error: raise a background failure not reported yet.
-        """
-        if timeout is not None:
-            self.shutdown_timeout = _check_seconds("timeout", timeout)
-        await super().async_shutdown(raise_background_error=raise_background_error)
+    def _set_shutdown_timeout(self, timeout: float) -> None:
+        self.shutdown_timeout = self._shutdown_limit = timeout
 
     @property
     def rejected_messages(self) -> int:
@@ -390,7 +384,7 @@ class MultiCollectorBase(CollectorBase):
         due = self.update_after_each_batch and self._batches > 0
         interval = self.max_weight_update_interval
         if due or (interval is not None and self._batches - self._last_push >= interval):
-            await self.update_policy_weights_()
+            await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
 
     async def _apply_pending(self) -> None:
         pool = self._require_pool()
@@ -407,7 +401,7 @@ class MultiCollectorBase(CollectorBase):
                 seed += handle.n_envs
         if self._pending_weights is not None:
             weights, self._pending_weights = self._pending_weights, None
-            await self.update_policy_weights_(weights)
+            await self._push({"policy": _params_of("state_dict", weights)}, range(self.num_workers), 30.0)
 
     async def _release(self, item: Received, *, lend: bool = False) -> None:
         """Counts ``item`` and gives its credit (and slot) back, or, with ``lend``, at the next batch."""
@@ -481,7 +475,10 @@ class MultiCollectorBase(CollectorBase):
             WeightSyncError: workers that did not acknowledge in time (named in the error).
             ConfigurationError: no weights, or bad ``worker_ids``.
         """
-        self._check_usable("update_policy_weights_()")
+        # Allowed on a collector broken by one worker (while the caller iterates): the live ones still get
+        # the weights, and the WeightSyncError names exactly the workers that did not.
+        one_worker = isinstance(getattr(self._failure, "worker_id", None), int) and not self._background
+        self._check_usable("update_policy_weights_()", allow_broken=one_worker)
         given = [x for x in (policy_or_weights, policy, weights) if x is not None]
         if len(given) > 1 or (given and weights_dict is not None):
             raise ConfigurationError(
@@ -501,11 +498,14 @@ class MultiCollectorBase(CollectorBase):
             if isinstance(wid, bool) or not isinstance(wid, int) or not 0 <= wid < self.num_workers:
                 expected = f"worker indices in [0, {self.num_workers})"
                 raise ConfigurationError.bad_value("worker_ids", worker_ids, expected)
-        await self._ensure_setup()
+        limit = _check_seconds("timeout", timeout)
+        with self._call("update_policy_weights_()", interrupt_on_failure=False):
+            await self._ensure_setup()
+            return await self._push(models, ids, limit)
+
+    async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
         pool = self._require_pool()
-        version = await pool.push_weights(
-            models, self.weight_sync_schemes, self._default_scheme, ids, _check_seconds("timeout", timeout)
-        )
+        version = await pool.push_weights(models, self.weight_sync_schemes, self._default_scheme, ids, limit)
         self._last_push = self._batches
         return version
 

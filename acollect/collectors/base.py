@@ -1,46 +1,61 @@
-"""The lifecycle every collector shares.
+"""The lifecycle every collector shares, and the rules for calling a collector from several tasks.
 
-A collector is an async iterator of batches and an async resource. This
-module owns the parts that do not depend on *where* envs run: the state
-machine, ``total_frames`` accounting, background mode (``start()`` /
-``pause()``) and the rule that an error in the background task is never lost.
-Subclasses implement four coroutines: ``_setup`` (build what collects),
-``_collect_batch`` (one batch), ``_push_weights`` and ``_teardown``.
-
-Statistics (:meth:`CollectorBase.stats`) and the ``progress=`` display live here
-too: the base counts what is handed out, and a subclass reports, per batch and
-per worker, the policy version and the episodes that ended
-(:meth:`CollectorBase._record_worker`).
+A collector is an async iterator of batches and an async resource. This module
+owns what does not depend on *where* envs run: the state machine, the one task
+group that owns the collector's background tasks (:class:`~acollect._tasks.TaskOwner`),
+``total_frames`` accounting, background mode (``start()`` / ``pause()``) and the
+rule that a failure is never lost. Subclasses implement ``_setup`` (build what
+collects), ``_collect_batch`` (one batch), ``_teardown`` and, where workers must
+be told, ``_apply_pause``.
 
 States::
 
     NEW ──(async with / first batch / start())──▶ RUNNING ◀──▶ PAUSED
-     │                                               │           │
-     └───────────────(async_shutdown())──────▶ CLOSING ──▶ CLOSED
+     ▲  │                                            │    ╲        │
+     └──┘ set-up cancelled or failed:                │     ╲ a background task or a worker failed
+          torn down, usable again                    │      ▼
+     └───────────────(async_shutdown())──────▶ CLOSING ◀── BROKEN
+                                                     │
+                                                     ▼
+                                                   CLOSED
+
+Calling from several tasks (every collector follows these rules; ``docs/concepts.md``):
+
+* ``async_shutdown()`` may be called from any task, any number of times, at once: every call returns
+  only when everything is released, and every task waiting on the collector wakes promptly with
+  :class:`~acollect.errors.ClosedCollectorError`.
+* Two consumers are served one after the other (a lock, fair in arrival order), never interleaved
+  inside one batch.
+* ``pause()`` nests and overlaps across tasks: workers stop while any pause is held.
+* A failure (a worker died, the background task raised) moves the collector to BROKEN at once;
+  waiting calls wake with it and later calls raise it, until ``async_shutdown()``.
+* A cancelled call leaves nothing behind; a cancelled set-up is torn down and the collector is NEW
+  again (usable), so a retry starts afresh.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import math
 import warnings
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
 
+from acollect._notify import Notifier
+from acollect._tasks import TaskOwner
+from acollect._validate import check_seconds
+from acollect.collectors._reporting import ReportingMixin
 from acollect.errors import (
     BackgroundCollectionError,
     ClosedCollectorError,
     CollectorStateError,
     ConfigurationError,
 )
-from acollect.progress import ProgressReporter, check_progress, make_progress
-from acollect.stats import CollectorStats, EpisodeSummary, StatsRecorder
 
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 
@@ -48,8 +63,9 @@ logger = logging.getLogger("acollect")
 
 _Collector = TypeVar("_Collector", bound="CollectorBase")
 
-#: Seconds async_shutdown() waits for the cancelled background task before tearing down under it.
-_TASK_CANCEL_TIMEOUT = 5.0
+#: Seconds async_shutdown() waits for cancelled calls and tasks to leave before tearing down under them.
+#: A collection thread notices its stop event within one env step, so this is only reached by a hung env.
+_DRAIN_TIMEOUT = 10.0
 
 
 class CollectorState(enum.Enum):
@@ -60,6 +76,7 @@ class CollectorState(enum.Enum):
     PAUSED = "paused"
     CLOSING = "closing"
     CLOSED = "closed"
+    BROKEN = "broken"
 
 
 class SupportsExtend(Protocol):
@@ -85,44 +102,61 @@ def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
     return total_frames
 
 
-class CollectorBase:
+class _Call:
+    """One public call in flight: its cancel scope, and whether a failure (not only a shutdown) ends it."""
+
+    __slots__ = ("interrupt_on_failure", "scope")
+
+    def __init__(self, interrupt_on_failure: bool) -> None:
+        self.scope = anyio.CancelScope()
+        self.interrupt_on_failure = interrupt_on_failure
+
+
+class CollectorBase(ReportingMixin):
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
     Subclasses call ``super().__init__(frames_per_batch=..., total_frames=..., progress=...)`` and implement
-    ``_setup``, ``_collect_batch``, ``_push_weights`` and ``_teardown``.
+    ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
 
     def __init__(self, *, frames_per_batch: int, total_frames: int, progress: bool | str = False) -> None:
         self.frames_per_batch = frames_per_batch
         self.total_frames = check_total_frames(total_frames, frames_per_batch)
-        self._progress_kind = check_progress(progress)
-        self._progress: ProgressReporter | None = None
-        self._stats = StatsRecorder()
+        self._init_reporting(progress)
         self._state = CollectorState.NEW
         self._frames = 0
         self._batches = 0
+        self._tasks = TaskOwner(type(self).__name__, on_failure=self._fail)
+        self._failure: BaseException | None = None
+        self._failure_reported = False
+        self._calls: set[_Call] = set()
+        self._changes = Notifier()  # calls leaving, pauses ending, the background batch handed over
+        self._setup_lock = anyio.Lock()
         self._setup_done = False
-        self._setup_lock: asyncio.Lock | None = None
-        self._bg_task: asyncio.Task[None] | None = None
-        self._bg_error: BaseException | None = None
-        self._bg_error_reported = False
-        self._replay_buffer: SupportsExtend | None = None
+        self._consumer_lock = anyio.Lock()
+        self._pause_lock = anyio.Lock()
         self._pauses = 0
-        self._resume = asyncio.Event()
-        self._resume.set()
-        self._bg_idle = asyncio.Event()
-        self._bg_idle.set()
+        self._pause_applied = False
+        self._background = False  # start() was called
+        self._bg_running = False
+        self._bg_busy = False
+        self._replay_buffer: SupportsExtend | None = None
+        self._closed = anyio.Event()
+        self._shutdown_limit = 30.0
 
     # -- subclass hooks ----------------------------------------------------------------
     async def _setup(self) -> None:
-        """Builds envs, policies, workers. Runs once, before the first batch."""
+        """Builds envs, policies, workers. Runs once, before the first batch; may spawn into ``self._tasks``."""
 
     async def _collect_batch(self) -> TensorDictBase:
         """Collects and returns one batch."""
         raise NotImplementedError
 
     async def _teardown(self) -> None:
-        """Releases everything ``_setup`` built. Must be safe after a partial or failed setup."""
+        """Releases everything ``_setup`` built. Must be safe after a partial, cancelled or failed setup."""
+
+    async def _apply_pause(self, paused: bool) -> None:
+        """Tells whatever collects to stop (``True``) or go on (``False``); called with the pause lock held."""
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -146,32 +180,75 @@ class CollectorBase:
         """Whether ``total_frames`` were collected."""
         return self.total_frames != -1 and self._frames >= self.total_frames
 
-    def _check_usable(self, action: str) -> None:
-        self._raise_background_error()
+    def _check_usable(self, action: str, *, allow_broken: bool = False) -> None:
         if self._state in (CollectorState.CLOSING, CollectorState.CLOSED):
             raise ClosedCollectorError(f"cannot {action}: the collector was shut down with async_shutdown()")
+        if self._state is CollectorState.BROKEN and not allow_broken:
+            self._raise_failure()
 
-    def _raise_background_error(self) -> None:
-        if self._bg_error is not None and not self._bg_error_reported:
-            self._bg_error_reported = True
-            err = self._bg_error
-            raise BackgroundCollectionError(
-                f"background collection failed: {type(err).__name__}: {err}"
-            ) from err
+    def _raise_failure(self) -> None:
+        err = self._failure
+        assert err is not None
+        self._failure_reported = True
+        if self._background:
+            raise BackgroundCollectionError(f"background collection failed: {type(err).__name__}: {err}") from err
+        raise err
+
+    def _fail(self, exc: BaseException) -> None:
+        """A background task or a worker failed: BROKEN now, and every waiting call wakes with it."""
+        if self._state in (CollectorState.CLOSING, CollectorState.CLOSED) or self._failure is not None:
+            logger.debug("after the first failure or during shutdown: %s: %s", type(exc).__name__, exc)
+            return
+        logger.debug("collector broken by %s: %s", type(exc).__name__, exc)
+        self._failure = exc
+        self._state = CollectorState.BROKEN
+        for call in list(self._calls):
+            if call.interrupt_on_failure:
+                call.scope.cancel()
+        self._changes.notify()
+
+    @contextmanager
+    def _call(self, action: str, *, interrupt_on_failure: bool = True) -> Iterator[None]:
+        """Runs a public call so that ``async_shutdown()`` (and a failure) wakes it wherever it waits."""
+        self._check_usable(action, allow_broken=not interrupt_on_failure)
+        call = _Call(interrupt_on_failure)
+        self._calls.add(call)
+        try:
+            with call.scope:
+                yield
+        finally:
+            self._calls.discard(call)
+            self._changes.notify()
+        if call.scope.cancelled_caught:  # our own scope: only shutdown or a failure cancels it
+            if self._state is CollectorState.BROKEN and interrupt_on_failure:
+                self._raise_failure()
+            raise ClosedCollectorError(f"cannot {action}: async_shutdown() was called while it waited")
 
     async def _ensure_setup(self) -> None:
         if self._setup_done:
             return
-        if self._setup_lock is None:
-            self._setup_lock = asyncio.Lock()
         async with self._setup_lock:
             if self._setup_done:
                 return
+            self._check_usable("start collecting")
+            self._tasks.ensure_group()
+            await self._tasks.started()
             if self._state is CollectorState.NEW:
-                self._state = CollectorState.RUNNING
-            await self._setup()
+                self._state = CollectorState.PAUSED if self._pauses else CollectorState.RUNNING
+            try:
+                await self._setup()
+            except BaseException:
+                # Cancelled or failed half-way: release what was built (shielded, so a cancellation cannot
+                # cut the clean-up short) and be NEW again, so nothing leaks and a retry starts afresh.
+                with anyio.CancelScope(shield=True):
+                    await self._teardown()
+                if self._state in (CollectorState.RUNNING, CollectorState.PAUSED):
+                    self._state = CollectorState.NEW
+                raise
             self._setup_done = True
             self._stats.start()  # frame rates count from here: building envs and workers is not collecting
+        if self._pauses:
+            await self._sync_pause()
 
     # -- async resource ------------------------------------------------------------------
     async def __aenter__(self: _Collector) -> _Collector:
@@ -187,119 +264,91 @@ class CollectorBase:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.async_shutdown(raise_background_error=exc_info[0] is None)
 
-    async def async_shutdown(self, *, raise_background_error: bool = True) -> None:
-        """Stops collection and releases every resource; calling it twice is fine.
+    async def async_shutdown(self, timeout: float | None = None, *, raise_background_error: bool = True) -> None:
+        """Stops collection and releases every resource; any task may call it, any number of times, at once.
 
-        Safe from any state. A failure of the background task that was not reported yet is raised
-        here (as :class:`~acollect.errors.BackgroundCollectionError`) after everything is released.
+        Every call returns only once everything is released (threads, processes, sockets, shared memory).
+        Tasks waiting on the collector (a batch, a pause, a weight push) wake with
+        :class:`~acollect.errors.ClosedCollectorError`. Safe from any state; shielded from cancellation.
+
+        Args:
+            timeout: the whole shutdown's deadline in seconds (default: the collector's own,
+                ``shutdown_timeout`` for worker collectors).
+            raise_background_error: raise a background failure (``start()``) not reported yet, as
+                :class:`~acollect.errors.BackgroundCollectionError`, after everything is released.
         """
-        if self._state is CollectorState.CLOSED:
-            return
-        self._state = CollectorState.CLOSING
-        try:
-            with anyio.CancelScope(shield=True):
-                task, self._bg_task = self._bg_task, None
-                if task is not None and not task.done():
-                    task.cancel()
-                    # A deadline even here: a task that swallowed its cancellation must not hang shutdown.
-                    # Teardown below closes what it waits on, which ends it for good.
-                    await asyncio.wait({task}, timeout=_TASK_CANCEL_TIMEOUT)
-                    if not task.done():
-                        logger.error("the background task ignored its cancellation; tearing down under it")
-                self._resume.set()
-                await self._teardown()
-        finally:
-            self._state = CollectorState.CLOSED
-            self._close_progress()
-        if raise_background_error:
-            self._raise_background_error()
+        if timeout is not None:
+            self._set_shutdown_timeout(check_seconds("timeout", timeout))
+        if self._state is CollectorState.CLOSING:
+            # Another task is closing: return when it is done (its every step has a deadline).
+            with anyio.move_on_after(self._shutdown_limit + 2 * _DRAIN_TIMEOUT):
+                await self._closed.wait()
+        elif self._state is not CollectorState.CLOSED:
+            self._state = CollectorState.CLOSING
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._close()
+            finally:
+                self._state = CollectorState.CLOSED
+                self._closed.set()
+                self._close_progress()
+        if raise_background_error and self._background and self._failure is not None and not self._failure_reported:
+            self._raise_failure()
+
+    async def _close(self) -> None:
+        for call in list(self._calls):
+            call.scope.cancel()
+        self._tasks.cancel_all()
+        # The env must be closed only after the thread stepping it ended: wait for every call to leave.
+        with anyio.move_on_after(_DRAIN_TIMEOUT):
+            while self._calls:
+                await self._changes.wait(0.1)
+        if self._calls:
+            logger.error("%d call(s) did not leave within %.0fs; tearing down under them", len(self._calls),
+                         _DRAIN_TIMEOUT)  # fmt: skip
+        await self._teardown()
+        await self._tasks.aclose(_DRAIN_TIMEOUT)
+
+    def _set_shutdown_timeout(self, timeout: float) -> None:
+        self._shutdown_limit = timeout
 
     # -- iteration ---------------------------------------------------------------------
     def __aiter__(self: _Collector) -> _Collector:
         return self
 
     async def __anext__(self) -> TensorDictBase:
-        self._check_usable("iterate")
-        if self._bg_task is not None:
-            raise CollectorStateError(
-                "cannot iterate a collector that runs in the background (start() was called): "
-                "read from its replay buffer instead"
-            )
-        if self._state is CollectorState.PAUSED:
-            raise CollectorStateError("cannot iterate a paused collector: leave the pause() block first")
-        if self.exhausted:
+        batch = None
+        with self._call("iterate"):
+            if self._background:
+                raise CollectorStateError(
+                    "cannot iterate a collector that runs in the background (start() was called): "
+                    "read from its replay buffer instead"
+                )
+            if self._state is CollectorState.PAUSED:
+                raise CollectorStateError("cannot iterate a paused collector: leave the pause() block first")
+            async with self._consumer_lock:  # a second consumer waits its turn (and wakes at shutdown)
+                if not self.exhausted:
+                    await self._ensure_setup()
+                    try:
+                        batch = await self._collect_batch()
+                    except anyio.get_cancelled_exc_class():
+                        raise
+                    except Exception as exc:
+                        # An env, policy or worker failed mid-batch: what collects is in no known state.
+                        self._fail(exc)
+                        self._failure_reported = True
+                        raise
+                    self._count(batch)
+        if batch is None:
             raise StopAsyncIteration
-        await self._ensure_setup()
-        batch = await self._collect_batch()
-        self._count(batch)
         return batch
-
-    def _count(self, batch: TensorDictBase) -> None:
-        frames = batch.numel()
-        self._frames += frames
-        self._batches += 1
-        self._stats.record_batch(frames)
-        if self._progress_kind is not None:
-            if self._progress is None:
-                self._progress = make_progress(self._progress_kind, total_frames=self.total_frames,
-                                               name=type(self).__name__)  # fmt: skip
-            if self._progress is not None:
-                self._progress.update(self.stats())
-
-    def _close_progress(self) -> None:
-        progress, self._progress = self._progress, None
-        if progress is not None:
-            try:
-                progress.close(self.stats())
-            except Exception as exc:  # a broken display must not hide how the shutdown went
-                logger.warning("closing the progress display failed: %s: %s", type(exc).__name__, exc)
-
-    # -- statistics ----------------------------------------------------------------------
-    def stats(self) -> CollectorStats:
-        """Progress so far: frames, frames/s, episodes and their returns, policy lag, restarts.
-
-        Cheap to call (no message to any worker): collectors fill it from what comes with each batch.
-        Episode returns and lengths are counted over whole episodes, across batch boundaries.
-
-        Examples:
-            >>> import anyio
-            >>> from acollect import Collector
-            >>> from acollect.testing import CountingEnv
-            >>> async def main():
-            ...     env = lambda: CountingEnv(num_envs=2, episode_length=5)  # reward 1 per step
-            ...     async with Collector(env, frames_per_batch=20, total_frames=40) as collector:
-            ...         async for _ in collector:
-            ...             pass
-            ...         return collector.stats()
-            >>> stats = anyio.run(main)
-            >>> stats.frames, stats.episodes, stats.episode_return_mean, stats.policy_lag
-            (40, 8, 5.0, {0: 0})
-        """
-        restarts, dropped = self._worker_counters()
-        return self._stats.snapshot(
-            frames=self._frames,
-            batches=self._batches,
-            policy_version=int(getattr(self, "policy_version", 0)),
-            restarts=restarts,
-            dropped_batches=dropped,
-        )
-
-    def _record_worker(
-        self, worker: int, frames: int, policy_version: int, episodes: EpisodeSummary | None = None
-    ) -> None:
-        """Hook for subclasses, on the event loop: a worker (``0`` in-process) produced a batch."""
-        self._stats.record_worker(worker, frames, policy_version, episodes)
-
-    def _worker_counters(self) -> tuple[int, int]:
-        """Hook for collectors with worker processes: ``(restarts, dropped batches)`` so far."""
-        return 0, 0
 
     # -- background mode -------------------------------------------------------------------
     def start(self, replay_buffer: SupportsExtend | None = None) -> None:
         """Starts collecting in the background, extending ``replay_buffer`` batch after batch.
 
-        Call it from a running event loop. The task belongs to the collector: it stops at
-        :meth:`async_shutdown`, and its failure is raised at the next call on the collector.
+        Call it from a running event loop (asyncio or trio). The task belongs to the collector's task
+        group: it stops at :meth:`async_shutdown`, and its failure is raised at the next call.
 
         Args:
             replay_buffer: any object with an ``extend(batch)`` method (an :class:`acollect.ReplayBuffer`, a
@@ -310,48 +359,46 @@ class CollectorBase:
             ConfigurationError: ``replay_buffer`` has no ``extend`` method.
         """
         self._check_usable("start()")
-        if self._bg_task is not None:
+        if self._background:
             raise CollectorStateError("start() was already called on this collector")
         if replay_buffer is None or not callable(getattr(replay_buffer, "extend", None)):
             raise ConfigurationError.bad_value(
                 "replay_buffer", replay_buffer, "an object with an extend(batch) method (e.g. acollect.ReplayBuffer)"
             )
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError as exc:
-            raise CollectorStateError("start() must be called from a running event loop") from exc
+        self._tasks.ensure_group()
         self._replay_buffer = replay_buffer
-        self._bg_task = loop.create_task(self._run_background(replay_buffer), name="acollect-background")
+        self._background = self._bg_running = True
+        self._tasks.spawn(self._run_background, replay_buffer, name="background")
 
     @property
     def running_in_background(self) -> bool:
         """Whether a background task started by :meth:`start` is alive."""
-        return self._bg_task is not None and not self._bg_task.done()
+        return self._bg_running
 
     async def _run_background(self, replay_buffer: SupportsExtend) -> None:
         try:
             await self._ensure_setup()
             while not self.exhausted:
-                await self._resume.wait()
-                self._bg_idle.clear()
+                while self._pauses:
+                    await self._changes.wait()
+                self._bg_busy = True
                 try:
                     batch = await self._collect_batch()
                     replay_buffer.extend(batch)
                     self._count(batch)
                 finally:
-                    self._bg_idle.set()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # kept and raised at the next call, never lost
-            logger.error("background collection failed: %s: %s", type(exc).__name__, exc)
-            self._bg_error = exc
+                    self._bg_busy = False
+                    self._changes.notify()
+        finally:
+            self._bg_running = False
 
     @asynccontextmanager
     async def pause(self) -> AsyncIterator[None]:
-        """Stops collection until the block exits.
+        """Stops collection until the block exits; blocks may nest and overlap across tasks.
 
-        In background mode, entering waits for the batch in flight to be handed to the replay buffer;
-        inside the block no frame is collected (the buffer stops growing). Blocks may nest.
+        Workers stop while any pause is held. In background mode, entering waits for the batch in flight
+        to be handed to the replay buffer; inside the block no frame is collected (the buffer stops
+        growing).
 
         Examples:
             >>> async def evaluate(collector):  # doctest: +SKIP
@@ -359,19 +406,33 @@ class CollectorBase:
             ...         ...  # the buffer does not grow here
         """
         self._check_usable("pause()")
+        # Counted before any await, so two tasks entering at once both see the other's pause.
         self._pauses += 1
-        self._resume.clear()
         if self._state is CollectorState.RUNNING:
             self._state = CollectorState.PAUSED
         try:
-            await self._bg_idle.wait()
+            with self._call("pause()"):
+                await self._sync_pause()
+                while self._bg_busy:
+                    await self._changes.wait()
             yield
         finally:
             self._pauses -= 1
             if self._pauses == 0:
                 if self._state is CollectorState.PAUSED:
                     self._state = CollectorState.RUNNING
-                self._resume.set()
+                self._changes.notify()
+            if self._state not in (CollectorState.CLOSING, CollectorState.CLOSED):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_TIMEOUT):
+                    await self._sync_pause()
+
+    async def _sync_pause(self) -> None:
+        """Brings the workers to the wanted pause state (paused iff a pause is held), one task at a time."""
+        async with self._pause_lock:
+            wanted = self._pauses > 0
+            if self._setup_done and wanted != self._pause_applied and self._state is not CollectorState.BROKEN:
+                await self._apply_pause(wanted)
+                self._pause_applied = wanted
 
     # -- repr --------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -196,8 +196,13 @@ class Collector(CollectorBase):
             env.close()
             raise
 
+    def _build_and_keep(self, stop: threading.Event) -> None:
+        # Kept from the thread itself: a set-up cancelled while the env is built still leaves an engine
+        # that _teardown closes, never an env nobody knows of.
+        self._engine = self._build_engine(stop)
+
     async def _setup(self) -> None:
-        self._engine = await run_in_thread(self._build_engine, name="build-env")
+        await run_in_thread(self._build_and_keep, name="build-env")
         if self._pending_state is not None:
             self._load_engine_state(self._pending_state)
             self._pending_state = None
@@ -251,7 +256,7 @@ class Collector(CollectorBase):
         *,
         policy: torch.nn.Module | None = None,
         weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
+    ) -> int:
         """Hands new policy weights to the collector; they apply from the next batch on.
 
         Every batch collected afterwards carries the new ``("collector", "policy_version")``; no batch
@@ -263,6 +268,9 @@ class Collector(CollectorBase):
                 weights (``TensorDict.from_module`` layout) or a state dict.
             policy: keyword form for a module.
             weights: keyword form for weights.
+
+        Returns:
+            The new policy version (what every batch collected with these weights carries).
 
         Examples:
             >>> import anyio, torch
@@ -299,6 +307,7 @@ class Collector(CollectorBase):
                 self._weights.apply_pending(self._engine)
             finally:
                 self._engine_busy.release()
+        return self._weights.version
 
     # -- seeding and state --------------------------------------------------------------------
     def set_seed(self, seed: int) -> int:

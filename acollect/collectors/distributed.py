@@ -39,13 +39,14 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 
+from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
-from acollect.collectors._pool import WorkerHandle, WorkerPool
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
-from acollect.collectors.weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
+from acollect.pool import WorkerHandle, WorkerPool
 from acollect.transport.torch_dist import check_backend, init_groups, wait_all
+from acollect.transport.weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.transport.wire import decode_tensordict
 from acollect.worker import protocol as P
 
@@ -72,13 +73,13 @@ class _DistPool(WorkerPool):
     def _wants_shm(self, nbytes: int) -> bool:
         return False  # the tensors take the process group's road
 
-    async def start(self) -> None:
+    async def start(self, owner: TaskOwner) -> None:
         if dist.is_initialized():
             raise CollectorStateError(
                 "torch.distributed is initialized in this process already (another distributed collector, or "
                 "your own process group): one distributed collector per process"
             )
-        await super().start()
+        await super().start(owner)
         o = self.dist_options
         fields = {k: o[k] for k in ("backend", "init_method", "timeout")}
         world_size = len(self.handles) + 1

@@ -2,7 +2,7 @@
 
 Each worker is a process running the same rollout engine as the in-process
 :class:`~acollect.Collector`; the event loop only moves messages (see
-:mod:`acollect.collectors._pool`). Batches arrive as raw tensor frames or through
+:mod:`acollect.pool`). Batches arrive as raw tensor frames or through
 shared-memory slots. By default every batch handed out is the caller's own memory
 and stays valid after the next iteration; ``copy_batches=False`` trades that for
 speed: the batch is lent, and valid only until the next iteration (see
@@ -22,10 +22,10 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
+import anyio
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
@@ -33,6 +33,7 @@ from tensordict.nn import InteractionType
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
+from acollect.pool import Received
 from acollect.worker import protocol as P
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
@@ -73,7 +74,7 @@ class MultiSyncCollector(MultiCollectorBase):
         split_trajs: hand out padded trajectories (see :class:`~acollect.Collector`).
         update_after_each_batch: push the weights of ``policy`` (this process's copy) after every batch.
         max_weight_update_interval: push them at least every this many batches.
-        weight_sync_schemes: model id -> :class:`~acollect.collectors.weight_sync.WeightSyncScheme`.
+        weight_sync_schemes: model id -> :class:`~acollect.transport.weight_sync.WeightSyncScheme`.
         max_worker_restarts: restarts allowed per worker; ``0`` raises on the first crash.
         heartbeat_timeout: seconds a collecting worker may make no env step before it counts as hung.
         startup_timeout: seconds a worker may take to start and build its env and policy.
@@ -171,11 +172,15 @@ class MultiSyncCollector(MultiCollectorBase):
         await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
         items = [h.inbox.popleft() for h in pool.handles]
         try:
-            batch = self._combine([item.data for item in items])
+            # Off the event loop: combining (and postproc) of pixel batches takes milliseconds.
+            batch = await anyio.to_thread.run_sync(self._combine_and_finish, [item.data for item in items])
         finally:
             for item in items:
                 await self._release(item)
-        return self._finish(batch)
+        return batch
+
+    def _combine_and_finish(self, parts: list[TensorDictBase]) -> TensorDictBase:
+        return self._finish(self._combine(parts))
 
     def _combine(self, parts: list[TensorDictBase]) -> TensorDictBase:
         stack = self.cat_results in (None, "stack")
@@ -250,34 +255,34 @@ class MultiAsyncCollector(MultiCollectorBase):
         await pool.broadcast(P.RUN, {"credits": self._credit_count})
         if pool.paused:
             await pool.broadcast(P.PAUSE)
+        self._pause_applied = pool.paused
 
     async def _collect_batch(self) -> TensorDictBase:
         pool = self._require_pool()
         await self._before_batch()
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         item = pool.ready_queue.popleft()
+        try:
+            # Off the event loop: a pixel batch's copy out of its slot takes milliseconds.
+            batch = await anyio.to_thread.run_sync(self._hand_out, item)
+        finally:
+            await self._release(item, lend=item.in_slot and not self.copy_batches)
+        return batch
+
+    def _hand_out(self, item: Received) -> TensorDictBase:
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
         elif self.copy_batches:
             batch = item.data.clone()
         else:
             batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
-        await self._release(item, lend=item.in_slot and not self.copy_batches)
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
         return self._finish(batch)
 
-    @asynccontextmanager
-    async def pause(self) -> AsyncIterator[None]:
-        """Stops every worker from stepping until the block exits (a batch in progress is abandoned)."""
-        async with super().pause():
-            pool = self._pool
-            first = self._pauses == 1 and pool is not None and pool.running
-            if first and pool is not None:
-                pool.paused = True
-                await pool.broadcast(P.PAUSE)
-            try:
-                yield
-            finally:
-                if first and pool is not None and pool.endpoint is not None and not pool.endpoint.closed:
-                    pool.paused = False
-                    await pool.broadcast(P.RESUME)
+    async def _apply_pause(self, paused: bool) -> None:
+        # Workers abandon the batch in progress and wait; a restarted worker is told at its hello.
+        pool = self._pool
+        if pool is None or not pool.running or pool.endpoint is None or pool.endpoint.closed:
+            return
+        pool.paused = paused
+        await pool.broadcast(P.PAUSE if paused else P.RESUME)

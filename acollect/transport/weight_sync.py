@@ -14,7 +14,7 @@ every worker copies from it straight into its own parameters:
   exists.
 
 Examples:
-    >>> from acollect.collectors.weight_sync import SharedMemWeightSyncScheme
+    >>> from acollect.transport.weight_sync import SharedMemWeightSyncScheme
     >>> schemes = {"policy": SharedMemWeightSyncScheme()}
 """
 

@@ -1,0 +1,239 @@
+"""The one task group that owns a collector's background tasks.
+
+Every task a collector runs besides the caller's own (the worker pool's receive
+and liveness loops, the background collection of ``start()``) is spawned here,
+in one anyio task group, and each runs in a cancel scope of its own so that
+:meth:`TaskOwner.aclose` can stop them all without cancelling anyone else. A task
+that fails never fails silently and never tears down its siblings or the caller:
+its exception goes to the ``on_failure`` callback (the collector moves to BROKEN
+and raises it at the next call).
+
+The group is held by a *host* task that the collector starts when it starts
+collecting (``async with``, the first batch, or ``start()``) and ends in
+``async_shutdown()``: an asyncio task, or a trio system task under trio. A host
+rather than the caller's own task holds it because a collector's life is not
+one block of one task: it may be entered in one task, iterated lazily, started
+from synchronous code, and shut down from any other task, none of which a task
+group entered in the caller's task allows. The host catches everything, so it
+can never die unnoticed, and every task in it has a deadline to end by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from acollect.errors import CollectorStateError
+
+__all__ = ["TaskOwner"]
+
+logger = logging.getLogger("acollect")
+
+
+def _current_backend() -> str:
+    try:
+        asyncio.get_running_loop()
+        return "asyncio"
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+            return "trio"
+        except RuntimeError:
+            pass
+    raise CollectorStateError("a collector must be used from a running event loop (asyncio or trio)")
+
+
+class _Status:
+    """A task status that remembers whether ``started()`` was called."""
+
+    def __init__(self, inner: TaskStatus[Any]) -> None:
+        self._inner = inner
+        self.done = False
+
+    def started(self, value: Any = None) -> None:
+        self.done = True
+        self._inner.started(value)
+
+
+class TaskOwner:
+    """Owns one anyio task group; spawns tasks into it and stops them all, within deadlines.
+
+    Args:
+        name: prefix of the tasks' names (shows in debuggers and task dumps).
+        on_failure: called, on the event loop, with the exception of a task that raised.
+
+    Examples:
+        >>> import anyio
+        >>> async def main():
+        ...     failures = []
+        ...     owner = TaskOwner("doc", on_failure=failures.append)
+        ...     async def boom():
+        ...         raise RuntimeError("lost?")
+        ...     owner.ensure_group()        # a host task opens the group
+        ...     await owner.started()
+        ...     owner.spawn(boom, name="boom")
+        ...     await anyio.sleep(0.01)
+        ...     await owner.aclose(timeout=1.0)
+        ...     return [str(f) for f in failures]
+        >>> anyio.run(main)
+        ['lost?']
+    """
+
+    def __init__(self, name: str, on_failure: Callable[[BaseException], None]) -> None:
+        self.name = name
+        self._on_failure = on_failure
+        self._group: TaskGroup | None = None
+        self._scopes: set[anyio.CancelScope] = set()
+        self._running = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        # Host mode: the host task holds the group until ``_release`` is set, then sets ``_host_done``.
+        self._host: Any = None
+        self._host_ready = anyio.Event()
+        self._release = anyio.Event()
+        self._host_done = anyio.Event()
+        self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, str]] = []
+        self._closed = False
+
+    @property
+    def active(self) -> bool:
+        """Whether a group is open to spawn into."""
+        return self._group is not None and not self._closed
+
+    # -- where the group lives ---------------------------------------------------------
+    def ensure_group(self) -> None:
+        """Starts a host task holding the group, unless a group is open already; needs a running loop."""
+        if self._group is not None or self._host is not None:
+            return
+        if self._closed:
+            raise CollectorStateError("the collector's tasks were stopped: it cannot start new ones")
+        if _current_backend() == "asyncio":
+            # The one task acollect creates outside a task group: it *is* the group's holder, it catches
+            # everything it runs, and aclose() ends it (the reference keeps it from being collected).
+            self._host = asyncio.get_running_loop().create_task(self._run_host(), name=f"{self.name}-tasks")
+        else:
+            import trio
+
+            # A system task, so the group outlives the caller's nursery scope; aclose() ends it.
+            trio.lowlevel.spawn_system_task(self._run_host, name=f"{self.name}-tasks")
+            self._host = True
+
+    async def started(self) -> None:
+        """Waits until the host task opened the group."""
+        if self._group is None and self._host is not None:
+            with anyio.fail_after(10.0):
+                await self._host_ready.wait()
+
+    async def _run_host(self) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                pending, self._pending = self._pending, []
+                for fn, args, scope, name in pending:
+                    group.start_soon(self._guard, fn, args, scope, name=f"{self.name}-{name}")
+                self._host_ready.set()
+                await self._release.wait()
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is ending (trio cancels system tasks when the main task returns)
+        except BaseException as exc:  # the tasks in it catch their own failures: this is a bug, say it
+            logger.error("the task group of %s ended with %s: %s", self.name, type(exc).__name__, exc)
+        finally:
+            self._group = None
+            self._host_ready.set()
+            self._host_done.set()
+
+    # -- tasks -------------------------------------------------------------------------
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> anyio.CancelScope:
+        """Runs ``fn(*args)`` in the group; returns the cancel scope that stops it alone."""
+        if self._closed or (self._group is None and self._host is None):
+            raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        self._running += 1
+        self._idle = anyio.Event()
+        if self._group is None:  # the host task is starting: it spawns this once its group is open
+            self._pending.append((fn, args, scope, name))
+        else:
+            self._group.start_soon(self._guard, fn, args, scope, name=f"{self.name}-{name}")
+        return scope
+
+    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> Any:
+        """Like :meth:`spawn`, but ``fn`` takes ``task_status`` and this returns once it called ``started()``."""
+        if not self.active:
+            raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
+        assert self._group is not None
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        self._running += 1
+        self._idle = anyio.Event()
+        return await self._group.start(self._guard_started, fn, args, scope, name=f"{self.name}-{name}")
+
+    async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await fn(*args)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:  # never lost, never fatal to the siblings: the owner decides what it means
+            self._on_failure(exc)
+        finally:
+            self._done(scope)
+
+    async def _guard_started(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        scope: anyio.CancelScope,
+        *,
+        task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        status = _Status(task_status)
+        try:
+            with scope:
+                await fn(*args, task_status=status)
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            if not status.done:
+                raise  # before started(): the caller of start() gets it, as a failed start
+            self._on_failure(exc)
+        finally:
+            self._done(scope)
+
+    def _done(self, scope: anyio.CancelScope) -> None:
+        self._scopes.discard(scope)
+        self._running -= 1
+        if self._running == 0:
+            self._idle.set()
+
+    # -- stopping ------------------------------------------------------------------------
+    def cancel_all(self) -> None:
+        """Cancels every task (each in its own scope: the caller and the group's host are not cancelled)."""
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def aclose(self, timeout: float) -> None:
+        """Cancels every task and waits up to ``timeout`` for them to end; ends the host task. Idempotent.
+
+        Shielded: a cancelled caller still leaves nothing running.
+        """
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            self.cancel_all()
+            with anyio.move_on_after(timeout) as scope:
+                await self._idle.wait()
+            if scope.cancelled_caught:
+                logger.error("%d task(s) of %s ignored cancellation for %.1fs", self._running, self.name, timeout)
+            if self._host is not None:
+                self._release.set()
+                with anyio.move_on_after(timeout):
+                    await self._host_done.wait()

@@ -1,0 +1,86 @@
+"""What the collector knows about each worker, and what it received from one."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from acollect.launchers.base import LaunchedWorker
+from acollect.transport.shm import ShmSlotRing
+from acollect.worker import protocol as P
+
+__all__ = ["Received", "Rejected", "WorkerHandle", "parse_identity"]
+
+# ``w<index>.<generation>`` (control socket) or the same plus ``d`` (data socket): see worker_identity.
+_IDENTITY = re.compile(rb"w(\d{1,9})\.(\d{1,9})d?")
+
+
+def parse_identity(identity: bytes) -> tuple[int, int] | None:
+    """``(worker index, generation)`` from a ZeroMQ identity, or ``None`` if it names no worker."""
+    match = _IDENTITY.fullmatch(identity)
+    if match is None:
+        return None
+    return int(match[1]), int(match[2])
+
+
+class Rejected(Exception):
+    """A message that is dropped and counted, not a failure: it did not come from a live worker."""
+
+
+@dataclass
+class Received:
+    """One batch as received: its header and data (views into a slot, or over message frames)."""
+
+    worker: int
+    generation: int
+    header: dict[str, Any]
+    data: TensorDictBase
+    in_slot: bool
+
+
+@dataclass
+class WorkerHandle:
+    """What the collector knows about one worker."""
+
+    index: int
+    config: P.WorkerConfig
+    process: LaunchedWorker | None = None  # from the pool's launcher
+    generation: int = 0
+    ready: bool = False
+    stopping: bool = False
+    started_at: float = 0.0
+    n_envs: int = 0
+    frames_per_batch: int = 0
+    layout: dict[str, Any] | None = None
+    ring: ShmSlotRing | None = None
+    retired_rings: list[ShmSlotRing] = field(default_factory=list)
+    inbox: deque[Received] = field(default_factory=deque)
+    outstanding: int = 0  # ``collect`` requests not answered yet
+    acked_version: int = 0
+    last_beat: float = 0.0
+    last_steps: int = -1
+    last_progress: float = 0.0
+    busy: bool = False
+    traj_counter: int = 0
+    frames: int = 0
+    restarts: int = 0
+    next_seq: int = 0  # sequence number of the next batch this incarnation sends
+    missing_since: float | None = None  # when a heartbeat first said a batch was sent that has not arrived
+    joined: bool = False  # a worker started by hand took this slot (``config.remote``)
+
+    @property
+    def identity(self) -> bytes:
+        return P.worker_identity(self.index, self.generation)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def where(self) -> str:
+        """How messages name this worker's process: ``"pid 123"``, ``"Ray actor 1f2e..."``..."""
+        return self.process.describe() if self.process is not None else f"pid {self.pid}"

@@ -1,0 +1,200 @@
+"""The pool's receive loop: every message off the endpoint is checked and filed.
+
+Batches go to per-worker inboxes (lockstep collectors) or the first-ready queue;
+hellos, heartbeats, acknowledgements and errors update the worker's handle. Only a
+live worker's own sockets can break the pool: anything else that reaches the
+endpoint (a stray or hostile peer, a replay) is dropped, logged and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
+from acollect.pool.base import PoolBase
+from acollect.pool.handles import Received, Rejected, WorkerHandle, parse_identity
+from acollect.transport.shm import ShmSlotRing
+from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
+from acollect.worker import protocol as P
+
+__all__ = ["ReceiveMixin"]
+
+logger = logging.getLogger("acollect")
+
+
+class ReceiveMixin(PoolBase):
+    """The receiving side of :class:`~acollect.pool.pool.WorkerPool` (mixed into it)."""
+
+    async def _on_join(self, identity: bytes, header: dict[str, Any]) -> None:
+        """A worker started by hand (``acollect worker``) asks for a config: give it a free remote slot."""
+        from acollect.worker.remote import encode_config
+
+        assert self.endpoint is not None
+        handle = next((h for h in self.handles if h.config.remote and not h.joined and not h.stopping), None)
+        payload: TensorDictBase | None = None
+        if header.get("protocol") != PROTOCOL_VERSION:
+            reply: dict[str, Any] = {"refused": f"protocol {header.get('protocol')!r} != {PROTOCOL_VERSION}"}
+        elif handle is None:
+            reply = {"refused": "every remote worker slot of this collector is taken"}
+        else:
+            config = dataclasses.replace(
+                handle.config,
+                generation=handle.generation,
+                address=self.endpoint.address,
+                parent_pid=0,
+                next_traj_counter=handle.traj_counter,
+                frames=handle.frames,
+            )
+            fields, payload = encode_config(config, allow_pickle=bool(header.get("pickle")))
+            reply = {"index": handle.index, "generation": handle.generation, **fields}
+            handle.joined = True
+            handle.started_at = time.monotonic()
+            logger.info("worker %d joined from %s (pid %s)", handle.index, header.get("host"), header.get("pid"))
+        try:
+            await self.endpoint.send(identity, pack_message(P.CONFIG, reply, payload), timeout=1.0)
+        except (TransportError, TimeoutError):
+            if handle is not None:  # it left already: free the slot again
+                handle.joined = False
+
+    async def _on_hello(self, handle: WorkerHandle, header: dict[str, Any]) -> None:
+        if header.get("protocol") != PROTOCOL_VERSION:
+            raise ProtocolError(f"worker {handle.index} speaks protocol {header.get('protocol')!r}")
+        handle.n_envs = int(header["n_envs"])
+        handle.frames_per_batch = int(header["frames_per_batch"])
+        handle.layout = header["layout"]
+        if handle.ring is not None:
+            # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
+            handle.retired_rings.append(handle.ring)
+            handle.ring = None
+        nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        if not handle.config.remote and self._wants_shm(nbytes):  # a remote worker cannot map our memory
+            handle.ring = ShmSlotRing.create(header["layout"], self.credits or 1)
+            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
+        if self._last_weights is not None:
+            fields, td = self._last_weights
+            await self.send(handle, P.WEIGHTS, fields, td)
+        now = time.monotonic()
+        handle.last_beat = handle.last_progress = now
+        if handle.outstanding:
+            await self.send(handle, P.COLLECT)  # the request its predecessor died on
+        if self.running:
+            await self.send(handle, P.RUN, {"credits": self.credits or 1})
+            if self.paused:
+                await self.send(handle, P.PAUSE)
+        handle.ready = True
+
+    def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
+        """The worker and generation an identity names (``None``: no worker of this pool)."""
+        parsed = parse_identity(identity)
+        if parsed is None or parsed[0] >= len(self.handles):
+            return None
+        return self.handles[parsed[0]], parsed[1]
+
+    def _reject(self, identity: bytes, reason: BaseException) -> None:
+        self.rejected_messages += 1
+        logger.warning("rejected a message from %r (%d so far): %s", identity[:64], self.rejected_messages, reason)
+
+    async def _receive_loop(self) -> None:
+        endpoint = self.endpoint
+        assert endpoint is not None
+        while True:
+            try:
+                identity, frames = await endpoint.recv(timeout=1.0)
+            except TimeoutError:
+                continue
+            except TransportError as exc:
+                self._fail(exc)
+                return
+            sender = self._sender(identity)
+            if sender is not None and sender[1] < sender[0].generation:
+                continue  # from an incarnation that died: its batch was counted as dropped
+            # Only a live worker's own sockets can break the pool; anything else that reaches the endpoint
+            # (a stray or hostile peer, a replay) is dropped, logged and counted, and collection goes on.
+            live = sender is not None and sender[1] == sender[0].generation
+            try:
+                header, td = unpack_message(frames, kinds=P.TO_COLLECTOR)
+                if header["kind"] == P.JOIN:  # a worker started by hand, from a socket of its own
+                    await self._on_join(identity, header)
+                    continue
+                if sender is None or not live:
+                    raise Rejected(f"{header['kind']!r} message from {identity!r:.60}, which is no live worker")
+                handle = sender[0]
+                if header.get("worker") != handle.index or header.get("gen") != handle.generation:
+                    raise ProtocolError(
+                        f"worker {handle.index} sent a header naming worker {header.get('worker')!r:.20} "
+                        f"generation {header.get('gen')!r:.20}"
+                    )
+                try:
+                    await self._dispatch(handle, header, td)
+                except (KeyError, TypeError, ValueError) as exc:
+                    what = f"{header['kind']!r} message: {type(exc).__name__}: {exc}"
+                    raise ProtocolError(f"worker {handle.index} sent a malformed {what}") from exc
+            except Rejected as exc:
+                self._reject(identity, exc)
+            except ProtocolError as exc:
+                if live:
+                    self._fail(exc)
+                else:
+                    self._reject(identity, exc)
+            except (TransportError, WorkerError, TimeoutError) as exc:
+                self._fail(exc)
+            self._notify()
+
+    async def _dispatch(self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None) -> None:
+        kind = header["kind"]
+        now = time.monotonic()
+        handle.last_beat = now
+        if kind == P.HEARTBEAT:
+            steps, busy = int(header["steps"]), bool(header["busy"])
+            if steps != handle.last_steps or (busy and not handle.busy):
+                handle.last_steps, handle.last_progress = steps, now
+            handle.busy = busy
+            # Batches travel on another connection than heartbeats, so one may be overtaken; a batch
+            # still missing a heartbeat_timeout later was lost (a dropped connection loses what it held).
+            if int(header.get("sent", 0)) <= handle.next_seq:
+                handle.missing_since = None
+            elif handle.missing_since is None:
+                handle.missing_since = now
+        elif kind == P.BATCH:
+            seq = header.get("seq")
+            if type(seq) is not int:
+                raise ProtocolError(f"worker {handle.index} sent a batch with seq={seq!r:.20}, expected an int")
+            if seq < handle.next_seq:
+                raise Rejected(f"replayed batch: seq {seq} from worker {handle.index}, expected {handle.next_seq}")
+            if seq > handle.next_seq:
+                raise ProtocolError(f"worker {handle.index} sent batch {seq} after {handle.next_seq - 1}: batches lost")
+            handle.next_seq += 1
+            handle.missing_since = None
+            handle.traj_counter = int(header["traj_counter"])
+            handle.frames = int(header["frames"])
+            slot = header.get("slot")
+            if slot is not None:
+                if handle.ring is None or type(slot) is not int or not 0 <= slot < len(handle.ring):
+                    raise ProtocolError(f"worker {handle.index} named slot {slot!r:.20}, which it does not have")
+                data: TensorDictBase = handle.ring[slot].tensordict
+            elif td is not None:
+                data = td
+            else:
+                raise ProtocolError(f"worker {handle.index} sent a batch with neither slot nor tensors")
+            item = Received(handle.index, handle.generation, header, data, slot is not None)
+            if self.credits is None:
+                handle.outstanding = max(0, handle.outstanding - 1)
+                handle.inbox.append(item)
+            else:
+                self.ready_queue.append(item)
+        elif kind == P.HELLO:
+            await self._on_hello(handle, header)
+        elif kind == P.ACK:
+            handle.acked_version = max(handle.acked_version, int(header["version"]))
+        elif kind == P.ERROR:
+            raise RemoteError(
+                f"worker {handle.index} ({handle.where}) raised {header.get('type')}: {header.get('message')}",
+                worker_id=handle.index,
+                type_name=str(header.get("type")),
+                remote_traceback=str(header.get("traceback")),
+            )

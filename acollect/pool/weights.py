@@ -1,0 +1,99 @@
+"""Weight pushes: serialize once, send to each targeted worker, wait for every acknowledgement."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from acollect._threads import run_in_thread
+from acollect.errors import WeightSyncError
+from acollect.pool.base import PoolBase
+from acollect.pool.liveness import MONITOR_PERIOD
+from acollect.transport.weight_sync import WeightSyncScheme, WeightWriter
+from acollect.worker import protocol as P
+
+__all__ = ["WeightsMixin"]
+
+
+def _write(writer: WeightWriter, params: TensorDictBase, _stop: object) -> tuple[dict[str, Any], torch.Tensor | None]:
+    return writer.write(params)
+
+
+class WeightsMixin(PoolBase):
+    """The weight-pushing side of :class:`~acollect.pool.pool.WorkerPool` (mixed into it)."""
+
+    # -- weights -------------------------------------------------------------------------
+    async def push_weights(
+        self,
+        models: Mapping[str, TensorDictBase],
+        schemes: Mapping[str, WeightSyncScheme],
+        default_scheme: Callable[[], WeightSyncScheme],
+        worker_ids: Sequence[int],
+        limit: float,
+    ) -> int:
+        """Serializes ``models`` once, sends them to ``worker_ids`` and waits for every ACK.
+
+        Returns:
+            The new policy version.
+
+        Raises:
+            WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
+        """
+        async with self._weights_lock:
+            failed = getattr(self.failure, "worker_id", None)
+            # A pool broken by one worker still updates the others (they are alive and answer), so the
+            # error below names exactly the workers without the weights; any other failure refuses at once.
+            if self.failure is not None and not isinstance(failed, int):
+                raise WeightSyncError(
+                    f"cannot push weights: the collector is broken ({self.failure})",
+                    worker_ids=list(worker_ids),
+                ) from self.failure
+            entries: list[dict[str, Any]] = []
+            frames: dict[str, torch.Tensor] = {}
+            for i, (model_id, params) in enumerate(models.items()):
+                writer = self._writers.get(model_id)
+                if writer is None:
+                    scheme = schemes.get(model_id) or default_scheme()
+                    writer = self._writers[model_id] = scheme.make_writer()
+                entry, flat = await run_in_thread(partial(_write, writer, params), name="weights")
+                entries.append({"id": model_id, **entry})
+                if flat is not None:
+                    frames[f"m{i}"] = flat
+            self.version += 1
+            version = self.version
+            fields = {"version": version, "models": entries}
+            td = TensorDict(frames, batch_size=[]) if frames else None
+            self._last_weights = (fields, td)
+            targets = [self.handles[i] for i in worker_ids]
+            for handle in targets:
+                if handle.ready:
+                    await self.send(handle, P.WEIGHTS, fields, td)
+
+            def missing() -> list[int]:
+                return [h.index for h in targets if h.acked_version < version]
+
+            def dead() -> list[int]:
+                gone = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
+                if self.failure is not None and isinstance(getattr(self.failure, "worker_id", None), int):
+                    gone.append(self.failure.worker_id)  # type: ignore[attr-defined]
+                return sorted(set(gone))
+
+            deadline = time.monotonic() + limit
+            while missing():
+                # Without restarts (or once the pool is broken) a dead worker never answers: wait for the live ones.
+                restarting = self.max_restarts and self.failure is None
+                waiting = missing() if restarting else [i for i in missing() if i not in dead()]
+                remaining = deadline - time.monotonic()
+                if not waiting or remaining <= 0:
+                    why = f"; workers {dead()} are dead" if dead() else ""
+                    raise WeightSyncError(
+                        f"weights version {version} were not acknowledged by workers {missing()} within {limit}s{why}",
+                        worker_ids=missing(),
+                    ) from self.failure
+                await self._changes.wait(min(remaining, MONITOR_PERIOD))
+            return version
