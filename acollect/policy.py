@@ -42,6 +42,10 @@ NestedKey = str | tuple[str, ...]
 PolicyLike = TensorDictModuleBase | torch.nn.Module | Callable[[TensorDictBase], TensorDictBase] | None
 
 
+def _as_tuple(key: NestedKey) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
 class PolicyAdapter:
     """One calling convention for every kind of policy.
 
@@ -130,7 +134,9 @@ class CallablePolicy(PolicyAdapter):
 
     def __init__(self, fn: Callable[[TensorDictBase], TensorDictBase], input_keys: Sequence[NestedKey]) -> None:
         self.module = fn
-        self._input_keys = set(input_keys)
+        # Specs name keys as tuples (``("observation",)``), TensorDicts list top-level ones as strings: compare
+        # both as tuples, or every observation would pass for a policy output and be copied a second time.
+        self._input_keys = {_as_tuple(k) for k in input_keys}
         self.out_keys: list[NestedKey] | None = None
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
@@ -144,7 +150,7 @@ class CallablePolicy(PolicyAdapter):
             )
         if self.out_keys is None:
             self.out_keys = [
-                k for k in out.keys(include_nested=True, leaves_only=True) if k not in self._input_keys
+                k for k in out.keys(include_nested=True, leaves_only=True) if _as_tuple(k) not in self._input_keys
             ]
         return {key: out.get(key) for key in self.out_keys}
 

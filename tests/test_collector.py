@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import anyio
@@ -23,12 +22,7 @@ from acollect import (
     PolicyError,
     ReplayBuffer,
 )
-from acollect._threads import THREAD_NAME_PREFIX
-from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, wait_until
-
-
-def acollect_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX) and t.is_alive()]
+from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, our_threads, wait_until
 
 
 class AlwaysZero(torch.nn.Module):
@@ -238,9 +232,9 @@ async def test_cancelling_the_consumer_leaves_no_thread_and_no_open_env() -> Non
             with anyio.move_on_after(delay) as scope:
                 await anext(c)
             assert scope.cancelled_caught
-            assert acollect_threads() == []
+            assert not our_threads()
         assert envs[-1].is_closed
-    assert acollect_threads() == []
+    assert not our_threads()
 
 
 async def test_cancelled_batch_does_not_corrupt_the_next() -> None:
@@ -271,7 +265,7 @@ async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
             assert len(rb) == size
         assert c.state is CollectorState.RUNNING
         await wait_until(lambda: len(rb) > size)
-    assert acollect_threads() == []
+    assert not our_threads()
 
 
 async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:

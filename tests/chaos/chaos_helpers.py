@@ -1,5 +1,7 @@
 """Envs, a policy and stream checks for the chaos tests (importable in worker processes by module name).
 
+The leak checks and the probe policy this builds on are public: :mod:`acollect.testing`.
+
 Every worker writes what it did to a *ledger* directory, one small file per process id, so a test can
 compare what the workers really did with what the collector handed out:
 
@@ -12,18 +14,15 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from tensordict import TensorDictBase
 
-from acollect._threads import THREAD_NAME_PREFIX
-from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, assert_counting_batch
+from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, WeightProbe, assert_counting_batch
 
 #: Deadlines that bound a hang; they do not measure speed.
 NOTICE = 10.0
@@ -34,66 +33,9 @@ def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def multiprocessing_helpers() -> set[int]:
-    """Pids of multiprocessing's own long-lived helpers (fork server, resource tracker): not ours to stop."""
-    pids = set()
-    from multiprocessing import forkserver, resource_tracker
-
-    for pid in (getattr(forkserver._forkserver, "_forkserver_pid", None),
-                getattr(resource_tracker._resource_tracker, "_pid", None)):  # fmt: skip
-        if pid:
-            pids.add(pid)
-    return pids
-
-
-def our_children() -> set[int]:
-    """Live descendants of this process, multiprocessing's helpers excepted (their forks are counted)."""
-    helpers = multiprocessing_helpers()
-    found = set()
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if proc.pid in helpers or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        found.add(proc.pid)
-    return found
-
-
-def our_segments() -> set[str]:
-    """Shared-memory segments this process created."""
-    prefix = f"acollect-{os.getpid()}-"
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
-    except FileNotFoundError:  # pragma: no cover - no /dev/shm here
-        return set()
-
-
-def our_threads() -> set[str]:
-    """Threads acollect started in this process."""
-    return {t.name for t in threading.enumerate() if t.name.startswith(THREAD_NAME_PREFIX)}
-
-
-def open_fds() -> int:
-    """File descriptors open in this process (ZeroMQ sockets and contexts hold some)."""
-    return len(os.listdir("/proc/self/fd"))
-
-
 def ipc_file_exists(address: str) -> bool:
     """Whether the socket file of an ``ipc://`` address is still there."""
     return os.path.exists(address.removeprefix("ipc://"))
-
-
-def leftovers(children: set[int], segments: set[str], threads: set[str], *, wait: float = 5.0) -> list[str]:
-    """What is left beyond the given baselines, after waiting up to ``wait`` seconds for it to go."""
-    deadline = time.monotonic() + wait  # a killed process may take a moment to be reaped
-    while True:
-        left: tuple[set[Any], ...] = (our_children() - children, our_segments() - segments, our_threads() - threads)
-        if not any(left) or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    names = ("worker processes", "shared-memory segments", "threads")
-    return [f"{name} left: {sorted(items)}" for name, items in zip(names, left, strict=True) if items]
 
 
 class StepLimitError(Exception):
@@ -140,16 +82,12 @@ class LedgerEnv(CountingEnv):
         Path(self.ledger_dir, f"{pid}.closed").touch()
 
 
-class LedgerPolicy(torch.nn.Module):
-    """Acts with ``clamp(w, 0, 1)``; the env of the same worker writes ``w`` to the ledger when it closes."""
-
-    def __init__(self, value: float = 0.0) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.full((1,), value))
+class LedgerPolicy(WeightProbe):
+    """A :class:`~acollect.testing.WeightProbe` whose worker's env writes ``w`` to the ledger when it closes."""
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         _ACTIVE_POLICY[os.getpid()] = self
-        return (observation[..., 0] * 0 + self.w).clamp(0, 1).long()
+        return super().forward(observation)
 
 
 @dataclass

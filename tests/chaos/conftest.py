@@ -19,7 +19,9 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
-from chaos_helpers import Ledger, env_int, leftovers, our_children, our_segments, our_threads
+from chaos_helpers import Ledger, env_int
+
+from acollect import testing
 
 START_METHOD = os.environ.get("ACOLLECT_TEST_START_METHOD", "forkserver")
 
@@ -27,9 +29,8 @@ START_METHOD = os.environ.get("ACOLLECT_TEST_START_METHOD", "forkserver")
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     """After each test: no worker process, shared-memory segment or acollect thread is left."""
-    baseline = our_children(), our_segments(), our_threads()
-    yield
-    assert not leftovers(*baseline)
+    with testing.no_leaks():
+        yield
 
 
 @pytest.fixture

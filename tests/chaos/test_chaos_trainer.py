@@ -17,6 +17,7 @@ import torch
 from chaos_helpers import NOTICE, Ledger, LedgerEnv, LedgerPolicy, StreamChecker
 
 from acollect import MultiAsyncCollector
+from acollect.testing import our_segments
 
 TRAINER = textwrap.dedent(
     """
@@ -43,10 +44,6 @@ TRAINER = textwrap.dedent(
 )
 
 
-def _segments_of(pid: int) -> list[str]:
-    return [name for name in os.listdir("/dev/shm") if name.startswith(f"acollect-{pid}-")]
-
-
 def test_killing_the_trainer_ends_its_workers_and_frees_its_shared_memory(start_method: str, ledger: Ledger) -> None:
     # (tests/multi checks that spawned workers exit too; what frees the memory does not depend on the method)
     trainer = subprocess.Popen(
@@ -61,18 +58,18 @@ def test_killing_the_trainer_ends_its_workers_and_frees_its_shared_memory(start_
         trainer_pid, workers = int(pid_text), [int(p) for p in worker_text]
         assert len(workers) == 2
         # Slots for both workers and a weight segment: what a dead trainer can no longer unlink.
-        assert len(_segments_of(trainer_pid)) >= 3
+        assert len(our_segments(trainer_pid)) >= 3
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=NOTICE)
         if trainer.stdout is not None:
             trainer.stdout.close()
     deadline = time.monotonic() + NOTICE
-    alive, segments = workers, _segments_of(trainer_pid)
+    alive, segments = workers, our_segments(trainer_pid)
     while (alive or segments) and time.monotonic() < deadline:
         time.sleep(0.05)
         alive = [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        segments = _segments_of(trainer_pid)
+        segments = our_segments(trainer_pid)
     assert not alive, f"workers {alive} outlived their trainer"
     assert not segments, f"shared-memory segments {segments} outlived their trainer"
     assert not Path(address.removeprefix("ipc://")).exists(), "the trainer's ipc socket file was left behind"

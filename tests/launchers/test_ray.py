@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from launcher_helpers import WeightProbe
 
 from acollect import MultiAsyncCollector, MultiSyncCollector, RayCollector, ReplayBuffer, WorkerCrashedError
 from acollect.launchers import RayLauncher
-from acollect.testing import CountingEnv, wait_until
+from acollect.testing import CountingEnv, WeightProbe, wait_until
 
 ray = pytest.importorskip("ray")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from launcher_helpers import WeightProbe
 
 from acollect import (
     ConfigurationError,
@@ -15,7 +14,7 @@ from acollect import (
     submitit_delayed_launcher,
 )
 from acollect.launchers import SubmititLauncher
-from acollect.testing import CountingEnv
+from acollect.testing import CountingEnv, WeightProbe
 
 pytest.importorskip("submitit")
 

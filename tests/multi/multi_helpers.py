@@ -1,32 +1,12 @@
-"""Envs and policies the multi-process tests send to workers (importable there by module name)."""
+"""Policies of the multi-process tests that are about workers only (importable there by module name).
+
+The probe policies (``WeightProbe``, ``TwoPartProbe``) live in :mod:`acollect.testing`.
+"""
 
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDictBase
-
-
-class WeightProbe(torch.nn.Module):
-    """Acts with ``clamp(w, 0, 1)``: the action in a batch shows which weights collected it."""
-
-    def __init__(self, value: float = 0.0) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.full((1,), value))
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return (observation[..., 0] * 0 + self.w).clamp(0, 1).long()
-
-
-class TwoPartProbe(torch.nn.Module):
-    """Acts with ``clamp(a.w * b.w, 0, 1)``: two sub-models, for multi-model weight updates."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = WeightProbe(0.0)
-        self.b = WeightProbe(0.0)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return (observation[..., 0] * 0 + self.a.w * self.b.w).clamp(0, 1).long()
 
 
 def report_threads(td: TensorDictBase) -> TensorDictBase:

@@ -8,7 +8,7 @@ import torch
 from multi_helpers import report_threads
 
 from acollect import AsyncCollector, MultiAsyncCollector, ReplayBuffer
-from acollect.testing import CountingEnv, PixelEnv, SlowEnv, assert_counting_batch
+from acollect.testing import CountingEnv, PixelEnv, SlowEnv, WeightProbe, assert_counting_batch
 
 
 async def test_first_ready_first_served_and_tagged(start_method: str) -> None:
@@ -77,8 +77,6 @@ async def test_pause_stops_background_collection(start_method: str) -> None:
 
 
 async def test_async_collector_weights_apply_at_a_batch_boundary(start_method: str) -> None:
-    from multi_helpers import WeightProbe
-
     async with AsyncCollector(
         lambda: CountingEnv(num_envs=2), WeightProbe(0.0), frames_per_batch=8, start_method=start_method
     ) as collector:

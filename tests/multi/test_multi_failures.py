@@ -12,7 +12,6 @@ import time
 import anyio
 import psutil
 import pytest
-from multi_helpers import WeightProbe
 
 from acollect import (
     MultiAsyncCollector,
@@ -22,7 +21,7 @@ from acollect import (
     WorkerCrashedError,
     WorkerTimeoutError,
 )
-from acollect.testing import CountingEnv, CrashingEnv, SlowEnv
+from acollect.testing import CountingEnv, CrashingEnv, SlowEnv, WeightProbe
 
 # Generous deadlines: they bound a hang, they do not measure speed.
 NOTICE = 10.0

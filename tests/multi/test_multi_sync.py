@@ -5,7 +5,6 @@ from __future__ import annotations
 import anyio
 import pytest
 import torch
-from multi_helpers import TwoPartProbe, WeightProbe
 
 from acollect import (
     ClosedCollectorError,
@@ -13,7 +12,7 @@ from acollect import (
     MultiSyncCollector,
     ZmqWeightSyncScheme,
 )
-from acollect.testing import CountingEnv, assert_counting_batch
+from acollect.testing import CountingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
 
 
 def counting(num_envs: int = 2, episode_length: int = 3):

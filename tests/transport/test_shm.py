@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from acollect.errors import ConfigurationError, TransportError
+from acollect.testing import our_segments
 from acollect.transport.shm import (
     SHM_DIR,
     ShmSegment,
@@ -28,17 +29,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sh
 JOIN_TIMEOUT = 60.0
 
 
-def ours() -> set[str]:
-    """Segments of this process currently in /dev/shm."""
-    return {name for name in os.listdir(SHM_DIR) if name.startswith(f"acollect-{os.getpid()}-")}
-
-
 @pytest.fixture(autouse=True)
 def no_segment_leaks():  # type: ignore[no-untyped-def]
-    before = ours()
+    before = our_segments()
     yield
     gc.collect()
-    assert ours() == before
+    assert our_segments() == before
 
 
 def batch(seed: int) -> TensorDict:

@@ -1,4 +1,4 @@
-"""Envs and checks for testing code that drives collectors (acollect's own tests use them too).
+"""Test envs and stream checks for code that drives collectors (acollect's own tests use them too).
 
 * :class:`CountingEnv`: a pure-torch batched env whose observation is a
   counter, so a collected stream can be checked for gaps, duplicates and

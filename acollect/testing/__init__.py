@@ -1,0 +1,71 @@
+"""Helpers for testing code that drives collectors: the ones acollect's own tests use.
+
+* envs (:mod:`acollect.testing.envs`): :class:`CountingEnv` (a counter as
+  observation, so gaps, repeats and transitions that did not happen show),
+  :class:`CrashingEnv`, :class:`SlowEnv`, :class:`PixelEnv`,
+  :class:`CountingGymEnv`, the stream check :func:`assert_counting_batch` and
+  :func:`wait_until`;
+* leak checks (:mod:`acollect.testing.leaks`): :class:`ResourceSnapshot`,
+  :func:`leaked_resources`, :func:`assert_no_leaks`, the context manager
+  :func:`no_leaks`, and :func:`our_children`, :func:`our_segments`,
+  :func:`our_threads`, :func:`open_fds`;
+* probe policies (:mod:`acollect.testing.policies`): :class:`WeightProbe`
+  and :class:`TwoPartProbe`, whose actions show which weights collected a batch.
+
+Examples:
+    >>> import anyio
+    >>> from acollect import Collector
+    >>> from acollect.testing import CountingEnv, WeightProbe, assert_counting_batch, no_leaks
+    >>> async def main():
+    ...     with no_leaks():
+    ...         async with Collector(CountingEnv, WeightProbe(0.0), frames_per_batch=8) as collector:
+    ...             batch = await anext(collector)
+    ...             assert_counting_batch(batch)
+    ...             await collector.update_policy_weights_(WeightProbe(1.0))
+    ...             await anext(collector)  # the weight push landed at this batch boundary
+    ...             return (await anext(collector))["action"].unique().tolist()
+    >>> anyio.run(main)
+    [1]
+"""
+
+from acollect.testing.envs import ENV_STRIDE as ENV_STRIDE
+from acollect.testing.envs import RESET_JUMP as RESET_JUMP
+from acollect.testing.envs import CountingEnv as CountingEnv
+from acollect.testing.envs import CountingGymEnv as CountingGymEnv
+from acollect.testing.envs import CrashingEnv as CrashingEnv
+from acollect.testing.envs import PixelEnv as PixelEnv
+from acollect.testing.envs import SlowEnv as SlowEnv
+from acollect.testing.envs import assert_counting_batch as assert_counting_batch
+from acollect.testing.envs import wait_until as wait_until
+from acollect.testing.leaks import ResourceSnapshot as ResourceSnapshot
+from acollect.testing.leaks import assert_no_leaks as assert_no_leaks
+from acollect.testing.leaks import leaked_resources as leaked_resources
+from acollect.testing.leaks import no_leaks as no_leaks
+from acollect.testing.leaks import open_fds as open_fds
+from acollect.testing.leaks import our_children as our_children
+from acollect.testing.leaks import our_segments as our_segments
+from acollect.testing.leaks import our_threads as our_threads
+from acollect.testing.policies import TwoPartProbe as TwoPartProbe
+from acollect.testing.policies import WeightProbe as WeightProbe
+
+__all__ = [
+    "ENV_STRIDE",
+    "RESET_JUMP",
+    "CountingEnv",
+    "CountingGymEnv",
+    "CrashingEnv",
+    "PixelEnv",
+    "ResourceSnapshot",
+    "SlowEnv",
+    "TwoPartProbe",
+    "WeightProbe",
+    "assert_counting_batch",
+    "assert_no_leaks",
+    "leaked_resources",
+    "no_leaks",
+    "open_fds",
+    "our_children",
+    "our_segments",
+    "our_threads",
+    "wait_until",
+]

@@ -1,0 +1,77 @@
+"""Probe policies: tiny models whose actions show which weights produced them.
+
+They act on the counting envs of :mod:`acollect.testing.envs` (``Categorical(2)``
+actions) and are plain ``nn.Module`` classes defined at module level, so a
+collector can pickle them to worker processes, Ray actors or submitit jobs,
+which import them by their module path ``acollect.testing.policies``.
+
+* :class:`WeightProbe`: acts ``clamp(w, 0, 1)`` with one parameter ``w``:
+  push ``WeightProbe(1.0)`` to a collector started with ``WeightProbe(0.0)``
+  and the actions in its batches go from 0 to 1 once the new weights landed;
+* :class:`TwoPartProbe`: two :class:`WeightProbe` sub-models ``a`` and ``b``,
+  acting ``clamp(a.w * b.w, 0, 1)``: for updates of several models, or of
+  parts of one (``weights_dict={"policy.a": ..., "policy.b": ...}``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["TwoPartProbe", "WeightProbe"]
+
+
+class WeightProbe(torch.nn.Module):
+    """A policy acting ``clamp(w, 0, 1)`` on every env: the actions in a batch show which weights collected it.
+
+    It reads the ``"observation"`` key (only for its batch shape) and writes an
+    int64 ``"action"`` of shape ``[n_envs]``.
+
+    Args:
+        value: the initial weight ``w`` (a ``Parameter`` of shape ``(1,)``).
+
+    Examples:
+        >>> import torch
+        >>> probe = WeightProbe(0.0)
+        >>> probe(torch.zeros(3, 1)).tolist()
+        [0, 0, 0]
+        >>> _ = probe.load_state_dict(WeightProbe(1.0).state_dict())
+        >>> probe(torch.zeros(3, 1)).tolist()
+        [1, 1, 1]
+    """
+
+    def __init__(self, value: float = 0.0) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((1,), float(value)))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation[..., 0] * 0 + self.w).clamp(0, 1).long()
+
+
+class TwoPartProbe(torch.nn.Module):
+    """A policy of two :class:`WeightProbe` parts ``a`` and ``b``, acting ``clamp(a.w * b.w, 0, 1)``.
+
+    It acts 1 only once *both* parts hold a weight of 1 or more: a test of a
+    multi-model weight update sees whether every part arrived.
+
+    Args:
+        a: the initial weight of part ``a``.
+        b: the initial weight of part ``b``.
+
+    Examples:
+        >>> import torch
+        >>> probe = TwoPartProbe()
+        >>> _ = probe.a.load_state_dict(WeightProbe(1.0).state_dict())
+        >>> probe(torch.zeros(2, 1)).tolist()  # b still holds 0
+        [0, 0]
+        >>> _ = probe.b.load_state_dict({"w": torch.ones(1)})
+        >>> probe(torch.zeros(2, 1)).tolist()
+        [1, 1]
+    """
+
+    def __init__(self, a: float = 0.0, b: float = 0.0) -> None:
+        super().__init__()
+        self.a = WeightProbe(a)
+        self.b = WeightProbe(b)
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation[..., 0] * 0 + self.a.w * self.b.w).clamp(0, 1).long()
