@@ -46,12 +46,15 @@ MAX_LINES = 450
 
 # Modules over MAX_LINES that another change splits: each entry says which. Remove an entry
 # once its module is back under the limit (the test fails while an entry is stale).
+_TRANSPORT = "the transport branch is open on it: split there, not in a conflicting move"
 OVERSIZED_ALLOWED: dict[str, str] = {
     "acollect.collectors._pool": "split by the collectors restructure (launch / dispatch / liveness / weights)",
     "acollect.collectors._multi_base": "split by the collectors restructure",
-    "acollect.transport.endpoint": "owned by the transport work in progress; split after it lands",
-    "acollect.transport.wire": "owned by the transport work in progress; split after it lands",
-    "acollect.transport.shm": "owned by the transport work in progress; split after it lands",
+    "acollect.transport.endpoint": _TRANSPORT,
+    # Seam: the layout checks (validate_layout, _check_*, LeafLayout, TensorDictLayout) into transport/layout.py.
+    "acollect.transport.wire": _TRANSPORT,
+    # Seam: ShmSlotRing and cleanup_stale into transport/shm_ring.py, ShmSegment/ShmTensorDictSlot stay.
+    "acollect.transport.shm": _TRANSPORT,
 }
 
 _FILTER_WARNINGS = (
