@@ -23,6 +23,7 @@ from acollect.collectors import RayCollector as RayCollector
 from acollect.collectors import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from acollect.collectors import WeightSyncScheme as WeightSyncScheme
 from acollect.collectors import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+
 # TorchRL's spellings, for code written against TorchRL: importable from here, kept out of __all__
 # (acollect's own surface). They are documented in acollect.compat.torchrl.
 from acollect.compat.torchrl import BaseCollector as BaseCollector
