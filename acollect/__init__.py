@@ -6,31 +6,36 @@ Every collector is an async iterator of TensorDict batches laid out as TorchRL's
         async for batch in collector:
             ...
 
-This module only re-exports the public surface; see the submodules for the rest.
+This module only re-exports the public surface (``__all__``); see the submodules for the rest.
+TorchRL's names (``SyncDataCollector``, ``MultiSyncDataCollector``, ``RPCCollector``...) import
+from here too, for code written against TorchRL, but live in :mod:`acollect.compat.torchrl`.
 """
 
 from acollect.collectors import AsyncCollector as AsyncCollector
-from acollect.collectors import BaseCollector as BaseCollector
 from acollect.collectors import Collector as Collector
 from acollect.collectors import CollectorBase as CollectorBase
 from acollect.collectors import CollectorState as CollectorState
-from acollect.collectors import DataCollectorBase as DataCollectorBase
 from acollect.collectors import DistributedCollector as DistributedCollector
-from acollect.collectors import DistributedDataCollector as DistributedDataCollector
 from acollect.collectors import DistributedSyncCollector as DistributedSyncCollector
-from acollect.collectors import DistributedSyncDataCollector as DistributedSyncDataCollector
 from acollect.collectors import MultiAsyncCollector as MultiAsyncCollector
-from acollect.collectors import MultiaSyncDataCollector as MultiaSyncDataCollector
 from acollect.collectors import MultiSyncCollector as MultiSyncCollector
-from acollect.collectors import MultiSyncDataCollector as MultiSyncDataCollector
 from acollect.collectors import RayCollector as RayCollector
-from acollect.collectors import RPCCollector as RPCCollector
-from acollect.collectors import RPCDataCollector as RPCDataCollector
 from acollect.collectors import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
-from acollect.collectors import SyncDataCollector as SyncDataCollector
 from acollect.collectors import WeightSyncScheme as WeightSyncScheme
 from acollect.collectors import ZmqWeightSyncScheme as ZmqWeightSyncScheme
-from acollect.collectors import aSyncDataCollector as aSyncDataCollector
+
+# TorchRL's spellings, for code written against TorchRL: importable from here, kept out of __all__
+# (acollect's own surface). They are documented in acollect.compat.torchrl.
+from acollect.compat.torchrl import BaseCollector as BaseCollector
+from acollect.compat.torchrl import DataCollectorBase as DataCollectorBase
+from acollect.compat.torchrl import DistributedDataCollector as DistributedDataCollector
+from acollect.compat.torchrl import DistributedSyncDataCollector as DistributedSyncDataCollector
+from acollect.compat.torchrl import MultiaSyncDataCollector as MultiaSyncDataCollector
+from acollect.compat.torchrl import MultiSyncDataCollector as MultiSyncDataCollector
+from acollect.compat.torchrl import RPCCollector as RPCCollector
+from acollect.compat.torchrl import RPCDataCollector as RPCDataCollector
+from acollect.compat.torchrl import SyncDataCollector as SyncDataCollector
+from acollect.compat.torchrl import aSyncDataCollector as aSyncDataCollector
 from acollect.envs import EnvBase as EnvBase
 from acollect.envs import GymEnv as GymEnv
 from acollect.errors import AcollectError as AcollectError
@@ -61,7 +66,6 @@ __all__ = [
     "AcollectError",
     "AsyncCollector",
     "BackgroundCollectionError",
-    "BaseCollector",
     "ClosedCollectorError",
     "Collector",
     "CollectorBase",
@@ -69,28 +73,20 @@ __all__ = [
     "CollectorStateError",
     "CollectorStats",
     "ConfigurationError",
-    "DataCollectorBase",
     "DistributedCollector",
-    "DistributedDataCollector",
     "DistributedSyncCollector",
-    "DistributedSyncDataCollector",
     "EmptyBufferError",
     "EnvBase",
     "EnvError",
     "GymEnv",
     "MultiAsyncCollector",
     "MultiSyncCollector",
-    "MultiSyncDataCollector",
-    "MultiaSyncDataCollector",
     "PolicyError",
     "ProtocolError",
-    "RPCCollector",
-    "RPCDataCollector",
     "RayCollector",
     "RemoteError",
     "ReplayBuffer",
     "SharedMemWeightSyncScheme",
-    "SyncDataCollector",
     "TransportError",
     "WeightSyncError",
     "WeightSyncScheme",
@@ -99,7 +95,6 @@ __all__ = [
     "WorkerTimeoutError",
     "ZmqWeightSyncScheme",
     "__version__",
-    "aSyncDataCollector",
     "filter_warnings_subprocess",
     "submitit_delayed_launcher",
 ]

@@ -4,6 +4,10 @@ A name users can import must be listed in ``__all__`` (so docs, star-imports and
 checkers see it), and every listed name must exist. Packages only re-export, so every public
 attribute of a package counts; in a plain module only what it defines itself (def, class,
 assignment) counts, not what it imported for its own use.
+
+One documented exception: TorchRL's spellings (:mod:`acollect.compat.torchrl`) import from
+``acollect`` and ``acollect.collectors`` for code written against TorchRL, but stay out of
+``acollect.__all__``, which holds acollect's own names only.
 """
 
 from __future__ import annotations
@@ -16,7 +20,32 @@ import types
 
 import pytest
 
-PUBLIC_MODULES = ["acollect", "acollect.envs", "acollect.errors", "acollect.specs", "acollect.testing"]
+PUBLIC_MODULES = [
+    "acollect",
+    "acollect.compat.torchrl",
+    "acollect.envs",
+    "acollect.errors",
+    "acollect.specs",
+    "acollect.testing",
+]
+
+# Public attributes a module re-exports without listing them in __all__: module -> the module
+# that documents them (and lists them in its own __all__).
+COMPAT_REEXPORTS = {"acollect": "acollect.compat.torchrl"}
+
+# TorchRL's names, and the acollect class or function each one is.
+TORCHRL_NAMES = {
+    "SyncDataCollector": "Collector",
+    "MultiSyncDataCollector": "MultiSyncCollector",
+    "MultiaSyncDataCollector": "MultiAsyncCollector",
+    "aSyncDataCollector": "AsyncCollector",
+    "DataCollectorBase": "CollectorBase",
+    "BaseCollector": "CollectorBase",
+    "DistributedDataCollector": "DistributedCollector",
+    "DistributedSyncDataCollector": "DistributedSyncCollector",
+    "RPCCollector": "RPCCollector",
+    "RPCDataCollector": "RPCCollector",
+}
 
 # The names the documentation promises; renaming one is an API break and must be deliberate.
 PROMISED = {
@@ -47,6 +76,7 @@ PROMISED = {
         "Unbounded",
     ],
     "acollect.testing": ["CountingEnv", "CrashingEnv", "SlowEnv"],
+    "acollect.compat.torchrl": sorted(TORCHRL_NAMES),
 }
 
 
@@ -96,8 +126,75 @@ def test_all_lists_only_existing_names(module_name: str) -> None:
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
 def test_every_public_name_is_in_all(module_name: str) -> None:
     module = importlib.import_module(module_name)
-    unlisted = sorted(_public_attributes(module) - set(module.__all__))
+    documented: set[str] = set()
+    if module_name in COMPAT_REEXPORTS:
+        documented = set(importlib.import_module(COMPAT_REEXPORTS[module_name]).__all__)
+    unlisted = sorted(_public_attributes(module) - set(module.__all__) - documented)
     assert not unlisted, f"{module_name} has public names missing from __all__ (add them or prefix _): {unlisted}"
+
+
+@pytest.mark.parametrize("module_name", sorted(COMPAT_REEXPORTS))
+def test_compat_reexports_are_the_documented_objects(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    source = importlib.import_module(COMPAT_REEXPORTS[module_name])
+    in_all = sorted(set(module.__all__) & set(source.__all__))
+    assert not in_all, f"{module_name}.__all__ holds compatibility names (keep them out): {in_all}"
+    differ = [name for name in source.__all__ if getattr(module, name, None) is not getattr(source, name)]
+    assert not differ, f"{module_name} lacks, or re-binds, these names of {source.__name__}: {differ}"
+
+
+def test_init_only_reexports() -> None:
+    # `from x import Name as Name` is an explicit re-export for type checkers; the package defines nothing.
+    import acollect
+
+    tree = ast.parse(inspect.getsource(acollect))
+    allowed_assignments = {"__version__", "filter_warnings_subprocess", "__all__"}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            implicit = [alias.name for alias in node.names if alias.asname != alias.name]
+            assert not implicit, f"acollect/__init__.py line {node.lineno}: write `import {implicit[0]} as ...`"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            assert names <= allowed_assignments, f"acollect/__init__.py line {node.lineno} defines {names}"
+        else:
+            is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            assert is_docstring, f"acollect/__init__.py line {node.lineno}: re-exports only ({type(node).__name__})"
+
+
+@pytest.mark.parametrize("module_name", ["acollect", "acollect.collectors"])
+@pytest.mark.parametrize("name", sorted(TORCHRL_NAMES))
+def test_torchrl_names_still_import(module_name: str, name: str) -> None:
+    import acollect
+    from acollect.compat import torchrl
+
+    namespace: dict[str, object] = {}
+    exec(f"from {module_name} import {name}", namespace)  # the statement old code has
+    assert namespace[name] is getattr(torchrl, name) is getattr(acollect, TORCHRL_NAMES[name])
+    assert name in dir(importlib.import_module(module_name))
+
+
+def test_acollect_collectors_keeps_its_collectors() -> None:
+    import acollect
+    import acollect.collectors as collectors
+
+    for name in [
+        "AsyncCollector",
+        "Collector",
+        "CollectorBase",
+        "CollectorState",
+        "DistributedCollector",
+        "DistributedSyncCollector",
+        "MultiAsyncCollector",
+        "MultiSyncCollector",
+        "RayCollector",
+        "SharedMemWeightSyncScheme",
+        "WeightSyncScheme",
+        "ZmqWeightSyncScheme",
+    ]:
+        assert getattr(collectors, name) is getattr(acollect, name), name
+    with pytest.raises(AttributeError, match="NoSuchCollector"):
+        _ = collectors.NoSuchCollector  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("module_name", sorted(PROMISED))

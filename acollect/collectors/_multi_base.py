@@ -13,7 +13,7 @@ from tensordict.nn import InteractionType
 from acollect.collectors.base import CollectorBase
 from acollect.devices import check_device
 from acollect.errors import CollectorStateError, ConfigurationError
-from acollect.launchers.base import resolve_launcher
+from acollect.launchers.registry import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.pool import Received, WorkerPool
 from acollect.rollout import check_frames_per_batch

@@ -28,18 +28,13 @@ from acollect.errors import ConfigurationError
 from acollect.worker.protocol import WorkerConfig
 
 __all__ = [
-    "LAUNCHERS",
     "LaunchedWorker",
     "Launcher",
     "describe_engine_exit",
     "engine_error",
     "pack_config",
-    "resolve_launcher",
     "run_packed_config",
 ]
-
-#: The launcher names ``launcher=`` accepts (or pass a :class:`Launcher` instance).
-LAUNCHERS = ("local", "ray", "submitit")
 
 
 @runtime_checkable
@@ -145,38 +140,6 @@ class Launcher(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def resolve_launcher(launcher: object, *, start_method: str = "spawn") -> Launcher:
-    """Turns a ``launcher=`` argument into a :class:`Launcher`.
-
-    Args:
-        launcher: ``"local"``, ``"ray"``, ``"submitit"`` (each with default options) or a
-            :class:`Launcher` instance.
-        start_method: the local launcher's start method.
-
-    Raises:
-        ConfigurationError: an unknown launcher.
-
-    Examples:
-        >>> resolve_launcher("local")
-        LocalLauncher(start_method='spawn')
-    """
-    if isinstance(launcher, Launcher):
-        return launcher
-    if launcher == "local":
-        from acollect.launchers.local import LocalLauncher
-
-        return LocalLauncher(start_method=start_method)
-    if launcher == "ray":
-        from acollect.launchers.ray import RayLauncher
-
-        return RayLauncher()
-    if launcher == "submitit":
-        from acollect.launchers.submitit import SubmititLauncher
-
-        return SubmititLauncher()
-    raise ConfigurationError.bad_value("launcher", launcher, f"one of {LAUNCHERS} or a Launcher instance")
 
 
 def pack_config(config: WorkerConfig) -> bytes:

@@ -32,7 +32,7 @@ class ReceiveMixin(PoolBase):
 
     async def _on_join(self, identity: bytes, header: dict[str, Any]) -> None:
         """A worker started by hand (``acollect worker``) asks for a config: give it a free remote slot."""
-        from acollect.worker.remote import encode_config
+        from acollect.worker.config_codec import encode_config
 
         assert self.endpoint is not None
         handle = next((h for h in self.handles if h.config.remote and not h.joined and not h.stopping), None)

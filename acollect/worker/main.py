@@ -16,7 +16,8 @@ progress, and a hung env shows as heartbeats whose step count stops moving.
 
 Entry point: :func:`run_worker`, called by the bootstrap of
 :mod:`acollect.worker.process` with the worker's
-:class:`~acollect.worker.protocol.WorkerConfig`.
+:class:`~acollect.worker.protocol.WorkerConfig`; the engine it drives comes from
+:func:`acollect.worker.build.build_engine`.
 """
 
 from __future__ import annotations
@@ -32,70 +33,18 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect.devices import resolve_devices
-from acollect.envs import make_env
-from acollect.policy import parse_exploration_type, wrap_policy
 from acollect.rollout import RolloutEngine, RolloutInterrupted
 from acollect.stats import EpisodeTracker
 from acollect.transport.endpoint import WorkerSocket
 from acollect.transport.shm import SHM_DIR, SHM_PREFIX, ShmSegment, ShmSlotRing
 from acollect.transport.weights import unflatten_into
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
-from acollect.weights import PolicyWeights
 from acollect.worker import protocol as P
+from acollect.worker.build import build_engine, resolve_model
 
-__all__ = ["build_engine", "run_worker"]
+__all__ = ["run_worker"]
 
 _SEND_RETRY = 1.0
-
-
-def build_engine(config: P.WorkerConfig) -> RolloutEngine:
-    """Builds the worker's env, policy and rollout engine from its config."""
-    from acollect.worker.remote import resolve_import_path  # "pkg.module:make_env" names a factory
-
-    env = make_env(resolve_import_path(config.create_env_fn), **config.env_kwargs)
-    try:
-        factory = resolve_import_path(config.policy_factory)
-        policy = factory() if factory is not None else config.policy
-        devices = resolve_devices(**config.devices, env_default=env.device, policy=policy)
-        if isinstance(policy, torch.nn.Module):
-            policy = PolicyWeights.place(policy, devices.policy)
-        adapter = wrap_policy(
-            policy,
-            observation_keys=env.observation_spec.leaf_keys(),
-            action_spec=env.action_spec,
-            batch_size=env.batch_size,
-        )
-        engine = RolloutEngine(
-            env,
-            adapter,
-            frames_per_batch=config.frames_per_batch,
-            devices=devices,
-            max_frames_per_traj=config.max_frames_per_traj,
-            init_random_frames=config.init_random_frames,
-            reset_at_each_iter=config.reset_at_each_iter,
-            exploration_type=parse_exploration_type(config.exploration_type),
-            traj_id_offset=config.index,
-            traj_id_stride=config.n_workers,
-        )
-    except BaseException:
-        env.close()
-        raise
-    engine.next_traj_counter = config.next_traj_counter
-    engine.frames = config.frames
-    return engine
-
-
-def _resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:
-    """``"policy"``, ``"policy.<attr>..."`` or ``"env.<attr>..."`` -> the module whose weights are updated."""
-    head, _, rest = model_id.partition(".")
-    roots: dict[str, Any] = {"policy": engine.policy.weights_module, "env": engine.env}
-    obj = roots.get(head)
-    for part in rest.split(".") if rest else ():
-        obj = getattr(obj, part, None)
-    if not isinstance(obj, torch.nn.Module):
-        raise LookupError(f"model_id={model_id!r} names no nn.Module in this worker")
-    return obj
 
 
 def _error_fields(exc: BaseException) -> dict[str, Any]:
@@ -320,7 +269,7 @@ class _Worker:
         engine = self.engine
         assert engine is not None
         # Check every model before copying any, so a bad push changes nothing.
-        targets = {model_id: TensorDict.from_module(_resolve_model(engine, model_id)) for model_id in weights}
+        targets = {model_id: TensorDict.from_module(resolve_model(engine, model_id)) for model_id in weights}
         for model_id, (layout, flat) in weights.items():
             unflatten_into(layout, flat, targets[model_id])
         engine.policy_version = version

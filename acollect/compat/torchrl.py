@@ -1,16 +1,33 @@
-"""``RPCCollector``: TorchRL's ``RPCDataCollector`` arguments, on acollect's multi-process collectors.
+"""TorchRL's collector names, for code written against TorchRL: ``RPCCollector`` and the legacy spellings.
 
-TorchRL drives remote collectors with ``torch.distributed.rpc``. Here the remote
-side is a worker process (local, or wherever the launcher puts it) driven over
-ZeroMQ: the same commands (collect, push weights, seed, stop), with heartbeats
-and deadlines. So :func:`RPCCollector` is not a new engine: it translates
-``RPCDataCollector``'s arguments and returns a :class:`~acollect.MultiAsyncCollector`
-(``sync=False``, the default) or a :class:`~acollect.MultiSyncCollector` (``sync=True``).
-The mapping, argument by argument, is in ``docs/distributed.md``.
+acollect's own names are :class:`~acollect.Collector`, :class:`~acollect.MultiSyncCollector`,
+:class:`~acollect.MultiAsyncCollector`, :class:`~acollect.AsyncCollector`,
+:class:`~acollect.CollectorBase`, :class:`~acollect.DistributedCollector`,
+:class:`~acollect.DistributedSyncCollector` and :class:`~acollect.RayCollector`. This module holds
+what TorchRL calls them besides, so that ``from acollect import MultiSyncDataCollector`` keeps
+working (the package re-exports every name here, outside its ``__all__``):
+
+* the legacy aliases (``SyncDataCollector``, ``MultiSyncDataCollector``, ``MultiaSyncDataCollector``,
+  ``aSyncDataCollector``, ``DataCollectorBase``, ``BaseCollector``, ``DistributedDataCollector``,
+  ``DistributedSyncDataCollector``, ``RPCDataCollector``). Each is the acollect class itself, not a
+  subclass, so ``isinstance`` checks and docs agree;
+* :func:`RPCCollector`, which takes TorchRL's ``RPCDataCollector`` arguments. TorchRL drives remote
+  collectors with ``torch.distributed.rpc``; here the remote side is a worker process (local, or
+  wherever the launcher puts it) driven over ZeroMQ: the same commands (collect, push weights, seed,
+  stop), with heartbeats and deadlines. So it is not a new engine: it translates the arguments and
+  returns a :class:`~acollect.MultiAsyncCollector` (``sync=False``, the default) or a
+  :class:`~acollect.MultiSyncCollector` (``sync=True``). The mapping, argument by argument, is in
+  ``docs/distributed.md``.
+
+The arguments are TorchRL's where the concepts match: see ``docs/migrating-from-torchrl.md``.
 
 Examples:
+    >>> from acollect import MultiSyncCollector
+    >>> from acollect.compat.torchrl import MultiSyncDataCollector
+    >>> MultiSyncDataCollector is MultiSyncCollector
+    True
     >>> import anyio
-    >>> from acollect import RPCCollector
+    >>> from acollect.compat.torchrl import RPCCollector
     >>> from acollect.testing import CountingEnv
     >>> async def main():
     ...     async with RPCCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16, sync=True) as c:
@@ -23,11 +40,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from acollect.collectors.async_collector import AsyncCollector
+from acollect.collectors.base import CollectorBase
+from acollect.collectors.collector import Collector
+from acollect.collectors.distributed import DistributedCollector, DistributedSyncCollector
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 
-__all__ = ["RPCCollector"]
+__all__ = [
+    "BaseCollector",
+    "DataCollectorBase",
+    "DistributedDataCollector",
+    "DistributedSyncDataCollector",
+    "MultiSyncDataCollector",
+    "MultiaSyncDataCollector",
+    "RPCCollector",
+    "RPCDataCollector",
+    "SyncDataCollector",
+    "aSyncDataCollector",
+]
 
 # TorchRL sub-collector names that mean "one rollout loop per remote process", which is what a worker runs.
 _SINGLE = {"SyncDataCollector", "Collector"}
@@ -102,3 +134,26 @@ def RPCCollector(  # TorchRL's class name: code written against it calls it
         kwargs.setdefault("address", f"tcp://127.0.0.1:{tcp_port}")
     target = MultiSyncCollector if sync else MultiAsyncCollector
     return target(create_env_fn, policy, max_weight_update_interval=max_weight_update_interval, **kwargs)
+
+
+# -- the legacy spellings -------------------------------------------------------------------
+#: TorchRL's legacy name of :class:`~acollect.Collector` (one process, in-process collection).
+SyncDataCollector = Collector
+#: TorchRL's legacy name of :class:`~acollect.MultiSyncCollector`.
+MultiSyncDataCollector = MultiSyncCollector
+#: TorchRL's legacy name of :class:`~acollect.MultiAsyncCollector`.
+MultiaSyncDataCollector = MultiAsyncCollector
+#: TorchRL's legacy name of :class:`~acollect.AsyncCollector`.
+aSyncDataCollector = AsyncCollector
+#: TorchRL's name of the base every collector derives from (:class:`~acollect.CollectorBase`).
+DataCollectorBase = CollectorBase
+#: TorchRL's newer name of that base.
+BaseCollector = CollectorBase
+# RayCollector and submitit_delayed_launcher keep TorchRL's names as they are (acollect.RayCollector,
+# acollect.submitit_delayed_launcher): they are acollect's own names too.
+#: TorchRL's legacy name of :class:`~acollect.DistributedCollector`.
+DistributedDataCollector = DistributedCollector
+#: TorchRL's legacy name of :class:`~acollect.DistributedSyncCollector`.
+DistributedSyncDataCollector = DistributedSyncCollector
+#: TorchRL's legacy name of :func:`RPCCollector`.
+RPCDataCollector = RPCCollector

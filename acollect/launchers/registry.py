@@ -1,0 +1,44 @@
+"""Launcher names: what ``launcher="local"`` (or ``"ray"``, ``"submitit"``) starts.
+
+The one module that knows every concrete launcher, so that :mod:`acollect.launchers.base` (the
+interface they implement) imports none of them.
+"""
+
+from __future__ import annotations
+
+from acollect.errors import ConfigurationError
+from acollect.launchers.base import Launcher
+from acollect.launchers.local import LocalLauncher
+from acollect.launchers.ray import RayLauncher
+from acollect.launchers.submitit import SubmititLauncher
+
+__all__ = ["LAUNCHERS", "resolve_launcher"]
+
+#: The launcher names ``launcher=`` accepts (or pass a :class:`~acollect.launchers.base.Launcher` instance).
+LAUNCHERS = ("local", "ray", "submitit")
+
+
+def resolve_launcher(launcher: object, *, start_method: str = "spawn") -> Launcher:
+    """Turns a ``launcher=`` argument into a :class:`~acollect.launchers.base.Launcher`.
+
+    Args:
+        launcher: ``"local"``, ``"ray"``, ``"submitit"`` (each with default options) or a
+            :class:`~acollect.launchers.base.Launcher` instance.
+        start_method: the local launcher's start method.
+
+    Raises:
+        ConfigurationError: an unknown launcher.
+
+    Examples:
+        >>> resolve_launcher("local")
+        LocalLauncher(start_method='spawn')
+    """
+    if isinstance(launcher, Launcher):
+        return launcher
+    if launcher == "local":
+        return LocalLauncher(start_method=start_method)
+    if launcher == "ray":
+        return RayLauncher()
+    if launcher == "submitit":
+        return SubmititLauncher()
+    raise ConfigurationError.bad_value("launcher", launcher, f"one of {LAUNCHERS} or a Launcher instance")

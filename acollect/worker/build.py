@@ -1,0 +1,70 @@
+"""A worker's rollout engine, built from its :class:`~acollect.worker.protocol.WorkerConfig`.
+
+The env, the policy (sent whole, or built in the worker by ``policy_factory``), the devices and
+the :class:`~acollect.rollout.RolloutEngine` that drives them: what :mod:`acollect.worker.main`
+runs, and the modules a weight push may name (:func:`resolve_model`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from acollect.devices import resolve_devices
+from acollect.envs import make_env
+from acollect.policy import parse_exploration_type, wrap_policy
+from acollect.rollout import RolloutEngine
+from acollect.weights import PolicyWeights
+from acollect.worker import protocol as P
+from acollect.worker.config_codec import resolve_import_path
+
+__all__ = ["build_engine", "resolve_model"]
+
+
+def build_engine(config: P.WorkerConfig) -> RolloutEngine:
+    """Builds the worker's env, policy and rollout engine from its config."""
+    # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
+    env = make_env(resolve_import_path(config.create_env_fn), **config.env_kwargs)
+    try:
+        factory = resolve_import_path(config.policy_factory)
+        policy = factory() if factory is not None else config.policy
+        devices = resolve_devices(**config.devices, env_default=env.device, policy=policy)
+        if isinstance(policy, torch.nn.Module):
+            policy = PolicyWeights.place(policy, devices.policy)
+        adapter = wrap_policy(
+            policy,
+            observation_keys=env.observation_spec.leaf_keys(),
+            action_spec=env.action_spec,
+            batch_size=env.batch_size,
+        )
+        engine = RolloutEngine(
+            env,
+            adapter,
+            frames_per_batch=config.frames_per_batch,
+            devices=devices,
+            max_frames_per_traj=config.max_frames_per_traj,
+            init_random_frames=config.init_random_frames,
+            reset_at_each_iter=config.reset_at_each_iter,
+            exploration_type=parse_exploration_type(config.exploration_type),
+            traj_id_offset=config.index,
+            traj_id_stride=config.n_workers,
+        )
+    except BaseException:
+        env.close()
+        raise
+    engine.next_traj_counter = config.next_traj_counter
+    engine.frames = config.frames
+    return engine
+
+
+def resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:
+    """``"policy"``, ``"policy.<attr>..."`` or ``"env.<attr>..."`` -> the module whose weights are updated."""
+    head, _, rest = model_id.partition(".")
+    roots: dict[str, Any] = {"policy": engine.policy.weights_module, "env": engine.env}
+    obj = roots.get(head)
+    for part in rest.split(".") if rest else ():
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, torch.nn.Module):
+        raise LookupError(f"model_id={model_id!r} names no nn.Module in this worker")
+    return obj
