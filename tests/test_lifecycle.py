@@ -1,0 +1,266 @@
+"""The rules for calling a collector from several tasks, for every collector class, under asyncio and trio.
+
+Each test is a plain function running its scenario with ``anyio.run(..., backend=...)``, so the same
+code runs on both event loops, and every scenario has its own deadline (``anyio.fail_after``): an
+overlap that hangs fails the test instead of the suite. After each scenario, nothing is left: no
+worker process, no shared-memory segment, no acollect thread.
+
+The rules (``docs/concepts.md``, "Calling from several tasks"):
+
+* two ``async_shutdown()`` at once: both return only when everything is gone;
+* ``async_shutdown()`` under a task waiting for a batch: that task gets ``ClosedCollectorError`` promptly;
+* two consumers: served one after the other;
+* ``pause()`` from two tasks: nothing is collected while either holds it;
+* a cancelled first batch (no ``async with``) leaves nothing behind and the collector usable;
+* a weight push during iteration lands at a batch boundary and returns the new version;
+* a failure moves the collector to BROKEN; calls raise it; ``async_shutdown()`` closes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from acollect import (
+    AsyncCollector,
+    Collector,
+    CollectorState,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    ReplayBuffer,
+)
+from acollect.collectors.base import CollectorBase
+from acollect.errors import ClosedCollectorError, CollectorStateError, RemoteError, WorkerError
+from acollect.testing import (
+    CountingEnv,
+    CrashingEnv,
+    ResourceSnapshot,
+    SlowEnv,
+    WeightProbe,
+    assert_no_leaks,
+    wait_until,
+)
+
+START_METHOD = os.environ.get("ACOLLECT_TEST_START_METHOD", "forkserver")
+BACKENDS = ["asyncio", "trio"]
+KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make(kind: str, env: Callable[[], Any], policy: Any = None, **kwargs: Any) -> CollectorBase:
+    """A collector of ``kind`` over ``env`` (two workers for the Multi* collectors)."""
+    kwargs.setdefault("frames_per_batch", 8)
+    if kind == "Collector":
+        return Collector(env, policy, **kwargs)
+    workers = {"start_method": START_METHOD, "shutdown_timeout": 5.0}
+    if kind == "MultiSync":
+        return MultiSyncCollector([env] * 2, policy, **workers, **kwargs)
+    if kind == "MultiAsync":
+        return MultiAsyncCollector([env] * 2, policy, **workers, **kwargs)
+    return AsyncCollector(env, policy, **workers, **kwargs)
+
+
+def run(backend: str, scenario: Callable[[], Awaitable[None]], *, leak_timeout: float = 5.0) -> None:
+    """Runs ``scenario`` on ``backend`` and checks that it left nothing behind."""
+    before = ResourceSnapshot.take()
+    anyio.run(scenario, backend=backend)
+    assert_no_leaks(before, timeout=leak_timeout)
+
+
+counting = functools.partial(CountingEnv, num_envs=2)
+slow = functools.partial(SlowEnv, 0.05, num_envs=2)  # 50 ms a step: a batch of 8 frames takes 200 ms
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_concurrent_shutdowns_both_return_when_everything_is_gone(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        collector = make(kind, counting)
+        with anyio.fail_after(60):
+            await anext(collector)
+            returned: list[CollectorState] = []
+
+            async def shut() -> None:
+                await collector.async_shutdown()
+                returned.append(collector.state)  # each caller sees the end state, not CLOSING
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(shut)
+                tg.start_soon(shut)
+            assert returned == [CollectorState.CLOSED, CollectorState.CLOSED]
+            await collector.async_shutdown()  # and a third, later, is fine
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_shutdown_wakes_a_task_waiting_for_a_batch(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        collector = make(kind, slow, frames_per_batch=400)  # 10 s a batch: the waiter is mid-batch
+        outcome: list[BaseException] = []
+
+        async def consume() -> None:
+            try:
+                await anext(collector)
+            except ClosedCollectorError as exc:
+                outcome.append(exc)
+
+        with anyio.fail_after(60):
+            async with collector:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    await anyio.sleep(0.3)
+                    with anyio.fail_after(8):  # promptly: well before the batch would end
+                        await collector.async_shutdown()
+        assert len(outcome) == 1, "the waiting consumer must get ClosedCollectorError"
+        assert "async_shutdown()" in str(outcome[0])
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_consumers_are_served_in_turn(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        got: list[int] = []
+
+        async def consume(collector: CollectorBase) -> None:
+            for _ in range(3):
+                batch = await anext(collector)
+                got.append(batch.numel())
+
+        with anyio.fail_after(60):
+            async with make(kind, counting) as collector:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume, collector)
+                    tg.start_soon(consume, collector)
+                assert collector.frames == sum(got)
+        assert len(got) == 6
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        rb = ReplayBuffer(1_000_000)
+        first_in, second_in, first_out = anyio.Event(), anyio.Event(), anyio.Event()
+        sizes: dict[str, int] = {}
+
+        async def first(collector: CollectorBase) -> None:
+            async with collector.pause():
+                first_in.set()
+                await second_in.wait()
+            first_out.set()
+
+        async def second(collector: CollectorBase) -> None:
+            await first_in.wait()
+            async with collector.pause():
+                second_in.set()
+                await first_out.wait()
+                sizes["after first left"] = len(rb)
+                await anyio.sleep(0.5)  # the first pause ended: workers must still be stopped
+                sizes["later"] = len(rb)
+
+        with anyio.fail_after(60):
+            async with make(kind, counting) as collector:
+                collector.start(replay_buffer=rb)
+                await wait_until(lambda: len(rb) >= 32)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(first, collector)
+                    tg.start_soon(second, collector)
+                assert collector.state is CollectorState.RUNNING
+                resumed_from = len(rb)
+                await wait_until(lambda: len(rb) > resumed_from)  # both left: collection goes on
+        assert sizes["later"] == sizes["after first left"], f"frames collected while a pause was held: {sizes}"
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_cancelled_first_batch_leaves_nothing_and_the_collector_usable(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        collector = make(kind, counting)  # no ``async with``: set-up happens in the first anext
+        with anyio.fail_after(60):
+            with anyio.move_on_after(0.05 if kind == "Collector" else 0.3) as scope:
+                await anext(collector)
+            if scope.cancelled_caught:
+                assert collector.state is CollectorState.NEW  # torn down, ready to start afresh
+            batch = await anext(collector)
+            assert batch.numel() == 8
+            await collector.async_shutdown()
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_weight_push_during_iteration_lands_at_a_batch_boundary(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        with anyio.fail_after(60):
+            async with make(kind, counting, WeightProbe(0.0)) as collector:
+                pushed: list[int] = []
+
+                async def push() -> None:
+                    pushed.append(await collector.update_policy_weights_(WeightProbe(1.0)))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(push)
+                    await anext(collector)
+                assert pushed == [1], "update_policy_weights_ returns the new version"
+                for _ in range(6):  # MultiAsync may hand out batches collected ahead, before the push
+                    batch = await anext(collector)
+                    versions = batch["collector", "policy_version"].unique().tolist()
+                    assert len(versions) == 1, f"a batch mixes weight versions: {versions}"
+                    if versions == [1]:
+                        assert batch["action"].unique().tolist() == [1]
+                        break
+                else:
+                    pytest.fail("no batch was collected with the pushed weights")
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_failure_breaks_the_collector_until_shutdown(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        collector = make(kind, functools.partial(CrashingEnv, crash_at_step=3, num_envs=2))
+        expected: Any = RuntimeError if kind == "Collector" else (RemoteError, WorkerError)
+        with anyio.fail_after(60):
+            with pytest.raises(expected):
+                async for _ in collector:
+                    pass
+            assert collector.state is CollectorState.BROKEN
+            with pytest.raises(expected):
+                await anext(collector)
+            with pytest.raises(expected):
+                async with collector.pause():
+                    pass
+            await collector.async_shutdown()
+            assert collector.state is CollectorState.CLOSED
+            with pytest.raises(ClosedCollectorError):
+                await anext(collector)
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_iterating_a_background_collector_is_refused_at_once(backend: str) -> None:
+    async def scenario() -> None:
+        with anyio.fail_after(30):
+            async with Collector(counting, frames_per_batch=8) as collector:
+                collector.start(ReplayBuffer(1000))
+                with pytest.raises(CollectorStateError, match="background"):
+                    await anext(collector)
+
+    run(backend, scenario)
