@@ -319,7 +319,13 @@ class RayCollector(MultiCollectorBase):
         super().start(replay_buffer if replay_buffer is not None else self.replay_buffer)
 
     async def _setup(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError as exc:  # trio: Ray's asyncio API (ObjectRef awaits) has no trio road
+            raise CollectorStateError(
+                "RayCollector runs under asyncio only (it awaits Ray's asyncio API): start it from "
+                "asyncio.run() or anyio.run(..., backend='asyncio')"
+            ) from exc
         await super()._setup()
 
     async def async_shutdown(
