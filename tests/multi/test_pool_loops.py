@@ -47,7 +47,7 @@ async def test_a_failing_liveness_loop_breaks_the_collector(start_method: str) -
         with anyio.fail_after(NOTICE), pytest.raises(OSError, match="cannot start worker 0 again"):
             await anext(collector)
         assert collector.state is CollectorState.BROKEN
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="cannot start worker 0 again"):
             await anext(collector)  # sticky until shutdown
     assert collector.state is CollectorState.CLOSED
 
