@@ -43,6 +43,7 @@ from acollect.testing import (
     SlowEnv,
     WeightProbe,
     assert_no_leaks,
+    leaked_resources,
     wait_until,
 )
 
@@ -81,19 +82,23 @@ slow = functools.partial(SlowEnv, 0.05, num_envs=2)  # 50 ms a step: a batch of 
 @pytest.mark.parametrize("kind", KINDS)
 def test_two_concurrent_shutdowns_both_return_when_everything_is_gone(kind: str, backend: str) -> None:
     async def scenario() -> None:
+        before = ResourceSnapshot.take()
         collector = make(kind, counting)
         with anyio.fail_after(60):
             await anext(collector)
             returned: list[CollectorState] = []
+            left: list[list[str]] = []
 
             async def shut() -> None:
                 await collector.async_shutdown()
                 returned.append(collector.state)  # each caller sees the end state, not CLOSING
+                left.append(leaked_resources(before, timeout=0.0))  # and nothing is left when it returns
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(shut)
                 tg.start_soon(shut)
             assert returned == [CollectorState.CLOSED, CollectorState.CLOSED]
+            assert left == [[], []], f"async_shutdown() returned while these were still alive: {left}"
             await collector.async_shutdown()  # and a third, later, is fine
 
     run(backend, scenario)
