@@ -51,8 +51,6 @@ _TRANSPORT = "the transport branch is open on it: split there, not in a conflict
 OVERSIZED_ALLOWED: dict[str, str] = {
     "acollect.collectors._multi_base": "split by the collectors restructure",
     "acollect.transport.endpoint": _TRANSPORT,
-    # Seam: the layout checks (validate_layout, _check_*, LeafLayout, TensorDictLayout) into transport/layout.py.
-    "acollect.transport.wire": _TRANSPORT,
     # Seam: ShmSlotRing and cleanup_stale into transport/shm_ring.py, ShmSegment/ShmTensorDictSlot stay.
     "acollect.transport.shm": _TRANSPORT,
 }

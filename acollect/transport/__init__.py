@@ -3,7 +3,8 @@
 Three layers, none of which knows about envs:
 
 * :mod:`~acollect.transport.wire`: the versioned wire format (msgpack header and
-  raw tensor frames; flat weight buffers). Never pickle.
+  raw tensor frames; flat weight buffers). Never pickle. The tensor layout it carries,
+  and its validation, is :mod:`~acollect.transport.layout`.
 * :mod:`~acollect.transport.shm`: shared-memory slots for large same-host payloads.
 * :mod:`~acollect.transport.endpoint`: ZeroMQ sockets, asyncio on the collector's
   side and blocking in workers.

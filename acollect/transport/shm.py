@@ -30,7 +30,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport.wire import LeafLayout, _build, aligned_offsets, validate_layout
+from acollect.transport.layout import LeafLayout, aligned_offsets, build_tensordict, validate_layout
 
 __all__ = ["SHM_DIR", "SHM_PREFIX", "ShmSegment", "ShmSlotRing", "ShmTensorDictSlot", "cleanup_stale", "shm_available"]
 
@@ -251,7 +251,7 @@ class ShmTensorDictSlot:
             else torch.empty(leaf.shape, dtype=leaf.dtype)
             for leaf, off in zip(spec.leaves, offsets, strict=True)
         ]
-        self._td: TensorDict | None = _build(spec, self._views)
+        self._td: TensorDict | None = build_tensordict(spec, self._views)
 
     @staticmethod
     def nbytes_for(layout: dict[str, Any]) -> int:
