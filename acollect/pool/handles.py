@@ -10,7 +10,7 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from acollect.launchers.base import LaunchedWorker
-from acollect.transport.shm import ShmSlotRing
+from acollect.transport.shm_ring import ShmSlotRing
 from acollect.worker import protocol as P
 
 __all__ = ["Received", "Rejected", "WorkerHandle", "parse_identity"]

@@ -18,7 +18,7 @@ from tensordict import TensorDictBase
 from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
 from acollect.pool.base import PoolBase
 from acollect.pool.handles import Received, Rejected, WorkerHandle, parse_identity
-from acollect.transport.shm import ShmSlotRing
+from acollect.transport.shm_ring import ShmSlotRing
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
 from acollect.worker import protocol as P
 

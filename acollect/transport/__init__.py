@@ -3,8 +3,10 @@
 Three layers, none of which knows about envs:
 
 * :mod:`~acollect.transport.wire`: the versioned wire format (msgpack header and
-  raw tensor frames; flat weight buffers). Never pickle.
-* :mod:`~acollect.transport.shm`: shared-memory slots for large same-host payloads.
+  raw tensor frames; flat weight buffers). Never pickle. The tensor layout it carries,
+  and its validation, is :mod:`~acollect.transport.layout`.
+* :mod:`~acollect.transport.shm`: shared-memory slots for large same-host payloads;
+  :mod:`~acollect.transport.shm_ring` groups one worker's slots into a ring of credits.
 * :mod:`~acollect.transport.endpoint`: ZeroMQ sockets, asyncio on the collector's
   side and blocking in workers.
 """
@@ -12,10 +14,10 @@ Three layers, none of which knows about envs:
 from acollect.transport.endpoint import Endpoint as Endpoint
 from acollect.transport.endpoint import WorkerSocket as WorkerSocket
 from acollect.transport.shm import ShmSegment as ShmSegment
-from acollect.transport.shm import ShmSlotRing as ShmSlotRing
 from acollect.transport.shm import ShmTensorDictSlot as ShmTensorDictSlot
 from acollect.transport.shm import cleanup_stale as cleanup_stale
 from acollect.transport.shm import shm_available as shm_available
+from acollect.transport.shm_ring import ShmSlotRing as ShmSlotRing
 from acollect.transport.weights import flatten_params as flatten_params
 from acollect.transport.weights import unflatten_into as unflatten_into
 from acollect.transport.wire import PROTOCOL_VERSION as PROTOCOL_VERSION

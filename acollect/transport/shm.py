@@ -11,7 +11,8 @@ removes segments whose owner pid is gone. Mappings outlive the unlink: memory is
 freed when the last process unmaps it.
 
 Where ``/dev/shm`` does not exist (:func:`shm_available` is ``False``), callers
-send the tensors as message frames instead.
+send the tensors as message frames instead. One worker's ring of slots is
+:class:`~acollect.transport.shm_ring.ShmSlotRing`.
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ import os
 import re
 import secrets
 import weakref
-from collections import deque
-from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport.wire import LeafLayout, _build, aligned_offsets, validate_layout
+from acollect.transport.layout import LeafLayout, aligned_offsets, build_tensordict, validate_layout
 
-__all__ = ["SHM_DIR", "SHM_PREFIX", "ShmSegment", "ShmSlotRing", "ShmTensorDictSlot", "cleanup_stale", "shm_available"]
+if TYPE_CHECKING:
+    from acollect.transport.shm_ring import ShmSlotRing as ShmSlotRing
+
+__all__ = ["SHM_DIR", "SHM_PREFIX", "ShmSegment", "ShmTensorDictSlot", "cleanup_stale", "shm_available"]
 
 #: Where segments live (a tmpfs on Linux).
 SHM_DIR = "/dev/shm"
@@ -251,7 +253,7 @@ class ShmTensorDictSlot:
             else torch.empty(leaf.shape, dtype=leaf.dtype)
             for leaf, off in zip(spec.leaves, offsets, strict=True)
         ]
-        self._td: TensorDict | None = _build(spec, self._views)
+        self._td: TensorDict | None = build_tensordict(spec, self._views)
 
     @staticmethod
     def nbytes_for(layout: dict[str, Any]) -> int:
@@ -362,113 +364,6 @@ class ShmTensorDictSlot:
         self._segment.__exit__(*exc_info)
 
 
-class ShmSlotRing:
-    """``n_slots`` slots of one layout for one worker; the slot count is its credit count.
-
-    The owner (collector) creates the ring and sends :attr:`names` and
-    :attr:`layout` to the worker, which attaches. :meth:`acquire` and
-    :meth:`release` track which slots are free on either side: the writer
-    acquires a slot, fills it and names it in a message; the slot is released when
-    the reader says it has copied it out.
-
-    Examples:
-        >>> from acollect.transport.wire import encode_tensordict
-        >>> layout, _ = encode_tensordict(TensorDict({"x": torch.zeros(4)}, batch_size=[4]))
-        >>> with ShmSlotRing.create(layout, 2) as ring:
-        ...     i = ring.acquire(); j = ring.acquire()
-        ...     (i, j, ring.acquire(), ring.n_free)
-        (0, 1, None, 0)
-    """
-
-    def __init__(self, slots: Sequence[ShmTensorDictSlot]) -> None:
-        self._slots = tuple(slots)
-        self._free: deque[int] = deque(range(len(self._slots)))
-
-    @classmethod
-    def create(cls, layout: dict[str, Any], n_slots: int) -> ShmSlotRing:
-        """Creates (and owns) ``n_slots`` slots for ``layout``."""
-        if type(n_slots) is not int or n_slots < 1:
-            raise ConfigurationError.bad_value("n_slots", n_slots, "an int >= 1")
-        slots: list[ShmTensorDictSlot] = []
-        try:
-            slots.extend(ShmTensorDictSlot.create(layout) for _ in range(n_slots))
-        except BaseException:
-            for slot in slots:
-                slot.close()
-                slot.unlink()
-            raise
-        return cls(slots)
-
-    @classmethod
-    def attach(cls, names: Sequence[str], layout: dict[str, Any]) -> ShmSlotRing:
-        """Attaches to every slot of a ring another process created."""
-        if isinstance(names, str) or not names:
-            raise ConfigurationError.bad_value("names", names, "a non-empty list of segment names")
-        slots: list[ShmTensorDictSlot] = []
-        try:
-            slots.extend(ShmTensorDictSlot.attach(name, layout) for name in names)
-        except BaseException:
-            for slot in slots:
-                slot.close()
-            raise
-        return cls(slots)
-
-    @property
-    def names(self) -> list[str]:
-        """The segment names, in slot order."""
-        return [slot.name for slot in self._slots]
-
-    @property
-    def layout(self) -> dict[str, Any]:
-        """The layout every slot holds."""
-        return self._slots[0].layout
-
-    @property
-    def n_free(self) -> int:
-        """How many slots are free (credits left)."""
-        return len(self._free)
-
-    def acquire(self) -> int | None:
-        """Takes the oldest free slot's index, or ``None`` if every slot is in use."""
-        return self._free.popleft() if self._free else None
-
-    def release(self, index: int) -> None:
-        """Gives slot ``index`` back.
-
-        Raises:
-            ConfigurationError: ``index`` is not a slot in use.
-        """
-        if type(index) is not int or not 0 <= index < len(self._slots) or index in self._free:
-            raise ConfigurationError.bad_value("index", index, f"the index of a slot in use in [0, {len(self._slots)})")
-        self._free.append(index)
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def __getitem__(self, index: int) -> ShmTensorDictSlot:
-        return self._slots[index]
-
-    def __iter__(self) -> Iterator[ShmTensorDictSlot]:
-        return iter(self._slots)
-
-    def close(self) -> None:
-        """Unmaps every slot (idempotent)."""
-        for slot in self._slots:
-            slot.close()
-
-    def unlink(self) -> None:
-        """Removes every slot's segment (owner only, idempotent)."""
-        for slot in self._slots:
-            slot.unlink()
-
-    def __enter__(self) -> ShmSlotRing:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for slot in self._slots:
-            slot.__exit__(*exc_info)
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -496,3 +391,13 @@ def cleanup_stale(directory: str = SHM_DIR) -> list[str]:
                 os.unlink(os.path.join(directory, entry))
                 removed.append(entry)
     return removed
+
+
+def __getattr__(name: str) -> Any:
+    # ShmSlotRing moved to shm_ring.py, which imports this module: resolved on first use so
+    # either module can be imported first. Kept while acollect/worker/main.py imports it from here.
+    if name == "ShmSlotRing":
+        from acollect.transport.shm_ring import ShmSlotRing
+
+        return ShmSlotRing
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,11 +17,11 @@ from acollect.testing import our_segments
 from acollect.transport.shm import (
     SHM_DIR,
     ShmSegment,
-    ShmSlotRing,
     ShmTensorDictSlot,
     cleanup_stale,
     shm_available,
 )
+from acollect.transport.shm_ring import ShmSlotRing
 from acollect.transport.wire import encode_tensordict
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shared memory slots need /dev/shm")
