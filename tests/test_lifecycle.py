@@ -152,40 +152,55 @@ def test_two_consumers_are_served_in_turn(kind: str, backend: str) -> None:
     run(backend, scenario)
 
 
+def progress(collector: CollectorBase, rb: ReplayBuffer) -> tuple[int, ...]:
+    """Frames in the buffer, and each worker's env steps as its last heartbeat said (workers step ahead)."""
+    pool = getattr(collector, "_pool", None)
+    return (len(rb), *(handle.last_steps for handle in (pool.handles if pool is not None else [])))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
     async def scenario() -> None:
         rb = ReplayBuffer(1_000_000)
-        first_in, second_in, first_out = anyio.Event(), anyio.Event(), anyio.Event()
-        sizes: dict[str, int] = {}
+        held = [0]
+        both_in = anyio.Event()
+        release = [anyio.Event(), anyio.Event()]
+        left = [anyio.Event(), anyio.Event()]
+        seen: dict[str, tuple[int, ...]] = {}
 
-        async def first(collector: CollectorBase) -> None:
-            async with collector.pause():
-                first_in.set()
-                await second_in.wait()
-            first_out.set()
+        async def hold(collector: CollectorBase, i: int) -> None:
+            async with collector.pause():  # both tasks enter at the same moment
+                held[0] += 1
+                if held[0] == 2:
+                    both_in.set()
+                await release[i].wait()
+            left[i].set()
 
-        async def second(collector: CollectorBase) -> None:
-            await first_in.wait()
-            async with collector.pause():
-                second_in.set()
-                await first_out.wait()
-                sizes["after first left"] = len(rb)
-                await anyio.sleep(0.5)  # the first pause ended: workers must still be stopped
-                sizes["later"] = len(rb)
-
+        # 10 ms a step, 100 steps a batch, 0.5 s heartbeats: a worker that was not paused shows it.
+        extra = {} if kind == "Collector" else {"heartbeat_timeout": 2.0}
+        env = functools.partial(SlowEnv, 0.01, num_envs=2)
         with anyio.fail_after(60):
-            async with make(kind, counting) as collector:
+            async with make(kind, env, frames_per_batch=200, **extra) as collector:
                 collector.start(replay_buffer=rb)
-                await wait_until(lambda: len(rb) >= 32)
+                await wait_until(lambda: len(rb) >= 200, timeout=20)
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(first, collector)
-                    tg.start_soon(second, collector)
+                    tg.start_soon(hold, collector, 0)
+                    tg.start_soon(hold, collector, 1)
+                    await both_in.wait()
+                    await anyio.sleep(0.8)  # a step in flight and the next heartbeat settle
+                    seen["both held"] = progress(collector, rb)
+                    await anyio.sleep(1.2)
+                    seen["later"] = progress(collector, rb)
+                    release[0].set()
+                    await left[0].wait()
+                    await anyio.sleep(1.2)  # the first pause ended: workers must still be stopped
+                    seen["one held"] = progress(collector, rb)
+                    release[1].set()
                 assert collector.state is CollectorState.RUNNING
                 resumed_from = len(rb)
-                await wait_until(lambda: len(rb) > resumed_from)  # both left: collection goes on
-        assert sizes["later"] == sizes["after first left"], f"frames collected while a pause was held: {sizes}"
+                await wait_until(lambda: len(rb) > resumed_from, timeout=20)  # both left: collection goes on
+        assert seen["both held"] == seen["later"] == seen["one held"], f"collected while paused: {seen}"
 
     run(backend, scenario)
 
@@ -194,15 +209,17 @@ def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_cancelled_first_batch_leaves_nothing_and_the_collector_usable(kind: str, backend: str) -> None:
     async def scenario() -> None:
-        collector = make(kind, counting)  # no ``async with``: set-up happens in the first anext
-        with anyio.fail_after(60):
-            with anyio.move_on_after(0.05 if kind == "Collector" else 0.3) as scope:
-                await anext(collector)
-            if scope.cancelled_caught:
-                assert collector.state is CollectorState.NEW  # torn down, ready to start afresh
-            batch = await anext(collector)
-            assert batch.numel() == 8
-            await collector.async_shutdown()
+        # Several delays, so one of them lands in the middle of the set-up (workers starting).
+        for delay in (0.02, 0.15, 0.4):
+            collector = make(kind, counting)  # no ``async with``: set-up happens in the first anext
+            with anyio.fail_after(60):
+                with anyio.move_on_after(delay) as scope:
+                    await anext(collector)
+                if scope.cancelled_caught:
+                    assert collector.state in (CollectorState.NEW, CollectorState.RUNNING)
+                batch = await anext(collector)  # usable: a retry starts afresh
+                assert batch.numel() == 8
+                await collector.async_shutdown()
 
     run(backend, scenario)
 

@@ -412,9 +412,11 @@ class CollectorBase(ReportingMixin):
             self._state = CollectorState.PAUSED
         try:
             with self._call("pause()"):
-                await self._sync_pause()
+                # The background batch in flight is handed over first: workers paused before it
+                # arrives would never send it.
                 while self._bg_busy:
                     await self._changes.wait()
+                await self._sync_pause()
             yield
         finally:
             self._pauses -= 1
