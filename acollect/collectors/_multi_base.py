@@ -22,6 +22,7 @@ from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.auth import ServerKeys
 from acollect.transport.shm import shm_available
+from acollect.weights import as_weights, check_push
 from acollect.worker import protocol as P
 from acollect.worker.process import START_METHODS
 
@@ -59,15 +60,7 @@ def _load_keys(keys: object) -> ServerKeys | None:
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
-    if isinstance(source, torch.nn.Module):
-        return TensorDict.from_module(source)
-    if isinstance(source, TensorDictBase):
-        return source
-    if isinstance(source, Mapping) and source and all(isinstance(v, torch.Tensor) for v in source.values()):
-        return TensorDict(dict(source), batch_size=[])
-    raise ConfigurationError.bad_value(
-        name, type(source).__name__, "an nn.Module, a TensorDict of weights or a state dict of tensors"
-    )
+    return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
 class MultiCollectorBase(CollectorBase):
@@ -503,6 +496,8 @@ class MultiCollectorBase(CollectorBase):
                 raise ConfigurationError.bad_value("worker_ids", worker_ids, expected)
         await self._ensure_setup()
         pool = self._require_pool()
+        # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
+        models = check_push(models, [pool.handles[i].weights_structure for i in ids])
         version = await pool.push_weights(
             models, self.weight_sync_schemes, self._default_scheme, ids, _check_seconds("timeout", timeout)
         )

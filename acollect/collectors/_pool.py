@@ -49,6 +49,7 @@ from acollect.transport.auth import ServerKeys
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.shm import ShmSlotRing, shm_available
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
+from acollect.weights import WeightStructure, decode_structure
 from acollect.worker import protocol as P
 from acollect.worker.process import describe_exit
 
@@ -108,6 +109,8 @@ class WorkerHandle:
     next_seq: int = 0  # sequence number of the next batch this incarnation sends
     missing_since: float | None = None  # when a heartbeat first said a batch was sent that has not arrived
     joined: bool = False  # a worker started by hand took this slot (``config.remote``)
+    weights_structure: WeightStructure | None = None  # its policy's weights, from hello (None: unknown)
+    weights_refused: tuple[int, str] | None = None  # (version, why) of the last push it refused
 
     @property
     def identity(self) -> bytes:
@@ -327,6 +330,7 @@ class WorkerPool:
         handle.n_envs = int(header["n_envs"])
         handle.frames_per_batch = int(header["frames_per_batch"])
         handle.layout = header["layout"]
+        handle.weights_structure = decode_structure(header.get("weights"))
         if handle.ring is not None:
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             handle.retired_rings.append(handle.ring)
@@ -471,7 +475,11 @@ class WorkerPool:
         elif kind == P.HELLO:
             await self._on_hello(handle, header)
         elif kind == P.ACK:
-            handle.acked_version = max(handle.acked_version, int(header["version"]))
+            if header.get("error") is not None:  # refused: it keeps its weights (see push_weights)
+                handle.weights_refused = (int(header["version"]), str(header["error"])[:2000])
+                logger.warning("worker %d refused weights version %s: %s", handle.index, *handle.weights_refused)
+            else:
+                handle.acked_version = max(handle.acked_version, int(header["version"]))
         elif kind == P.ERROR:
             raise RemoteError(
                 f"worker {handle.index} ({handle.where}) raised {header.get('type')}: {header.get('message')}",
@@ -612,6 +620,15 @@ class WorkerPool:
 
             deadline = time.monotonic() + limit
             while missing():
+                refused = {h.index: h.weights_refused[1] for h in targets
+                           if h.weights_refused is not None and h.weights_refused[0] == version}  # fmt: skip
+                if refused and set(missing()) <= set(refused):  # every worker answered: no need to wait
+                    why = "; ".join(f"worker {i}: {reason}" for i, reason in sorted(refused.items()))
+                    raise WeightSyncError(
+                        f"weights version {version} were refused by workers {sorted(refused)}, which keep "
+                        f"collecting with their previous weights: {why}",
+                        worker_ids=sorted(refused),
+                    )
                 # Without restarts (or once the pool is broken) a dead worker never answers: wait for the live ones.
                 restarting = self.max_restarts and self.failure is None
                 waiting = missing() if restarting else [i for i in missing() if i not in dead()]

@@ -35,7 +35,7 @@ from acollect.policy import PolicyLike, parse_exploration_type, wrap_policy
 from acollect.rollout import RolloutEngine, check_frames_per_batch, frames_per_batch_for
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
-from acollect.weights import PolicyWeights, weights_of
+from acollect.weights import PolicyWeights, structure_of, weights_of
 
 __all__ = ["Collector"]
 
@@ -251,7 +251,7 @@ class Collector(CollectorBase):
         *,
         policy: torch.nn.Module | None = None,
         weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-    ) -> None:
+    ) -> int:
         """Hands new policy weights to the collector; they apply from the next batch on.
 
         Every batch collected afterwards carries the new ``("collector", "policy_version")``; no batch
@@ -263,6 +263,13 @@ class Collector(CollectorBase):
                 weights (``TensorDict.from_module`` layout) or a state dict.
             policy: keyword form for a module.
             weights: keyword form for weights.
+
+        Returns:
+            The new policy version.
+
+        Raises:
+            ConfigurationError: the weights do not fit the policy (the message names the keys and shapes);
+                nothing changed, the collector goes on with the weights it had.
 
         Examples:
             >>> import anyio, torch
@@ -290,15 +297,18 @@ class Collector(CollectorBase):
                 "update_policy_weights_() takes one source of weights: pass a policy or weights, not both"
             )
         source = given[0] if given else self._policy_arg
+        if self._engine is None and self.policy_factory is not None:
+            await self._ensure_setup()  # only the factory's policy says what the weights must fit
         target = self._engine.policy.weights_module if self._engine is not None else None
-        staged = weights_of(source, target)
+        staged = weights_of(source, target, structure_of(target if self._engine is not None else self._policy_arg))
         # The engine applies staged weights at its next batch boundary; if it is idle, apply now.
-        self._weights.stage(staged)
+        version = self._weights.stage(staged)
         if self._engine is not None and self._engine_busy.acquire(blocking=False):
             try:
                 self._weights.apply_pending(self._engine)
             finally:
                 self._engine_busy.release()
+        return version
 
     # -- seeding and state --------------------------------------------------------------------
     def set_seed(self, seed: int) -> int:
