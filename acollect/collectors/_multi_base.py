@@ -471,8 +471,9 @@ class MultiCollectorBase(CollectorBase):
             The new policy version.
 
         Raises:
-            WeightSyncError: workers that did not acknowledge in time (named in the error).
-            ConfigurationError: no weights, or bad ``worker_ids``.
+            WeightSyncError: workers that did not acknowledge in time, or refused the weights (named in the error).
+            ConfigurationError: no weights, weights that do not fit the workers' policy (nothing is sent; the
+                message names the keys and shapes), or bad ``worker_ids``.
         """
         self._check_usable("update_policy_weights_()")
         given = [x for x in (policy_or_weights, policy, weights) if x is not None]

@@ -35,3 +35,19 @@ def report_threads(td: TensorDictBase) -> TensorDictBase:
     td.set("action", torch.zeros(n, dtype=torch.int64))
     td.set("threads", torch.full((n,), torch.get_num_threads(), dtype=torch.int64))
     return td
+
+
+class NestedProbe(torch.nn.Module):
+    """A :class:`WeightProbe` one level down (``net.0.w``), so its state dict has dotted keys."""
+
+    def __init__(self, value: float = 0.0) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(WeightProbe(value))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation)
+
+
+def nested_probe() -> NestedProbe:
+    """A ``policy_factory``: the trainer never sees the policy the workers build."""
+    return NestedProbe(0.0)
