@@ -323,6 +323,81 @@ async def test_weight_update_in_background_never_mixes_versions() -> None:
         assert actions[versions == v].unique().tolist() == [expected], f"version {v} mixed weights"
 
 
+class NestedArgmax(torch.nn.Module):
+    """:class:`LinearArgmax` one level down (``head.logits``), so its state dict has dotted keys."""
+
+    def __init__(self, logits: tuple[float, float] = (1.0, 0.0)) -> None:
+        super().__init__()
+        self.head = LinearArgmax()
+        with torch.no_grad():
+            self.head.logits.copy_(torch.tensor(logits))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(obs)
+
+
+def version_and_action(batch: TensorDict) -> tuple[list[int], list[int]]:
+    return batch["collector", "policy_version"].unique().tolist(), batch["action"].unique().tolist()
+
+
+@pytest.mark.parametrize("use_factory", [False, True], ids=["policy", "policy_factory"])
+async def test_a_state_dict_push_means_the_module_and_returns_the_version(use_factory: bool) -> None:
+    policy = {"policy_factory": NestedArgmax} if use_factory else {"policy": NestedArgmax()}
+    c = Collector(lambda: CountingEnv(num_envs=2), frames_per_batch=8, **policy)
+    # before the first batch too (with policy_factory the policy is built to learn what the weights must fit)
+    assert await c.update_policy_weights_(NestedArgmax((0.0, 1.0)).state_dict()) == 1
+    async with c:
+        assert version_and_action(await anext(c)) == ([1], [1])
+        flat = TensorDict(dict(NestedArgmax((1.0, 0.0)).state_dict()), batch_size=[])  # dotted keys in a TensorDict
+        assert await c.update_policy_weights_(weights=flat) == 2
+        assert version_and_action(await anext(c)) == ([2], [0])
+        assert await c.update_policy_weights_(NestedArgmax((0.0, 1.0))) == 3
+        assert version_and_action(await anext(c)) == ([3], [1])
+
+
+@pytest.mark.parametrize(
+    ("weights", "named"),
+    [
+        ({"head.logits": torch.ones(3)}, ["head.logits", "float32 [2]", "float32 [3]"]),
+        ({"head.logits": torch.ones(2, dtype=torch.float16)}, ["head.logits", "float32 [2]", "float16 [2]"]),
+        ({"head.bias": torch.ones(2)}, ["missing keys ['head.logits']", "unexpected keys ['head.bias']"]),
+    ],
+    ids=["shape", "dtype", "key"],
+)
+async def test_a_push_that_does_not_fit_is_refused_at_once(weights: dict[str, torch.Tensor], named: list[str]) -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2), policy_factory=NestedArgmax, frames_per_batch=8) as c:
+        await anext(c)
+        with pytest.raises(ConfigurationError) as info:
+            await c.update_policy_weights_(weights)
+        for part in named:
+            assert part in str(info.value)
+        assert c.policy_version == 0
+        assert version_and_action(await anext(c)) == ([0], [0])
+        assert await c.update_policy_weights_({"head.logits": torch.tensor([0.0, 1.0])}) == 1
+        assert version_and_action(await anext(c)) == ([1], [1])
+
+
+async def test_weights_of_a_tensordict_modules_inner_module_are_mapped() -> None:
+    policy = TensorDictModule(NestedArgmax(), in_keys=["observation"], out_keys=["action"])
+    async with Collector(lambda: CountingEnv(num_envs=2), policy, frames_per_batch=8) as c:
+        assert await c.update_policy_weights_(NestedArgmax((0.0, 1.0)).state_dict()) == 1  # no "module." prefix
+        assert version_and_action(await anext(c)) == ([1], [1])
+        # and the other way round: one prefix too many, as a DistributedDataParallel copy's state dict has
+        ddp_like = {"module.module.head.logits": torch.tensor([1.0, 0.0])}
+        assert [f"module.{k}" for k in policy.state_dict()] == list(ddp_like)
+        assert await c.update_policy_weights_(ddp_like) == 2
+        assert version_and_action(await anext(c)) == ([2], [0])
+        with pytest.raises(ConfigurationError, match=r"missing keys \['module.head.logits'\]"):
+            await c.update_policy_weights_({"module.tail.logits": torch.ones(2)})
+
+
+async def test_a_policy_without_weights_refuses_weights() -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2), AlwaysZero(), frames_per_batch=8) as c:
+        with pytest.raises(ConfigurationError, match="holds no weights"):
+            await c.update_policy_weights_({"w": torch.ones(1)})
+        assert version_and_action(await anext(c)) == ([0], [0])
+
+
 async def test_same_seed_same_batches() -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Softmax(-1))

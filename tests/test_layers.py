@@ -72,10 +72,6 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {
 # check ignores these edges; every other cycle fails.
 CYCLE_EDGES_ALLOWED: dict[tuple[str, str], str] = {
     ("acollect.collectors._multi_base", "acollect"): _FILTER_WARNINGS,
-    ("acollect.transport.shm", "acollect.transport.shm_ring"): (
-        "transport/shm.py still hands out ShmSlotRing (a lazy module __getattr__) because worker/main.py imports "
-        "it from there; goes when that import names acollect.transport.shm_ring"
-    ),
 }
 
 

@@ -22,6 +22,7 @@ from acollect.trajectories import split_trajectories
 from acollect.transport.auth import ServerKeys
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
+from acollect.weights import as_weights, check_push
 from acollect.worker import protocol as P
 from acollect.worker.process import START_METHODS
 
@@ -59,15 +60,7 @@ def _load_keys(keys: object) -> ServerKeys | None:
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
-    if isinstance(source, torch.nn.Module):
-        return TensorDict.from_module(source)
-    if isinstance(source, TensorDictBase):
-        return source
-    if isinstance(source, Mapping) and source and all(isinstance(v, torch.Tensor) for v in source.values()):
-        return TensorDict(dict(source), batch_size=[])
-    raise ConfigurationError.bad_value(
-        name, type(source).__name__, "an nn.Module, a TensorDict of weights or a state dict of tensors"
-    )
+    return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
 class MultiCollectorBase(CollectorBase):
@@ -472,8 +465,9 @@ class MultiCollectorBase(CollectorBase):
             The new policy version.
 
         Raises:
-            WeightSyncError: workers that did not acknowledge in time (named in the error).
-            ConfigurationError: no weights, or bad ``worker_ids``.
+            WeightSyncError: workers that did not acknowledge in time, or refused the weights (named in the error).
+            ConfigurationError: no weights, weights that do not fit the workers' policy (nothing is sent; the
+                message names the keys and shapes), or bad ``worker_ids``.
         """
         # Allowed on a collector broken by one worker (while the caller iterates): the live ones still get
         # the weights, and the WeightSyncError names exactly the workers that did not.
@@ -505,6 +499,8 @@ class MultiCollectorBase(CollectorBase):
 
     async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
         pool = self._require_pool()
+        # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
+        models = check_push(models, [pool.handles[i].weights_structure for i in ids])
         version = await pool.push_weights(models, self.weight_sync_schemes, self._default_scheme, ids, limit)
         self._last_push = self._batches
         return version

@@ -35,7 +35,7 @@ from acollect.policy import PolicyLike, parse_exploration_type, wrap_policy
 from acollect.rollout import RolloutEngine, check_frames_per_batch, frames_per_batch_for
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
-from acollect.weights import PolicyWeights, weights_of
+from acollect.weights import PolicyWeights, structure_of, weights_of
 
 __all__ = ["Collector"]
 
@@ -272,6 +272,10 @@ class Collector(CollectorBase):
         Returns:
             The new policy version (what every batch collected with these weights carries).
 
+        Raises:
+            ConfigurationError: the weights do not fit the policy (the message names the keys and shapes);
+                nothing changed, the collector goes on with the weights it had.
+
         Examples:
             >>> import anyio, torch
             >>> from acollect import Collector
@@ -298,16 +302,19 @@ class Collector(CollectorBase):
                 "update_policy_weights_() takes one source of weights: pass a policy or weights, not both"
             )
         source = given[0] if given else self._policy_arg
+        if self._engine is None and self.policy_factory is not None:
+            with self._call("update_policy_weights_()"):
+                await self._ensure_setup()  # only the factory's policy says what the weights must fit
         target = self._engine.policy.weights_module if self._engine is not None else None
-        staged = weights_of(source, target)
+        staged = weights_of(source, target, structure_of(target if self._engine is not None else self._policy_arg))
         # The engine applies staged weights at its next batch boundary; if it is idle, apply now.
-        self._weights.stage(staged)
+        version = self._weights.stage(staged)
         if self._engine is not None and self._engine_busy.acquire(blocking=False):
             try:
                 self._weights.apply_pending(self._engine)
             finally:
                 self._engine_busy.release()
-        return self._weights.version
+        return version
 
     # -- seeding and state --------------------------------------------------------------------
     def set_seed(self, seed: int) -> int:

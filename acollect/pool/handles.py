@@ -11,6 +11,7 @@ from tensordict import TensorDictBase
 
 from acollect.launchers.base import LaunchedWorker
 from acollect.transport.shm_ring import ShmSlotRing
+from acollect.weights import WeightStructure
 from acollect.worker import protocol as P
 
 __all__ = ["Received", "Rejected", "WorkerHandle", "parse_identity"]
@@ -71,6 +72,8 @@ class WorkerHandle:
     next_seq: int = 0  # sequence number of the next batch this incarnation sends
     missing_since: float | None = None  # when a heartbeat first said a batch was sent that has not arrived
     joined: bool = False  # a worker started by hand took this slot (``config.remote``)
+    weights_structure: WeightStructure | None = None  # its policy's weights, from hello (None: unknown)
+    weights_refused: tuple[int, str] | None = None  # (version, why) of the last push it refused
 
     @property
     def identity(self) -> bytes:

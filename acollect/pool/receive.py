@@ -20,6 +20,7 @@ from acollect.pool.base import PoolBase
 from acollect.pool.handles import Received, Rejected, WorkerHandle, parse_identity
 from acollect.transport.shm_ring import ShmSlotRing
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
+from acollect.weights import decode_structure
 from acollect.worker import protocol as P
 
 __all__ = ["ReceiveMixin"]
@@ -67,6 +68,7 @@ class ReceiveMixin(PoolBase):
         handle.n_envs = int(header["n_envs"])
         handle.frames_per_batch = int(header["frames_per_batch"])
         handle.layout = header["layout"]
+        handle.weights_structure = decode_structure(header.get("weights"))
         if handle.ring is not None:
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             handle.retired_rings.append(handle.ring)
@@ -190,7 +192,11 @@ class ReceiveMixin(PoolBase):
         elif kind == P.HELLO:
             await self._on_hello(handle, header)
         elif kind == P.ACK:
-            handle.acked_version = max(handle.acked_version, int(header["version"]))
+            if header.get("error") is not None:  # refused: it keeps its weights (see push_weights)
+                handle.weights_refused = (int(header["version"]), str(header["error"])[:2000])
+                logger.warning("worker %d refused weights version %s: %s", handle.index, *handle.weights_refused)
+            else:
+                handle.acked_version = max(handle.acked_version, int(header["version"]))
         elif kind == P.ERROR:
             raise RemoteError(
                 f"worker {handle.index} ({handle.where}) raised {header.get('type')}: {header.get('message')}",

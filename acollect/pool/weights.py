@@ -85,6 +85,15 @@ class WeightsMixin(PoolBase):
 
             deadline = time.monotonic() + limit
             while missing():
+                refused = {h.index: h.weights_refused[1] for h in targets
+                           if h.weights_refused is not None and h.weights_refused[0] == version}  # fmt: skip
+                if refused and set(missing()) <= set(refused):  # every worker answered: no need to wait
+                    why = "; ".join(f"worker {i}: {reason}" for i, reason in sorted(refused.items()))
+                    raise WeightSyncError(
+                        f"weights version {version} were refused by workers {sorted(refused)}, which keep "
+                        f"collecting with their previous weights: {why}",
+                        worker_ids=sorted(refused),
+                    )
                 # Without restarts (or once the pool is broken) a dead worker never answers: wait for the live ones.
                 restarting = self.max_restarts and self.failure is None
                 waiting = missing() if restarting else [i for i in missing() if i not in dead()]

@@ -23,16 +23,13 @@ import os
 import re
 import secrets
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.layout import LeafLayout, aligned_offsets, build_tensordict, validate_layout
-
-if TYPE_CHECKING:
-    from acollect.transport.shm_ring import ShmSlotRing as ShmSlotRing
 
 __all__ = ["SHM_DIR", "SHM_PREFIX", "ShmSegment", "ShmTensorDictSlot", "cleanup_stale", "shm_available"]
 
@@ -392,12 +389,3 @@ def cleanup_stale(directory: str = SHM_DIR) -> list[str]:
                 removed.append(entry)
     return removed
 
-
-def __getattr__(name: str) -> Any:
-    # ShmSlotRing moved to shm_ring.py, which imports this module: resolved on first use so
-    # either module can be imported first. Kept while acollect/worker/main.py imports it from here.
-    if name == "ShmSlotRing":
-        from acollect.transport.shm_ring import ShmSlotRing
-
-        return ShmSlotRing
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

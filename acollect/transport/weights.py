@@ -18,20 +18,19 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect.errors import ConfigurationError
-from acollect.transport.wire import (
+from acollect.transport.layout import (
     Key,
-    _as_bytes_view,
     _check_int,
     _check_keys_disjoint,
     _check_leaf,
     _dtype_name,
     _fail,
     _normalize_key,
-    _walk,
     aligned_offsets,
 )
+from acollect.transport.wire import _as_bytes_view, _walk
 
-__all__ = ["flatten_params", "unflatten_into"]
+__all__ = ["WeightPlan", "copy_planned", "flatten_params", "plan_unflatten", "unflatten_into"]
 
 Params = TensorDictBase | Mapping[Any, torch.Tensor]
 
@@ -109,6 +108,71 @@ def _lookup(target: Params, key: Key) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+#: What :func:`plan_unflatten` checked: (key, source bytes, dtype, shape, destination) per tensor.
+WeightPlan = list[tuple[Key, torch.Tensor, torch.dtype, tuple[int, ...], torch.Tensor]]
+
+
+def plan_unflatten(
+    layout: object,
+    flat: torch.Tensor | object,
+    target: Params | MutableMapping[Any, torch.Tensor],
+    *,
+    strict: bool = True,
+) -> WeightPlan:
+    """Checks a received layout against ``flat`` and ``target`` and says what goes where; copies nothing.
+
+    A receiver checks every model of a push first and copies (:func:`copy_planned`) only if all fit,
+    so a bad push is refused whole and changes nothing.
+
+    Raises:
+        ProtocolError: as :func:`unflatten_into`.
+    """
+    if not isinstance(layout, dict) or not isinstance(layout.get("leaves"), list):
+        raise _fail("weight layout must be a map with a list of leaves")
+    if not isinstance(flat, torch.Tensor):
+        view = _as_bytes_view(flat, 1)
+        flat = torch.frombuffer(view, dtype=torch.uint8) if view.nbytes else torch.empty(0, dtype=torch.uint8)
+    if flat.dtype != torch.uint8 or flat.dim() != 1:
+        raise _fail(f"flat weights must be a 1-D uint8 tensor, got {flat.dtype} of shape {list(flat.shape)}")
+    plan: WeightPlan = []
+    for entry in layout["leaves"]:
+        leaf = _check_leaf(entry, flat.numel())
+        offset = _check_int(entry.get("offset"), f"offset of {leaf.key!r}", flat.numel())
+        if offset % leaf.dtype.itemsize:
+            raise _fail(f"weight {leaf.key!r} starts at byte {offset}, not a multiple of its item size")
+        if offset + leaf.nbytes > flat.numel():
+            raise _fail(f"weight {leaf.key!r} ends at byte {offset + leaf.nbytes}, past the {flat.numel()} received")
+        tensor = _lookup(target, leaf.key)
+        if tensor is None:
+            raise _fail(f"weight {leaf.key!r} has no tensor to go to in the target")
+        if tensor.dtype != leaf.dtype or tuple(tensor.shape) != leaf.shape:
+            raise _fail(
+                f"weight {leaf.key!r} is {leaf.dtype} {list(leaf.shape)}, "
+                f"the target holds {tensor.dtype} {list(tensor.shape)}"
+            )
+        source = flat.narrow(0, offset, leaf.nbytes)
+        if leaf.dtype is torch.bool and bool((source > 1).any()):
+            raise _fail(f"bool weight {leaf.key!r} holds bytes other than 0 and 1")
+        if source.storage_offset() % leaf.dtype.itemsize:
+            source = source.clone()  # a caller's unaligned slice cannot be viewed as a wider dtype
+        plan.append((leaf.key, source, leaf.dtype, leaf.shape, tensor))
+    _check_keys_disjoint([key for key, *_ in plan])
+    if strict:
+        wanted = {key for key, *_ in plan}
+        extra = [key for key, _ in _param_items(target) if key not in wanted]
+        if extra:
+            raise _fail(f"the weights lack {len(extra)} tensors the target holds, e.g. {extra[0]!r}")
+    return plan
+
+
+def copy_planned(plan: WeightPlan) -> None:
+    """Copies what :func:`plan_unflatten` checked into the target's tensors."""
+    with torch.no_grad():
+        for _, source, dtype, shape, tensor in plan:
+            if source.numel():
+                tensor.detach().copy_(source.view(dtype).view(shape))
+
+
 def unflatten_into(
     layout: object,
     flat: torch.Tensor | object,
@@ -134,44 +198,6 @@ def unflatten_into(
         >>> unflatten_into(layout, flat, params); params["w"]
         tensor([1., 1.])
     """
-    if not isinstance(layout, dict) or not isinstance(layout.get("leaves"), list):
-        raise _fail("weight layout must be a map with a list of leaves")
-    if not isinstance(flat, torch.Tensor):
-        view = _as_bytes_view(flat, 1)
-        flat = torch.frombuffer(view, dtype=torch.uint8) if view.nbytes else torch.empty(0, dtype=torch.uint8)
-    if flat.dtype != torch.uint8 or flat.dim() != 1:
-        raise _fail(f"flat weights must be a 1-D uint8 tensor, got {flat.dtype} of shape {list(flat.shape)}")
-    plan = []
-    for entry in layout["leaves"]:
-        leaf = _check_leaf(entry, flat.numel())
-        offset = _check_int(entry.get("offset"), f"offset of {leaf.key!r}", flat.numel())
-        if offset % leaf.dtype.itemsize:
-            raise _fail(f"weight {leaf.key!r} starts at byte {offset}, not a multiple of its item size")
-        if offset + leaf.nbytes > flat.numel():
-            raise _fail(f"weight {leaf.key!r} ends at byte {offset + leaf.nbytes}, past the {flat.numel()} received")
-        tensor = _lookup(target, leaf.key)
-        if tensor is None:
-            raise _fail(f"weight {leaf.key!r} has no tensor to go to in the target")
-        if tensor.dtype != leaf.dtype or tuple(tensor.shape) != leaf.shape:
-            raise _fail(
-                f"weight {leaf.key!r} is {leaf.dtype} {list(leaf.shape)}, "
-                f"the target holds {tensor.dtype} {list(tensor.shape)}"
-            )
-        source = flat.narrow(0, offset, leaf.nbytes)
-        if leaf.dtype is torch.bool and bool((source > 1).any()):
-            raise _fail(f"bool weight {leaf.key!r} holds bytes other than 0 and 1")
-        if source.storage_offset() % leaf.dtype.itemsize:
-            source = source.clone()  # a caller's unaligned slice cannot be viewed as a wider dtype
-        plan.append((leaf, source, tensor))
-    _check_keys_disjoint([leaf.key for leaf, _, _ in plan])
-    if strict:
-        wanted = {leaf.key for leaf, _, _ in plan}
-        extra = [key for key, _ in _param_items(target) if key not in wanted]
-        if extra:
-            raise _fail(f"the weights lack {len(extra)} tensors the target holds, e.g. {extra[0]!r}")
     # Everything is checked before the first copy, so a bad message never leaves the
     # target half updated.
-    with torch.no_grad():
-        for leaf, source, tensor in plan:
-            if leaf.nbytes:
-                tensor.detach().copy_(source.view(leaf.dtype).view(leaf.shape))
+    copy_planned(plan_unflatten(layout, flat, target, strict=strict))

@@ -34,13 +34,6 @@ from acollect.transport.layout import (
     validate_layout,
 )
 
-# Names that moved to layout.py and that transport/weights.py still imports from here;
-# drop them once it imports them from acollect.transport.layout.
-from acollect.transport.layout import _check_int as _check_int
-from acollect.transport.layout import _check_keys_disjoint as _check_keys_disjoint
-from acollect.transport.layout import _check_leaf as _check_leaf
-from acollect.transport.layout import _normalize_key as _normalize_key
-
 # ALIGNMENT, DEFAULT_MAX_BYTES, LeafLayout, TensorDictLayout, aligned_offsets and validate_layout
 # are layout.py's, listed here too because code imports them from this module.
 __all__ = [

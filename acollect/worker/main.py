@@ -33,12 +33,15 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect.errors import ProtocolError
 from acollect.rollout import RolloutEngine, RolloutInterrupted
 from acollect.stats import EpisodeTracker
 from acollect.transport.endpoint import WorkerSocket
-from acollect.transport.shm import SHM_DIR, SHM_PREFIX, ShmSegment, ShmSlotRing
-from acollect.transport.weights import unflatten_into
+from acollect.transport.shm import SHM_DIR, SHM_PREFIX, ShmSegment
+from acollect.transport.shm_ring import ShmSlotRing
+from acollect.transport.weights import WeightPlan, copy_planned, plan_unflatten
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
+from acollect.weights import encode_structure
 from acollect.worker import protocol as P
 from acollect.worker.build import build_engine, resolve_model
 
@@ -117,6 +120,8 @@ class _Worker:
                 "n_envs": self.engine.n_envs,
                 "frames_per_batch": self.engine.frames_per_batch,
                 "layout": layout,
+                # What a weight push must fit, so the collector refuses a bad one before sending it.
+                "weights": encode_structure(self.engine.policy.weights_module),
             },
         )
         self.runner = threading.Thread(target=self.runner_loop, name="acollect-runner", daemon=True)
@@ -230,31 +235,25 @@ class _Worker:
 
     # -- weights, seeds, state ---------------------------------------------------------
     def stage_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
-        version = int(header["version"])
-        staged: dict[str, tuple[Any, torch.Tensor]] = {}
-        # DistributedCollector: the flat buffers follow as one broadcast per model, not as frames.
-        broadcast = (
-            self.dist.recv_weights([int(m["layout"]["nbytes"]) for m in header["models"]])
-            if header.get("dist") and self.dist is not None
-            else None
-        )
-        for i, model in enumerate(header["models"]):
-            shm = model.get("shm")
-            if broadcast is not None:
-                flat = broadcast[i]
-            elif shm is not None:
-                segment = self.segments.get(shm)
-                if segment is None:
-                    segment = self.segments[shm] = ShmSegment.attach(shm, int(model["layout"]["nbytes"]))
-                flat = segment.tensor()
-            else:
-                assert td is not None
-                flat = td.get(f"m{i}")
-            staged[model["id"]] = (model["layout"], flat)
+        version = header.get("version")
+        try:
+            if type(version) is not int:
+                raise ProtocolError(f"weights version {version!r:.40} is not an int")
+            staged = self._read_weights(header, td)
+            plans = self._plan_weights(staged)  # checked against our own policy before anything is kept
+        except Exception as exc:
+            # A push that does not fit (a peer that skipped the collector's check, or a malformed message)
+            # is refused, and this worker goes on collecting with the weights it has.
+            refused = version if type(version) is int else -1
+            self.send(P.ACK, {"version": refused, "error": f"{type(exc).__name__}: {exc}"})
+            return
         if self.engine_lock.acquire(blocking=False):
             # Idle between batches: apply straight from the message or segment, no staging copy.
             try:
-                self._apply_weights(staged, version)
+                for plan in plans:
+                    copy_planned(plan)
+                assert self.engine is not None
+                self.engine.policy_version = version
             finally:
                 self.engine_lock.release()
         else:
@@ -265,13 +264,48 @@ class _Worker:
                 self.pending_version = version
         self.send(P.ACK, {"version": version})
 
+    def _read_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> dict[str, tuple[Any, torch.Tensor]]:
+        """model id -> (layout, flat buffer) of a ``weights`` message (from frames, a segment or a broadcast)."""
+        models = header["models"]
+        if not isinstance(models, list):
+            raise ProtocolError(f"weights models is a {type(models).__name__}, expected a list")
+        staged: dict[str, tuple[Any, torch.Tensor]] = {}
+        # DistributedCollector: the flat buffers follow as one broadcast per model, not as frames.
+        broadcast = (
+            self.dist.recv_weights([int(m["layout"]["nbytes"]) for m in models])
+            if header.get("dist") and self.dist is not None
+            else None
+        )
+        for i, model in enumerate(models):
+            shm = model.get("shm")
+            if broadcast is not None:
+                flat = broadcast[i]
+            elif shm is not None:
+                segment = self.segments.get(shm)
+                if segment is None:
+                    segment = ShmSegment.attach(shm, int(model["layout"]["nbytes"]))
+                    self.segments[shm] = segment
+                flat = segment.tensor()
+            else:
+                flat = td.get(f"m{i}") if td is not None else None
+                if not isinstance(flat, torch.Tensor):
+                    raise ProtocolError(f"weights message lacks the frame of model {i}")
+            staged[str(model["id"])] = (model["layout"], flat)
+        return staged
+
+    def _plan_weights(self, weights: dict[str, tuple[Any, torch.Tensor]]) -> list[WeightPlan]:
+        """Checks every model before any is copied, so a bad push changes nothing."""
+        engine = self.engine
+        if engine is None:
+            raise ProtocolError("this worker has no policy to load weights into")
+        targets = {model_id: TensorDict.from_module(resolve_model(engine, model_id)) for model_id in weights}
+        return [plan_unflatten(layout, flat, targets[model_id]) for model_id, (layout, flat) in weights.items()]
+
     def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
         engine = self.engine
         assert engine is not None
-        # Check every model before copying any, so a bad push changes nothing.
-        targets = {model_id: TensorDict.from_module(resolve_model(engine, model_id)) for model_id in weights}
-        for model_id, (layout, flat) in weights.items():
-            unflatten_into(layout, flat, targets[model_id])
+        for plan in self._plan_weights(weights):
+            copy_planned(plan)
         engine.policy_version = version
 
     def apply_pending(self) -> None:

@@ -27,9 +27,13 @@ Collector -> worker:
 Worker -> collector:
 
 =============  ====================================================================
-``hello``      ``pid``, ``protocol``, ``n_envs``, ``layout``, ``nbytes``: ready to collect
+``hello``      ``pid``, ``protocol``, ``n_envs``, ``layout``, ``nbytes``: ready to collect; ``weights``: the
+               structure of its policy's weights, ``[[key, shape, dtype], ...]`` (``[]``: none; ``None``:
+               too large to send), which every push is checked against before it is sent
 ``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames
-``ack``        ``version``: these weights are in the worker (applied or staged)
+``ack``        ``version``: these weights are in the worker (applied or staged); with ``error``, the
+               worker refused them (they do not fit its policy, or the message was malformed: ``version``
+               is -1 when it had none) and keeps collecting with the weights it had
 ``reply``      ``req`` and the fields asked for
 ``heartbeat``  ``steps``, ``busy``, ``sent``: the rollout engine's progress, batches sent so far
 ``error``      ``type``, ``message``, ``traceback``: an exception in env or policy

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
+from acollect.testing import WeightProbe
+
 
 def report_threads(td: TensorDictBase) -> TensorDictBase:
     """A TensorDict policy that acts 0 and writes the worker's torch thread count as ``"threads"``."""
@@ -15,3 +17,19 @@ def report_threads(td: TensorDictBase) -> TensorDictBase:
     td.set("action", torch.zeros(n, dtype=torch.int64))
     td.set("threads", torch.full((n,), torch.get_num_threads(), dtype=torch.int64))
     return td
+
+
+class NestedProbe(torch.nn.Module):
+    """A :class:`WeightProbe` one level down (``net.0.w``), so its state dict has dotted keys."""
+
+    def __init__(self, value: float = 0.0) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(WeightProbe(value))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.net(observation)
+
+
+def nested_probe() -> NestedProbe:
+    """A ``policy_factory``: the trainer never sees the policy the workers build."""
+    return NestedProbe(0.0)
