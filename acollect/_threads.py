@@ -7,11 +7,24 @@ the work a :class:`threading.Event`; on cancellation it sets the event, waits
 (shielded, with a deadline) for the work to notice, and only then lets the
 cancellation through. Each call owns one short-lived thread, joined before
 the call returns, so no acollect thread is left running afterwards.
+
+It runs under any backend anyio supports (asyncio and trio): the thread wakes
+the awaiting task by writing one byte to a socket pair the task waits on with
+:func:`anyio.wait_readable`. That write never blocks and needs no event loop, so
+a thread that outlives its caller (see ``cancel_timeout``) finishes alone even
+after the event loop has stopped or closed; a callback scheduled into the loop
+(``anyio.from_thread.run_sync``) would instead block the thread until the loop
+ran it, which a stopped loop never does. Socket pairs (not pipes) because
+``wait_readable`` takes only sockets on Windows; they are reused from call to
+call, since creating and closing one costs about as much as the rest of a call.
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
+import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,6 +38,42 @@ T = TypeVar("T")
 #: Every thread acollect starts has a name with this prefix (tests look for leftovers by it).
 THREAD_NAME_PREFIX = "acollect-"
 
+# Linux would raise SIGPIPE on a write to a pair whose reader is gone; the flag turns it into EPIPE.
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
+
+# Drained (empty) socket pairs ready for the next call: (read end, non-blocking; write end).
+_idle_pairs: list[tuple[socket.socket, socket.socket]] = []
+_MAX_IDLE_PAIRS = 8
+
+
+def _take_pair() -> tuple[socket.socket, socket.socket]:
+    try:
+        return _idle_pairs.pop()
+    except IndexError:
+        wakeup, notify = socket.socketpair()
+        wakeup.setblocking(False)
+        return wakeup, notify
+
+
+def _give_back(pair: tuple[socket.socket, socket.socket]) -> None:
+    if len(_idle_pairs) < _MAX_IDLE_PAIRS:
+        _idle_pairs.append(pair)
+    else:
+        for sock in pair:
+            sock.close()
+
+
+def _close_idle_pairs() -> None:
+    # A forked child must not share wake-up sockets with its parent.
+    while _idle_pairs:
+        for sock in _idle_pairs.pop():
+            sock.close()
+
+
+atexit.register(_close_idle_pairs)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_idle_pairs)
+
 
 async def run_in_thread(
     fn: Callable[[threading.Event], T],
@@ -33,6 +82,8 @@ async def run_in_thread(
     cancel_timeout: float = 10.0,
 ) -> T:
     """Runs ``fn(stop_event)`` in a fresh thread and returns its result.
+
+    Works under asyncio and trio alike (through anyio).
 
     Args:
         fn: blocking work; it should check ``stop_event`` often and return or raise soon after it is set.
@@ -47,11 +98,17 @@ async def run_in_thread(
         >>> import anyio
         >>> anyio.run(lambda: run_in_thread(lambda stop: 41 + 1, name="doc"))
         42
+        >>> anyio.run(lambda: run_in_thread(lambda stop: 41 + 1, name="doc"), backend="trio")
+        42
     """
-    loop = asyncio.get_running_loop()
-    finished = asyncio.Event()
     stop = threading.Event()
     outcome: dict[str, Any] = {}
+    wakeup, notify = pair = _take_pair()
+    # Whether the thread wrote its byte, and whether the task gave up on it: decided under the lock,
+    # so that exactly one side closes ``notify`` when the task leaves first, and nobody writes to a
+    # socket that was closed (and whose descriptor may already be someone else's).
+    lock = threading.Lock()
+    state = {"notified": False, "abandoned": False}
 
     def target() -> None:
         try:
@@ -59,29 +116,43 @@ async def run_in_thread(
         except BaseException as exc:  # handed to the awaiting task as is
             outcome["error"] = exc
         finally:
-            try:
-                loop.call_soon_threadsafe(finished.set)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
+            with lock:
+                if not state["abandoned"]:
+                    # Never blocks: the pair is empty. The byte makes ``wakeup`` readable.
+                    notify.send(b"\0", _NOSIGNAL)
+                    state["notified"] = True
+            if state["abandoned"]:
+                notify.close()  # the task closed its end and forgot the pair
 
     thread = threading.Thread(target=target, name=THREAD_NAME_PREFIX + name, daemon=True)
-    thread.start()
     try:
-        await finished.wait()
+        thread.start()
+    except BaseException:
+        _give_back(pair)
+        raise
+    try:
+        await anyio.wait_readable(wakeup)
     except BaseException:
         stop.set()
         with anyio.CancelScope(shield=True), anyio.move_on_after(cancel_timeout):
-            await finished.wait()
-        if finished.is_set():
-            thread.join(1.0)  # the target already returned; this only waits for the thread to end
-        else:
-            import logging
-
+            await anyio.wait_readable(wakeup)
+        with lock:
+            if not state["notified"]:
+                state["abandoned"] = True
+        if state["abandoned"]:
+            wakeup.close()
             logging.getLogger("acollect").warning(
-                "thread %s did not stop within %.1fs of cancellation; leaving it to finish", thread.name,
+                "thread %s did not stop within %.1fs of cancellation; leaving it to finish",
+                thread.name,
                 cancel_timeout,
             )
+        else:
+            wakeup.recv(16)
+            _give_back(pair)
+            thread.join(1.0)  # the target already returned; this only waits for the thread to end
         raise
+    wakeup.recv(16)
+    _give_back(pair)
     thread.join()
     if "error" in outcome:
         raise outcome["error"]

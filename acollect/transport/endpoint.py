@@ -1,9 +1,18 @@
-"""ZeroMQ endpoints: the collector's asyncio ROUTER and the workers' blocking DEALER.
+"""ZeroMQ endpoints: the collector's async ROUTER and the workers' blocking DEALER.
 
-The collector binds one :class:`Endpoint` (a ``zmq.asyncio`` ROUTER); each worker
-process connects one :class:`WorkerSocket` (a plain, synchronous DEALER whose
-identity names the worker). Messages are lists of frames, usually built with
-:func:`~acollect.transport.wire.pack_message`.
+The collector binds one :class:`Endpoint` (a ROUTER awaited through anyio, so under
+asyncio and trio alike); each worker process connects one :class:`WorkerSocket` (a
+plain, synchronous DEALER whose identity names the worker). Messages are lists of
+frames, usually built with :func:`~acollect.transport.wire.pack_message`.
+
+The endpoint's socket is a plain synchronous one, used only with ``NOBLOCK``; when an
+operation cannot complete, the task waits for the socket's ``zmq.FD`` to become
+readable with :func:`anyio.wait_readable`. That descriptor is edge-triggered: it
+signals that the socket's state *changed*, and any call on the socket may consume the
+signal. So every operation is tried first, ``zmq.EVENTS`` is checked before waiting,
+one task at a time waits on the descriptor while the others wait for it to tell them,
+and every wait is bounded by :data:`_POLL_INTERVAL`, so a missed edge costs at most
+that much delay, never a hang.
 
 Each endpoint and each worker socket owns its own ZeroMQ context and terminates
 it on ``close()``, so closing never waits on, nor leaks, a socket someone else
@@ -25,11 +34,10 @@ import stat
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import zmq
-import zmq.asyncio
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
@@ -39,6 +47,9 @@ __all__ = ["Endpoint", "WorkerSocket"]
 _REFUSED_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+
+# The longest a task waits on the socket's descriptor before it looks at zmq.EVENTS again.
+_POLL_INTERVAL = 0.05
 
 # Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 _MAX_IPC_PATH = 107
@@ -78,6 +89,10 @@ def _configure(
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
 
 
+def _has_message(sock: zmq.Socket[Any]) -> bool:
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
 def _check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None) -> None:
     _check_positive_int(hwm, "hwm")
     _check_timeout(heartbeat_ivl, "heartbeat_ivl")
@@ -87,7 +102,9 @@ def _check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max
 
 
 class Endpoint:
-    """The collector's side: an asyncio ROUTER socket that workers connect to.
+    """The collector's side: a ROUTER socket that workers connect to, awaited under asyncio or trio.
+
+    Any number of tasks may send and receive at the same time.
 
     Args:
         address: ``"ipc://<path>"``, ``"tcp://<host>:<port>"`` (port 0 picks a free
@@ -114,6 +131,8 @@ class Endpoint:
         ...             identity, frames = await endpoint.recv(timeout=5)
         ...             return identity, [bytes(f) for f in frames]
         >>> asyncio.run(main())
+        (b'w0', [b'hello'])
+        >>> anyio.run(main, backend="trio")
         (b'w0', [b'hello'])
     """
 
@@ -142,8 +161,15 @@ class Endpoint:
         address = _check_address(address)
         if address.startswith("tcp://") and address.endswith(":0"):
             address = address[:-2] + ":*"
-        self._ctx = zmq.asyncio.Context()
-        self._sock: zmq.asyncio.Socket | None = self._ctx.socket(zmq.ROUTER)
+        # Tasks in _wait: how many, the scope of the one on the descriptor, and the event the others
+        # wait on (a fresh one after each time it is set).
+        self._waiting_recv = 0
+        self._waiting_send = 0
+        self._watch_scope: anyio.CancelScope | None = None
+        self._changed: anyio.Event | None = None
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.ROUTER)
+        self._fd = cast(int, self._sock.getsockopt(zmq.FD))
         try:
             _configure(
                 self._sock,
@@ -170,11 +196,11 @@ class Endpoint:
         self._server_public = keys.public
         self._allow = AllowList(self._ctx, keys.authorized_dir)
         # Handshake failures never reach the ZAP handler when a peer speaks no CURVE or has
-        # the wrong collector key; the socket monitor sees those too. A plain (synchronous)
-        # socket in a shadow of the same context reads it without the event loop.
+        # the wrong collector key; the socket monitor sees those too. A PAIR socket in the same
+        # context reads it without the event loop.
         monitor_address = f"inproc://acollect-monitor-{id(self)}"
         self._sock.monitor(monitor_address, _REFUSED_EVENTS)
-        self._monitor = zmq.Context.shadow(self._ctx.underlying).socket(zmq.PAIR)
+        self._monitor = self._ctx.socket(zmq.PAIR)
         self._monitor.setsockopt(zmq.LINGER, 0)
         self._monitor.connect(monitor_address)
 
@@ -226,7 +252,7 @@ class Endpoint:
         """Whether :meth:`close` was called."""
         return self._sock is None
 
-    def _socket(self) -> zmq.asyncio.Socket:
+    def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:
             raise TransportError("the endpoint is closed")
         return self._sock
@@ -245,13 +271,32 @@ class Endpoint:
         """
         timeout = _check_timeout(timeout)
         sock = self._socket()
-        # Not asyncio.wait_for: before Python 3.12 it swallows a cancellation that arrives as the send
-        # completes, which left a cancelled collector task running. anyio's scope never does.
+        message = [identity, *frames]
+        deadline: float | None = None  # from the first wait: a message that goes at once costs no clock
         try:
-            with anyio.fail_after(timeout):
-                await sock.send_multipart([identity, *frames], copy=False)
-        except TimeoutError:
-            raise TimeoutError(f"could not queue a message for worker {identity!r} within {timeout}s") from None
+            while True:
+                # ROUTER_MANDATORY refuses the whole message at its first frame when the worker's queue
+                # is full (zmq.Again), so a retry never sends half a message.
+                try:
+                    sock.send_multipart(message, zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    pass
+                else:
+                    if self._waiting_recv or self._waiting_send:
+                        self._after_success(sock)
+                    return
+                # No zmq.EVENTS check for ourselves: a ROUTER reports POLLOUT when *any* worker's queue has
+                # room. But the attempt may have consumed the descriptor's signal of a message arriving.
+                if self._waiting_recv and _has_message(sock):
+                    self._wake()
+                now = anyio.current_time()
+                if deadline is None:
+                    deadline = now + timeout
+                remaining = deadline - now
+                if remaining <= 0:
+                    raise TimeoutError(f"could not queue a message for worker {identity!r} within {timeout}s")
+                await self._wait(min(remaining, _POLL_INTERVAL), receiving=False)
+                sock = self._socket()
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise TransportError(f"no worker with identity {identity!r} is connected to {self._address}") from exc
@@ -261,7 +306,8 @@ class Endpoint:
         """Waits for the next message from any worker.
 
         Cancelling this call (e.g. with ``anyio.move_on_after``) loses no message:
-        one is taken off the socket only once it is there in full.
+        one is taken off the socket only when it is returned. A message already
+        waiting is returned at once, without yielding to the event loop.
 
         Args:
             timeout: seconds to wait.
@@ -276,28 +322,90 @@ class Endpoint:
         """
         timeout = _check_timeout(timeout)
         sock = self._socket()
-        deadline = time.monotonic() + timeout
+        deadline: float | None = None  # from the first wait: a waiting message costs no clock
         try:
             while True:
-                # A non-blocking receive completes at once (its future is done before it
-                # is awaited), so a queued message costs no poll and no cancellation can
-                # fall between taking the message and returning it.
+                # Only non-blocking calls, and no await between taking a message and returning it:
+                # a cancellation can only land in _wait, while nothing has been taken.
                 try:
-                    frames = await sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     pass
                 else:
+                    if self._waiting_recv or self._waiting_send:
+                        self._after_success(sock)
                     return frames[0].bytes, frames[1:]
-                remaining = max(0.0, deadline - time.monotonic())
-                if not await sock.poll(timeout=math.ceil(remaining * 1000)) and remaining <= 0:  # POLLIN
+                if _has_message(sock):
+                    continue  # arrived meanwhile; the descriptor may not say so again
+                now = anyio.current_time()
+                if deadline is None:
+                    deadline = now + timeout
+                remaining = deadline - now
+                if remaining <= 0:
                     raise TimeoutError(f"no message arrived at {self._address} within {timeout}s")
+                await self._wait(min(remaining, _POLL_INTERVAL), receiving=True)
+                sock = self._socket()
         except zmq.ZMQError as exc:
             raise TransportError(f"receiving at {self._address} failed: {exc}") from exc
+
+    async def _wait(self, timeout: float, *, receiving: bool) -> None:
+        """Waits at most ``timeout`` seconds for the socket's state to change (then the caller tries again).
+
+        One task waits on the descriptor (two would make anyio raise BusyResourceError); the
+        others wait for it, or for a call on the socket, to tell them (:meth:`_wake`). The bound
+        is an anyio scope, as every deadline here: ``asyncio.wait_for`` before Python 3.12
+        swallows a cancellation that arrives as the wait completes (a cancelled collector task
+        kept running), and it does not exist under trio.
+        """
+        if receiving:
+            self._waiting_recv += 1
+        else:
+            self._waiting_send += 1
+        try:
+            with anyio.move_on_after(timeout) as scope:
+                if self._watch_scope is None:
+                    self._watch_scope = scope
+                    try:
+                        await anyio.wait_readable(self._fd)
+                    except anyio.ClosedResourceError:
+                        pass  # close() was called: the caller finds the socket gone
+                    finally:
+                        self._watch_scope = None
+                        self._wake()  # the others look again; one of them watches the descriptor next
+                else:
+                    if self._changed is None:
+                        self._changed = anyio.Event()
+                    await self._changed.wait()
+        finally:
+            if receiving:
+                self._waiting_recv -= 1
+            else:
+                self._waiting_send -= 1
+
+    def _wake(self) -> None:
+        """Makes every waiting task look at the socket again."""
+        if self._watch_scope is not None:
+            self._watch_scope.cancel()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    def _after_success(self, sock: zmq.Socket[Any]) -> None:
+        # The call processed ZeroMQ's pending commands, which may have consumed the descriptor's
+        # signal that another task waits for: a message arriving, or a worker's queue draining
+        # (which zmq.EVENTS cannot tell apart from another worker's, so senders always look).
+        if self._waiting_send or _has_message(sock):
+            self._wake()
 
     def close(self) -> None:
         """Closes the socket and its context and removes a private ipc file (idempotent)."""
         sock, self._sock = self._sock, None
         if sock is not None:
+            if self._watch_scope is not None:
+                # A task waits on the descriptor: take it out of the event loop's hands before
+                # ZeroMQ closes it (and the number goes to the next file opened).
+                anyio.notify_closing(self._fd)
+            self._wake()
             if self._monitor is not None:
                 _ = self.rejected_connections  # keep the count readable after close
                 sock.disable_monitor()

@@ -1,11 +1,21 @@
-"""ZeroMQ endpoints with real sockets: a spawned worker process, ipc and tcp loopback, timeouts, cancellation."""
+"""ZeroMQ endpoints with real sockets: a spawned worker process, ipc and tcp loopback, timeouts, cancellation.
+
+The endpoint's tests run under asyncio and trio: plain test functions that call
+``anyio.run(..., backend=backend)``, because pytest-asyncio's auto mode claims ``async def``
+tests for asyncio alone, and anyio's pytest plugin would then fight it over the same functions.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -17,6 +27,15 @@ from acollect.transport.endpoint import Endpoint, WorkerSocket
 from acollect.transport.wire import pack_message, unpack_message
 
 DEADLINE = 60.0
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def run(backend: str, main: Callable[[], Awaitable[Any]]) -> Any:
+    return anyio.run(main, backend=backend)
 
 
 def worker_batch(worker: int) -> TensorDict:
@@ -46,61 +65,74 @@ def worker_main(addresses: list[str], worker: int) -> None:
                 raise SystemExit(3)
 
 
-async def test_spawned_worker_sends_batches_over_ipc_and_tcp() -> None:
-    async with Endpoint() as ipc, Endpoint("tcp://127.0.0.1:0") as tcp:
-        assert ipc.address.startswith("ipc://")
-        assert tcp.address.startswith("tcp://127.0.0.1:")
-        assert not tcp.address.endswith((":0", ":*"))
-        process = multiprocessing.get_context("spawn").Process(target=worker_main, args=([ipc.address, tcp.address], 1))
-        process.start()
-        try:
-            for endpoint in (ipc, tcp):
+def test_spawned_worker_sends_batches_over_ipc_and_tcp(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint() as ipc, Endpoint("tcp://127.0.0.1:0") as tcp:
+            assert ipc.address.startswith("ipc://")
+            assert tcp.address.startswith("tcp://127.0.0.1:")
+            assert not tcp.address.endswith((":0", ":*"))
+            addresses = [ipc.address, tcp.address]
+            process = multiprocessing.get_context("spawn").Process(target=worker_main, args=(addresses, 1))
+            process.start()
+            try:
+                for endpoint in (ipc, tcp):
+                    identity, frames = await endpoint.recv(timeout=DEADLINE)
+                    header, td = unpack_message(frames, kinds={"batch"})
+                    assert identity == b"worker-1"
+                    assert header["worker"] == 1
+                    assert td is not None
+                    assert (td == worker_batch(1)).all()
+                    assert td.names == [None, "time"]
+                    await endpoint.send(identity, pack_message("ack", {"worker": 1}))
+                await anyio.to_thread.run_sync(process.join, DEADLINE)
+                assert process.exitcode == 0
+            finally:
+                if process.is_alive():
+                    process.kill()
+                    process.join(DEADLINE)
+
+    run(backend, main)
+
+
+def test_round_trip_in_both_directions(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint() as endpoint:
+            with WorkerSocket(endpoint.address, b"w0") as worker:
+                worker.send([b"hello", b"x" * 200_000], timeout=DEADLINE)
                 identity, frames = await endpoint.recv(timeout=DEADLINE)
-                header, td = unpack_message(frames, kinds={"batch"})
-                assert identity == b"worker-1"
-                assert header["worker"] == 1
-                assert td is not None
-                assert (td == worker_batch(1)).all()
-                assert td.names == [None, "time"]
-                await endpoint.send(identity, pack_message("ack", {"worker": 1}))
-            await anyio.to_thread.run_sync(process.join, DEADLINE)
-            assert process.exitcode == 0
-        finally:
-            if process.is_alive():
-                process.kill()
-                process.join(DEADLINE)
+                assert (identity, [bytes(f) for f in frames]) == (b"w0", [b"hello", b"x" * 200_000])
+                weights = torch.arange(1000, dtype=torch.float32)
+                await endpoint.send(b"w0", [b"weights", weights.numpy()])
+                reply = worker.recv(timeout=DEADLINE)
+                assert reply is not None
+                assert torch.equal(torch.frombuffer(bytearray(reply[1]), dtype=torch.float32), weights)
+
+    run(backend, main)
 
 
-async def test_round_trip_in_both_directions() -> None:
-    async with Endpoint() as endpoint:
-        with WorkerSocket(endpoint.address, b"w0") as worker:
-            worker.send([b"hello", b"x" * 200_000], timeout=DEADLINE)
-            identity, frames = await endpoint.recv(timeout=DEADLINE)
-            assert (identity, [bytes(f) for f in frames]) == (b"w0", [b"hello", b"x" * 200_000])
-            weights = torch.arange(1000, dtype=torch.float32)
-            await endpoint.send(b"w0", [b"weights", weights.numpy()])
-            reply = worker.recv(timeout=DEADLINE)
-            assert reply is not None
-            assert torch.equal(torch.frombuffer(bytearray(reply[1]), dtype=torch.float32), weights)
+def test_recv_times_out(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint() as endpoint:
+            with pytest.raises(TimeoutError, match="no message arrived"):
+                await endpoint.recv(timeout=0.05)
+            with pytest.raises(TimeoutError):
+                await endpoint.recv(timeout=0)
+
+    run(backend, main)
 
 
-async def test_recv_times_out() -> None:
-    async with Endpoint() as endpoint:
-        with pytest.raises(TimeoutError, match="no message arrived"):
-            await endpoint.recv(timeout=0.05)
-        with pytest.raises(TimeoutError):
-            await endpoint.recv(timeout=0)
+def test_cancelled_recv_leaves_the_endpoint_usable(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint() as endpoint:
+            with anyio.move_on_after(0.05) as scope:
+                await endpoint.recv(timeout=DEADLINE)
+            assert scope.cancelled_caught
+            with WorkerSocket(endpoint.address, b"w0") as worker:
+                worker.send([b"after the cancel"], timeout=DEADLINE)
+                identity, frames = await endpoint.recv(timeout=DEADLINE)
+            assert (identity, bytes(frames[0])) == (b"w0", b"after the cancel")
 
-
-async def test_cancelled_recv_leaves_the_endpoint_usable() -> None:
-    async with Endpoint() as endpoint:
-        with anyio.move_on_after(0.05) as scope:
-            await endpoint.recv(timeout=DEADLINE)
-        assert scope.cancelled_caught
-        with WorkerSocket(endpoint.address, b"w0") as worker:
-            worker.send([b"after the cancel"], timeout=DEADLINE)
-            identity, frames = await endpoint.recv(timeout=DEADLINE)
-        assert (identity, bytes(frames[0])) == (b"w0", b"after the cancel")
+    run(backend, main)
 
 
 async def test_cancellation_passes_through_untouched() -> None:
@@ -128,25 +160,34 @@ def test_close_removes_the_ipc_file_and_is_idempotent(tmp_path: Path) -> None:
     assert not own.exists()
 
 
-async def test_a_closed_endpoint_refuses_work() -> None:
-    endpoint = Endpoint()
-    endpoint.close()
-    with pytest.raises(TransportError, match="closed"):
-        await endpoint.recv(timeout=1)
-    with pytest.raises(TransportError, match="closed"):
-        await endpoint.send(b"w0", [b"x"])
+def test_a_closed_endpoint_refuses_work(backend: str) -> None:
+    async def main() -> None:
+        endpoint = Endpoint()
+        endpoint.close()
+        with pytest.raises(TransportError, match="closed"):
+            await endpoint.recv(timeout=1)
+        with pytest.raises(TransportError, match="closed"):
+            await endpoint.send(b"w0", [b"x"])
+
+    run(backend, main)
 
 
-async def test_send_to_unknown_worker_is_a_transport_error() -> None:
-    async with Endpoint() as endpoint:
-        with pytest.raises(TransportError, match="no worker with identity b'ghost'"):
-            await endpoint.send(b"ghost", [b"hello"])
+def test_send_to_unknown_worker_is_a_transport_error(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint() as endpoint:
+            with pytest.raises(TransportError, match="no worker with identity b'ghost'"):
+                await endpoint.send(b"ghost", [b"hello"])
+
+    run(backend, main)
 
 
-async def test_binding_a_taken_address_is_a_transport_error() -> None:
-    async with Endpoint("tcp://127.0.0.1:0") as first:
-        with pytest.raises(TransportError, match="cannot bind"):
-            Endpoint(first.address)
+def test_binding_a_taken_address_is_a_transport_error(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint("tcp://127.0.0.1:0") as first:
+            with pytest.raises(TransportError, match="cannot bind"):
+                Endpoint(first.address)
+
+    run(backend, main)
 
 
 def test_worker_send_times_out_without_a_collector(tmp_path: Path) -> None:
@@ -179,8 +220,226 @@ def test_worker_rejects_bad_identities(identity: object) -> None:
         WorkerSocket("tcp://127.0.0.1:5555", identity)  # type: ignore[arg-type]
 
 
-async def test_timeouts_must_be_finite_and_non_negative() -> None:
-    async with Endpoint() as endpoint:
-        for bad in (-1, float("nan"), float("inf"), "1"):
-            with pytest.raises(ConfigurationError, match="timeout="):
-                await endpoint.recv(timeout=bad)  # type: ignore[arg-type]
+def test_timeouts_must_be_finite_and_non_negative(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint() as endpoint:
+            for bad in (-1, float("nan"), float("inf"), "1"):
+                with pytest.raises(ConfigurationError, match="timeout="):
+                    await endpoint.recv(timeout=bad)  # type: ignore[arg-type]
+
+
+    run(backend, main)
+
+
+def test_cancellation_passes_through_untouched_under_anyio(backend: str) -> None:
+    async def main() -> None:
+        caught: list[BaseException] = []
+        async with Endpoint() as endpoint:
+
+            async def receive() -> None:
+                try:
+                    await endpoint.recv(timeout=DEADLINE)
+                except BaseException as exc:
+                    caught.append(exc)
+                    raise
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+        assert len(caught) == 1
+        assert isinstance(caught[0], anyio.get_cancelled_exc_class())
+
+    run(backend, main)
+
+
+def sender_thread(address: str, count: int, *, identity: bytes = b"w0", pause_every: int = 0) -> threading.Thread:
+    """A worker thread sending ``count`` numbered messages as fast as it can (pausing now and then)."""
+
+    def send_all() -> None:
+        with WorkerSocket(address, identity, hwm=1000) as worker:
+            for i in range(count):
+                worker.send([i.to_bytes(4, "little")], timeout=DEADLINE, copy=True)
+                if pause_every and i % pause_every == 0:
+                    time.sleep(0.001)
+            assert worker.recv(timeout=DEADLINE) is not None  # keep the connection until all arrived
+
+    thread = threading.Thread(target=send_all, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_burst_of_messages_all_arrive_in_order(backend: str) -> None:
+    """ZeroMQ's descriptor is edge-triggered: a missed edge would stall the loop (or lose the tail)."""
+
+    async def main() -> None:
+        async with Endpoint(hwm=1000) as endpoint:
+            thread = sender_thread(endpoint.address, 10_000)
+            start = time.monotonic()
+            received = []
+            for _ in range(10_000):
+                _, frames = await endpoint.recv(timeout=DEADLINE)
+                received.append(int.from_bytes(bytes(frames[0]), "little"))
+            elapsed = time.monotonic() - start
+            await endpoint.send(b"w0", [b"done"])
+            await anyio.to_thread.run_sync(thread.join, DEADLINE)
+        assert received == list(range(10_000))
+        # Each missed edge would cost a whole poll interval (50 ms); 10,000 messages take well under 10 s.
+        assert elapsed < 20
+
+    run(backend, main)
+
+
+def test_messages_sent_while_the_loop_is_busy_elsewhere_arrive(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint(hwm=1000) as endpoint:
+            with WorkerSocket(endpoint.address, b"w0", hwm=1000) as worker:
+                # Some arrive while a recv waits and gets cancelled, more while the loop does other things.
+                with anyio.move_on_after(0.02):
+                    await endpoint.recv(timeout=DEADLINE)
+                for i in range(300):
+                    worker.send([i.to_bytes(4, "little")], timeout=DEADLINE, copy=True)
+                time.sleep(0.05)  # noqa: ASYNC251 (on purpose: the loop is blocked while messages arrive)
+                await anyio.sleep(0.05)
+                received = []
+                for _ in range(300):
+                    _, frames = await endpoint.recv(timeout=1)
+                    received.append(int.from_bytes(bytes(frames[0]), "little"))
+                assert received == list(range(300))
+                with pytest.raises(TimeoutError):
+                    await endpoint.recv(timeout=0.05)
+
+    run(backend, main)
+
+
+def test_cancelled_recvs_lose_no_message(backend: str) -> None:
+    """Receives cancelled at every moment (as a message arrives, too) never take one away."""
+
+    async def main() -> None:
+        count = 2_000
+        async with Endpoint(hwm=1000) as endpoint:
+            thread = sender_thread(endpoint.address, count, pause_every=50)
+            received: list[int] = []
+            cancelled = 0
+            deadline = time.monotonic() + DEADLINE
+            while len(received) < count and time.monotonic() < deadline:
+                with anyio.move_on_after(0.0002 * (len(received) % 7)) as scope:
+                    _, frames = await endpoint.recv(timeout=DEADLINE)
+                    received.append(int.from_bytes(bytes(frames[0]), "little"))
+                cancelled += scope.cancelled_caught
+            await endpoint.send(b"w0", [b"done"])
+            await anyio.to_thread.run_sync(thread.join, DEADLINE)
+        assert received == list(range(count))
+        assert cancelled > 0
+
+    run(backend, main)
+
+
+def test_concurrent_senders_and_a_receiver_through_small_queues(backend: str) -> None:
+    """Tasks waiting on one socket at once (sends blocked by a full queue, a receive) all make progress."""
+
+    def echo(address: str, count: int, ready: threading.Event) -> None:
+        with WorkerSocket(address, b"echo", hwm=4) as worker:
+            worker.send([b"hello"], timeout=DEADLINE)
+            ready.set()
+            for _ in range(count):
+                frames = worker.recv(timeout=DEADLINE)
+                assert frames is not None
+                worker.send(frames, timeout=DEADLINE, copy=True)
+            assert worker.recv(timeout=DEADLINE) is not None  # closing drops what is still queued (LINGER 0)
+
+    async def main() -> None:
+        per_task, tasks = 500, 4
+        async with Endpoint(hwm=4) as endpoint:
+            ready = threading.Event()
+            thread = threading.Thread(target=echo, args=(endpoint.address, per_task * tasks, ready), daemon=True)
+            thread.start()
+            assert (await endpoint.recv(timeout=DEADLINE))[0] == b"echo"
+            received: list[bytes] = []
+
+            async def send_some(task: int) -> None:
+                for i in range(per_task):
+                    await endpoint.send(b"echo", [f"{task}:{i}".encode()], timeout=DEADLINE)
+
+            async def receive_all() -> None:
+                for _ in range(per_task * tasks):
+                    _, frames = await endpoint.recv(timeout=DEADLINE)
+                    received.append(bytes(frames[0]))
+
+            start = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive_all)
+                for task in range(tasks):
+                    tg.start_soon(send_some, task)
+            elapsed = time.monotonic() - start
+            await endpoint.send(b"echo", [b"done"])
+            await anyio.to_thread.run_sync(thread.join, DEADLINE)
+        assert sorted(received) == sorted(f"{t}:{i}".encode() for t in range(tasks) for i in range(per_task))
+        for task in range(tasks):  # each sender's messages in its own order
+            mine = [m for m in received if m.startswith(f"{task}:".encode())]
+            assert mine == [f"{task}:{i}".encode() for i in range(per_task)]
+        assert elapsed < 30
+
+    run(backend, main)
+
+
+def test_send_to_a_full_queue_times_out_within_its_deadline(backend: str) -> None:
+    async def main() -> None:
+        async with Endpoint(hwm=1) as endpoint:
+            with WorkerSocket(endpoint.address, b"w0", hwm=1) as worker:
+                worker.send([b"hello"], timeout=DEADLINE)
+                await endpoint.recv(timeout=DEADLINE)
+                big = b"x" * 1_000_000  # fills the kernel's buffers too, in a few messages
+
+                async def fill() -> tuple[float, str]:
+                    # ZeroMQ keeps moving queued messages into the kernel's buffers until those are full too.
+                    for _ in range(100):
+                        start = time.monotonic()
+                        try:
+                            await endpoint.send(b"w0", [big], timeout=0.2)
+                        except TimeoutError as exc:
+                            return time.monotonic() - start, str(exc)
+                    return 0.0, "100 MB went into a queue of one message that nobody reads"
+
+                elapsed, error = await fill()
+                assert error == "could not queue a message for worker b'w0' within 0.2s"
+                assert 0.19 <= elapsed < 1.0
+                # A worker that reads again lets a waiting send through, long before its deadline.
+                def drain() -> None:
+                    while worker.recv(timeout=0.5) is not None:
+                        pass
+
+                drained = threading.Thread(target=drain)
+                async with anyio.create_task_group() as tg:
+                    start = time.monotonic()
+                    tg.start_soon(functools.partial(endpoint.send, b"w0", [b"last"], timeout=30.0))
+                    await anyio.sleep(0.1)
+                    drained.start()
+                elapsed = time.monotonic() - start
+                await anyio.to_thread.run_sync(drained.join, DEADLINE)
+                assert elapsed < 10
+
+    run(backend, main)
+
+
+def test_closing_wakes_a_waiting_recv(backend: str) -> None:
+    async def main() -> None:
+        endpoint = Endpoint()
+        errors: list[BaseException] = []
+
+        async def receive() -> None:
+            try:
+                await endpoint.recv(timeout=DEADLINE)
+            except TransportError as exc:
+                errors.append(exc)
+
+        start = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(receive)
+            await anyio.sleep(0.02)
+            endpoint.close()
+        assert time.monotonic() - start < 5
+        assert len(errors) == 1
+        assert "closed" in str(errors[0])
+
+    run(backend, main)
