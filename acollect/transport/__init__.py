@@ -7,12 +7,11 @@ Three layers, none of which knows about envs:
   and its validation, is :mod:`~acollect.transport.layout`.
 * :mod:`~acollect.transport.shm`: shared-memory slots for large same-host payloads;
   :mod:`~acollect.transport.shm_ring` groups one worker's slots into a ring of credits.
-* :mod:`~acollect.transport.endpoint`: ZeroMQ sockets, asyncio on the collector's
+* :mod:`~acollect.transport.endpoint`: ZeroMQ sockets, anyio (asyncio or trio) on the collector's
   side and blocking in workers.
 """
 
 from acollect.transport.endpoint import Endpoint as Endpoint
-from acollect.transport.endpoint import WorkerSocket as WorkerSocket
 from acollect.transport.shm import ShmSegment as ShmSegment
 from acollect.transport.shm import ShmTensorDictSlot as ShmTensorDictSlot
 from acollect.transport.shm import cleanup_stale as cleanup_stale
@@ -25,6 +24,7 @@ from acollect.transport.wire import decode_tensordict as decode_tensordict
 from acollect.transport.wire import encode_tensordict as encode_tensordict
 from acollect.transport.wire import pack_message as pack_message
 from acollect.transport.wire import unpack_message as unpack_message
+from acollect.transport.worker_socket import WorkerSocket as WorkerSocket
 
 __all__ = [
     "PROTOCOL_VERSION",

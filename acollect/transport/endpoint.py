@@ -27,12 +27,10 @@ the tracker, or send copies).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -41,6 +39,10 @@ import zmq
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
+from acollect.transport.sockets import check_address, check_options, check_timeout, configure, has_message
+
+# The blocking side lives in worker_socket.py; importable from here too, where it always was.
+from acollect.transport.worker_socket import WorkerSocket as WorkerSocket
 
 __all__ = ["Endpoint", "WorkerSocket"]
 
@@ -51,54 +53,6 @@ _REFUSED_EVENTS = (
 # The longest a task waits on the socket's descriptor before it looks at zmq.EVENTS again.
 _POLL_INTERVAL = 0.05
 
-# Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
-_MAX_IPC_PATH = 107
-
-
-def _check_timeout(timeout: object, name: str = "timeout") -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0 or math.isinf(timeout):
-        raise ConfigurationError.bad_value(name, timeout, "a finite number of seconds >= 0")
-    return float(timeout)
-
-
-def _check_positive_int(value: object, name: str) -> int:
-    if type(value) is not int or value < 1:
-        raise ConfigurationError.bad_value(name, value, "an int >= 1")
-    return value
-
-
-def _check_address(address: str) -> str:
-    if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
-        raise ConfigurationError.bad_value("address", address, "'ipc://<path>' or 'tcp://<host>:<port>'")
-    if address.startswith("ipc://") and len(os.fsencode(address[len("ipc://") :])) > _MAX_IPC_PATH:
-        raise ConfigurationError.bad_value("address", address, f"an ipc path of at most {_MAX_IPC_PATH} bytes")
-    return address
-
-
-def _configure(
-    sock: zmq.Socket[Any], *, hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None
-) -> None:
-    sock.setsockopt(zmq.LINGER, 0)  # close() never waits for unsent data of a dead peer
-    sock.setsockopt(zmq.SNDHWM, hwm)  # credits bound the batches in flight; HWM bounds the rest
-    sock.setsockopt(zmq.RCVHWM, hwm)
-    # ZMTP pings notice a peer that vanished without closing its TCP connection.
-    sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat_ivl * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(heartbeat_timeout * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, round(heartbeat_timeout * 1000))
-    if max_message_bytes is not None:
-        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-
-
-def _has_message(sock: zmq.Socket[Any]) -> bool:
-    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
-
-
-def _check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None) -> None:
-    _check_positive_int(hwm, "hwm")
-    _check_timeout(heartbeat_ivl, "heartbeat_ivl")
-    _check_timeout(heartbeat_timeout, "heartbeat_timeout")
-    if max_message_bytes is not None:
-        _check_positive_int(max_message_bytes, "max_message_bytes")
 
 
 class Endpoint:
@@ -146,7 +100,7 @@ class Endpoint:
         max_message_bytes: int | None = None,
         keys: ServerKeys | None = None,
     ) -> None:
-        _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
+        check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
         if keys is not None and not isinstance(keys, ServerKeys):
             raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
         self._tmpdir: str | None = None
@@ -158,7 +112,7 @@ class Endpoint:
         if address is None:
             self._tmpdir = tempfile.mkdtemp(prefix="acollect-")
             address = f"ipc://{self._tmpdir}/endpoint.sock"
-        address = _check_address(address)
+        address = check_address(address)
         if address.startswith("tcp://") and address.endswith(":0"):
             address = address[:-2] + ":*"
         # Tasks in _wait: how many, the scope of the one on the descriptor, and the event the others
@@ -171,7 +125,7 @@ class Endpoint:
         self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.ROUTER)
         self._fd = cast(int, self._sock.getsockopt(zmq.FD))
         try:
-            _configure(
+            configure(
                 self._sock,
                 hwm=hwm,
                 heartbeat_ivl=heartbeat_ivl,
@@ -269,7 +223,7 @@ class Endpoint:
             TransportError: no worker with that identity is connected, or ZeroMQ failed.
             TimeoutError: the message could not be queued within ``timeout``.
         """
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         sock = self._socket()
         message = [identity, *frames]
         deadline: float | None = None  # from the first wait: a message that goes at once costs no clock
@@ -287,7 +241,7 @@ class Endpoint:
                     return
                 # No zmq.EVENTS check for ourselves: a ROUTER reports POLLOUT when *any* worker's queue has
                 # room. But the attempt may have consumed the descriptor's signal of a message arriving.
-                if self._waiting_recv and _has_message(sock):
+                if self._waiting_recv and has_message(sock):
                     self._wake()
                 now = anyio.current_time()
                 if deadline is None:
@@ -320,7 +274,7 @@ class Endpoint:
             TimeoutError: nothing arrived within ``timeout``.
             TransportError: the endpoint is closed or ZeroMQ failed.
         """
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout)
         sock = self._socket()
         deadline: float | None = None  # from the first wait: a waiting message costs no clock
         try:
@@ -335,7 +289,7 @@ class Endpoint:
                     if self._waiting_recv or self._waiting_send:
                         self._after_success(sock)
                     return frames[0].bytes, frames[1:]
-                if _has_message(sock):
+                if has_message(sock):
                     continue  # arrived meanwhile; the descriptor may not say so again
                 now = anyio.current_time()
                 if deadline is None:
@@ -394,7 +348,7 @@ class Endpoint:
         # The call processed ZeroMQ's pending commands, which may have consumed the descriptor's
         # signal that another task waits for: a message arriving, or a worker's queue draining
         # (which zmq.EVENTS cannot tell apart from another worker's, so senders always look).
-        if self._waiting_send or _has_message(sock):
+        if self._waiting_send or has_message(sock):
             self._wake()
 
     def close(self) -> None:
@@ -434,147 +388,3 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"Endpoint({self._address!r}{', closed' if self.closed else ''})"
-
-
-class WorkerSocket:
-    """A worker's side: a blocking DEALER socket connected to an :class:`Endpoint`.
-
-    Plain synchronous code for worker processes; every call takes a timeout.
-
-    Args:
-        address: the endpoint's :attr:`Endpoint.address`.
-        identity: the name the endpoint sees this worker as (non-empty bytes, at most
-            255, not starting with a zero byte).
-        hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes: as for :class:`Endpoint`.
-        keys: connect as a CURVE client with this key pair, to a collector that must hold the
-            secret half of ``keys.server_public``.
-
-    Raises:
-        ConfigurationError: a bad argument.
-        TransportError: ZeroMQ failed to connect.
-    """
-
-    def __init__(
-        self,
-        address: str,
-        identity: bytes,
-        *,
-        hwm: int = 64,
-        heartbeat_ivl: float = 1.0,
-        heartbeat_timeout: float = 10.0,
-        max_message_bytes: int | None = None,
-        keys: ClientKeys | None = None,
-    ) -> None:
-        address = _check_address(address)
-        if keys is not None and not isinstance(keys, ClientKeys):
-            raise ConfigurationError.bad_value("keys", keys, "None or a ClientKeys (ClientKeys.load(directory, name))")
-        if not isinstance(identity, bytes) or not 0 < len(identity) <= 255 or identity[0] == 0:
-            raise ConfigurationError.bad_value("identity", identity, "1 to 255 bytes, not starting with b'\\x00'")
-        _check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
-        self._address = address
-        self._identity = identity
-        self._ctx = zmq.Context()
-        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.DEALER)
-        try:
-            _configure(
-                self._sock,
-                hwm=hwm,
-                heartbeat_ivl=heartbeat_ivl,
-                heartbeat_timeout=heartbeat_timeout,
-                max_message_bytes=max_message_bytes,
-            )
-            self._sock.setsockopt(zmq.ROUTING_ID, identity)
-            # Queue only to a finished connection: a send before the collector is
-            # reachable waits (and times out) instead of piling up.
-            self._sock.setsockopt(zmq.IMMEDIATE, 1)
-            if keys is not None:
-                keys.apply(self._sock)
-            self._sock.connect(address)
-        except zmq.ZMQError as exc:
-            self.close()
-            raise TransportError(f"cannot connect to {address}: {exc}") from exc
-
-    @property
-    def identity(self) -> bytes:
-        """This worker's identity."""
-        return self._identity
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._sock is None
-
-    def _socket(self) -> zmq.Socket[Any]:
-        if self._sock is None:
-            raise TransportError("the worker socket is closed")
-        return self._sock
-
-    def send(
-        self, frames: Sequence[Any], *, timeout: float = 10.0, copy: bool = False, track: bool = False
-    ) -> zmq.MessageTracker | None:
-        """Sends one message to the endpoint.
-
-        Args:
-            frames: bytes-like frames.
-            timeout: seconds to wait until the endpoint can take the message.
-            copy: copy every frame now (then the buffers may be reused at once).
-            track: return a tracker whose ``done`` says when ZeroMQ released the buffers.
-
-        Raises:
-            TimeoutError: the endpoint did not take the message within ``timeout``.
-            TransportError: the socket is closed or ZeroMQ failed.
-        """
-        timeout = _check_timeout(timeout)
-        sock = self._socket()
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                remaining = max(0.0, deadline - time.monotonic())
-                if sock.poll(math.ceil(remaining * 1000), zmq.POLLOUT):
-                    try:
-                        tracker = sock.send_multipart(frames, zmq.NOBLOCK, copy=copy, track=track)
-                    except zmq.Again:
-                        continue
-                    return tracker if track else None
-                if remaining <= 0:
-                    raise TimeoutError(f"{self._address} did not take a message within {timeout}s")
-        except zmq.ZMQError as exc:
-            raise TransportError(f"sending to {self._address} failed: {exc}") from exc
-
-    def recv(self, timeout: float) -> list[zmq.Frame] | None:
-        """Waits up to ``timeout`` seconds for a message; ``None`` if none came.
-
-        Raises:
-            TransportError: the socket is closed or ZeroMQ failed.
-        """
-        timeout = _check_timeout(timeout)
-        sock = self._socket()
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                remaining = max(0.0, deadline - time.monotonic())
-                if sock.poll(math.ceil(remaining * 1000), zmq.POLLIN):
-                    try:
-                        return sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        continue
-                if remaining <= 0:
-                    return None
-        except zmq.ZMQError as exc:
-            raise TransportError(f"receiving from {self._address} failed: {exc}") from exc
-
-    def close(self) -> None:
-        """Closes the socket and its context (idempotent)."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close(linger=0)
-            self._ctx.term()
-
-    def __enter__(self) -> WorkerSocket:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"WorkerSocket({self._address!r}, identity={self._identity!r}{', closed' if self.closed else ''})"

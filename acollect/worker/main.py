@@ -36,11 +36,11 @@ from tensordict import TensorDict, TensorDictBase
 from acollect.errors import ProtocolError
 from acollect.rollout import RolloutEngine, RolloutInterrupted
 from acollect.stats import EpisodeTracker
-from acollect.transport.endpoint import WorkerSocket
 from acollect.transport.shm import SHM_DIR, SHM_PREFIX, ShmSegment
 from acollect.transport.shm_ring import ShmSlotRing
 from acollect.transport.weights import WeightPlan, copy_planned, plan_unflatten
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
+from acollect.transport.worker_socket import WorkerSocket
 from acollect.weights import encode_structure
 from acollect.worker import protocol as P
 from acollect.worker.build import build_engine, resolve_model

@@ -24,8 +24,8 @@ import time
 
 from acollect.errors import ConfigurationError
 from acollect.transport.auth import ClientKeys
-from acollect.transport.endpoint import WorkerSocket
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
+from acollect.transport.worker_socket import WorkerSocket
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import decode_config
 from acollect.worker.main import run_worker

@@ -1,0 +1,68 @@
+"""What both ends of a ZeroMQ connection share: argument checks and socket options.
+
+The collector's :class:`~acollect.transport.endpoint.Endpoint` and the workers'
+:class:`~acollect.transport.worker_socket.WorkerSocket` are configured alike
+(high-water marks, ZeroMQ heartbeats, a bound on message size), so a peer that
+vanishes is noticed the same way from either side.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, cast
+
+import zmq
+
+from acollect.errors import ConfigurationError
+
+__all__ = ["check_address", "check_options", "check_positive_int", "check_timeout", "configure", "has_message"]
+
+# Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+_MAX_IPC_PATH = 107
+
+
+def check_timeout(timeout: object, name: str = "timeout") -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0 or math.isinf(timeout):
+        raise ConfigurationError.bad_value(name, timeout, "a finite number of seconds >= 0")
+    return float(timeout)
+
+
+def check_positive_int(value: object, name: str) -> int:
+    if type(value) is not int or value < 1:
+        raise ConfigurationError.bad_value(name, value, "an int >= 1")
+    return value
+
+
+def check_address(address: str) -> str:
+    if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
+        raise ConfigurationError.bad_value("address", address, "'ipc://<path>' or 'tcp://<host>:<port>'")
+    if address.startswith("ipc://") and len(os.fsencode(address[len("ipc://") :])) > _MAX_IPC_PATH:
+        raise ConfigurationError.bad_value("address", address, f"an ipc path of at most {_MAX_IPC_PATH} bytes")
+    return address
+
+
+def configure(
+    sock: zmq.Socket[Any], *, hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None
+) -> None:
+    sock.setsockopt(zmq.LINGER, 0)  # close() never waits for unsent data of a dead peer
+    sock.setsockopt(zmq.SNDHWM, hwm)  # credits bound the batches in flight; HWM bounds the rest
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    # ZMTP pings notice a peer that vanished without closing its TCP connection.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, round(heartbeat_ivl * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(heartbeat_timeout * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, round(heartbeat_timeout * 1000))
+    if max_message_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+def has_message(sock: zmq.Socket[Any]) -> bool:
+    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+
+def check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None) -> None:
+    check_positive_int(hwm, "hwm")
+    check_timeout(heartbeat_ivl, "heartbeat_ivl")
+    check_timeout(heartbeat_timeout, "heartbeat_timeout")
+    if max_message_bytes is not None:
+        check_positive_int(max_message_bytes, "max_message_bytes")
