@@ -49,7 +49,6 @@ MAX_LINES = 450
 # once its module is back under the limit (the test fails while an entry is stale).
 _TRANSPORT = "the transport branch is open on it: split there, not in a conflicting move"
 OVERSIZED_ALLOWED: dict[str, str] = {
-    "acollect.collectors._multi_base": "split by the collectors restructure",
     "acollect.transport.endpoint": _TRANSPORT,
     # Seam: the layout checks (validate_layout, _check_*, LeafLayout, TensorDictLayout) into transport/layout.py.
     "acollect.transport.wire": _TRANSPORT,
@@ -57,15 +56,8 @@ OVERSIZED_ALLOWED: dict[str, str] = {
     "acollect.transport.shm": _TRANSPORT,
 }
 
-_FILTER_WARNINGS = (
-    "collectors/_multi_base.py reads the user-settable acollect.filter_warnings_subprocess when it starts workers "
-    "(`import acollect` in a method); goes when that flag moves to a lower module or becomes a collector option "
-    "(collectors restructure)"
-)
-
 # Imports from a higher layer into a lower one that cannot go yet: (importer, imported) -> why.
 UPWARD_ALLOWED: dict[tuple[str, str], str] = {
-    ("acollect.collectors._multi_base", "acollect"): _FILTER_WARNINGS,
     ("acollect.collectors", "acollect.compat.torchrl"): (
         "acollect.collectors.SyncDataCollector & co. stay importable for old code through a lazy "
         "__getattr__; goes when those spellings leave acollect.collectors"
@@ -74,9 +66,7 @@ UPWARD_ALLOWED: dict[tuple[str, str], str] = {
 
 # Edges that close an import cycle but cannot go yet: (importer, imported) -> why. The cycle
 # check ignores these edges; every other cycle fails.
-CYCLE_EDGES_ALLOWED: dict[tuple[str, str], str] = {
-    ("acollect.collectors._multi_base", "acollect"): _FILTER_WARNINGS,
-}
+CYCLE_EDGES_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

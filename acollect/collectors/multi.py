@@ -22,15 +22,16 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import InteractionType
+from typing_extensions import Unpack
 
+from acollect._validate import check_choice, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import Received
@@ -101,6 +102,9 @@ class MultiSyncCollector(MultiCollectorBase):
             kept. ``False``: batches are combined into one buffer the collector reuses, so a batch is valid
             only until the next iteration (``clone()`` what must outlive it); this saves allocating (and
             page-faulting) a new batch each time, which matters for large observations such as pixels.
+        filter_worker_warnings: ignore Python warnings inside the workers (default ``True``: an env's
+            deprecation warnings, repeated by every worker, would drown the trainer's output); ``False``
+            lets them through to the workers' stderr.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -111,47 +115,12 @@ class MultiSyncCollector(MultiCollectorBase):
         create_env_fn_list: Any,
         policy: PolicyLike = None,
         *,
-        policy_factory: Callable[[], PolicyLike] | None = None,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        num_workers: int | None = None,
         cat_results: str | int | None = None,
-        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
-        storing_device: Any = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        split_trajs: bool = False,
-        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
-        env_kwargs: Mapping[str, Any] | None = None,
-        update_after_each_batch: bool = False,
-        max_weight_update_interval: int | None = None,
-        weight_sync_schemes: Mapping[str, Any] | None = None,
-        max_worker_restarts: int = 0,
-        heartbeat_timeout: float = 30.0,
-        startup_timeout: float = 120.0,
-        shutdown_timeout: float = 5.0,
-        address: str | None = None,
-        start_method: str = "spawn",
-        launcher: Any = "local",
-        num_threads: int = 1,
-        use_shared_memory: bool | None = None,
-        remote_workers: int = 0,
-        keys: Any = None,
-        progress: bool | str = False,
-        copy_batches: bool = True,
+        **options: Unpack[WorkerOptions],
     ) -> None:
-        if cat_results not in _CAT_RESULTS or isinstance(cat_results, bool):
-            raise ConfigurationError.bad_value("cat_results", cat_results, "None, 'stack', 0 or -1")
-        self.cat_results = cat_results
+        self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
         self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
-        # Every other argument is the shared multi-process one: hand them all over by name.
-        shared = {k: v for k, v in locals().items() if k not in ("self", "cat_results", "__class__")}
-        super().__init__(**shared)
+        super().__init__(create_env_fn_list, policy, options)
 
     def _worker_frames(self, n_workers: int) -> int:
         return math.ceil(self.frames_per_batch / n_workers)
@@ -234,12 +203,11 @@ class MultiAsyncCollector(MultiCollectorBase):
         (3, True)
     """
 
-    def __init__(self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **kwargs: Any) -> None:
-        if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
-            expected = "an int >= 1 (batches each worker may collect ahead)"
-            raise ConfigurationError.bad_value("credits", credits, expected)
-        self._credit_count = credits
-        super().__init__(create_env_fn_list=create_env_fn_list, policy=policy, **kwargs)
+    def __init__(
+        self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **options: Unpack[WorkerOptions]
+    ) -> None:
+        self._credit_count = check_int("credits", credits, minimum=1)
+        super().__init__(create_env_fn_list, policy, options)
 
     def _worker_frames(self, n_workers: int) -> int:
         return self.frames_per_batch
