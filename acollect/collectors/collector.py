@@ -50,24 +50,27 @@ class Collector(CollectorBase):
             env (acollect ``EnvBase``, gymnasium ``Env``/``VectorEnv``, or torchrl env).
         policy: a ``TensorDictModule``, a plain ``nn.Module`` (observation in, action out), a callable on
             TensorDicts, or ``None`` for random actions.
-        policy_factory: a zero-argument callable building the policy (instead of ``policy``).
-        frames_per_batch: frames per batch, rounded up to a multiple of the number of envs.
-        total_frames: frames to collect in all; ``-1`` collects forever.
-        device: fills whichever of the three devices below is unset.
-        env_device: where env data lives.
-        policy_device: where the policy runs (data is cast between it and the env device).
-        storing_device: where batches land.
-        max_frames_per_traj: truncate (``truncated=True``) and reset trajectories longer than this.
-        init_random_frames: act randomly for this many frames first.
-        reset_at_each_iter: reset every env at the start of each batch.
-        postproc: a callable applied to each batch (in the collection thread) before it is handed out.
-        split_trajs: hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")``.
-        exploration_type: tensordict interaction type used while collecting (``RANDOM`` by default); set per
-            collection thread, so collectors never change each other's.
-        env_kwargs: keyword arguments for building the env from a gymnasium id.
-        progress: show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm bar
-            if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
-            ``"log"`` or ``False`` (default: nothing is shown).
+
+    Keyword Args:
+        policy_factory (callable | None): a zero-argument callable building the policy (instead of ``policy``).
+        frames_per_batch (int): frames per batch, rounded up to a multiple of the number of envs.
+        total_frames (int): frames to collect in all; ``-1`` collects forever.
+        device (device | list): fills whichever of the three devices below is unset.
+        env_device (device | list): where env data lives.
+        policy_device (device | list): where the policy runs (data is cast between it and the env device).
+        storing_device (device | list): where batches land.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this.
+        init_random_frames (int | None): act randomly for this many frames first.
+        reset_at_each_iter (bool): reset every env at the start of each batch.
+        postproc (callable | None): a callable applied to each batch (in the collection thread) before it is handed
+            out.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting
+            (``RANDOM`` by default); set per collection thread, so collectors never change each other's.
+        env_kwargs (dict | None): keyword arguments for building the env from a gymnasium id.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a
+            tqdm bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger),
+            ``"tqdm"``, ``"log"`` or ``False`` (default: nothing is shown).
 
     Examples:
         >>> import anyio, torch

@@ -142,12 +142,13 @@ def _collector_kwargs(name: str, value: Any) -> Any:
     parts = [value] if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
     if value is not None and (parts is None or not all(isinstance(p, Mapping) for p in parts)):
         raise ConfigurationError.bad_value(name, value, "None, a dict, or a list of dicts (one per worker)")
-    for part in parts or ():
+    for i, part in enumerate(parts or ()):
         unknown = set(part) - PER_WORKER_OPTIONS
         if unknown:
             raise ConfigurationError.bad_value(name, sorted(unknown), f"options among {sorted(PER_WORKER_OPTIONS)}")
+        where = name if isinstance(value, Mapping) else f"{name}[{i}]"
         for key, item in part.items():
-            check_option(key, item)
+            check_option(key, item, label=f"{where}[{key!r}]")
     return value
 
 
@@ -225,10 +226,14 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
 }
 
 
-def check_option(name: str, value: Any) -> Any:
-    """Checks one option's value (raising :class:`~acollect.errors.ConfigurationError` naming it); returns it."""
+def check_option(name: str, value: Any, *, label: str | None = None) -> Any:
+    """Checks one option's value and returns the value kept.
+
+    Raises:
+        ConfigurationError: naming the option (or ``label``, such as ``"collector_kwargs[0]['device']"``).
+    """
     check = _CHECKS.get(name)
-    return check(name, value) if check is not None else value
+    return check(label or name, value) if check is not None else value
 
 
 def check_policy_args(policy: object, policy_factory: object) -> None:
@@ -333,8 +338,14 @@ def parse(options: Mapping[str, Any], settings: type[S], *, owner: Callable[...,
 def _keywords_of(owner: Callable[..., Any] | None) -> list[str]:
     if owner is None:
         return []
+    function: Callable[..., Any] = owner
+    if isinstance(owner, type):
+        # A class's own keywords are its __init__'s (inspect.signature(cls) would show a __new__ instead).
+        function = next(vars(c)["__init__"] for c in owner.__mro__ if "__init__" in vars(c))
     try:
-        params = inspect.signature(owner).parameters.values()
+        params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return []
+    if isinstance(owner, type):
+        params = params[1:]  # self
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]

@@ -82,25 +82,9 @@ class RayCollector(MultiCollectorBase):
     Args:
         create_env_fn: one env factory per remote collector (a list), or one factory for ``num_collectors``.
         policy: the policy sent to every actor (or ``None`` for random actions).
-        policy_factory: builds the policy inside each actor instead (for policies that do not pickle).
-        frames_per_batch: frames per batch: from all collectors together (``sync=True``) or from one
-            (``sync=False``).
-        total_frames: frames to collect in all; ``-1`` collects forever.
-        device: as for :class:`~acollect.Collector`; one value, or a list with one per collector.
-        storing_device: likewise.
-        env_device: likewise.
-        policy_device: likewise.
-        max_frames_per_traj: as for :class:`~acollect.Collector` (``-1`` or ``None``: no limit).
-        init_random_frames: likewise (``-1`` or ``None``: none).
-        reset_at_each_iter: likewise.
-        postproc: applied in this process to each batch.
-        split_trajs: hand out padded trajectories.
-        exploration_type: as for :class:`~acollect.Collector`.
         collector_class: what each remote collector is: ``Collector`` (default, one actor),
             ``MultiSyncCollector`` or ``MultiAsyncCollector`` (``num_workers_per_collector`` actors), or
             ``"single"``/``"sync"``/``"async"``.
-        collector_kwargs: per-collector options (a dict for all, or a list with one per collector) among
-            those of ``MultiSyncCollector``'s ``collector_kwargs`` (devices, ``env_kwargs``...).
         num_workers_per_collector: actors per remote collector (each with its own env from the same factory).
         sync: stack one batch from every collector (``True``), or first ready, first served (``False``).
         ray_init_config: keyword arguments of ``ray.init`` (default: find a running cluster or start a
@@ -108,14 +92,34 @@ class RayCollector(MultiCollectorBase):
         remote_configs: ``ray.remote`` options (``num_cpus``, ``num_gpus``, ``memory``...): one dict, or a
             list with one per collector (default ``{"num_cpus": 1}`` per actor).
         num_collectors: number of remote collectors (default: ``len(create_env_fn)``, or 1).
-        update_after_each_batch: push this process's ``policy`` weights after every batch.
-        max_weight_update_interval: push them at least every this many batches (``-1``: never forced).
         replay_buffer: the buffer :meth:`start` extends when called without one.
-        weight_sync_schemes: model id -> weight sync scheme (default: the weights go over the endpoint).
         **options: the other options of :class:`~acollect.MultiSyncCollector` /
             :class:`~acollect.MultiAsyncCollector` (``address``, ``max_worker_restarts``,
             ``heartbeat_timeout``, ``startup_timeout``, ``credits``, ``cat_results``, ``progress``...), and
             TorchRL's ``trust_policy``, ``use_env_creator`` and ``no_cuda_sync``, which need nothing here.
+
+    Keyword Args:
+        policy_factory (callable | None): builds the policy inside each actor instead (for policies that do not
+            pickle).
+        frames_per_batch (int): frames per batch: from all collectors together (``sync=True``) or from one
+            (``sync=False``).
+        total_frames (int): frames to collect in all; ``-1`` collects forever.
+        device (device | list): as for :class:`~acollect.Collector`; one value, or a list with one per collector.
+        storing_device (device | list): likewise.
+        env_device (device | list): likewise.
+        policy_device (device | list): likewise.
+        max_frames_per_traj (int | None): as for :class:`~acollect.Collector` (``-1`` or ``None``: no limit).
+        init_random_frames (int | None): likewise (``-1`` or ``None``: none).
+        reset_at_each_iter (bool): likewise.
+        postproc (callable | None): applied in this process to each batch.
+        split_trajs (bool): hand out padded trajectories.
+        exploration_type (InteractionType | str | None): as for :class:`~acollect.Collector`.
+        collector_kwargs (dict | list[dict] | None): per-collector options (a dict for all, or a list with one per
+            collector) among those of ``MultiSyncCollector``'s ``collector_kwargs`` (devices, ``env_kwargs``...).
+        update_after_each_batch (bool): push this process's ``policy`` weights after every batch.
+        max_weight_update_interval (int | None): push them at least every this many batches (``-1``: never forced).
+        weight_sync_schemes (dict | None): model id -> weight sync scheme (default: the weights go over the
+            endpoint).
 
     Raises:
         ConfigurationError: a bad argument (named in the message).

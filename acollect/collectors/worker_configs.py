@@ -71,15 +71,13 @@ def _worker_options(settings: WorkerSettings, i: int, n: int) -> dict[str, Any]:
     store = collector_storing_device(settings)
     if store is not None and store.type != "cpu":
         opts["storing_device"] = "cpu"
-    extra = settings.collector_kwargs
+    extra, where = settings.collector_kwargs, "collector_kwargs"
     if isinstance(extra, Sequence):
         if len(extra) != n:
-            raise ConfigurationError.bad_value(
-                "collector_kwargs", extra, f"a dict, or a list of {n} dicts (one per worker)"
-            )
-        extra = extra[i]
+            raise ConfigurationError.bad_value(where, extra, f"a dict, or a list of {n} dicts (one per worker)")
+        extra, where = extra[i], f"{where}[{i}]"
     for name, value in (extra or {}).items():
-        opts[name] = check_option(name, value)
+        opts[name] = check_option(name, value, label=f"{where}[{name!r}]")
     for name in DEVICE_OPTIONS:
         check_device(name, opts[name])
     return opts
