@@ -59,9 +59,6 @@ from acollect.stats import CollectorStats as CollectorStats
 
 __version__ = "0.1.0"
 
-#: Ignore Python warnings inside worker processes (set to False before starting a collector to see them).
-filter_warnings_subprocess = True
-
 __all__ = [
     "AcollectError",
     "AsyncCollector",
@@ -95,6 +92,5 @@ __all__ = [
     "WorkerTimeoutError",
     "ZmqWeightSyncScheme",
     "__version__",
-    "filter_warnings_subprocess",
     "submitit_delayed_launcher",
 ]

@@ -1,62 +1,32 @@
-"""What the multi-process collectors share: arguments, the worker pool, weights, seeds and state."""
+"""What the multi-process collectors share: the worker pool, weights, seeds and state.
+
+Their options are checked in :mod:`acollect.collectors.options` and turned into per-worker configs in
+:mod:`acollect.collectors.worker_configs`.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType
 
+from acollect._validate import check_int, check_seconds
 from acollect.collectors.base import CollectorBase
-from acollect.devices import check_device
+from acollect.collectors.options import WorkerSettings, check_policy_args, parse
+from acollect.collectors.worker_configs import build_worker_configs, collector_storing_device, env_fns
 from acollect.errors import CollectorStateError, ConfigurationError
-from acollect.launchers.registry import resolve_launcher
-from acollect.policy import PolicyLike, parse_exploration_type
+from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool
-from acollect.rollout import check_frames_per_batch
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
-from acollect.transport.auth import ServerKeys
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import as_weights, check_push
 from acollect.worker import protocol as P
-from acollect.worker.process import START_METHODS
 
 __all__ = ["MultiCollectorBase"]
-
-#: Options ``collector_kwargs`` may set per worker.
-PER_WORKER_OPTIONS = frozenset({
-    "device", "env_device", "policy_device", "storing_device", "max_frames_per_traj", "init_random_frames",
-    "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads",
-})  # fmt: skip
-_DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
-
-
-def _check_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigurationError.bad_value(name, value, "a positive, finite number of seconds")
-    return float(value)
-
-
-def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> Any:
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        expected = f"{'None or ' if optional else ''}an int >= {minimum}"
-        raise ConfigurationError.bad_value(name, value, expected)
-    return value
-
-
-def _load_keys(keys: object) -> ServerKeys | None:
-    if keys is None or isinstance(keys, ServerKeys):
-        return keys
-    if isinstance(keys, (str, os.PathLike)):
-        return ServerKeys.load(keys)
-    raise ConfigurationError.bad_value("keys", keys, "None, a key directory (`acollect keys DIR`) or a ServerKeys")
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
@@ -66,133 +36,33 @@ def _params_of(name: str, source: object) -> TensorDictBase:
 class MultiCollectorBase(CollectorBase):
     """Shared machinery of :class:`MultiSyncCollector` and :class:`MultiAsyncCollector` (see their docs)."""
 
-    def __init__(
-        self,
-        create_env_fn_list: Any,
-        policy: PolicyLike = None,
-        *,
-        policy_factory: Callable[[], PolicyLike] | None = None,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        num_workers: int | None = None,
-        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
-        storing_device: Any = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        split_trajs: bool = False,
-        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
-        env_kwargs: Mapping[str, Any] | None = None,
-        update_after_each_batch: bool = False,
-        max_weight_update_interval: int | None = None,
-        weight_sync_schemes: Mapping[str, Any] | None = None,
-        max_worker_restarts: int = 0,
-        heartbeat_timeout: float = 30.0,
-        startup_timeout: float = 120.0,
-        shutdown_timeout: float = 5.0,
-        address: str | None = None,
-        start_method: str = "spawn",
-        launcher: Any = "local",
-        num_threads: int = 1,
-        use_shared_memory: bool | None = None,
-        remote_workers: int = 0,
-        keys: Any = None,
-        progress: bool | str = False,
-        copy_batches: bool = True,
-    ) -> None:
-        frames_per_batch = check_frames_per_batch(frames_per_batch)
-        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, progress=progress)
-        env_fns = self._env_fns(create_env_fn_list, num_workers)
-        n = len(env_fns)
-        if policy is not None and policy_factory is not None:
-            raise ConfigurationError(
-                "policy and policy_factory were both given: pass one (policy_factory builds the policy in each worker)."
-            )
-        if policy_factory is not None and not callable(policy_factory) and not isinstance(policy_factory, str):
-            raise ConfigurationError.bad_value("policy_factory", policy_factory, "a zero-argument callable")
-        if postproc is not None and not callable(postproc):
-            raise ConfigurationError.bad_value("postproc", postproc, "None or a callable on TensorDicts")
-        if start_method not in START_METHODS:
-            raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
-        if use_shared_memory not in (None, True, False):
-            raise ConfigurationError.bad_value("use_shared_memory", use_shared_memory, "None, True or False")
-        self.remote_workers = _check_int("remote_workers", remote_workers, 0)
-        if remote_workers > n:
-            raise ConfigurationError.bad_value("remote_workers", remote_workers, f"at most num_workers = {n}")
-        self._server_keys = _load_keys(keys)
-        if remote_workers and (self._server_keys is None or not isinstance(address, str)):
-            raise ConfigurationError.bad_value(
-                "remote_workers", remote_workers,
-                "0 unless address='tcp://HOST:PORT' and keys=<directory from `acollect keys`> are given "
-                "(workers started by hand must connect to a known address and authenticate)",
-            )  # fmt: skip
-        if not isinstance(copy_batches, bool):
-            raise ConfigurationError.bad_value("copy_batches", copy_batches, "True or False")
-        self.heartbeat_timeout = _check_seconds("heartbeat_timeout", heartbeat_timeout)
-        self.startup_timeout = _check_seconds("startup_timeout", startup_timeout)
-        self.shutdown_timeout = self._shutdown_limit = _check_seconds("shutdown_timeout", shutdown_timeout)
-        self.max_worker_restarts = _check_int("max_worker_restarts", max_worker_restarts, 0)
-        self.max_weight_update_interval = _check_int(
-            "max_weight_update_interval", max_weight_update_interval, 1, optional=True
+    def __init__(self, create_env_fn_list: Any, policy: PolicyLike, options: Mapping[str, Any]) -> None:
+        """Checks ``options`` (the public class's ``**options``) once, and builds the workers' configs."""
+        settings = parse(options, WorkerSettings, owner=type(self))
+        check_policy_args(policy, settings.policy_factory)
+        super().__init__(
+            frames_per_batch=settings.frames_per_batch, total_frames=settings.total_frames, progress=settings.progress
         )
-        self.update_after_each_batch = bool(update_after_each_batch)
-        self.weight_sync_schemes = self._check_schemes(weight_sync_schemes)
-        self.postproc = postproc
-        self.split_trajs = bool(split_trajs)
-        self.address = address
-        self.start_method = start_method
-        self.launcher = resolve_launcher(launcher, start_method=start_method)
-        self.launcher.check_address(address)
-        self.use_shared_memory = use_shared_memory
-        self.copy_batches = copy_batches
+        self.settings = settings
+        self.remote_workers = settings.remote_workers
+        self._server_keys = settings.keys
+        self.heartbeat_timeout = settings.heartbeat_timeout
+        self.startup_timeout = settings.startup_timeout
+        self.shutdown_timeout = self._shutdown_limit = settings.shutdown_timeout
+        self.max_worker_restarts = settings.max_worker_restarts
+        self.max_weight_update_interval = settings.max_weight_update_interval
+        self.update_after_each_batch = settings.update_after_each_batch
+        self.weight_sync_schemes = dict(settings.weight_sync_schemes)
+        self.postproc = settings.postproc
+        self.split_trajs = settings.split_trajs
+        self.address = settings.address
+        self.start_method = settings.start_method
+        self.launcher = settings.launcher
+        self.use_shared_memory = settings.use_shared_memory
+        self.copy_batches = settings.copy_batches
         self._policy_arg = policy
-
-        shared = {
-            "device": device, "env_device": env_device, "policy_device": policy_device,
-            "storing_device": storing_device, "max_frames_per_traj": max_frames_per_traj,
-            "init_random_frames": init_random_frames, "reset_at_each_iter": reset_at_each_iter,
-            "exploration_type": exploration_type, "env_kwargs": env_kwargs, "num_threads": num_threads,
-        }  # fmt: skip
-        # What crosses processes is host memory. One storing device for the whole collector is therefore
-        # applied where batches are handed out; workers then store on the CPU and need no CUDA context
-        # just to hold a batch. (A list of devices, one per worker, is passed to the workers as is.)
-        store = storing_device if storing_device is not None else device
-        self._storing_device = None if isinstance(store, (list, tuple)) else check_device("storing_device", store)
-        if self._storing_device is not None and self._storing_device.type != "cpu":
-            shared["storing_device"] = "cpu"
-        options = [self._worker_options(shared, collector_kwargs, i, n) for i in range(n)]
-        import acollect
-
-        filter_warnings = bool(getattr(acollect, "filter_warnings_subprocess", True))
-        frames = self._worker_frames(n)
-        self._configs = [
-            P.WorkerConfig(
-                index=i,
-                generation=0,
-                n_workers=n,
-                address="",
-                parent_pid=os.getpid(),
-                create_env_fn=env_fns[i],
-                policy=policy,
-                policy_factory=policy_factory,
-                frames_per_batch=frames,
-                env_kwargs=dict(opts["env_kwargs"] or {}),
-                devices={k: opts[k] for k in _DEVICE_OPTIONS},
-                max_frames_per_traj=opts["max_frames_per_traj"],
-                init_random_frames=opts["init_random_frames"],
-                reset_at_each_iter=bool(opts["reset_at_each_iter"]),
-                exploration_type=opts["exploration_type"],
-                num_threads=opts["num_threads"],
-                filter_warnings=filter_warnings,
-                heartbeat_interval=min(1.0, self.heartbeat_timeout / 4),
-                remote=i >= n - self.remote_workers,
-            )
-            for i, opts in enumerate(options)
-        ]
+        self._storing_device = collector_storing_device(settings)
+        self._build_configs(env_fns(create_env_fn_list, settings.num_workers))
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         self._pending_seed: int | None = None
@@ -203,7 +73,11 @@ class MultiCollectorBase(CollectorBase):
         # copy_batches=False: the batch handed out last, whose slot goes back to its worker at the next batch.
         self._lent: list[Received] = []
 
-    # -- argument checks -------------------------------------------------------------
+    def _build_configs(self, fns: list[Any]) -> None:
+        """(Re)builds one worker config per env factory (before the workers start)."""
+        frames = self._worker_frames(len(fns))
+        self._configs = build_worker_configs(fns, self._policy_arg, self.settings, frames)
+
     @property
     def num_workers(self) -> int:
         """Number of worker processes."""
@@ -214,77 +88,6 @@ class MultiCollectorBase(CollectorBase):
 
     def _credits(self) -> int | None:
         raise NotImplementedError
-
-    @staticmethod
-    def _env_fns(create_env_fn_list: Any, num_workers: int | None) -> list[Any]:
-        if isinstance(create_env_fn_list, (list, tuple)):
-            fns = list(create_env_fn_list)
-            if not fns:
-                raise ConfigurationError.bad_value("create_env_fn_list", fns, "a non-empty list of env factories")
-            if num_workers is not None and num_workers != len(fns):
-                raise ConfigurationError.bad_value(
-                    "num_workers", num_workers, f"None or len(create_env_fn_list) = {len(fns)}"
-                )
-        else:
-            if create_env_fn_list is None:
-                raise ConfigurationError.bad_value(
-                    "create_env_fn_list", None, "a list of env factories, or one env factory / gymnasium id"
-                )
-            n = _check_int("num_workers", num_workers, 1, optional=True) or os.cpu_count() or 1
-            fns = [create_env_fn_list] * n
-        for i, fn in enumerate(fns):
-            if fn is None:
-                raise ConfigurationError.bad_value(f"create_env_fn_list[{i}]", None, "an env factory or gymnasium id")
-        return fns
-
-    @staticmethod
-    def _worker_options(shared: dict[str, Any], collector_kwargs: Any, i: int, n: int) -> dict[str, Any]:
-        opts = dict(shared)
-        for name in _DEVICE_OPTIONS:
-            value = opts[name]
-            if isinstance(value, (list, tuple)):
-                if len(value) != n:
-                    raise ConfigurationError.bad_value(name, value, f"one device, or a list of {n} (one per worker)")
-                opts[name] = value[i]
-        if collector_kwargs is not None:
-            if isinstance(collector_kwargs, Mapping):
-                extra = collector_kwargs
-            elif isinstance(collector_kwargs, (list, tuple)) and len(collector_kwargs) == n:
-                extra = collector_kwargs[i]
-            else:
-                raise ConfigurationError.bad_value(
-                    "collector_kwargs", collector_kwargs, f"a dict, or a list of {n} dicts (one per worker)"
-                )
-            unknown = set(extra) - PER_WORKER_OPTIONS
-            if unknown:
-                raise ConfigurationError.bad_value(
-                    "collector_kwargs", sorted(unknown), f"options among {sorted(PER_WORKER_OPTIONS)}"
-                )
-            opts.update(extra)
-        for name in _DEVICE_OPTIONS:
-            check_device(name, opts[name])
-        exploration = parse_exploration_type(opts["exploration_type"])
-        opts["exploration_type"] = exploration.name if exploration is not None else None
-        _check_int("max_frames_per_traj", opts["max_frames_per_traj"], 1, optional=True)
-        _check_int("init_random_frames", opts["init_random_frames"], 0)
-        _check_int("num_threads", opts["num_threads"], 1)
-        if opts["env_kwargs"] is not None and not isinstance(opts["env_kwargs"], Mapping):
-            raise ConfigurationError.bad_value("env_kwargs", opts["env_kwargs"], "None or a dict")
-        return opts
-
-    @staticmethod
-    def _check_schemes(schemes: Mapping[str, Any] | None) -> dict[str, WeightSyncScheme]:
-        if schemes is None:
-            return {}
-        if not isinstance(schemes, Mapping):
-            raise ConfigurationError.bad_value("weight_sync_schemes", schemes, "a dict of model id -> scheme")
-        for key, scheme in schemes.items():
-            if not isinstance(key, str) or not isinstance(scheme, WeightSyncScheme):
-                raise ConfigurationError.bad_value(
-                    f"weight_sync_schemes[{key!r}]", scheme,
-                    "a WeightSyncScheme (ZmqWeightSyncScheme() or SharedMemWeightSyncScheme()) under a str model id",
-                )  # fmt: skip
-        return dict(schemes)
 
     # -- lifecycle -----------------------------------------------------------------------
     def _require_pool(self) -> WorkerPool:
@@ -489,10 +292,8 @@ class MultiCollectorBase(CollectorBase):
             models = {model_id: _params_of("policy_or_weights", source)}
         ids = list(range(self.num_workers)) if worker_ids is None else list(worker_ids)
         for wid in ids:
-            if isinstance(wid, bool) or not isinstance(wid, int) or not 0 <= wid < self.num_workers:
-                expected = f"worker indices in [0, {self.num_workers})"
-                raise ConfigurationError.bad_value("worker_ids", worker_ids, expected)
-        limit = _check_seconds("timeout", timeout)
+            check_int("worker_ids", wid, maximum=self.num_workers - 1)
+        limit = check_seconds("timeout", timeout)
         with self._call("update_policy_weights_()", interrupt_on_failure=False):
             await self._ensure_setup()
             return await self._push(models, ids, limit)
@@ -519,8 +320,7 @@ class MultiCollectorBase(CollectorBase):
             The next free seed (``seed + total number of envs`` once the workers started, else
             ``seed + num_workers``).
         """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigurationError.bad_value("seed", seed, "an int")
+        check_int("seed", seed)
         self._check_usable("set_seed()")
         self._pending_seed = seed
         if self._pool is not None and all(h.n_envs for h in self._pool.handles):

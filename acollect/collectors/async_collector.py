@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import Unpack
+
 from acollect.collectors.multi import MultiAsyncCollector
+from acollect.collectors.options import ProcessOptions
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 
@@ -23,8 +26,10 @@ class AsyncCollector(MultiAsyncCollector):
     Args:
         create_env_fn: an env, a gymnasium id, or a zero-argument callable returning an env.
         policy: the policy (sent to the worker), or ``None`` for random actions.
-        **kwargs: every keyword argument of :class:`~acollect.MultiAsyncCollector` except ``num_workers``
-            (``frames_per_batch``, ``total_frames``, ``credits``, devices, ``policy_factory``...).
+        credits: batches the worker may collect ahead of the trainer (default 2).
+        **options: every other keyword argument of :class:`~acollect.MultiSyncCollector` but ``num_workers``
+            and ``cat_results`` (``frames_per_batch``, ``total_frames``, devices, ``policy_factory``,
+            ``filter_worker_warnings``...), checked as there.
 
     Examples:
         >>> import anyio
@@ -37,15 +42,17 @@ class AsyncCollector(MultiAsyncCollector):
         [(4, 16), (4, 16)]
     """
 
-    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **kwargs: Any) -> None:
-        if "num_workers" in kwargs:
+    def __init__(
+        self, create_env_fn: Any, policy: PolicyLike = None, *, credits: int = 2, **options: Unpack[ProcessOptions]
+    ) -> None:
+        if "num_workers" in options:  # not in ProcessOptions, so mypy flags it; this is for untyped callers
             raise ConfigurationError.bad_value(
                 "num_workers",
-                kwargs["num_workers"],
+                options["num_workers"],  # type: ignore[typeddict-item]
                 "no value: an AsyncCollector has one worker (use MultiAsyncCollector for more)",
             )
         if isinstance(create_env_fn, (list, tuple)):
             raise ConfigurationError.bad_value(
                 "create_env_fn", create_env_fn, "one env factory (use MultiAsyncCollector for a list)"
             )
-        super().__init__([create_env_fn], policy, **kwargs)
+        super().__init__([create_env_fn], policy, credits=credits, **options)

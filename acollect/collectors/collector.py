@@ -19,33 +19,27 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType
+from typing_extensions import Unpack
 
 from acollect._threads import run_in_thread
+from acollect._validate import check_int
 from acollect.collectors.base import CollectorBase
-from acollect.devices import DeviceLike, Devices, check_device, resolve_devices
+from acollect.collectors.options import DEVICE_OPTIONS, RolloutOptions, RolloutSettings, check_policy_args, parse
+from acollect.devices import DeviceLike, Devices, resolve_devices
 from acollect.envs import make_env
 from acollect.errors import ConfigurationError
-from acollect.policy import PolicyLike, parse_exploration_type, wrap_policy
-from acollect.rollout import RolloutEngine, check_frames_per_batch, frames_per_batch_for
+from acollect.policy import PolicyLike, wrap_policy
+from acollect.rollout import RolloutEngine, frames_per_batch_for
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, structure_of, weights_of
 
 __all__ = ["Collector"]
-
-
-def _check_optional_int(name: str, value: object, *, minimum: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigurationError.bad_value(name, value, f"None or an int >= {minimum}")
-    return value
 
 
 class Collector(CollectorBase):
@@ -56,24 +50,27 @@ class Collector(CollectorBase):
             env (acollect ``EnvBase``, gymnasium ``Env``/``VectorEnv``, or torchrl env).
         policy: a ``TensorDictModule``, a plain ``nn.Module`` (observation in, action out), a callable on
             TensorDicts, or ``None`` for random actions.
-        policy_factory: a zero-argument callable building the policy (instead of ``policy``).
-        frames_per_batch: frames per batch, rounded up to a multiple of the number of envs.
-        total_frames: frames to collect in all; ``-1`` collects forever.
-        device: fills whichever of the three devices below is unset.
-        env_device: where env data lives.
-        policy_device: where the policy runs (data is cast between it and the env device).
-        storing_device: where batches land.
-        max_frames_per_traj: truncate (``truncated=True``) and reset trajectories longer than this.
-        init_random_frames: act randomly for this many frames first.
-        reset_at_each_iter: reset every env at the start of each batch.
-        postproc: a callable applied to each batch (in the collection thread) before it is handed out.
-        split_trajs: hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")``.
-        exploration_type: tensordict interaction type used while collecting (``RANDOM`` by default); set per
-            collection thread, so collectors never change each other's.
-        env_kwargs: keyword arguments for building the env from a gymnasium id.
-        progress: show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm bar
-            if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
-            ``"log"`` or ``False`` (default: nothing is shown).
+
+    Keyword Args:
+        policy_factory (callable | None): a zero-argument callable building the policy (instead of ``policy``).
+        frames_per_batch (int): frames per batch, rounded up to a multiple of the number of envs.
+        total_frames (int): frames to collect in all; ``-1`` collects forever.
+        device (device | list): fills whichever of the three devices below is unset.
+        env_device (device | list): where env data lives.
+        policy_device (device | list): where the policy runs (data is cast between it and the env device).
+        storing_device (device | list): where batches land.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this.
+        init_random_frames (int | None): act randomly for this many frames first.
+        reset_at_each_iter (bool): reset every env at the start of each batch.
+        postproc (callable | None): a callable applied to each batch (in the collection thread) before it is handed
+            out.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting
+            (``RANDOM`` by default); set per collection thread, so collectors never change each other's.
+        env_kwargs (dict | None): keyword arguments for building the env from a gymnasium id.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a
+            tqdm bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger),
+            ``"tqdm"``, ``"log"`` or ``False`` (default: nothing is shown).
 
     Examples:
         >>> import anyio, torch
@@ -92,66 +89,36 @@ class Collector(CollectorBase):
         torch.Size([4, 16]) torch.Size([4, 16, 1])
     """
 
-    def __init__(
-        self,
-        create_env_fn: Any,
-        policy: PolicyLike = None,
-        *,
-        policy_factory: Callable[[], PolicyLike] | None = None,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        device: DeviceLike = None,
-        env_device: DeviceLike = None,
-        policy_device: DeviceLike = None,
-        storing_device: DeviceLike = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        split_trajs: bool = False,
-        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
-        env_kwargs: Mapping[str, Any] | None = None,
-        progress: bool | str = False,
-    ) -> None:
-        frames_per_batch = check_frames_per_batch(frames_per_batch)
-        super().__init__(frames_per_batch=frames_per_batch, total_frames=total_frames, progress=progress)
-        if policy is not None and policy_factory is not None:
-            raise ConfigurationError(
-                "policy and policy_factory were both given: pass one (policy_factory builds the policy where "
-                "it runs)."
-            )
-        if policy_factory is not None and not callable(policy_factory):
-            raise ConfigurationError.bad_value("policy_factory", policy_factory, "a zero-argument callable")
-        if postproc is not None and not callable(postproc):
-            raise ConfigurationError.bad_value("postproc", postproc, "None or a callable on TensorDicts")
+    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[RolloutOptions]) -> None:
+        settings = parse(options, RolloutSettings, owner=type(self))
+        check_policy_args(policy, settings.policy_factory)
+        if isinstance(settings.policy_factory, str):
+            raise ConfigurationError.bad_value("policy_factory", settings.policy_factory, "a zero-argument callable")
+        super().__init__(
+            frames_per_batch=settings.frames_per_batch, total_frames=settings.total_frames, progress=settings.progress
+        )
         if create_env_fn is None:
             raise ConfigurationError.bad_value(
                 "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
             )
-        # Checked now, not when the env is built, so a bad device fails at construction.
-        for name, value in (
-            ("device", device),
-            ("env_device", env_device),
-            ("policy_device", policy_device),
-            ("storing_device", storing_device),
-        ):
-            check_device(name, value)
+        self._device_args: dict[str, DeviceLike] = {}
+        for name in DEVICE_OPTIONS:
+            value = getattr(settings, name)
+            if isinstance(value, list):
+                raise ConfigurationError.bad_value(name, value, "one device (a list, one per worker, is for the "
+                                                   "multi-process collectors)")  # fmt: skip
+            self._device_args[name] = value
+        self.settings = settings
         self.create_env_fn = create_env_fn
-        self.env_kwargs = dict(env_kwargs or {})
+        self.env_kwargs = dict(settings.env_kwargs)
         self._policy_arg = policy
-        self.policy_factory = policy_factory
-        self._device_args = {
-            "device": device,
-            "env_device": env_device,
-            "policy_device": policy_device,
-            "storing_device": storing_device,
-        }
-        self.max_frames_per_traj = _check_optional_int("max_frames_per_traj", max_frames_per_traj, minimum=1)
-        self.init_random_frames = _check_optional_int("init_random_frames", init_random_frames, minimum=0) or 0
-        self.reset_at_each_iter = bool(reset_at_each_iter)
-        self.postproc = postproc
-        self.split_trajs = bool(split_trajs)
-        self.exploration_type = parse_exploration_type(exploration_type)
+        self.policy_factory = settings.policy_factory
+        self.max_frames_per_traj = settings.max_frames_per_traj
+        self.init_random_frames = settings.init_random_frames
+        self.reset_at_each_iter = settings.reset_at_each_iter
+        self.postproc = settings.postproc
+        self.split_trajs = settings.split_trajs
+        self.exploration_type = settings.exploration_type
         self._engine: RolloutEngine | None = None
         self._policy_version = 0
         self._weights = PolicyWeights()
@@ -326,8 +293,7 @@ class Collector(CollectorBase):
         Returns:
             The next free seed (``seed + n_envs`` once the env is known, else ``seed + 1``).
         """
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigurationError.bad_value("seed", seed, "an int")
+        check_int("seed", seed)
         self._check_usable("set_seed()")
         self._seed = seed
         n_envs = self._engine.n_envs if self._engine is not None else 1

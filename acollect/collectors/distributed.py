@@ -38,10 +38,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
+from typing_extensions import Unpack
 
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
+from acollect._validate import check_bool, check_int, check_seconds
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
+from acollect.collectors.options import WorkerOptions
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import WorkerHandle, WorkerPool
@@ -147,28 +150,25 @@ class _DistributedMixin:
 
     def _setup_dist(
         self, backend: str, tcp_port: int | None, init_method: str | None, master_addr: str, dist_timeout: float,
-        kwargs: dict[str, Any],
+        options: Mapping[str, Any],
     ) -> None:  # fmt: skip
         backend = check_backend(backend)
-        bad_port = isinstance(tcp_port, bool) or not isinstance(tcp_port, int) or not 0 < tcp_port < 65536
-        if tcp_port is not None and bad_port:
-            raise ConfigurationError.bad_value("tcp_port", tcp_port, "None or a port number in 1..65535")
+        check_int("tcp_port", tcp_port, minimum=1, maximum=65535, optional=True)
         if init_method is not None and (tcp_port is not None or not isinstance(init_method, str)):
             raise ConfigurationError.bad_value(
                 "init_method", init_method, "None (then tcp://master_addr:tcp_port), or a URL without tcp_port"
             )
-        if isinstance(dist_timeout, bool) or not isinstance(dist_timeout, (int, float)) or not 0 < dist_timeout < 1e6:
-            raise ConfigurationError.bad_value("dist_timeout", dist_timeout, "a positive number of seconds")
-        if kwargs.get("max_worker_restarts", 0) != 0:
+        timeout = check_seconds("dist_timeout", dist_timeout)
+        if options.get("max_worker_restarts", 0) != 0:
             raise ConfigurationError.bad_value(
-                "max_worker_restarts", kwargs["max_worker_restarts"],
+                "max_worker_restarts", options["max_worker_restarts"],
                 "0: a torch.distributed process group cannot take a restarted worker in",
             )  # fmt: skip
         if init_method is None:
             init_method = f"tcp://{master_addr}:{tcp_port or _free_port(master_addr)}"
         self.backend = backend
         self.init_method = init_method
-        self._dist_options = {"backend": backend, "init_method": init_method, "timeout": float(dist_timeout)}
+        self._dist_options = {"backend": backend, "init_method": init_method, "timeout": timeout}
 
     def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
         return _DistPool(*args, dist_options=self._dist_options, **kwargs)
@@ -197,7 +197,8 @@ class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
         master_addr: the collector's address as the workers reach it (default ``127.0.0.1``).
         dist_timeout: seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast);
             torch's own default is 30 minutes.
-        **kwargs: every keyword argument of the multi-process collector (``frames_per_batch``,
+        cat_results: how worker batches combine (see :class:`~acollect.MultiSyncCollector`).
+        **options: every other keyword argument of :class:`~acollect.MultiSyncCollector` (``frames_per_batch``,
             ``total_frames``, ``num_workers``, ``policy_factory``, devices, ``update_after_each_batch``...).
 
     Raises:
@@ -214,10 +215,11 @@ class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
         init_method: str | None = None,
         master_addr: str = "127.0.0.1",
         dist_timeout: float = 60.0,
-        **kwargs: Any,
+        cat_results: str | int | None = None,
+        **options: Unpack[WorkerOptions],
     ) -> None:
-        self._setup_dist(backend, tcp_port, init_method, master_addr, dist_timeout, kwargs)
-        super().__init__(create_env_fn, policy, **kwargs)
+        self._setup_dist(backend, tcp_port, init_method, master_addr, dist_timeout, options)
+        super().__init__(create_env_fn, policy, cat_results=cat_results, **options)
 
     async def update_policy_weights_(self, *args: Any, worker_ids: Sequence[int] | None = None, **kwargs: Any) -> int:
         """As :meth:`acollect.MultiSyncCollector.update_policy_weights_`, for every worker at once."""
@@ -241,17 +243,16 @@ class DistributedCollector(_DistributedMixin, MultiAsyncCollector):
         dist_timeout: seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast);
             torch's own default is 30 minutes.
         sync: ``True`` returns a :class:`DistributedSyncCollector` instead.
-        **kwargs: every keyword argument of the multi-process collector (``frames_per_batch``,
-            ``total_frames``, ``num_workers``, ``policy_factory``, devices, ``update_after_each_batch``...).
+        credits: batches each worker may collect ahead (see :class:`~acollect.MultiAsyncCollector`).
+        **options: every other keyword argument of :class:`~acollect.MultiSyncCollector` but ``cat_results``
+            (``frames_per_batch``, ``total_frames``, ``num_workers``, ``policy_factory``, devices...).
 
     Raises:
         ConfigurationError: a bad argument, a backend torch does not have here, or ``max_worker_restarts``.
     """
 
     def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> Any:
-        if not isinstance(sync, bool):
-            raise ConfigurationError.bad_value("sync", sync, "True or False")
-        if sync:
+        if check_bool("sync", sync):
             return DistributedSyncCollector(*args, **kwargs)
         return super().__new__(cls)
 
@@ -266,10 +267,11 @@ class DistributedCollector(_DistributedMixin, MultiAsyncCollector):
         init_method: str | None = None,
         master_addr: str = "127.0.0.1",
         dist_timeout: float = 60.0,
-        **kwargs: Any,
+        credits: int = 2,
+        **options: Unpack[WorkerOptions],
     ) -> None:
-        self._setup_dist(backend, tcp_port, init_method, master_addr, dist_timeout, kwargs)
-        super().__init__(create_env_fn, policy, **kwargs)
+        self._setup_dist(backend, tcp_port, init_method, master_addr, dist_timeout, options)
+        super().__init__(create_env_fn, policy, credits=credits, **options)
 
     async def update_policy_weights_(self, *args: Any, worker_ids: Sequence[int] | None = None, **kwargs: Any) -> int:
         """As :meth:`acollect.MultiAsyncCollector.update_policy_weights_`, for every worker at once."""

@@ -22,15 +22,16 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import InteractionType
+from typing_extensions import Unpack
 
+from acollect._validate import check_choice, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import Received
@@ -52,55 +53,63 @@ class MultiSyncCollector(MultiCollectorBase):
             Each is an env, a gymnasium id, or a zero-argument callable returning an env; it is sent to the
             worker process with cloudpickle, so lambdas work.
         policy: the policy, sent to every worker (an ``nn.Module``, ``TensorDictModule``, callable or ``None``).
-        policy_factory: a zero-argument callable building the policy inside each worker instead.
-        frames_per_batch: frames per batch from all workers together.
-        total_frames: frames to collect in all; ``-1`` collects forever.
-        num_workers: number of workers when ``create_env_fn_list`` is a single factory (default: CPU count).
-        cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
-            concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, n_workers * T]``).
-        collector_kwargs: per-worker options (a dict for all, or a list of dicts, one per worker) among
-            ``device``, ``env_device``, ``policy_device``, ``storing_device``, ``max_frames_per_traj``,
-            ``init_random_frames``, ``reset_at_each_iter``, ``exploration_type``, ``env_kwargs``, ``num_threads``.
-        device: as for :class:`~acollect.Collector`; one value, or a list with one per worker.
-        env_device: likewise.
-        policy_device: likewise.
-        storing_device: likewise.
-        max_frames_per_traj: as for :class:`~acollect.Collector`, applied in every worker.
-        init_random_frames: likewise.
-        reset_at_each_iter: likewise.
-        exploration_type: likewise.
-        env_kwargs: likewise.
-        postproc: applied in this process to each batch before it is handed out.
-        split_trajs: hand out padded trajectories (see :class:`~acollect.Collector`).
-        update_after_each_batch: push the weights of ``policy`` (this process's copy) after every batch.
-        max_weight_update_interval: push them at least every this many batches.
-        weight_sync_schemes: model id -> :class:`~acollect.transport.weight_sync.WeightSyncScheme`.
-        max_worker_restarts: restarts allowed per worker; ``0`` raises on the first crash.
-        heartbeat_timeout: seconds a collecting worker may make no env step before it counts as hung.
-        startup_timeout: seconds a worker may take to start and build its env and policy.
-        shutdown_timeout: default deadline of :meth:`async_shutdown`.
-        address: ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint (``None``: a
-            private ipc path).
-        start_method: ``"spawn"`` (fresh interpreters, default) or ``"forkserver"``.
-        launcher: where workers run: ``"local"`` (processes on this machine, default), ``"ray"`` (one Ray
-            actor each), ``"submitit"`` (one submitit job each), or a launcher instance such as
-            ``RayLauncher(remote_configs=...)`` (see :mod:`acollect.launchers`). With Ray or submitit the
-            collector binds ``tcp://<this node's address>:<free port>`` unless ``address`` says otherwise.
-        num_threads: torch threads in each worker.
-        use_shared_memory: move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB or more
-            on a local address).
-        remote_workers: how many of the ``num_workers`` workers are started by hand (``acollect worker
+
+    Keyword Args:
+        policy_factory (callable | None): a zero-argument callable building the policy inside each worker instead.
+        frames_per_batch (int): frames per batch from all workers together.
+        total_frames (int): frames to collect in all; ``-1`` collects forever.
+        num_workers (int | None): number of workers when ``create_env_fn_list`` is a single factory (default: CPU
+            count).
+        cat_results (str | int | None): ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs,
+            T]``; ``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs,
+            n_workers * T]``).
+        collector_kwargs (dict | list[dict] | None): per-worker options (a dict for all, or a list of dicts, one per
+            worker) among ``device``, ``env_device``, ``policy_device``, ``storing_device``,
+            ``max_frames_per_traj``, ``init_random_frames``, ``reset_at_each_iter``, ``exploration_type``,
+            ``env_kwargs``, ``num_threads``.
+        device (device | list): as for :class:`~acollect.Collector`; one value, or a list with one per worker.
+        env_device (device | list): likewise.
+        policy_device (device | list): likewise.
+        storing_device (device | list): likewise.
+        max_frames_per_traj (int | None): as for :class:`~acollect.Collector`, applied in every worker.
+        init_random_frames (int | None): likewise.
+        reset_at_each_iter (bool): likewise.
+        exploration_type (InteractionType | str | None): likewise.
+        env_kwargs (dict | None): likewise.
+        postproc (callable | None): applied in this process to each batch before it is handed out.
+        split_trajs (bool): hand out padded trajectories (see :class:`~acollect.Collector`).
+        update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch.
+        max_weight_update_interval (int | None): push them at least every this many batches.
+        weight_sync_schemes (dict | None): model id -> :class:`~acollect.transport.weight_sync.WeightSyncScheme`.
+        max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash.
+        heartbeat_timeout (float): seconds a collecting worker may make no env step before it counts as hung.
+        startup_timeout (float): seconds a worker may take to start and build its env and policy.
+        shutdown_timeout (float): default deadline of :meth:`async_shutdown`.
+        address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint
+            (``None``: a private ipc path).
+        start_method (str): ``"spawn"`` (fresh interpreters, default) or ``"forkserver"``.
+        launcher (str | Launcher): where workers run: ``"local"`` (processes on this machine, default), ``"ray"``
+            (one Ray actor each), ``"submitit"`` (one submitit job each), or a launcher instance such as
+            ``RayLauncher(remote_configs=...)`` (see :mod:`acollect.launchers`). With Ray or submitit the collector
+            binds ``tcp://<this node's address>:<free port>`` unless ``address`` says otherwise.
+        num_threads (int): torch threads in each worker.
+        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB
+            or more on a local address).
+        remote_workers (int): how many of the ``num_workers`` workers are started by hand (``acollect worker
             --connect ADDRESS --keys DIR``, on any machine) instead of by the collector: the last ones. The
             collector waits up to ``startup_timeout`` for them to join. Needs ``address`` and ``keys``.
-        keys: a key directory written by ``acollect keys`` (or a ``ServerKeys``): the endpoint then
-            encrypts every connection with CURVE and accepts only the workers whose public key is in its
-            ``authorized/`` directory; others are refused and counted in :attr:`rejected_peers`.
-        progress: show frames, frames/s and the mean episode return as collection goes (see
+        keys (str | ServerKeys | None): a key directory written by ``acollect keys`` (or a ``ServerKeys``): the
+            endpoint then encrypts every connection with CURVE and accepts only the workers whose public key is in
+            its ``authorized/`` directory; others are refused and counted in :attr:`rejected_peers`.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes (see
             :class:`~acollect.Collector`); the workers count episodes and send them with each batch.
-        copy_batches: ``True`` (default): each batch is fresh memory of its own, valid for as long as it is
-            kept. ``False``: batches are combined into one buffer the collector reuses, so a batch is valid
-            only until the next iteration (``clone()`` what must outlive it); this saves allocating (and
-            page-faulting) a new batch each time, which matters for large observations such as pixels.
+        copy_batches (bool): ``True`` (default): each batch is fresh memory of its own, valid for as long as it is
+            kept. ``False``: batches are combined into one buffer the collector reuses, so a batch is valid only
+            until the next iteration (``clone()`` what must outlive it); this saves allocating (and page-faulting) a
+            new batch each time, which matters for large observations such as pixels.
+        filter_worker_warnings (bool): ignore Python warnings inside the workers (default ``True``: an env's
+            deprecation warnings, repeated by every worker, would drown the trainer's output); ``False`` lets them
+            through to the workers' stderr.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -111,47 +120,12 @@ class MultiSyncCollector(MultiCollectorBase):
         create_env_fn_list: Any,
         policy: PolicyLike = None,
         *,
-        policy_factory: Callable[[], PolicyLike] | None = None,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        num_workers: int | None = None,
         cat_results: str | int | None = None,
-        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
-        storing_device: Any = None,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        split_trajs: bool = False,
-        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
-        env_kwargs: Mapping[str, Any] | None = None,
-        update_after_each_batch: bool = False,
-        max_weight_update_interval: int | None = None,
-        weight_sync_schemes: Mapping[str, Any] | None = None,
-        max_worker_restarts: int = 0,
-        heartbeat_timeout: float = 30.0,
-        startup_timeout: float = 120.0,
-        shutdown_timeout: float = 5.0,
-        address: str | None = None,
-        start_method: str = "spawn",
-        launcher: Any = "local",
-        num_threads: int = 1,
-        use_shared_memory: bool | None = None,
-        remote_workers: int = 0,
-        keys: Any = None,
-        progress: bool | str = False,
-        copy_batches: bool = True,
+        **options: Unpack[WorkerOptions],
     ) -> None:
-        if cat_results not in _CAT_RESULTS or isinstance(cat_results, bool):
-            raise ConfigurationError.bad_value("cat_results", cat_results, "None, 'stack', 0 or -1")
-        self.cat_results = cat_results
+        self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
         self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
-        # Every other argument is the shared multi-process one: hand them all over by name.
-        shared = {k: v for k, v in locals().items() if k not in ("self", "cat_results", "__class__")}
-        super().__init__(**shared)
+        super().__init__(create_env_fn_list, policy, options)
 
     def _worker_frames(self, n_workers: int) -> int:
         return math.ceil(self.frames_per_batch / n_workers)
@@ -234,12 +208,11 @@ class MultiAsyncCollector(MultiCollectorBase):
         (3, True)
     """
 
-    def __init__(self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **kwargs: Any) -> None:
-        if isinstance(credits, bool) or not isinstance(credits, int) or credits < 1:
-            expected = "an int >= 1 (batches each worker may collect ahead)"
-            raise ConfigurationError.bad_value("credits", credits, expected)
-        self._credit_count = credits
-        super().__init__(create_env_fn_list=create_env_fn_list, policy=policy, **kwargs)
+    def __init__(
+        self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **options: Unpack[WorkerOptions]
+    ) -> None:
+        self._credit_count = check_int("credits", credits, minimum=1)
+        super().__init__(create_env_fn_list, policy, options)
 
     def _worker_frames(self, n_workers: int) -> int:
         return self.frames_per_batch

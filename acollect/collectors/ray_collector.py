@@ -18,26 +18,39 @@ cascading through a sub-collector.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tensordict import TensorDictBase
-from tensordict.nn import InteractionType
+from typing_extensions import Unpack
 
+from acollect._validate import check_bool, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.base import CollectorState
 from acollect.collectors.collector import Collector
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
+from acollect.collectors.options import DEVICE_OPTIONS, WorkerOptions
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.launchers.ray import RayLauncher, RayWorker, check_remote_configs
 from acollect.policy import PolicyLike
 
-__all__ = ["RayCollector"]
+__all__ = ["RayCollector", "RayOptions"]
 
 _COLLECTOR_CLASSES = (Collector, MultiSyncCollector, MultiAsyncCollector)
 _COLLECTOR_NAMES = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
 # TorchRL arguments for mechanisms acollect does without; accepted so that TorchRL code runs unchanged.
 _NOT_NEEDED = frozenset({"trust_policy", "use_env_creator", "no_cuda_sync"})
+
+
+class RayOptions(WorkerOptions, total=False):
+    """:class:`RayCollector`'s keyword options besides its own: those of the multi-process collectors."""
+
+    cat_results: str | int | None  # sync=True
+    credits: int  # sync=False
+    trust_policy: bool
+    use_env_creator: bool
+    no_cuda_sync: bool
+    weight_updater: None
+    weight_recv_schemes: None
 
 
 def _none_if_negative(value: object) -> Any:
@@ -69,25 +82,9 @@ class RayCollector(MultiCollectorBase):
     Args:
         create_env_fn: one env factory per remote collector (a list), or one factory for ``num_collectors``.
         policy: the policy sent to every actor (or ``None`` for random actions).
-        policy_factory: builds the policy inside each actor instead (for policies that do not pickle).
-        frames_per_batch: frames per batch: from all collectors together (``sync=True``) or from one
-            (``sync=False``).
-        total_frames: frames to collect in all; ``-1`` collects forever.
-        device: as for :class:`~acollect.Collector`; one value, or a list with one per collector.
-        storing_device: likewise.
-        env_device: likewise.
-        policy_device: likewise.
-        max_frames_per_traj: as for :class:`~acollect.Collector` (``-1`` or ``None``: no limit).
-        init_random_frames: likewise (``-1`` or ``None``: none).
-        reset_at_each_iter: likewise.
-        postproc: applied in this process to each batch.
-        split_trajs: hand out padded trajectories.
-        exploration_type: as for :class:`~acollect.Collector`.
         collector_class: what each remote collector is: ``Collector`` (default, one actor),
             ``MultiSyncCollector`` or ``MultiAsyncCollector`` (``num_workers_per_collector`` actors), or
             ``"single"``/``"sync"``/``"async"``.
-        collector_kwargs: per-collector options (a dict for all, or a list with one per collector) among
-            those of ``MultiSyncCollector``'s ``collector_kwargs`` (devices, ``env_kwargs``...).
         num_workers_per_collector: actors per remote collector (each with its own env from the same factory).
         sync: stack one batch from every collector (``True``), or first ready, first served (``False``).
         ray_init_config: keyword arguments of ``ray.init`` (default: find a running cluster or start a
@@ -95,14 +92,34 @@ class RayCollector(MultiCollectorBase):
         remote_configs: ``ray.remote`` options (``num_cpus``, ``num_gpus``, ``memory``...): one dict, or a
             list with one per collector (default ``{"num_cpus": 1}`` per actor).
         num_collectors: number of remote collectors (default: ``len(create_env_fn)``, or 1).
-        update_after_each_batch: push this process's ``policy`` weights after every batch.
-        max_weight_update_interval: push them at least every this many batches (``-1``: never forced).
         replay_buffer: the buffer :meth:`start` extends when called without one.
-        weight_sync_schemes: model id -> weight sync scheme (default: the weights go over the endpoint).
-        **kwargs: the other options of :class:`~acollect.MultiSyncCollector` /
+        **options: the other options of :class:`~acollect.MultiSyncCollector` /
             :class:`~acollect.MultiAsyncCollector` (``address``, ``max_worker_restarts``,
             ``heartbeat_timeout``, ``startup_timeout``, ``credits``, ``cat_results``, ``progress``...), and
             TorchRL's ``trust_policy``, ``use_env_creator`` and ``no_cuda_sync``, which need nothing here.
+
+    Keyword Args:
+        policy_factory (callable | None): builds the policy inside each actor instead (for policies that do not
+            pickle).
+        frames_per_batch (int): frames per batch: from all collectors together (``sync=True``) or from one
+            (``sync=False``).
+        total_frames (int): frames to collect in all; ``-1`` collects forever.
+        device (device | list): as for :class:`~acollect.Collector`; one value, or a list with one per collector.
+        storing_device (device | list): likewise.
+        env_device (device | list): likewise.
+        policy_device (device | list): likewise.
+        max_frames_per_traj (int | None): as for :class:`~acollect.Collector` (``-1`` or ``None``: no limit).
+        init_random_frames (int | None): likewise (``-1`` or ``None``: none).
+        reset_at_each_iter (bool): likewise.
+        postproc (callable | None): applied in this process to each batch.
+        split_trajs (bool): hand out padded trajectories.
+        exploration_type (InteractionType | str | None): as for :class:`~acollect.Collector`.
+        collector_kwargs (dict | list[dict] | None): per-collector options (a dict for all, or a list with one per
+            collector) among those of ``MultiSyncCollector``'s ``collector_kwargs`` (devices, ``env_kwargs``...).
+        update_after_each_batch (bool): push this process's ``policy`` weights after every batch.
+        max_weight_update_interval (int | None): push them at least every this many batches (``-1``: never forced).
+        weight_sync_schemes (dict | None): model id -> weight sync scheme (default: the weights go over the
+            endpoint).
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -129,98 +146,56 @@ class RayCollector(MultiCollectorBase):
         create_env_fn: Any,
         policy: PolicyLike = None,
         *,
-        policy_factory: Callable[[], PolicyLike] | None = None,
-        frames_per_batch: int,
-        total_frames: int = -1,
-        device: Any = None,
-        storing_device: Any = None,
-        env_device: Any = None,
-        policy_device: Any = None,
-        max_frames_per_traj: int | None = -1,
-        init_random_frames: int | None = -1,
-        reset_at_each_iter: bool = False,
-        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
-        split_trajs: bool = False,
-        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
         collector_class: Any = Collector,
-        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         num_workers_per_collector: int = 1,
         sync: bool = False,
         ray_init_config: Mapping[str, Any] | None = None,
         remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         num_collectors: int | None = None,
-        update_after_each_batch: bool = False,
-        max_weight_update_interval: int | None = -1,
         replay_buffer: Any = None,
-        weight_sync_schemes: Mapping[str, Any] | None = None,
-        **kwargs: Any,
+        **options: Unpack[RayOptions],
     ) -> None:
+        opts: dict[str, Any] = dict(options)
         for name in ("weight_updater", "weight_recv_schemes"):
-            if kwargs.get(name) is not None:
+            if opts.pop(name, None) is not None:
                 raise ConfigurationError.bad_value(
-                    name, kwargs[name], "None: weights reach the actors with update_policy_weights_() "
+                    name, options[name], "None: weights reach the actors with update_policy_weights_() "
                     "(and weight_sync_schemes), acknowledged by each",
                 )  # fmt: skip
-        extra = {k: v for k, v in kwargs.items() if k not in _NOT_NEEDED | {"weight_updater", "weight_recv_schemes"}}
-        for name in ("launcher", "num_workers", "create_env_fn_list"):
-            if name in extra:
+        for name in _NOT_NEEDED:
+            opts.pop(name, None)
+        for name in ("launcher", "num_workers"):
+            if name in opts:
                 raise ConfigurationError.bad_value(
-                    name, extra[name], "no value: a RayCollector's workers are Ray actors, set by create_env_fn, "
+                    name, opts[name], "no value: a RayCollector's workers are Ray actors, set by create_env_fn, "
                     "num_collectors and num_workers_per_collector",
                 )  # fmt: skip
-        if not isinstance(sync, bool):
-            raise ConfigurationError.bad_value("sync", sync, "True or False")
-        if (not sync and "cat_results" in extra) or (sync and "credits" in extra):
-            bad = "cat_results" if not sync else "credits"
-            raise ConfigurationError.bad_value(bad, extra[bad], f"no value with sync={sync}")
-        self.sync = sync
+        self.sync = check_bool("sync", sync)
+        bad = "credits" if sync else "cat_results"
+        if bad in opts:
+            raise ConfigurationError.bad_value(bad, opts[bad], f"no value with sync={sync}")
         self.collector_class = self._check_class(collector_class)
-        k = num_workers_per_collector
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigurationError.bad_value("num_workers_per_collector", k, "an int >= 1")
+        k = check_int("num_workers_per_collector", num_workers_per_collector, minimum=1)
         self.num_workers_per_collector = k
         if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
             raise ConfigurationError.bad_value("replay_buffer", replay_buffer, "None or an object with extend(batch)")
         self.replay_buffer = replay_buffer
         env_fns = self._collector_env_fns(create_env_fn, num_collectors)
-        n = len(env_fns)
-        self.num_collectors = n
+        n = self.num_collectors = len(env_fns)
         configs = check_remote_configs(remote_configs, n if isinstance(remote_configs, (list, tuple)) else None)
         # Each collector's options are repeated for each of its actors.
         per_worker_configs = [c for c in configs for _ in range(k)] if isinstance(configs, list) else configs
         self._ray_launcher = RayLauncher(ray_init_config, per_worker_configs)
-        devices = {
-            name: [d for d in _per_collector(name, value, n) for _ in range(k)] if isinstance(value, (list, tuple))
-            else value
-            for name, value in (("device", device), ("storing_device", storing_device), ("env_device", env_device),
-                                ("policy_device", policy_device))
-        }  # fmt: skip
-        if isinstance(collector_kwargs, (list, tuple)):
-            collector_kwargs = [kw for kw in _per_collector("collector_kwargs", collector_kwargs, n) for _ in range(k)]
-        self._collector_args: dict[str, Any] = {
-            "create_env_fn_list": [fn for fn in env_fns for _ in range(k)],
-            "policy": policy,
-            "policy_factory": policy_factory,
-            "frames_per_batch": frames_per_batch,
-            "total_frames": total_frames,
-            **devices,
-            "max_frames_per_traj": _none_if_negative(max_frames_per_traj),
-            "init_random_frames": _none_if_negative(init_random_frames) or 0,
-            "reset_at_each_iter": reset_at_each_iter,
-            "postproc": postproc,
-            "split_trajs": split_trajs,
-            "exploration_type": exploration_type,
-            "collector_kwargs": collector_kwargs,
-            "update_after_each_batch": update_after_each_batch,
-            "max_weight_update_interval": _none_if_negative(max_weight_update_interval),
-            "weight_sync_schemes": weight_sync_schemes,
-            "launcher": self._ray_launcher,
-            **extra,
-        }
-        self._build()
-
-    def _build(self) -> None:
-        super().__init__(**self._collector_args)
+        for name in (*DEVICE_OPTIONS, "collector_kwargs"):
+            if isinstance(opts.get(name), (list, tuple)):
+                opts[name] = [value for value in _per_collector(name, opts[name], n) for _ in range(k)]
+        for name in ("max_frames_per_traj", "init_random_frames", "max_weight_update_interval"):
+            if name in opts:
+                opts[name] = _none_if_negative(opts[name])
+        self._env_fn_list = [fn for fn in env_fns for _ in range(k)]
+        opts["launcher"] = self._ray_launcher
+        # super() is MultiSyncCollector or MultiAsyncCollector (the class __new__ picked): it checks the options.
+        super().__init__(self._env_fn_list, policy, **opts)
 
     @staticmethod
     def _check_class(collector_class: Any) -> type:
@@ -235,9 +210,7 @@ class RayCollector(MultiCollectorBase):
 
     @staticmethod
     def _collector_env_fns(create_env_fn: Any, num_collectors: int | None) -> list[Any]:
-        if num_collectors is not None and (isinstance(num_collectors, bool) or not isinstance(num_collectors, int)
-                                           or num_collectors < 1):  # fmt: skip
-            raise ConfigurationError.bad_value("num_collectors", num_collectors, "None or an int >= 1")
+        check_int("num_collectors", num_collectors, minimum=1, optional=True)
         if isinstance(create_env_fn, (list, tuple)):
             fns = list(create_env_fn)
             if not fns:
@@ -278,15 +251,14 @@ class RayCollector(MultiCollectorBase):
         """
         if self._state is not CollectorState.NEW or self._pool is not None:
             raise CollectorStateError("add_collectors() must be called before the collector starts")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ConfigurationError.bad_value("num_envs", num_envs, "an int >= 1")
-        if policy is not None and policy is not self._collector_args["policy"]:
+        check_int("num_envs", num_envs, minimum=1)
+        if policy is not None and policy is not self._policy_arg:
             raise ConfigurationError.bad_value("policy", policy, "None (every actor runs the collector's policy)")
-        if collector_kwargs is not None and collector_kwargs != self._collector_args["collector_kwargs"]:
+        if collector_kwargs is not None and collector_kwargs != self.settings.collector_kwargs:
             raise ConfigurationError.bad_value(
                 "collector_kwargs", collector_kwargs, "None (collector options are set at construction)"
             )
-        if isinstance(self._collector_args["collector_kwargs"], list):
+        if isinstance(self.settings.collector_kwargs, list):
             raise ConfigurationError(
                 "add_collectors() cannot extend per-collector collector_kwargs: pass a list for every collector "
                 "at construction instead"
@@ -297,15 +269,12 @@ class RayCollector(MultiCollectorBase):
         )
         assert isinstance(new, dict)
         old = self._ray_launcher.remote_configs
-        n_old = len(self._collector_args["create_env_fn_list"])
-        listed = old if isinstance(old, list) else [dict(old)] * n_old
+        fns = [*self._env_fn_list, *[create_env_fn] * (num_envs * k)]
+        self._build_configs(fns)  # checks the new factories (and per-worker device lists) before changing anything
+        listed = old if isinstance(old, list) else [dict(old)] * len(self._env_fn_list)
         self._ray_launcher.remote_configs = [*listed, *[dict(new)] * (num_envs * k)]
-        self._collector_args["create_env_fn_list"] = [
-            *self._collector_args["create_env_fn_list"],
-            *[create_env_fn] * (num_envs * k),
-        ]
+        self._env_fn_list = fns
         self.num_collectors += num_envs
-        self._build()
 
     @property
     def remote_collectors(self) -> list[Any]:

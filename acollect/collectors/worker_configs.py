@@ -1,0 +1,119 @@
+"""From a multi-process collector's checked settings to one :class:`~acollect.worker.protocol.WorkerConfig` per worker.
+
+The settings (:class:`~acollect.collectors.options.WorkerSettings`) hold one value
+per option; here they become one config per worker: a device list is split, one per
+worker; ``collector_kwargs`` overrides options per worker; and the storing device is
+moved to the collector's side of the wire (see :func:`collector_storing_device`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from acollect._validate import check_int
+from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option
+from acollect.devices import check_device
+from acollect.errors import ConfigurationError
+from acollect.policy import PolicyLike
+from acollect.worker import protocol as P
+
+__all__ = ["build_worker_configs", "collector_storing_device", "env_fns"]
+
+
+def env_fns(create_env_fn_list: Any, num_workers: int | None) -> list[Any]:
+    """One env factory per worker: the list given, or one factory repeated ``num_workers`` times."""
+    if isinstance(create_env_fn_list, (list, tuple)):
+        fns = list(create_env_fn_list)
+        if not fns:
+            raise ConfigurationError.bad_value("create_env_fn_list", fns, "a non-empty list of env factories")
+        if num_workers is not None and num_workers != len(fns):
+            raise ConfigurationError.bad_value(
+                "num_workers", num_workers, f"None or len(create_env_fn_list) = {len(fns)}"
+            )
+    else:
+        if create_env_fn_list is None:
+            raise ConfigurationError.bad_value(
+                "create_env_fn_list", None, "a list of env factories, or one env factory / gymnasium id"
+            )
+        fns = [create_env_fn_list] * (num_workers or os.cpu_count() or 1)
+    for i, fn in enumerate(fns):
+        if fn is None:
+            raise ConfigurationError.bad_value(f"create_env_fn_list[{i}]", None, "an env factory or gymnasium id")
+    return fns
+
+
+def collector_storing_device(settings: WorkerSettings) -> torch.device | None:
+    """The one storing device the collector applies where it hands batches out (``None``: leave them).
+
+    What crosses processes is host memory, so workers store on the CPU and need no CUDA context just to
+    hold a batch; a list of devices (one per worker) is passed to the workers as it is.
+    """
+    store = settings.storing_device if settings.storing_device is not None else settings.device
+    return None if isinstance(store, list) else check_device("storing_device", store)
+
+
+def _worker_options(settings: WorkerSettings, i: int, n: int) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        name: getattr(settings, name) for name in (*DEVICE_OPTIONS, "max_frames_per_traj", "init_random_frames",
+                                                   "reset_at_each_iter", "exploration_type", "env_kwargs",
+                                                   "num_threads")
+    }  # fmt: skip
+    for name in DEVICE_OPTIONS:
+        value = opts[name]
+        if isinstance(value, list):
+            if len(value) != n:
+                raise ConfigurationError.bad_value(name, value, f"one device, or a list of {n} (one per worker)")
+            opts[name] = value[i]
+    store = collector_storing_device(settings)
+    if store is not None and store.type != "cpu":
+        opts["storing_device"] = "cpu"
+    extra, where = settings.collector_kwargs, "collector_kwargs"
+    if isinstance(extra, Sequence):
+        if len(extra) != n:
+            raise ConfigurationError.bad_value(where, extra, f"a dict, or a list of {n} dicts (one per worker)")
+        extra, where = extra[i], f"{where}[{i}]"
+    for name, value in (extra or {}).items():
+        opts[name] = check_option(name, value, label=f"{where}[{name!r}]")
+    for name in DEVICE_OPTIONS:
+        check_device(name, opts[name])
+    return opts
+
+
+def build_worker_configs(
+    fns: list[Any], policy: PolicyLike, settings: WorkerSettings, frames_per_batch: int
+) -> list[P.WorkerConfig]:
+    """One config per worker (the last ``remote_workers`` of them started by hand)."""
+    n = len(fns)
+    remote = check_int("remote_workers", settings.remote_workers, maximum=n)
+    configs = []
+    for i, fn in enumerate(fns):
+        opts = _worker_options(settings, i, n)
+        exploration = opts["exploration_type"]
+        configs.append(
+            P.WorkerConfig(
+                index=i,
+                generation=0,
+                n_workers=n,
+                address="",
+                parent_pid=os.getpid(),
+                create_env_fn=fn,
+                policy=policy,
+                policy_factory=settings.policy_factory,
+                frames_per_batch=frames_per_batch,
+                env_kwargs=dict(opts["env_kwargs"]),
+                devices={k: opts[k] for k in DEVICE_OPTIONS},
+                max_frames_per_traj=opts["max_frames_per_traj"],
+                init_random_frames=opts["init_random_frames"],
+                reset_at_each_iter=opts["reset_at_each_iter"],
+                exploration_type=exploration.name if exploration is not None else None,
+                num_threads=opts["num_threads"],
+                filter_warnings=settings.filter_worker_warnings,
+                heartbeat_interval=min(1.0, settings.heartbeat_timeout / 4),
+                remote=i >= n - remote,
+            )
+        )
+    return configs
