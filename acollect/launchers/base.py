@@ -165,7 +165,7 @@ def run_packed_config(payload: bytes) -> int:
     store, submitit's job folder), never from the collector's socket. The collector's import
     path is added, so factories defined in the trainer's modules import here as they did there.
     A worker on the collector's host watches the collector's pid and exits when it is gone; on
-    another host it relies on the engine (a Ray actor dies with its owner; a job is cancelled).
+    another host it exits when the collector's heartbeats stop (see :mod:`acollect.worker.main`).
     """
     path, host, body = pickle.loads(payload)
     sys.path[:0] = [p for p in path if p not in sys.path and os.path.isdir(p)]

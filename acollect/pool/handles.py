@@ -14,7 +14,7 @@ from acollect.transport.shm_ring import ShmSlotRing
 from acollect.weights import WeightStructure
 from acollect.worker import protocol as P
 
-__all__ = ["Received", "Rejected", "WorkerHandle", "parse_identity"]
+__all__ = ["Received", "Rejected", "Retired", "WorkerHandle", "parse_identity"]
 
 # ``w<index>.<generation>`` (control socket) or the same plus ``d`` (data socket): see worker_identity.
 _IDENTITY = re.compile(rb"w(\d{1,9})\.(\d{1,9})d?")
@@ -41,6 +41,15 @@ class Received:
     header: dict[str, Any]
     data: TensorDictBase
     in_slot: bool
+
+
+@dataclass
+class Retired:
+    """An incarnation that died, so each of its batches that arrives late is counted as dropped once."""
+
+    generation: int
+    next_seq: int  # its first batch neither received nor counted yet
+    counted_seq: int | None  # the batch it was collecting at its last heartbeat: counted at its death
 
 
 @dataclass
@@ -71,6 +80,8 @@ class WorkerHandle:
     restarts: int = 0
     next_seq: int = 0  # sequence number of the next batch this incarnation sends
     missing_since: float | None = None  # when a heartbeat first said a batch was sent that has not arrived
+    sent: int = 0  # batches this incarnation had sent, per its last heartbeat
+    retired: Retired | None = None  # its previous incarnation, while its late batches may still arrive
     joined: bool = False  # a worker started by hand took this slot (``config.remote``)
     weights_structure: WeightStructure | None = None  # its policy's weights, from hello (None: unknown)
     weights_refused: tuple[int, str] | None = None  # (version, why) of the last push it refused

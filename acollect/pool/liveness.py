@@ -4,6 +4,11 @@ Every ``MONITOR_PERIOD`` seconds each worker is checked: a process that exited, 
 worker that did not start in time, a heartbeat gone stale, a batch announced but
 never delivered, or a collecting worker making no env step. The worker is then
 restarted (within ``max_restarts``) or the pool fails with an error naming it.
+
+The loop also sends the collector's own heartbeat, every ``heartbeat_interval``, to
+the workers that may have no parent process to watch (started by hand, or by an
+engine on another host): without it they would never learn that their collector
+died or vanished.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import time
 
 import anyio
 
-from acollect.errors import WorkerCrashedError, WorkerError, WorkerTimeoutError
+from acollect.errors import TransportError, WorkerCrashedError, WorkerError, WorkerTimeoutError
 from acollect.pool.base import PoolBase
-from acollect.pool.handles import WorkerHandle
+from acollect.pool.handles import Retired, WorkerHandle
+from acollect.transport.wire import pack_message
+from acollect.worker import protocol as P
 from acollect.worker.process import describe_exit
 
 __all__ = ["MONITOR_PERIOD", "LivenessMixin"]
@@ -31,9 +38,15 @@ class LivenessMixin(PoolBase):
 
     # -- liveness ------------------------------------------------------------------------
     async def _monitor_loop(self) -> None:
+        beat = pack_message(P.HEARTBEAT)
+        interval = min((h.config.heartbeat_interval for h in self.handles), default=1.0)
+        next_beat = 0.0
         while True:
             await anyio.sleep(MONITOR_PERIOD)
             now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + interval
+                await self._send_heartbeats(beat)
             for handle in self.handles:
                 remote = handle.config.remote  # started by hand: no process handle, liveness from heartbeats only
                 if (handle.process is None and not remote) or handle.stopping or self.failure is not None:
@@ -75,6 +88,19 @@ class LivenessMixin(PoolBase):
                     ))  # fmt: skip
             self._notify()
 
+    async def _send_heartbeats(self, beat: list[bytes]) -> None:
+        """Tells each worker that may have no parent to watch that its collector lives (see acollect.worker.main)."""
+        endpoint = self.endpoint
+        if endpoint is None or endpoint.closed:
+            return
+        for handle in self.handles:
+            if handle.ready and not handle.stopping and (handle.config.remote or not self.launcher.same_host):
+                try:
+                    # Queued at once or skipped (timeout 0): this loop must never wait on one worker.
+                    await endpoint.send(handle.identity, beat, timeout=0)
+                except (TransportError, TimeoutError):
+                    pass  # gone, or its queue is full: its own heartbeats (or exit code) tell this loop
+
     async def _on_death(self, handle: WorkerHandle, error: WorkerError) -> None:
         process = handle.process
         if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
@@ -84,8 +110,7 @@ class LivenessMixin(PoolBase):
             handle.restarts += 1
             logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
                            self.max_restarts)  # fmt: skip
-            if handle.outstanding or (self.running and handle.busy):
-                self.dropped_batches += 1
+            self._count_dropped(handle)
             self._vacate(handle)
             return
         if handle.restarts >= self.max_restarts or self._closed:
@@ -99,6 +124,20 @@ class LivenessMixin(PoolBase):
             while process.exitcode is None:  # noqa: ASYNC110 - an exit code has no event to wait on
                 await anyio.sleep(0.01)
         process.close()
-        if handle.outstanding or (self.running and handle.busy):
-            self.dropped_batches += 1
+        self._count_dropped(handle)
         await self._spawn(handle)
+
+    def _count_dropped(self, handle: WorkerHandle) -> None:
+        """Counts the batch a dead worker held, before its slot gets a new generation."""
+        in_progress = self.running and handle.busy
+        if handle.outstanding or in_progress:
+            self.dropped_batches += 1
+        # A lockstep collector's late batch answers an outstanding request, counted just now. An
+        # asynchronous one's batches that arrive after this are dropped too (its successor reuses their
+        # trajectory ids): each is counted as it comes (see ReceiveMixin), except the one in progress at
+        # its last heartbeat, counted here already.
+        handle.retired = (
+            Retired(handle.generation, handle.next_seq, handle.sent if in_progress else None)
+            if self.credits is not None
+            else None
+        )

@@ -214,7 +214,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         handle.ready = handle.joined = False
         handle.acked_version = 0
         handle.last_steps, handle.busy = -1, False
-        handle.next_seq, handle.missing_since = 0, None
+        handle.next_seq, handle.missing_since, handle.sent = 0, None, 0
         handle.started_at = time.monotonic()
 
     async def _spawn(self, handle: WorkerHandle) -> None:
@@ -223,12 +223,13 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         handle.ready = False
         handle.acked_version = 0
         handle.last_steps, handle.busy = -1, False
-        handle.next_seq, handle.missing_since = 0, None
+        handle.next_seq, handle.missing_since, handle.sent = 0, None, 0
         config = dataclasses.replace(
             handle.config,
             generation=handle.generation,
             address=self.launcher.connect_address(self.endpoint.address),
             parent_pid=os.getpid(),
+            heartbeat_timeout=self.heartbeat_timeout,
             next_traj_counter=handle.traj_counter,
             frames=handle.frames,
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.

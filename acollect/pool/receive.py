@@ -48,6 +48,7 @@ class ReceiveMixin(PoolBase):
                 generation=handle.generation,
                 address=self.endpoint.address,
                 parent_pid=0,
+                heartbeat_timeout=self.heartbeat_timeout,
                 next_traj_counter=handle.traj_counter,
                 frames=handle.frames,
             )
@@ -97,6 +98,24 @@ class ReceiveMixin(PoolBase):
             return None
         return self.handles[parsed[0]], parsed[1]
 
+    def _on_late(self, handle: WorkerHandle, generation: int, frames: list[Any]) -> None:
+        """A message from a dead incarnation is dropped; a batch among them is counted in ``dropped_batches`` once."""
+        retired = handle.retired
+        if retired is None or retired.generation != generation:
+            return  # lockstep (counted with its request), or an older incarnation
+        try:
+            header, _ = unpack_message(frames, kinds=P.TO_COLLECTOR)
+        except ProtocolError:
+            return
+        seq = header.get("seq")
+        if header["kind"] != P.BATCH or type(seq) is not int or seq < retired.next_seq:
+            return  # not a batch, or one received or counted already (a replay)
+        retired.next_seq = seq + 1
+        if seq != retired.counted_seq:
+            self.dropped_batches += 1
+            logger.info("dropped batch %d of worker %d's previous process: it arrived after its death", seq,
+                        handle.index)  # fmt: skip
+
     def _reject(self, identity: bytes, reason: BaseException) -> None:
         self.rejected_messages += 1
         logger.warning("rejected a message from %r (%d so far): %s", identity[:64], self.rejected_messages, reason)
@@ -114,7 +133,8 @@ class ReceiveMixin(PoolBase):
                 return
             sender = self._sender(identity)
             if sender is not None and sender[1] < sender[0].generation:
-                continue  # from an incarnation that died: its batch was counted as dropped
+                self._on_late(sender[0], sender[1], frames)  # from an incarnation that died
+                continue
             # Only a live worker's own sockets can break the pool; anything else that reaches the endpoint
             # (a stray or hostile peer, a replay) is dropped, logged and counted, and collection goes on.
             live = sender is not None and sender[1] == sender[0].generation
@@ -153,12 +173,13 @@ class ReceiveMixin(PoolBase):
         handle.last_beat = now
         if kind == P.HEARTBEAT:
             steps, busy = int(header["steps"]), bool(header["busy"])
+            handle.sent = int(header.get("sent", 0))
             if steps != handle.last_steps or (busy and not handle.busy):
                 handle.last_steps, handle.last_progress = steps, now
             handle.busy = busy
             # Batches travel on another connection than heartbeats, so one may be overtaken; a batch
             # still missing a heartbeat_timeout later was lost (a dropped connection loses what it held).
-            if int(header.get("sent", 0)) <= handle.next_seq:
+            if handle.sent <= handle.next_seq:
                 handle.missing_since = None
             elif handle.missing_since is None:
                 handle.missing_since = now

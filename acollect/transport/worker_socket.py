@@ -88,6 +88,23 @@ class WorkerSocket:
         """Whether :meth:`close` was called."""
         return self._sock is None
 
+    @property
+    def connected(self) -> bool:
+        """Whether a connection to the endpoint is up and can take a message now.
+
+        Messages queue only to a finished connection (``IMMEDIATE``), so this is false while
+        the endpoint is unreachable: its process ended, it closed, or ZeroMQ's own heartbeats
+        went unanswered (``heartbeat_timeout``). It is also false, in theory, while this
+        socket's queue to a live endpoint is full.
+
+        Raises:
+            TransportError: the socket is closed or ZeroMQ failed.
+        """
+        try:
+            return bool(self._socket().poll(0, zmq.POLLOUT))
+        except zmq.ZMQError as exc:
+            raise TransportError(f"polling {self._address} failed: {exc}") from exc
+
     def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:
             raise TransportError("the worker socket is closed")

@@ -4,8 +4,10 @@ Plain synchronous code in two threads, each owning one ZeroMQ socket (sockets
 are not thread-safe):
 
 * the **control** thread (the main thread) receives commands, answers them,
-  sends heartbeats with the engine's step count, and exits when the parent
-  process is gone;
+  sends heartbeats with the engine's step count, and exits when its collector
+  is gone: its parent process died (local workers) or, for a worker with no
+  parent to watch (started by hand, or by an engine on another host), the
+  collector's own heartbeats stopped;
 * the **runner** thread steps the env: it collects a batch whenever one was
   requested (``collect``) or credits are left (``run``), applies staged weights,
   seeds and state at the batch boundary, and sends the batch on its own socket,
@@ -23,6 +25,7 @@ Entry point: :func:`run_worker`, called by the bootstrap of
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -47,7 +50,16 @@ from acollect.worker.build import build_engine, resolve_model
 
 __all__ = ["run_worker"]
 
+logger = logging.getLogger("acollect")
+
 _SEND_RETRY = 1.0
+# A heartbeat that cannot be queued at once is skipped: the connection is down, and waiting on it would
+# stall the loop that notices a dead collector.
+_BEAT_TIMEOUT = 0.05
+# Silence tolerated once the connection is down too: a live collector's endpoint is reconnected within
+# ZeroMQ's reconnect interval (0.1 s), while a stalled event loop (its connection stays up) gets the
+# whole heartbeat_timeout.
+_DOWN_GRACE = 3.0
 
 
 def _error_fields(exc: BaseException) -> dict[str, Any]:
@@ -93,8 +105,16 @@ class _Worker:
     def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         return {"worker": self.config.index, "gen": self.config.generation, **fields}
 
-    def send(self, kind: str, fields: dict[str, Any] | None = None) -> None:
-        self.control.send(pack_message(kind, self._fields(fields or {})), timeout=10.0)
+    def send(self, kind: str, fields: dict[str, Any] | None = None, *, timeout: float = 10.0) -> None:
+        self.control.send(pack_message(kind, self._fields(fields or {})), timeout=timeout)
+
+    def beat(self) -> None:
+        engine = self.engine
+        steps = engine.steps if engine is not None else 0
+        with self.cond:  # read together: while busy, ``sent`` is the seq of the batch in progress
+            busy, sent = self.busy, self.sent
+        with contextlib.suppress(TimeoutError):
+            self.send(P.HEARTBEAT, {"steps": steps, "busy": busy, "sent": sent}, timeout=_BEAT_TIMEOUT)
 
     def report(self, exc: BaseException) -> None:
         self.failed = True
@@ -157,27 +177,51 @@ class _Worker:
                 os.unlink(path)
                 os.rmdir(os.path.dirname(path))
 
+    def _collector_gone(self, silence: float) -> bool:
+        """Whether a worker with no parent to watch should give up on its collector (and says why, once)."""
+        timeout = self.config.heartbeat_timeout
+        grace = min(timeout, max(_DOWN_GRACE, 3 * self.config.heartbeat_interval))
+        if silence > timeout:
+            why = f"nothing came from it for {silence:.1f}s (heartbeat_timeout={timeout:g}s)"
+        elif silence > grace and not self.control.connected:
+            why = f"the connection to it is down and nothing came for {silence:.1f}s"
+        else:
+            return False
+        logger.error(
+            "acollect worker %d (pid %d): the collector at %s is gone (%s); exiting",
+            self.config.index, os.getpid(), self.config.address, why,
+        )  # fmt: skip
+        return True
+
     def control_loop(self) -> int:
         interval = self.config.heartbeat_interval
+        # parent_pid 0: the collector runs on another host, or started this worker by hand. No parent to
+        # watch, so its heartbeats tell that it lives (it sends them to such workers only).
+        watch_collector = not self.config.parent_pid
         next_beat = 0.0
+        heard = time.monotonic()
         ppid = os.getppid()
         while True:
-            # parent_pid 0: the collector runs on another host (its engine ends this worker if it dies).
             if self.config.parent_pid and not self._parent_alive(ppid):
                 self._remove_orphans()
                 os._exit(1)  # the collector died: nobody will ever read what we collect
             now = time.monotonic()
             if now >= next_beat:
-                engine = self.engine
-                steps = engine.steps if engine is not None else 0
-                self.send(P.HEARTBEAT, {"steps": steps, "busy": self.busy, "sent": self.sent})
+                self.beat()
                 next_beat = now + interval
             frames = self.control.recv(timeout=min(0.2, max(0.0, next_beat - time.monotonic())))
             if frames is None:
+                # Judged only when nothing is waiting: after a long command (dist_init) or a starved thread,
+                # the heartbeats that queued meanwhile are read first.
+                if watch_collector and self._collector_gone(time.monotonic() - heard):
+                    return 1
                 continue
+            heard = time.monotonic()
             header, td = unpack_message(frames, kinds=P.TO_WORKER)
             if header["kind"] == P.STOP:
                 return 0
+            if header["kind"] == P.HEARTBEAT:
+                continue
             try:
                 self.handle(header, td)
             except Exception as exc:

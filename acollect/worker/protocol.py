@@ -22,6 +22,9 @@ Collector -> worker:
                from then on batch tensors and weights flagged ``dist`` travel there
 ``config``     ``index``, ``generation`` and ``plain`` (msgpack fields) or ``pickled``: the config of a
                worker started by hand (answers ``join``; ``refused`` says why there is none)
+``heartbeat``  (no fields) the collector is alive: sent every ``heartbeat_interval`` to workers that may
+               have no parent process to watch (started by hand, or by an engine on another host); such a
+               worker exits when its collector goes silent (see ``WorkerConfig.heartbeat_timeout``)
 =============  ====================================================================
 
 Worker -> collector:
@@ -35,7 +38,8 @@ Worker -> collector:
                worker refused them (they do not fit its policy, or the message was malformed: ``version``
                is -1 when it had none) and keeps collecting with the weights it had
 ``reply``      ``req`` and the fields asked for
-``heartbeat``  ``steps``, ``busy``, ``sent``: the rollout engine's progress, batches sent so far
+``heartbeat``  ``steps``, ``busy``, ``sent``: the rollout engine's progress, batches sent so far (while
+               ``busy``, also the ``seq`` of the batch in progress)
 ``error``      ``type``, ``message``, ``traceback``: an exception in env or policy
 ``join``       ``protocol``, ``pid``, ``host``, ``pickle``: a worker started by hand asks for a config
                (sent from a socket of its own; carries no ``worker`` index yet)
@@ -78,6 +82,9 @@ __all__ = [
     "worker_identity",
 ]
 
+# both directions: a sign of life (the worker's carries its progress)
+HEARTBEAT = "heartbeat"
+
 # collector -> worker
 SLOTS = "slots"
 COLLECT = "collect"
@@ -93,7 +100,7 @@ STOP = "stop"
 CONFIG = "config"
 DIST_INIT = "dist_init"
 TO_WORKER = frozenset(
-    {SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT}
+    {SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT, HEARTBEAT}
 )
 
 # worker -> collector
@@ -101,7 +108,6 @@ HELLO = "hello"
 BATCH = "batch"
 ACK = "ack"
 REPLY = "reply"
-HEARTBEAT = "heartbeat"
 ERROR = "error"
 JOIN = "join"
 TO_COLLECTOR = frozenset({HELLO, BATCH, ACK, REPLY, HEARTBEAT, ERROR, JOIN})
@@ -145,6 +151,9 @@ class WorkerConfig:
     num_threads: int = 1
     filter_warnings: bool = True
     heartbeat_interval: float = 0.5
+    #: A worker with no parent process to watch (``parent_pid`` 0) exits after this long without a
+    #: message from its collector (sooner once its connection is down too: see :mod:`acollect.worker.main`).
+    heartbeat_timeout: float = 30.0
     next_traj_counter: int = 0
     frames: int = 0
     remote: bool = False
