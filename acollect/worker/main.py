@@ -34,19 +34,21 @@ import warnings
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from acollect.errors import ProtocolError
 from acollect.rollout import RolloutEngine, RolloutInterrupted
 from acollect.stats import EpisodeTracker
-from acollect.transport.shm import SHM_DIR, SHM_PREFIX, ShmSegment
+from acollect.transport.shm import ShmSegment
 from acollect.transport.shm_ring import ShmSlotRing
-from acollect.transport.weights import WeightPlan, copy_planned, plan_unflatten
+from acollect.transport.weights import copy_planned
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect.transport.worker_socket import WorkerSocket
 from acollect.weights import encode_structure
 from acollect.worker import protocol as P
-from acollect.worker.build import build_engine, resolve_model
+from acollect.worker.build import build_engine
+from acollect.worker.orphans import parent_alive, remove_orphans
+from acollect.worker.weights import plan_weights, read_weights
 
 __all__ = ["run_worker"]
 
@@ -148,35 +150,6 @@ class _Worker:
         self.runner.start()
         return self.control_loop()
 
-    def _parent_alive(self, ppid: int) -> bool:
-        # A forkserver child's parent is the fork server, which exits when the collector's
-        # process dies; a spawned worker's parent is the collector's process itself.
-        if os.getppid() != ppid:
-            return False
-        try:
-            os.kill(self.config.parent_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-
-    def _remove_orphans(self) -> None:
-        """Removes what the dead collector can no longer remove: its segments that we know, its ipc file."""
-        # Only the owner unlinks a segment while it lives; it is gone now (killed, or out of memory), and
-        # its segments would otherwise stay in /dev/shm until reboot. Every worker tries; the first one wins.
-        owned = f"{SHM_PREFIX}{self.config.parent_pid}-"
-        names = [*self.segments, *(self.ring.names if self.ring is not None else ())]
-        for name in names:
-            if name.startswith(owned):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(SHM_DIR, name))
-        path = self.config.address.removeprefix("ipc://")
-        if path != self.config.address and os.path.basename(os.path.dirname(path)).startswith("acollect-"):
-            with contextlib.suppress(OSError):  # the endpoint's private directory (see Endpoint)
-                os.unlink(path)
-                os.rmdir(os.path.dirname(path))
-
     def _collector_gone(self, silence: float) -> bool:
         """Whether a worker with no parent to watch should give up on its collector (and says why, once)."""
         timeout = self.config.heartbeat_timeout
@@ -202,8 +175,12 @@ class _Worker:
         heard = time.monotonic()
         ppid = os.getppid()
         while True:
-            if self.config.parent_pid and not self._parent_alive(ppid):
-                self._remove_orphans()
+            if self.config.parent_pid and not parent_alive(self.config.parent_pid, ppid):
+                remove_orphans(
+                    self.config.parent_pid,
+                    [*self.segments, *(self.ring.names if self.ring is not None else ())],
+                    self.config.address,
+                )
                 os._exit(1)  # the collector died: nobody will ever read what we collect
             now = time.monotonic()
             if now >= next_beat:
@@ -283,8 +260,8 @@ class _Worker:
         try:
             if type(version) is not int:
                 raise ProtocolError(f"weights version {version!r:.40} is not an int")
-            staged = self._read_weights(header, td)
-            plans = self._plan_weights(staged)  # checked against our own policy before anything is kept
+            staged = read_weights(header, td, self.segments, self.dist)
+            plans = plan_weights(self.engine, staged)  # checked against our own policy before anything is kept
         except Exception as exc:
             # A push that does not fit (a peer that skipped the collector's check, or a malformed message)
             # is refused, and this worker goes on collecting with the weights it has.
@@ -308,47 +285,10 @@ class _Worker:
                 self.pending_version = version
         self.send(P.ACK, {"version": version})
 
-    def _read_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> dict[str, tuple[Any, torch.Tensor]]:
-        """model id -> (layout, flat buffer) of a ``weights`` message (from frames, a segment or a broadcast)."""
-        models = header["models"]
-        if not isinstance(models, list):
-            raise ProtocolError(f"weights models is a {type(models).__name__}, expected a list")
-        staged: dict[str, tuple[Any, torch.Tensor]] = {}
-        # DistributedCollector: the flat buffers follow as one broadcast per model, not as frames.
-        broadcast = (
-            self.dist.recv_weights([int(m["layout"]["nbytes"]) for m in models])
-            if header.get("dist") and self.dist is not None
-            else None
-        )
-        for i, model in enumerate(models):
-            shm = model.get("shm")
-            if broadcast is not None:
-                flat = broadcast[i]
-            elif shm is not None:
-                segment = self.segments.get(shm)
-                if segment is None:
-                    segment = ShmSegment.attach(shm, int(model["layout"]["nbytes"]))
-                    self.segments[shm] = segment
-                flat = segment.tensor()
-            else:
-                flat = td.get(f"m{i}") if td is not None else None
-                if not isinstance(flat, torch.Tensor):
-                    raise ProtocolError(f"weights message lacks the frame of model {i}")
-            staged[str(model["id"])] = (model["layout"], flat)
-        return staged
-
-    def _plan_weights(self, weights: dict[str, tuple[Any, torch.Tensor]]) -> list[WeightPlan]:
-        """Checks every model before any is copied, so a bad push changes nothing."""
-        engine = self.engine
-        if engine is None:
-            raise ProtocolError("this worker has no policy to load weights into")
-        targets = {model_id: TensorDict.from_module(resolve_model(engine, model_id)) for model_id in weights}
-        return [plan_unflatten(layout, flat, targets[model_id]) for model_id, (layout, flat) in weights.items()]
-
     def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
         engine = self.engine
         assert engine is not None
-        for plan in self._plan_weights(weights):
+        for plan in plan_weights(engine, weights):
             copy_planned(plan)
         engine.policy_version = version
 
