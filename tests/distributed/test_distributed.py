@@ -71,7 +71,7 @@ async def test_async_batches_are_exact() -> None:
         assert collector.sync is False
         workers = set()
         async for batch in collector:
-            assert batch.shape == (1, 4)  # one worker's batch, not one from each
+            assert batch.shape == (1, 8)  # one worker's whole batch, not a part from each
             assert_counting_batch(batch)  # every value made it through the tensors' own road intact
             workers.add(int(batch["collector", "worker_id"][0, 0]))
         assert workers == {0, 1}
