@@ -109,11 +109,11 @@ def test_the_mode_takes_its_own_option_only() -> None:
     assert (free.sync, [c.frames_per_batch for c in free._configs]) == (False, [8, 8])
     lockstep = DistributedCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, cat_results=-1)
     assert (lockstep.sync, [c.frames_per_batch for c in lockstep._configs]) == (True, [4, 4])
-    with pytest.raises(ConfigurationError, match="cat_results.*sync=False"):
+    with pytest.raises(ConfigurationError, match=r"cat_results.*sync=False"):
         DistributedCollector([CountingEnv], frames_per_batch=4, cat_results=0)
-    with pytest.raises(ConfigurationError, match="credits.*sync=True"):
+    with pytest.raises(ConfigurationError, match=r"credits.*sync=True"):
         DistributedCollector([CountingEnv], frames_per_batch=4, sync=True, credits=2)
-    with pytest.raises(ConfigurationError, match="credits.*sync=True"):
+    with pytest.raises(ConfigurationError, match=r"credits.*sync=True"):
         DistributedSyncCollector([CountingEnv], frames_per_batch=4, credits=2)  # type: ignore[call-arg]
     with pytest.raises(ConfigurationError, match="sync"):
         DistributedSyncCollector([CountingEnv], frames_per_batch=4, sync=False)  # type: ignore[call-arg]
