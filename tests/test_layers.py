@@ -238,3 +238,17 @@ def test_oversized_allow_list_is_current(name: str) -> None:
     assert name in MODULES, f"{name} no longer exists: remove it from OVERSIZED_ALLOWED"
     lines = _line_count(MODULES[name])
     assert lines > MAX_LINES, f"{name} is down to {lines} lines: remove it from OVERSIZED_ALLOWED"
+
+
+def test_no_class_chooses_its_class_in_new() -> None:
+    # One rule for modes (STYLE.md): a class with a mode takes it in __init__ (RayCollector(sync=...),
+    # DistributedCollector(sync=...)), or a plain function picks the class (RPCCollector); no __new__.
+    found = sorted(
+        f"{name}:{item.lineno} {node.name}.__new__"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__new__"
+    )
+    assert not found, "classes defining __new__ (give them a mode in __init__ instead):\n" + "\n".join(found)

@@ -34,6 +34,16 @@ BUILDERS: dict[str, Callable[..., Any]] = {
     "RayCollector(sync=False)": lambda **kw: RayCollector([CountingEnv] * 2, **kw),
 }
 MULTI = [name for name in BUILDERS if name != "Collector"]
+# Each multi-process collector's mode: its class fixes it, or its sync argument picks it.
+SYNC = {
+    "MultiSyncCollector": True,
+    "MultiAsyncCollector": False,
+    "AsyncCollector": False,
+    "DistributedSyncCollector": True,
+    "DistributedCollector": False,
+    "RayCollector(sync=True)": True,
+    "RayCollector(sync=False)": False,
+}
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -143,3 +153,11 @@ async def test_filter_worker_warnings_false_lets_a_worker_warning_through(
             pass
     err = capfd.readouterr().err  # the workers write to this process's stderr
     assert (_WORKER_WARNING in err) is (not filter_worker_warnings)
+
+
+@pytest.mark.parametrize("name", MULTI)
+def test_every_multi_process_collector_has_one_mode(name: str) -> None:
+    collector = BUILDERS[name](frames_per_batch=8)
+    assert collector.sync is SYNC[name]
+    frames = [c.frames_per_batch for c in collector._configs]
+    assert frames == ([8 // len(frames)] * len(frames) if SYNC[name] else [8] * len(frames))

@@ -1,7 +1,10 @@
-"""What the multi-process collectors share: the worker pool, weights, seeds and state.
+"""What the multi-process collectors share: the worker pool, weights, seeds, state and the batch loop.
 
 Their options are checked in :mod:`acollect.collectors.options` and turned into per-worker configs in
-:mod:`acollect.collectors.worker_configs`.
+:mod:`acollect.collectors.worker_configs`. What differs between lockstep (sync) and first-ready (async)
+collection is the collector's dispatch strategy (:mod:`acollect.collectors.dispatch`), given to
+:class:`MultiCollectorBase` by each class: fixed (``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen
+by a ``sync`` argument (``DistributedCollector``, ``RayCollector``).
 """
 
 from __future__ import annotations
@@ -9,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._validate import check_int, check_seconds
 from acollect.collectors.base import CollectorBase
+from acollect.collectors.dispatch import Dispatch
 from acollect.collectors.options import WorkerSettings, check_policy_args, parse
 from acollect.collectors.worker_configs import build_worker_configs, collector_storing_device, env_fns
 from acollect.errors import CollectorStateError, ConfigurationError
@@ -34,10 +39,18 @@ def _params_of(name: str, source: object) -> TensorDictBase:
 
 
 class MultiCollectorBase(CollectorBase):
-    """Shared machinery of :class:`MultiSyncCollector` and :class:`MultiAsyncCollector` (see their docs)."""
+    """Shared machinery of the multi-process collectors (see :class:`MultiSyncCollector` and
+    :class:`MultiAsyncCollector`): each holds the worker pool and one dispatch strategy."""
 
-    def __init__(self, create_env_fn_list: Any, policy: PolicyLike, options: Mapping[str, Any]) -> None:
-        """Checks ``options`` (the public class's ``**options``) once, and builds the workers' configs."""
+    def __init__(
+        self, create_env_fn_list: Any, policy: PolicyLike, options: Mapping[str, Any], *, dispatch: Dispatch
+    ) -> None:
+        """Checks ``options`` (the public class's ``**options``) once, and builds the workers' configs.
+
+        ``dispatch`` (:class:`~acollect.collectors.dispatch.Lockstep` or
+        :class:`~acollect.collectors.dispatch.FirstReady`) is how batches are taken from the workers.
+        """
+        self._dispatch = dispatch
         settings = parse(options, WorkerSettings, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
         super().__init__(
@@ -75,7 +88,7 @@ class MultiCollectorBase(CollectorBase):
 
     def _build_configs(self, fns: list[Any]) -> None:
         """(Re)builds one worker config per env factory (before the workers start)."""
-        frames = self._worker_frames(len(fns))
+        frames = self._dispatch.worker_frames(self.frames_per_batch, len(fns))
         self._configs = build_worker_configs(fns, self._policy_arg, self.settings, frames)
 
     @property
@@ -83,11 +96,10 @@ class MultiCollectorBase(CollectorBase):
         """Number of worker processes."""
         return len(self._configs)
 
-    def _worker_frames(self, n_workers: int) -> int:
-        raise NotImplementedError
-
-    def _credits(self) -> int | None:
-        raise NotImplementedError
+    @property
+    def sync(self) -> bool:
+        """``True``: lockstep batches from every worker; ``False``: each worker's batch, first ready first served."""
+        return self._dispatch.sync
 
     # -- lifecycle -----------------------------------------------------------------------
     def _require_pool(self) -> WorkerPool:
@@ -105,7 +117,7 @@ class MultiCollectorBase(CollectorBase):
             start_method=self.start_method,
             launcher=self.launcher,
             address=self.address,
-            credits=self._credits(),
+            credits=self._dispatch.credits,
             use_shared_memory=self.use_shared_memory,
             heartbeat_timeout=self.heartbeat_timeout,
             startup_timeout=self.startup_timeout,
@@ -119,6 +131,9 @@ class MultiCollectorBase(CollectorBase):
         self._lent = []
         await pool.start(self._tasks)
         await self._apply_pending()
+        paused = self._pauses > 0
+        await self._dispatch.start(pool, paused=paused)
+        self._pause_applied = paused
 
     async def _teardown(self) -> None:
         # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
@@ -171,7 +186,25 @@ class MultiCollectorBase(CollectorBase):
             return [None] * self.num_workers
         return [h.pid for h in self._pool.handles]
 
+    async def _apply_pause(self, paused: bool) -> None:
+        await self._dispatch.apply_pause(self._pool, paused)
+
     # -- per batch -------------------------------------------------------------------------
+    async def _collect_batch(self) -> TensorDictBase:
+        pool = self._require_pool()
+        await self._before_batch()
+        items = await self._dispatch.take(pool)
+        try:
+            # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
+            batch = await anyio.to_thread.run_sync(self._hand_out, items)
+        finally:
+            for item in items:
+                await self._release(item, lend=self._dispatch.lends(item, copy_batches=self.copy_batches))
+        return batch
+
+    def _hand_out(self, items: list[Received]) -> TensorDictBase:
+        return self._finish(self._dispatch.combine(items, copy_batches=self.copy_batches))
+
     async def _before_batch(self) -> None:
         await self._return_lent()
         await self._apply_pending()

@@ -1,5 +1,6 @@
 """Collectors whose batches and weights move over torch.distributed: :class:`DistributedCollector`
-and :class:`DistributedSyncCollector`.
+(``sync=False``: first ready, first served; ``sync=True``: lockstep) and :class:`DistributedSyncCollector`
+(the same class with ``sync=True`` fixed).
 
 They are the multi-process collectors with one change of road: control (commands,
 heartbeats, batch headers, acknowledgements) stays on ZeroMQ, while the batch
@@ -17,14 +18,14 @@ per process).
 
 Examples:
     >>> import anyio
-    >>> from acollect import DistributedSyncCollector
+    >>> from acollect import DistributedCollector
     >>> from acollect.testing import CountingEnv
     >>> async def main():
-    ...     async with DistributedSyncCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16,
-    ...                                         backend="gloo") as collector:
-    ...         return [tuple(batch.shape) async for batch in collector]
+    ...     async with DistributedCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16, sync=True,
+    ...                                     backend="gloo") as collector:
+    ...         return collector.sync, [tuple(batch.shape) async for batch in collector]
     >>> anyio.run(main)
-    [(2, 1, 4), (2, 1, 4)]
+    (True, [(2, 1, 4), (2, 1, 4)])
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ from typing_extensions import Unpack
 
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
-from acollect._validate import check_bool, check_int, check_seconds
-from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
+from acollect._validate import check_int, check_seconds
+from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.dispatch import ModeOptions, dispatch_for
 from acollect.collectors.options import WorkerOptions
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
@@ -143,15 +145,51 @@ class _DistPool(WorkerPool):
             dist.destroy_process_group()
 
 
-class _DistributedMixin:
-    """What both distributed collectors add to their multi-process base."""
+class DistributedCollector(MultiCollectorBase):
+    """Collects in worker processes whose batches and weights move over torch.distributed.
 
-    num_workers: int
+    One class, two modes: ``sync=False`` (default) takes batches as :class:`~acollect.MultiAsyncCollector`
+    does (first ready, first served, each worker's batch tagged with its ``worker_id``); ``sync=True`` as
+    :class:`~acollect.MultiSyncCollector` does (one part from every worker, all collected with the same
+    weights, stacked or concatenated). The mode is the collector's dispatch strategy
+    (:mod:`acollect.collectors.dispatch`); :class:`DistributedSyncCollector` is this class with
+    ``sync=True`` fixed.
 
-    def _setup_dist(
-        self, backend: str, tcp_port: int | None, init_method: str | None, master_addr: str, dist_timeout: float,
-        options: Mapping[str, Any],
-    ) -> None:  # fmt: skip
+    Args:
+        create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
+        policy: the policy (see :class:`~acollect.MultiSyncCollector`).
+        sync: lockstep batches from every worker (``True``), or first ready, first served (``False``).
+        backend: ``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors, one GPU per rank) or ``"mpi"``.
+        tcp_port: port of the rendezvous on ``master_addr`` (default: a free one).
+        init_method: a torch.distributed init URL instead (``"tcp://host:port"``, ``"file:///path"``).
+        master_addr: the collector's address as the workers reach it (default ``127.0.0.1``).
+        dist_timeout: seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast);
+            torch's own default is 30 minutes.
+        **options: every other keyword argument of :class:`~acollect.MultiSyncCollector` (``frames_per_batch``,
+            ``total_frames``, ``num_workers``, ``policy_factory``, devices, ``update_after_each_batch``...), with
+            ``cat_results`` (``sync=True`` only: how worker batches combine) and ``credits`` (``sync=False``
+            only: batches each worker may collect ahead, default 2).
+
+    Raises:
+        ConfigurationError: a bad argument, the other mode's option, a backend torch does not have here, or
+            ``max_worker_restarts``.
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        sync: bool = False,
+        backend: str = "gloo",
+        tcp_port: int | None = None,
+        init_method: str | None = None,
+        master_addr: str = "127.0.0.1",
+        dist_timeout: float = 60.0,
+        **options: Unpack[ModeOptions],
+    ) -> None:
+        opts: dict[str, Any] = dict(options)
+        dispatch = dispatch_for(sync, opts)
         backend = check_backend(backend)
         check_int("tcp_port", tcp_port, minimum=1, maximum=65535, optional=True)
         if init_method is not None and (tcp_port is not None or not isinstance(init_method, str)):
@@ -159,9 +197,9 @@ class _DistributedMixin:
                 "init_method", init_method, "None (then tcp://master_addr:tcp_port), or a URL without tcp_port"
             )
         timeout = check_seconds("dist_timeout", dist_timeout)
-        if options.get("max_worker_restarts", 0) != 0:
+        if opts.get("max_worker_restarts", 0) != 0:
             raise ConfigurationError.bad_value(
-                "max_worker_restarts", options["max_worker_restarts"],
+                "max_worker_restarts", opts["max_worker_restarts"],
                 "0: a torch.distributed process group cannot take a restarted worker in",
             )  # fmt: skip
         if init_method is None:
@@ -169,6 +207,7 @@ class _DistributedMixin:
         self.backend = backend
         self.init_method = init_method
         self._dist_options = {"backend": backend, "init_method": init_method, "timeout": timeout}
+        super().__init__(create_env_fn, policy, opts, dispatch=dispatch)
 
     def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
         return _DistPool(*args, dist_options=self._dist_options, **kwargs)
@@ -176,33 +215,21 @@ class _DistributedMixin:
     def _default_scheme(self) -> WeightSyncScheme:
         return ZmqWeightSyncScheme()  # flat buffers, which the broadcast carries
 
-    def _check_all_workers(self, worker_ids: Sequence[int] | None) -> None:
+    async def update_policy_weights_(self, *args: Any, worker_ids: Sequence[int] | None = None, **kwargs: Any) -> int:
+        """As :meth:`acollect.MultiSyncCollector.update_policy_weights_`, for every worker at once."""
         if worker_ids is not None and sorted(set(worker_ids)) != list(range(self.num_workers)):
             raise ConfigurationError.bad_value(
                 "worker_ids", worker_ids, "None: a weight broadcast reaches every worker of the process group"
             )
+        return await super().update_policy_weights_(*args, **kwargs)
 
 
-class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
-    """A :class:`~acollect.MultiSyncCollector` whose batches and weights move over torch.distributed.
+class DistributedSyncCollector(DistributedCollector):
+    """:class:`DistributedCollector` with ``sync=True`` fixed: every batch holds one part from each worker,
+    collected with the same weights (TorchRL's ``DistributedSyncDataCollector``).
 
-    Every batch holds one part from each worker, collected with the same weights.
-
-    Args:
-        create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
-        policy: the policy (see :class:`~acollect.MultiSyncCollector`).
-        backend: ``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors, one GPU per rank) or ``"mpi"``.
-        tcp_port: port of the rendezvous on ``master_addr`` (default: a free one).
-        init_method: a torch.distributed init URL instead (``"tcp://host:port"``, ``"file:///path"``).
-        master_addr: the collector's address as the workers reach it (default ``127.0.0.1``).
-        dist_timeout: seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast);
-            torch's own default is 30 minutes.
-        cat_results: how worker batches combine (see :class:`~acollect.MultiSyncCollector`).
-        **options: every other keyword argument of :class:`~acollect.MultiSyncCollector` (``frames_per_batch``,
-            ``total_frames``, ``num_workers``, ``policy_factory``, devices, ``update_after_each_batch``...).
-
-    Raises:
-        ConfigurationError: a bad argument, a backend torch does not have here, or ``max_worker_restarts``.
+    Takes the arguments of :class:`DistributedCollector` but ``sync`` and ``credits``; ``cat_results`` says
+    how worker batches combine (see :class:`~acollect.MultiSyncCollector`).
     """
 
     def __init__(
@@ -218,62 +245,12 @@ class DistributedSyncCollector(_DistributedMixin, MultiSyncCollector):
         cat_results: str | int | None = None,
         **options: Unpack[WorkerOptions],
     ) -> None:
-        self._setup_dist(backend, tcp_port, init_method, master_addr, dist_timeout, options)
-        super().__init__(create_env_fn, policy, cat_results=cat_results, **options)
-
-    async def update_policy_weights_(self, *args: Any, worker_ids: Sequence[int] | None = None, **kwargs: Any) -> int:
-        """As :meth:`acollect.MultiSyncCollector.update_policy_weights_`, for every worker at once."""
-        self._check_all_workers(worker_ids)
-        return await super().update_policy_weights_(*args, **kwargs)
-
-
-class DistributedCollector(_DistributedMixin, MultiAsyncCollector):
-    """Collects in worker processes whose batches and weights move over torch.distributed.
-
-    ``sync=False`` (default): a :class:`~acollect.MultiAsyncCollector` (first ready, first served);
-    ``sync=True``: a :class:`DistributedSyncCollector` is returned instead.
-
-    Args:
-        create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
-        policy: the policy (see :class:`~acollect.MultiSyncCollector`).
-        backend: ``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors, one GPU per rank) or ``"mpi"``.
-        tcp_port: port of the rendezvous on ``master_addr`` (default: a free one).
-        init_method: a torch.distributed init URL instead (``"tcp://host:port"``, ``"file:///path"``).
-        master_addr: the collector's address as the workers reach it (default ``127.0.0.1``).
-        dist_timeout: seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast);
-            torch's own default is 30 minutes.
-        sync: ``True`` returns a :class:`DistributedSyncCollector` instead.
-        credits: batches each worker may collect ahead (see :class:`~acollect.MultiAsyncCollector`).
-        **options: every other keyword argument of :class:`~acollect.MultiSyncCollector` but ``cat_results``
-            (``frames_per_batch``, ``total_frames``, ``num_workers``, ``policy_factory``, devices...).
-
-    Raises:
-        ConfigurationError: a bad argument, a backend torch does not have here, or ``max_worker_restarts``.
-    """
-
-    def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> Any:
-        if check_bool("sync", sync):
-            return DistributedSyncCollector(*args, **kwargs)
-        return super().__new__(cls)
-
-    def __init__(
-        self,
-        create_env_fn: Any,
-        policy: PolicyLike = None,
-        *,
-        sync: bool = False,
-        backend: str = "gloo",
-        tcp_port: int | None = None,
-        init_method: str | None = None,
-        master_addr: str = "127.0.0.1",
-        dist_timeout: float = 60.0,
-        credits: int = 2,
-        **options: Unpack[WorkerOptions],
-    ) -> None:
-        self._setup_dist(backend, tcp_port, init_method, master_addr, dist_timeout, options)
-        super().__init__(create_env_fn, policy, credits=credits, **options)
-
-    async def update_policy_weights_(self, *args: Any, worker_ids: Sequence[int] | None = None, **kwargs: Any) -> int:
-        """As :meth:`acollect.MultiAsyncCollector.update_policy_weights_`, for every worker at once."""
-        self._check_all_workers(worker_ids)
-        return await super().update_policy_weights_(*args, **kwargs)
+        if "sync" in options:  # not in WorkerOptions, so mypy flags it; this is for untyped callers
+            raise ConfigurationError.bad_value(
+                "sync", options["sync"],  # type: ignore[typeddict-item]
+                "no value: a DistributedSyncCollector is sync=True (DistributedCollector takes sync=...)",
+            )  # fmt: skip
+        super().__init__(
+            create_env_fn, policy, sync=True, backend=backend, tcp_port=tcp_port, init_method=init_method,
+            master_addr=master_addr, dist_timeout=dist_timeout, cat_results=cat_results, **options,
+        )  # fmt: skip

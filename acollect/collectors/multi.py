@@ -21,25 +21,16 @@ Examples:
 
 from __future__ import annotations
 
-import math
-from typing import Any, cast
+from typing import Any
 
-import anyio
-import torch
-from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
-from acollect._validate import check_choice, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.dispatch import FirstReady, Lockstep
 from acollect.collectors.options import WorkerOptions
-from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
-from acollect.pool import Received
-from acollect.worker import protocol as P
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
-
-_CAT_RESULTS = (None, "stack", 0, -1)
 
 
 class MultiSyncCollector(MultiCollectorBase):
@@ -47,6 +38,8 @@ class MultiSyncCollector(MultiCollectorBase):
 
     Each worker collects ``frames_per_batch / n_workers`` frames per batch, only when the trainer asks
     for the next batch, so a weight update made between two batches is in every frame of the next one.
+    (The worker pool's collector with the :class:`~acollect.collectors.dispatch.Lockstep` strategy;
+    ``DistributedCollector`` and ``RayCollector`` take it with ``sync=True``.)
 
     Args:
         create_env_fn_list: one env factory per worker (a list), or one factory for ``num_workers`` workers.
@@ -123,64 +116,13 @@ class MultiSyncCollector(MultiCollectorBase):
         cat_results: str | int | None = None,
         **options: Unpack[WorkerOptions],
     ) -> None:
-        self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
-        self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
-        super().__init__(create_env_fn_list, policy, options)
+        super().__init__(create_env_fn_list, policy, options, dispatch=Lockstep(cat_results))
 
-    def _worker_frames(self, n_workers: int) -> int:
-        return math.ceil(self.frames_per_batch / n_workers)
-
-    def _credits(self) -> int | None:
-        return None
-
-    async def _collect_batch(self) -> TensorDictBase:
-        pool = self._require_pool()
-        await self._before_batch()
-        for handle in pool.handles:
-            if not handle.inbox and not handle.outstanding:
-                handle.outstanding += 1
-                # A restarted worker that has not said hello yet is not connected: it gets the request
-                # with its hello (the pool resends outstanding requests then).
-                if handle.ready:
-                    await pool.send(handle, P.COLLECT)
-        await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
-        items = [h.inbox.popleft() for h in pool.handles]
-        try:
-            # Off the event loop: combining (and postproc) of pixel batches takes milliseconds.
-            batch = await anyio.to_thread.run_sync(self._combine_and_finish, [item.data for item in items])
-        finally:
-            for item in items:
-                await self._release(item)
-        return batch
-
-    def _combine_and_finish(self, parts: list[TensorDictBase]) -> TensorDictBase:
-        return self._finish(self._combine(parts))
-
-    def _combine(self, parts: list[TensorDictBase]) -> TensorDictBase:
-        stack = self.cat_results in (None, "stack")
-        if not self.copy_batches and self._out is not None:
-            try:  # into the batch handed out last time: warm memory, no allocation
-                if stack:
-                    return cast(TensorDictBase, torch.stack(parts, 0, out=self._out))  # type: ignore[arg-type]
-                return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=self._out))  # type: ignore[arg-type]
-            except (RuntimeError, ValueError, KeyError):
-                self._out = None  # the layout changed (a postproc kept a reference, a new key): start afresh
-        try:
-            if stack:
-                batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
-            else:
-                batch = cast(TensorDictBase, torch.cat(parts, int(self.cat_results)))  # type: ignore[arg-type]
-        except (RuntimeError, ValueError) as exc:
-            shapes = [tuple(p.shape) for p in parts]
-            raise ConfigurationError.bad_value(
-                "cat_results",
-                self.cat_results,
-                f"a way to combine worker batches of shapes {shapes} (stack needs equal shapes, 0 equal T, "
-                f"-1 equal n_envs): {exc}",
-            ) from exc
-        if not self.copy_batches:
-            self._out = batch
-        return batch
+    @property
+    def cat_results(self) -> str | int | None:
+        """How worker batches combine: ``None``/``"stack"``, ``0`` or ``-1`` (see the class docs)."""
+        assert isinstance(self._dispatch, Lockstep)
+        return self._dispatch.cat_results
 
 
 class MultiAsyncCollector(MultiCollectorBase):
@@ -193,6 +135,8 @@ class MultiAsyncCollector(MultiCollectorBase):
     collected before carry the older ``("collector", "policy_version")``.
 
     Takes the arguments of :class:`MultiSyncCollector` except ``cat_results``, plus ``credits`` (default 2).
+    (The worker pool's collector with the :class:`~acollect.collectors.dispatch.FirstReady` strategy;
+    ``DistributedCollector`` and ``RayCollector`` take it with ``sync=False``.)
     With ``copy_batches=False`` a batch that came through shared memory is handed out as the slot itself,
     with no copy at all: it is valid until the next iteration, when the slot goes back to its worker.
 
@@ -211,51 +155,4 @@ class MultiAsyncCollector(MultiCollectorBase):
     def __init__(
         self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **options: Unpack[WorkerOptions]
     ) -> None:
-        self._credit_count = check_int("credits", credits, minimum=1)
-        super().__init__(create_env_fn_list, policy, options)
-
-    def _worker_frames(self, n_workers: int) -> int:
-        return self.frames_per_batch
-
-    def _credits(self) -> int | None:
-        return self._credit_count
-
-    async def _setup(self) -> None:
-        await super()._setup()
-        pool = self._require_pool()
-        pool.running = True
-        pool.paused = self._pauses > 0
-        await pool.broadcast(P.RUN, {"credits": self._credit_count})
-        if pool.paused:
-            await pool.broadcast(P.PAUSE)
-        self._pause_applied = pool.paused
-
-    async def _collect_batch(self) -> TensorDictBase:
-        pool = self._require_pool()
-        await self._before_batch()
-        await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
-        item = pool.ready_queue.popleft()
-        try:
-            # Off the event loop: a pixel batch's copy out of its slot takes milliseconds.
-            batch = await anyio.to_thread.run_sync(self._hand_out, item)
-        finally:
-            await self._release(item, lend=item.in_slot and not self.copy_batches)
-        return batch
-
-    def _hand_out(self, item: Received) -> TensorDictBase:
-        if not item.in_slot:
-            batch = item.data  # over the message's own frames: already the caller's memory
-        elif self.copy_batches:
-            batch = item.data.clone()
-        else:
-            batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
-        batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
-        return self._finish(batch)
-
-    async def _apply_pause(self, paused: bool) -> None:
-        # Workers abandon the batch in progress and wait; a restarted worker is told at its hello.
-        pool = self._pool
-        if pool is None or not pool.running or pool.endpoint is None or pool.endpoint.closed:
-            return
-        pool.paused = paused
-        await pool.broadcast(P.PAUSE if paused else P.RESUME)
+        super().__init__(create_env_fn_list, policy, options, dispatch=FirstReady(credits))

@@ -1,12 +1,13 @@
 """RayCollector: TorchRL's Ray collector, as a multi-process collector whose workers are Ray actors.
 
-It takes TorchRL's arguments and is built on the general mechanism: a
-:class:`~acollect.MultiSyncCollector` (``sync=True``) or
-:class:`~acollect.MultiAsyncCollector` (``sync=False``, TorchRL's default) with a
-:class:`~acollect.launchers.RayLauncher`. Each remote collector is one or more Ray
-actors that run the ordinary worker loop and connect back to this process's ZeroMQ
-endpoint; batches and weights travel over that endpoint, never through Ray's object
-store, so Ray only places and watches the actors.
+It takes TorchRL's arguments and is built on the general mechanism: the worker pool of
+the multi-process collectors with a :class:`~acollect.launchers.RayLauncher`, and the
+dispatch strategy ``sync`` picks (:mod:`acollect.collectors.dispatch`): lockstep as
+:class:`~acollect.MultiSyncCollector` (``sync=True``), or first ready as
+:class:`~acollect.MultiAsyncCollector` (``sync=False``, TorchRL's default). Each
+remote collector is one or more Ray actors that run the ordinary worker loop and
+connect back to this process's ZeroMQ endpoint; batches and weights travel over that
+endpoint, never through Ray's object store, so Ray only places and watches the actors.
 
 Remote collectors that are themselves multi-worker collectors (TorchRL's
 ``collector_class=MultiSyncCollector`` with ``num_workers_per_collector``) become
@@ -23,12 +24,13 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from acollect._validate import check_bool, check_int
+from acollect._validate import check_int
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.base import CollectorState
 from acollect.collectors.collector import Collector
+from acollect.collectors.dispatch import ModeOptions, dispatch_for
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
-from acollect.collectors.options import DEVICE_OPTIONS, WorkerOptions
+from acollect.collectors.options import DEVICE_OPTIONS
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.launchers.ray import RayLauncher, RayWorker, check_remote_configs
 from acollect.policy import PolicyLike
@@ -41,11 +43,9 @@ _COLLECTOR_NAMES = {"single": Collector, "sync": MultiSyncCollector, "async": Mu
 _NOT_NEEDED = frozenset({"trust_policy", "use_env_creator", "no_cuda_sync"})
 
 
-class RayOptions(WorkerOptions, total=False):
+class RayOptions(ModeOptions, total=False):
     """:class:`RayCollector`'s keyword options besides its own: those of the multi-process collectors."""
 
-    cat_results: str | int | None  # sync=True
-    credits: int  # sync=False
     trust_policy: bool
     use_env_creator: bool
     no_cuda_sync: bool
@@ -73,11 +73,12 @@ def _per_collector(name: str, value: Any, n_collectors: int) -> list[Any]:
 class RayCollector(MultiCollectorBase):
     """Collects with remote collectors running as Ray actors (TorchRL's ``RayCollector`` arguments).
 
-    ``RayCollector(..., sync=True)`` is a :class:`~acollect.MultiSyncCollector` and yields one batch
-    stacked from every remote collector; ``sync=False`` (the default, as in TorchRL) is a
-    :class:`~acollect.MultiAsyncCollector` and yields each remote collector's batch as it is ready.
-    Either way it is iterated with ``async for``, runs in the background with :meth:`start`, and has
-    :meth:`pause`, :meth:`update_policy_weights_`, :meth:`set_seed` and :meth:`state_dict`.
+    One class, two modes: ``RayCollector(..., sync=True)`` takes batches as
+    :class:`~acollect.MultiSyncCollector` does and yields one batch stacked from every remote collector;
+    ``sync=False`` (the default, as in TorchRL) as :class:`~acollect.MultiAsyncCollector` does and yields
+    each remote collector's batch as it is ready (:attr:`sync` says which). Either way it is iterated with
+    ``async for``, runs in the background with :meth:`start`, and has :meth:`pause`,
+    :meth:`update_policy_weights_`, :meth:`set_seed` and :meth:`state_dict`.
 
     Args:
         create_env_fn: one env factory per remote collector (a list), or one factory for ``num_collectors``.
@@ -136,11 +137,6 @@ class RayCollector(MultiCollectorBase):
         [(2, 1, 4), (2, 1, 4), (2, 1, 4), (2, 1, 4)]
     """
 
-    def __new__(cls, *args: Any, sync: bool = False, **kwargs: Any) -> RayCollector:
-        if cls is RayCollector:
-            cls = _SyncRayCollector if sync else _AsyncRayCollector
-        return object.__new__(cls)
-
     def __init__(
         self,
         create_env_fn: Any,
@@ -170,10 +166,7 @@ class RayCollector(MultiCollectorBase):
                     name, opts[name], "no value: a RayCollector's workers are Ray actors, set by create_env_fn, "
                     "num_collectors and num_workers_per_collector",
                 )  # fmt: skip
-        self.sync = check_bool("sync", sync)
-        bad = "credits" if sync else "cat_results"
-        if bad in opts:
-            raise ConfigurationError.bad_value(bad, opts[bad], f"no value with sync={sync}")
+        dispatch = dispatch_for(sync, opts)  # takes cat_results (sync) or credits out of opts
         self.collector_class = self._check_class(collector_class)
         k = check_int("num_workers_per_collector", num_workers_per_collector, minimum=1)
         self.num_workers_per_collector = k
@@ -194,8 +187,7 @@ class RayCollector(MultiCollectorBase):
                 opts[name] = _none_if_negative(opts[name])
         self._env_fn_list = [fn for fn in env_fns for _ in range(k)]
         opts["launcher"] = self._ray_launcher
-        # super() is MultiSyncCollector or MultiAsyncCollector (the class __new__ picked): it checks the options.
-        super().__init__(self._env_fn_list, policy, **opts)
+        super().__init__(self._env_fn_list, policy, opts, dispatch=dispatch)
 
     @staticmethod
     def _check_class(collector_class: Any) -> type:
@@ -356,11 +348,3 @@ class RayCollector(MultiCollectorBase):
         if pool.endpoint is not None:
             pool.endpoint.close()
         pool.launcher.close()
-
-
-class _SyncRayCollector(RayCollector, MultiSyncCollector):
-    """``RayCollector(..., sync=True)``: one batch stacked from every remote collector."""
-
-
-class _AsyncRayCollector(RayCollector, MultiAsyncCollector):
-    """``RayCollector(..., sync=False)``: each remote collector's batch as it is ready."""

@@ -92,6 +92,13 @@ def RPCCollector(  # TorchRL's class name: code written against it calls it
 ) -> MultiSyncCollector | MultiAsyncCollector:
     """Builds a multi-process collector from ``RPCDataCollector``'s arguments (see the module docs).
 
+    A plain factory function, and acollect's only one: every collector class takes its mode in
+    ``__init__`` (``DistributedCollector(sync=...)``, ``RayCollector(sync=...)``) and none picks a class in
+    ``__new__``. This one stays a function because it only translates TorchRL's arguments: what it returns
+    is exactly the public class they call for, :class:`~acollect.MultiSyncCollector` or
+    :class:`~acollect.MultiAsyncCollector`, with nothing of its own added, so ``type()``, ``isinstance`` and
+    the docs of the collector in hand all agree.
+
     Args:
         create_env_fn: one env factory per remote collector (a list), or one for ``num_workers``.
         policy: the policy (sent to every worker).

@@ -1,5 +1,5 @@
-"""DistributedCollector / DistributedSyncCollector over torch.distributed (gloo here, NCCL on GPU machines),
-and RPCCollector's argument translation."""
+"""DistributedCollector (sync=False and sync=True) and DistributedSyncCollector over torch.distributed (gloo
+here, NCCL on GPU machines), and RPCCollector's argument translation."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ async def test_sync_batches_and_weights_over_gloo() -> None:
         "CartPole-v1", policy, sync=True, backend="gloo", num_workers=2, frames_per_batch=64, total_frames=256,
         env_kwargs={"num_envs": 2}, dist_timeout=60,
     ) as collector:  # fmt: skip
-        assert isinstance(collector, DistributedSyncCollector)
+        assert type(collector) is DistributedCollector  # one class with a mode: sync picks the strategy
+        assert collector.sync is True
         seen = []
         async for batch in collector:
             assert batch.shape == (2, 2, 16)
@@ -66,9 +67,11 @@ async def test_async_batches_are_exact() -> None:
     async with DistributedCollector(
         [CountingEnv, CountingEnv], frames_per_batch=8, total_frames=48, backend="gloo"
     ) as collector:
-        assert isinstance(collector, DistributedCollector)
+        assert type(collector) is DistributedCollector
+        assert collector.sync is False
         workers = set()
         async for batch in collector:
+            assert batch.shape == (1, 8)  # one worker's whole batch, not a part from each
             assert_counting_batch(batch)  # every value made it through the tensors' own road intact
             workers.add(int(batch["collector", "worker_id"][0, 0]))
         assert workers == {0, 1}
@@ -88,6 +91,34 @@ def test_arguments() -> None:
         DistributedSyncCollector([CountingEnv], frames_per_batch=4, dist_timeout=0)
     collector = DistributedSyncCollector([CountingEnv], frames_per_batch=4, tcp_port=29555)
     assert collector.init_method == "tcp://127.0.0.1:29555"
+
+
+async def test_distributed_sync_collector_is_the_sync_mode_with_cat_results() -> None:
+    async with DistributedSyncCollector(
+        [CountingEnv, CountingEnv], frames_per_batch=8, total_frames=16, backend="gloo", cat_results=0
+    ) as collector:
+        assert isinstance(collector, DistributedCollector)
+        assert collector.sync is True
+        async for batch in collector:
+            assert batch.shape == (2, 4)  # one part from each worker, concatenated along envs
+            assert_counting_batch(batch)
+
+
+def test_the_mode_takes_its_own_option_only() -> None:
+    free = DistributedCollector([CountingEnv] * 2, frames_per_batch=8, credits=3)
+    assert (free.sync, [c.frames_per_batch for c in free._configs]) == (False, [8, 8])
+    lockstep = DistributedCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, cat_results=-1)
+    assert (lockstep.sync, [c.frames_per_batch for c in lockstep._configs]) == (True, [4, 4])
+    with pytest.raises(ConfigurationError, match=r"cat_results.*sync=False"):
+        DistributedCollector([CountingEnv], frames_per_batch=4, cat_results=0)
+    with pytest.raises(ConfigurationError, match=r"credits.*sync=True"):
+        DistributedCollector([CountingEnv], frames_per_batch=4, sync=True, credits=2)
+    with pytest.raises(ConfigurationError, match=r"credits.*sync=True"):
+        DistributedSyncCollector([CountingEnv], frames_per_batch=4, credits=2)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="sync"):
+        DistributedSyncCollector([CountingEnv], frames_per_batch=4, sync=False)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="sync"):
+        DistributedCollector([CountingEnv], frames_per_batch=4, sync=1)  # type: ignore[arg-type]
 
 
 def test_rpc_collector_maps_torchrl_arguments() -> None:

@@ -113,8 +113,8 @@ def test_ray_collector_maps_torchrl_arguments_without_starting_ray() -> None:
         num_workers_per_collector=2, remote_configs=[{"num_cpus": 1}, {"num_cpus": 2}], max_frames_per_traj=-1,
         init_random_frames=-1, max_weight_update_interval=-1, trust_policy=True, use_env_creator=False,
     )  # fmt: skip
-    assert isinstance(sync, MultiSyncCollector)
-    assert isinstance(sync, RayCollector)
+    assert type(sync) is RayCollector  # one class with a mode, no hidden subclass
+    assert sync.sync is True
     assert sync.num_workers == 4
     assert sync.num_collectors == 2
     assert [sync.launcher.remote_config(i)["num_cpus"] for i in range(4)] == [1, 1, 2, 2]  # type: ignore[attr-defined]
@@ -125,9 +125,27 @@ def test_ray_collector_maps_torchrl_arguments_without_starting_ray() -> None:
     assert sync.num_collectors == 3
     assert sync.launcher.remote_config(5) == {"num_cpus": 3}  # type: ignore[attr-defined]
     unsync = RayCollector(CountingEnv, num_collectors=3, frames_per_batch=8)
-    assert isinstance(unsync, MultiAsyncCollector)
-    assert not isinstance(unsync, MultiSyncCollector)
+    assert type(unsync) is RayCollector
+    assert unsync.sync is False
     assert unsync.num_workers == 3
+
+
+def test_ray_collector_mode_sets_frames_per_worker_and_survives_add_collectors() -> None:
+    # Lockstep splits a batch between the workers; first ready gives each worker a whole batch.
+    sync = RayCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, cat_results=0)
+    assert [c.frames_per_batch for c in sync._configs] == [4, 4]
+    sync.add_collectors(CountingEnv, num_envs=2)  # rebuilds the configs, never reruns __init__
+    assert [c.frames_per_batch for c in sync._configs] == [2, 2, 2, 2]
+    assert (sync.sync, sync.num_collectors) == (True, 4)
+    unsync = RayCollector([CountingEnv] * 2, frames_per_batch=8, credits=3)
+    assert [c.frames_per_batch for c in unsync._configs] == [8, 8]
+    assert unsync._dispatch.credits == 3
+    unsync.add_collectors(CountingEnv)
+    assert [c.frames_per_batch for c in unsync._configs] == [8, 8, 8]
+    with pytest.raises(ConfigurationError, match="credits"):
+        RayCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, credits=3)
+    with pytest.raises(ConfigurationError, match="sync"):
+        RayCollector([CountingEnv] * 2, frames_per_batch=8, sync="yes")
 
 
 def test_ray_collector_shutdown_without_start_needs_no_ray() -> None:

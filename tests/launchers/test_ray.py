@@ -80,6 +80,18 @@ async def test_sync_ray_collector_stacks_batches_pushes_weights_and_restarts_a_k
     assert all(_dead(a) for a in actors), "shutdown leaves no actor holding resources"
 
 
+@pytest.mark.parametrize(("sync", "frames_per_batch", "shape"), [(True, 8, (2, 1, 4)), (False, 4, (1, 4))])
+async def test_one_ray_collector_class_in_both_modes(sync: bool, frames_per_batch: int, shape: tuple[int, ...]) -> None:
+    # sync picks the dispatch strategy, not a class: lockstep stacks a part from each actor, first ready
+    # hands out one actor's batch.
+    collector = RayCollector([CountingEnv] * 2, frames_per_batch=frames_per_batch, sync=sync)
+    assert type(collector) is RayCollector
+    async with collector:
+        batch = await anext(collector)
+        assert batch.shape == shape
+        assert (("collector", "worker_id") in batch.keys(True)) is not sync
+
+
 async def test_killed_actor_without_restarts_is_reported_with_its_actor() -> None:
     collector = MultiAsyncCollector(
         [CountingEnv] * 2, frames_per_batch=4, launcher=RayLauncher(remote_configs=[{"num_cpus": 1}] * 2)

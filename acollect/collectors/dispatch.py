@@ -1,0 +1,204 @@
+"""How a multi-process collector takes its batches from the workers: in lockstep, or first ready.
+
+Every multi-process collector (:class:`~acollect.MultiSyncCollector`, :class:`~acollect.MultiAsyncCollector`,
+:class:`~acollect.DistributedCollector`, :class:`~acollect.RayCollector`...) runs the same worker pool and
+holds one of two *dispatch strategies*, which is all that differs between "sync" and "async":
+
+* :class:`Lockstep` (``sync=True``): each worker collects ``frames_per_batch / n_workers`` frames when
+  asked, once per batch; a batch combines one part from every worker (stacked or concatenated).
+* :class:`FirstReady` (``sync=False``): each worker collects ``frames_per_batch`` frames ahead of the
+  trainer, up to ``credits`` batches; a batch is the first worker batch ready, tagged with its worker.
+
+A strategy knows the pool, never the collector: the collector asks it how many frames a worker collects
+and how many credits it holds (when building workers), to start the workers (at set-up), to take and
+combine the next batch, and to pause or resume the workers. A collector with a ``sync`` argument picks
+its strategy in ``__init__`` with :func:`dispatch_for`, the one place where ``sync`` is read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, cast
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect._validate import check_bool, check_choice, check_int
+from acollect.collectors.options import WorkerOptions
+from acollect.errors import ConfigurationError
+from acollect.pool import Received, WorkerPool
+from acollect.worker import protocol as P
+
+__all__ = ["Dispatch", "FirstReady", "Lockstep", "ModeOptions", "dispatch_for"]
+
+_CAT_RESULTS = (None, "stack", 0, -1)
+
+
+class ModeOptions(WorkerOptions, total=False):
+    """The options of a collector with a ``sync`` argument: those of the multi-process collectors and the
+    option of each mode (given with the other mode, it is refused)."""
+
+    cat_results: str | int | None  # sync=True
+    credits: int  # sync=False
+
+
+class Dispatch:
+    """What a multi-process collector does differently in lockstep and first-ready collection."""
+
+    #: ``True``: lockstep batches from every worker; ``False``: first ready, first served.
+    sync: ClassVar[bool]
+    #: Batches each worker may collect ahead (``None``: one batch per ``collect`` request).
+    credits: int | None
+
+    def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
+        """Frames each of ``n_workers`` workers collects per batch it sends."""
+        raise NotImplementedError
+
+    async def start(self, pool: WorkerPool, *, paused: bool) -> None:
+        """Sets the freshly started workers going (``paused``: a pause is held already)."""
+
+    async def take(self, pool: WorkerPool) -> list[Received]:
+        """Waits for, and removes from the pool, the worker batches the next batch is made of."""
+        raise NotImplementedError
+
+    def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
+        """Makes the batch handed out from ``items`` (in a thread: combining large batches takes milliseconds)."""
+        raise NotImplementedError
+
+    def lends(self, item: Received, *, copy_batches: bool) -> bool:
+        """Whether the batch handed out is ``item``'s slot itself (given back at the next batch, not now)."""
+        return False
+
+    async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
+        """Tells the workers to stop (``True``) or go on; nothing to do where they only work when asked."""
+
+
+class Lockstep(Dispatch):
+    """Lockstep: one request per batch to every worker, and a batch made of one part from each.
+
+    A worker collects only when the trainer asks for the next batch, so a weight update made between
+    two batches is in every frame of the next one.
+
+    Args:
+        cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
+            concatenates along envs, ``-1`` along time.
+    """
+
+    sync = True
+
+    def __init__(self, cat_results: str | int | None = None) -> None:
+        self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
+        self.credits = None
+        self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
+
+    def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
+        return math.ceil(frames_per_batch / n_workers)
+
+    async def take(self, pool: WorkerPool) -> list[Received]:
+        for handle in pool.handles:
+            if not handle.inbox and not handle.outstanding:
+                handle.outstanding += 1
+                # A restarted worker that has not said hello yet is not connected: it gets the request
+                # with its hello (the pool resends outstanding requests then).
+                if handle.ready:
+                    await pool.send(handle, P.COLLECT)
+        await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
+        return [h.inbox.popleft() for h in pool.handles]
+
+    def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
+        parts = [item.data for item in items]
+        stack = self.cat_results in (None, "stack")
+        if not copy_batches and self._out is not None:
+            try:  # into the batch handed out last time: warm memory, no allocation
+                if stack:
+                    return cast(TensorDictBase, torch.stack(parts, 0, out=self._out))  # type: ignore[arg-type]
+                return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=self._out))  # type: ignore[arg-type]
+            except (RuntimeError, ValueError, KeyError):
+                self._out = None  # the layout changed (a postproc kept a reference, a new key): start afresh
+        try:
+            if stack:
+                batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
+            else:
+                batch = cast(TensorDictBase, torch.cat(parts, int(self.cat_results)))  # type: ignore[arg-type]
+        except (RuntimeError, ValueError) as exc:
+            shapes = [tuple(p.shape) for p in parts]
+            raise ConfigurationError.bad_value(
+                "cat_results",
+                self.cat_results,
+                f"a way to combine worker batches of shapes {shapes} (stack needs equal shapes, 0 equal T, "
+                f"-1 equal n_envs): {exc}",
+            ) from exc
+        if not copy_batches:
+            self._out = batch
+        return batch
+
+
+class FirstReady(Dispatch):
+    """First ready, first served: workers collect ahead of the trainer, and each batch is one worker's.
+
+    Every batch is ``[n_envs, T]``, tagged with ``("collector", "worker_id")``; a slow worker never holds
+    the others back.
+
+    Args:
+        credits: batches each worker may collect ahead of the trainer (memory stays bounded).
+    """
+
+    sync = False
+
+    def __init__(self, credits: int = 2) -> None:
+        self.credits = check_int("credits", credits, minimum=1)
+
+    def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
+        return frames_per_batch
+
+    async def start(self, pool: WorkerPool, *, paused: bool) -> None:
+        pool.running = True
+        pool.paused = paused
+        await pool.broadcast(P.RUN, {"credits": self.credits})
+        if paused:
+            await pool.broadcast(P.PAUSE)
+
+    async def take(self, pool: WorkerPool) -> list[Received]:
+        await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
+        return [pool.ready_queue.popleft()]
+
+    def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
+        (item,) = items
+        if not item.in_slot:
+            batch = item.data  # over the message's own frames: already the caller's memory
+        elif copy_batches:
+            batch = item.data.clone()
+        else:
+            batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
+        batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
+        return batch
+
+    def lends(self, item: Received, *, copy_batches: bool) -> bool:
+        return item.in_slot and not copy_batches
+
+    async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
+        # Workers abandon the batch in progress and wait; a restarted worker is told at its hello.
+        if pool is None or not pool.running or pool.endpoint is None or pool.endpoint.closed:
+            return
+        pool.paused = paused
+        await pool.broadcast(P.PAUSE if paused else P.RESUME)
+
+
+def dispatch_for(sync: object, options: dict[str, Any]) -> Lockstep | FirstReady:
+    """The strategy ``sync`` asks for, built from its option, which is taken out of ``options``.
+
+    Args:
+        sync: ``True`` for :class:`Lockstep`, ``False`` for :class:`FirstReady`.
+        options: a collector's keyword options; ``cat_results`` (lockstep) or ``credits`` (first ready) is
+            removed from it.
+
+    Raises:
+        ConfigurationError: ``sync`` is not a bool, or ``options`` holds the other mode's option.
+    """
+    sync = check_bool("sync", sync)
+    own, other = ("cat_results", "credits") if sync else ("credits", "cat_results")
+    if other in options:
+        raise ConfigurationError.bad_value(other, options[other], f"no value with sync={sync}")
+    if sync:
+        return Lockstep(options.pop(own, None))
+    return FirstReady(options.pop(own, 2))
