@@ -3,21 +3,22 @@
 Shows ``collector.start(replay_buffer=rb)``, an async trainer that samples from
 the buffer in the same event loop, weight pushes after each update, and
 ``pause()`` around an evaluation (the buffer does not grow inside it).
-Run it with ``python examples/background_buffer.py``.
+Run it with ``python examples/background_buffer.py`` (``--help`` lists the options).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 
 import torch
+import tyro
 
 from acollect import Collector, GymEnv, ReplayBuffer
 from acollect.testing import wait_until
 
 
+# The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
 @dataclasses.dataclass
 class Args:
     num_envs: int = 8
@@ -32,13 +33,6 @@ class Args:
     """transitions per sampled minibatch"""
     seed: int = 0
     """seed of envs and policy"""
-
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    return Args(**vars(parser.parse_args()))
 
 
 class QPolicy(torch.nn.Module):
@@ -98,4 +92,4 @@ async def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    asyncio.run(main(tyro.cli(Args, description=__doc__.splitlines()[0])))

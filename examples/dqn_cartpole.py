@@ -14,7 +14,6 @@ machine (which buffer contents a sample sees depends on the machine's speed, so 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import dataclasses
@@ -22,6 +21,7 @@ import time
 
 import gymnasium as gym
 import torch
+import tyro
 from tensordict import TensorDictBase
 from torch import nn
 
@@ -29,6 +29,7 @@ from acollect import Collector, GymEnv, ReplayBuffer
 from acollect.testing import wait_until
 
 
+# The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
 @dataclasses.dataclass
 class Args:
     total_frames: int = 102_400
@@ -67,13 +68,6 @@ class Args:
     """greedy episodes per evaluation"""
     seed: int = 0
     """seed of envs, network and sampling"""
-
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    return Args(**vars(parser.parse_args()))
 
 
 class QPolicy(nn.Module):
@@ -202,4 +196,4 @@ async def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    asyncio.run(main(tyro.cli(Args, description=__doc__.splitlines()[0])))

@@ -14,13 +14,13 @@ well within the 500k frames (see docs/examples.md for a full run).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import functools
 import time
 
 import torch
+import tyro
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torch import nn
@@ -28,6 +28,7 @@ from torch import nn
 from acollect import GymEnv, MultiSyncCollector
 
 
+# The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
 @dataclasses.dataclass
 class Args:
     env_id: str = "CartPole-v1"
@@ -64,17 +65,6 @@ class Args:
     """gradient norm clipping"""
     seed: int = 0
     """seed of envs, networks and sampling"""
-
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        flag = f"--{field.name.replace('_', '-')}"
-        if isinstance(field.default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
-        else:
-            parser.add_argument(flag, type=type(field.default), default=field.default)
-    return Args(**vars(parser.parse_args()))
 
 
 def mlp(n_out: int, std: float) -> nn.Sequential:
@@ -205,4 +195,4 @@ async def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    asyncio.run(main(tyro.cli(Args, description=__doc__.splitlines()[0])))

@@ -8,17 +8,18 @@ worker processes; each batch stacks the workers' ``[n_envs, T]`` batches. Run it
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import functools
 import time
 
 import torch
+import tyro
 
 from acollect import GymEnv, MultiSyncCollector
 
 
+# The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
 @dataclasses.dataclass
 class Args:
     env_id: str = "CartPole-v1"
@@ -33,13 +34,6 @@ class Args:
     """frames to collect in all"""
     seed: int = 0
     """seed of the envs and the policy"""
-
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    return Args(**vars(parser.parse_args()))
 
 
 class MLPPolicy(torch.nn.Module):
@@ -82,4 +76,4 @@ async def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    asyncio.run(main(tyro.cli(Args, description=__doc__.splitlines()[0])))

@@ -12,18 +12,19 @@ Without ``--address`` a local Ray cluster is started (``--num-cpus`` CPUs); with
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import functools
 import time
 
 import torch
+import tyro
 
 from acollect import RayCollector
 from acollect.envs import GymEnv
 
 
+# The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
 @dataclasses.dataclass
 class Args:
     num_collectors: int = 2
@@ -42,13 +43,6 @@ class Args:
     """CPUs of the local cluster (one per actor)"""
     seed: int = 0
     """seed of the envs and the policy"""
-
-
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(Args):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
-    return Args(**vars(parser.parse_args()))
 
 
 class MLPPolicy(torch.nn.Module):
@@ -111,4 +105,4 @@ async def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    asyncio.run(main(tyro.cli(Args, description=__doc__.splitlines()[0])))

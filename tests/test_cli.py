@@ -62,12 +62,28 @@ def test_info_text_has_one_line_per_fact() -> None:
         assert expected in names
 
 
+def test_info_says_which_start_methods_workers_use() -> None:
+    report = collect_info()
+    report["multiprocessing"] = {"available": ["fork", "spawn", "forkserver"],
+                                 "acollect_supports": ["spawn", "forkserver"], "acollect_default": "spawn"}  # fmt: skip
+    (line,) = [line for line in format_info(report).splitlines() if line.startswith("start methods")]
+    assert line.endswith(
+        "fork, spawn, forkserver; acollect workers use spawn by default, forkserver with start_method='forkserver'; "
+        "never fork"
+    )
+    report["multiprocessing"] = {"available": ["spawn"], "acollect_supports": ["spawn"], "acollect_default": "spawn"}
+    (line,) = [line for line in format_info(report).splitlines() if line.startswith("start methods")]
+    assert line.endswith("spawn; acollect workers use spawn by default")
+
+
 def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = acollect("bench", "--frames", "2048", "--pixel-frames", "512", "--json", str(out), timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "cartpole:" in proc.stdout
-    assert "pixels:" in proc.stdout
+    for workload in ("cartpole", "pixels"):
+        # Each title once in what a terminal shows (stdout and stderr), above its own table.
+        assert (proc.stdout + proc.stderr).count(f"{workload}: ") == 1, (proc.stdout, proc.stderr)
+        assert re.search(rf"^{workload}: .*\ncontender ", proc.stdout, flags=re.M), proc.stdout
     report = json.loads(out.read_text())
     for workload in ("cartpole", "pixels"):
         rows = {r["name"].split(" (")[0]: r for r in report["workloads"][workload]["results"]}

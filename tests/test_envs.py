@@ -473,6 +473,7 @@ def test_make_env_errors(create_env_fn: Any, kwargs: dict[str, Any], match: str)
 
 
 # -- TorchRL (only where torchrl is installed) -------------------------------------------------------
+@pytest.mark.torchrl
 def test_torchrl_unbatched_env_gets_a_batch_dim() -> None:
     pytest.importorskip("torchrl")
     from torchrl.envs.libs.gym import GymWrapper
@@ -484,6 +485,7 @@ def test_torchrl_unbatched_env_gets_a_batch_dim() -> None:
         check_episodes(collect(env, 10), [3])
 
 
+@pytest.mark.torchrl
 def test_torchrl_batched_env_and_partial_resets() -> None:
     pytest.importorskip("torchrl")
     from torchrl.envs import SerialEnv
@@ -502,6 +504,7 @@ def test_torchrl_batched_env_and_partial_resets() -> None:
         assert root["observation"][1] == before[1] + RESET_JUMP
 
 
+@pytest.mark.torchrl
 def test_torchrl_cartpole_rollout() -> None:
     pytest.importorskip("torchrl")
     from torchrl.envs.libs.gym import GymEnv as TorchRLGymEnv

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +37,39 @@ OWN_PROCESS_WARNINGS = {"ray_cluster.py"}
 def test_every_example_has_a_smoke_test() -> None:
     scripts = {p.name for p in EXAMPLES.glob("*.py")}
     assert scripts <= set(CASES), f"examples without a smoke test: {sorted(scripts - set(CASES))}"
+
+
+def args_fields(path: Path) -> list[tuple[str, object, str]]:
+    """(name, default, docstring) of each field of the example's ``Args`` dataclass, read from its source."""
+    module = ast.parse(path.read_text(encoding="utf-8"))
+    (args,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "Args"]
+    fields = []
+    for node, doc in zip(args.body, args.body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            assert isinstance(node.target, ast.Name)
+            assert node.value is not None
+            fields.append((node.target.id, ast.literal_eval(node.value), str(doc.value.value)))
+    return fields
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_example_help_shows_each_option_with_its_description_and_default(name: str) -> None:
+    pytest.importorskip("tyro")
+    fields = args_fields(EXAMPLES / name)
+    assert fields, f"{name} has no Args fields with docstrings"
+    # A wide terminal, so no description is wrapped across lines.
+    env = {**os.environ, "PYTHONWARNINGS": "error", "COLUMNS": "400"}
+    command = [sys.executable, str(EXAMPLES / name), "--help"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shown = " ".join(proc.stdout.replace("│", " ").split())  # the text without tyro's box or line breaks
+    for field, default, doc in fields:
+        flag = "--" + field.replace("_", "-")
+        # The flag (its metavar, or its --no- twin), then the field's docstring and its default.
+        option = rf"{re.escape(flag)}(?: [A-Z]+|, --no-{re.escape(flag[2:])})"
+        value = "|".join(re.escape(v) for v in {str(default), repr(default)})
+        pattern = rf"{option} {re.escape(' '.join(doc.split()))} \(default: (?:{value})\)"
+        assert re.search(pattern, shown), f"{name} --help lacks {flag} {doc!r} (default: {default!r}):\n{proc.stdout}"
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -330,6 +330,7 @@ def test_extend_rejects_empty_tensordict() -> None:
         ReplayBuffer(4).extend(TensorDict({}, batch_size=[3]))
 
 
+@pytest.mark.torchrl
 def test_torchrl_replay_buffer_accepts_our_batches() -> None:
     torchrl_data = pytest.importorskip("torchrl.data")
     batch = collector_batch(4, 8)

@@ -256,8 +256,11 @@ def _torchrl_missing() -> str | None:
     return None
 
 
-def cartpole(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
-    """The CartPole workload: hand loop, Collector, MultiSyncCollector (and torchrl's collectors)."""
+def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Callable[[str], None]) -> dict[str, Any]:
+    """The CartPole workload: hand loop, Collector, MultiSyncCollector (and torchrl's collectors).
+
+    ``header`` gets the workload's title before measuring starts; ``log`` gets progress lines.
+    """
     from acollect import Collector, MultiSyncCollector
     from acollect.envs import GymEnv
 
@@ -287,12 +290,12 @@ def cartpole(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, 
              missing or (lambda: _torchrl_round(envs, workers, frames, fpb))),
         ]  # fmt: skip
     title = f"{ENV_ID}, MLP 4-64-64-2, frames_per_batch {fpb}, {frames:,} timed frames x {args.rounds} round(s)"
-    log(f"cartpole: {title}")
+    header(title)
     results = _measure(contenders, args.rounds, log)
     return {"title": title, "results": results}
 
 
-def pixels(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+def pixels(args: argparse.Namespace, header: Callable[[str], None], log: Callable[[str], None]) -> dict[str, Any]:
     """The pixels workload: hand loop, Collector, MultiSyncCollector on :class:`~acollect.testing.PixelEnv`."""
     from acollect import Collector, MultiSyncCollector
     from acollect.testing import PixelEnv
@@ -317,7 +320,7 @@ def pixels(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, An
     shape = "x".join(map(str, PIXEL_SHAPE))
     title = (f"pixels {shape} uint8, no step cost, frames_per_batch {fpb}, "
              f"{frames:,} timed frames x {args.rounds} round(s)")  # fmt: skip
-    log(f"pixels: {title}")
+    header(title)
     results = _measure(contenders, args.rounds, log)
     # Observation and next observation: what a frame carries that matters.
     return {"title": title, "results": results, "bytes_per_frame": 2 * int(torch.Size(PIXEL_SHAPE).numel())}
@@ -371,6 +374,11 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
+def _print_header(workload: str, title: str) -> None:
+    # Once, on stdout, as measuring starts: above its table, and before the progress lines (on stderr).
+    print(f"\n{workload}: {title}", flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the workloads and prints one table per workload."""
     _check(args)
@@ -385,9 +393,8 @@ def run(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"cores": cores, "python": platform.python_version(), "torch": torch.__version__,
                               "args": vars(args) | {"run": None}, "workloads": {}}  # fmt: skip
     for name in args.only:
-        outcome = WORKLOADS[name](args, log)
+        outcome = WORKLOADS[name](args, partial(_print_header, name), log)
         results: list[Result] = outcome["results"]
-        print(f"\n{name}: {outcome['title']}")
         print(format_table(results, bytes_per_frame=outcome.get("bytes_per_frame")))
         base = results[0].median
         report["workloads"][name] = {

@@ -149,6 +149,16 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _start_methods(mp: dict[str, Any]) -> str:
+    """What this machine offers, and which of it acollect's workers use: the default, how to choose another."""
+    default = mp["acollect_default"]
+    choices = [f"{m} with start_method={m!r}" for m in mp["acollect_supports"] if m != default]
+    used = ", ".join([f"{default} by default", *choices])
+    never = [m for m in mp["available"] if m not in mp["acollect_supports"]]
+    text = f"{', '.join(mp['available'])}; acollect workers use {used}"
+    return text + (f"; never {', '.join(never)}" if never else "")
+
+
 def format_info(report: dict[str, Any]) -> str:
     """The report as aligned text."""
     rows: list[tuple[str, str]] = []
@@ -165,9 +175,7 @@ def format_info(report: dict[str, Any]) -> str:
     else:
         built = f" (torch built for CUDA {cuda['torch_cuda']})" if cuda["torch_cuda"] else " (CPU-only torch)"
         rows.append(("cuda", "no" + built))
-    mp = report["multiprocessing"]
-    rows.append(("start methods", f"{', '.join(mp['available'])}; acollect workers use {mp['acollect_default']} "
-                                  f"(or {' / '.join(mp['acollect_supports'])})"))  # fmt: skip
+    rows.append(("start methods", _start_methods(report["multiprocessing"])))
     tr = report["transports"]
     shm = tr["shm"]
     shm_text = f"yes ({shm['path']}, {shm['free_gib']} GiB free)" if shm["available"] else f"no ({shm['path']})"
