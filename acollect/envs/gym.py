@@ -16,7 +16,9 @@ gymnasium's pending autoreset.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +43,7 @@ from acollect.specs import (
     Unbounded,
 )
 
-__all__ = ["GymEnv", "space_to_spec"]
+__all__ = ["GymEnv", "check_env_id", "space_to_spec"]
 
 # Keys the collector writes itself: an observation may not take them.
 _RESERVED_KEYS = frozenset({"action", "reward", "next", "collector", *DONE_KEYS})
@@ -351,12 +353,19 @@ class GymEnv(EnvBase):
         act = action.numpy()
         if act.shape != self._action_shape:
             act = self._reshape_action(act)
+        given = act
         if self._one_hot:
             act = act.argmax(-1)
-        if self._vec is None:
-            obs, reward, terminated, truncated, info = self._env.step(act[0])
-        else:
-            obs, reward, terminated, truncated, info = self._vec.step(act)
+        # No check per step: a try costs nothing until it raises, and an env that refuses an action (gymnasium's
+        # own assert `action_space.contains(action)`) is then told apart from one that broke for its own reasons.
+        try:
+            if self._vec is None:
+                obs, reward, terminated, truncated, info = self._env.step(act[0])
+            else:
+                obs, reward, terminated, truncated, info = self._vec.step(act)
+        except Exception as exc:
+            self._raise_if_outside(given, exc)
+            raise
         if self._flat_obs:
             b.next_obs[0][...] = obs
         else:
@@ -397,6 +406,21 @@ class GymEnv(EnvBase):
         for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
             dst[rows] = np.asarray(_pick(reset_obs, leaf.path))[rows]
 
+    def _raise_if_outside(self, act: np.ndarray, exc: Exception) -> None:
+        """Raises :class:`PolicyError` if ``act`` (``[n_envs, *action_spec.shape]``) is outside the action spec."""
+        try:
+            value = torch.from_numpy(np.ascontiguousarray(act))
+            rows = torch.nonzero(self.action_spec.outside(value)).flatten().tolist()
+        except Exception:  # an action we cannot even read as the spec's shape: the env's error says more
+            return
+        if rows:
+            first = act[rows[0]]
+            raise PolicyError(
+                f"the policy's action {first.tolist()!r} (sub-env {rows[0]}"
+                f"{f' and {len(rows) - 1} more' if len(rows) > 1 else ''}) is outside the action space: expected "
+                f"values in action_spec {self.action_spec} ({type(exc).__name__} from the env: {exc})"
+            ) from exc
+
     def _reshape_action(self, act: np.ndarray) -> np.ndarray:
         try:
             return act.reshape(self._action_shape)
@@ -415,15 +439,59 @@ class GymEnv(EnvBase):
         return f"GymEnv(env={self._env!r}, num_envs={self.num_envs}, autoreset_mode={self._mode.name})"
 
 
+def check_env_id(env_id: str, name: str = "env") -> None:
+    """Checks that ``gymnasium.make(env_id)`` will find ``env_id``, without building anything.
+
+    Takes what ``gymnasium.make`` takes: ``"[namespace/]Name[-vN]"``, an unversioned name (the latest
+    version is used), or ``"module:id"`` (the module registers the id when imported).
+
+    Args:
+        env_id: the gymnasium id.
+        name: the argument it was given as (named in the error).
+
+    Raises:
+        ConfigurationError: the id is not registered (the message names the closest registered id), or its
+            module cannot be imported.
+
+    Examples:
+        >>> check_env_id("CartPole-v1")
+        >>> check_env_id("CartPol-v1")
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: env='CartPol-v1' is not a registered gymnasium id; did you mean 'CartPole...
+    """
+    module, env_name = env_id.split(":", 1) if ":" in env_id else (None, env_id)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"{name}={env_id!r}: module {module!r}, which should register {env_name!r}, cannot be imported ({exc})"
+            ) from exc
+    registry = gym.envs.registry
+    if env_name in registry:
+        return
+    try:
+        namespace, base, version = gym.envs.registration.parse_env_id(env_name)
+    except gym.error.Error:
+        namespace, base, version = None, None, 0
+    latest = gym.envs.registration.find_highest_version(namespace, base) if base is not None else None
+    if version is None and latest is not None:
+        return  # gymnasium.make picks the latest version
+    close = difflib.get_close_matches(env_name, list(registry), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigurationError(
+        f"{name}={env_id!r} is not a registered gymnasium id{hint} (register it, or import the package that "
+        "registers it, before building the collector; gymnasium.pprint_registry() lists them)"
+    )
+
+
 def _build_vector_env(
     env: str | Callable[[], gym.Env[Any, Any]], n: int, vectorization: str, kwargs: dict[str, Any]
 ) -> VectorEnv[Any, Any, Any]:
     """Builds our own vector env: SAME_STEP autoreset, no observation copy (we copy it out at once)."""
     if isinstance(env, str):
-        try:
-            gym.spec(env)
-        except gym.error.Error as exc:
-            raise ConfigurationError.bad_value("env", env, f"a registered gymnasium id ({exc})") from exc
+        check_env_id(env)
         env_fns: Sequence[Callable[[], gym.Env[Any, Any]]] = [functools.partial(gym.make, env, **kwargs)] * n
     else:
         if kwargs:
