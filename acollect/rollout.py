@@ -177,6 +177,17 @@ class RolloutEngine:
                 f"the policy wrote an 'action' of shape {tuple(action.shape)}: expected {expected} "
                 f"([n_envs, *action_spec.shape] for {self.env.action_spec})."
             )
+        spec = self.env.action_spec
+        if not spec.dtype.is_floating_point:
+            # Once, here: a discrete action out of range is a policy bug (a float one may be clipped by the env,
+            # and is then the env's business). Later steps rely on the env's own check (see GymEnv).
+            rows = torch.nonzero(spec.outside(action.detach())).flatten().tolist()
+            if rows:
+                raise PolicyError(
+                    f"the policy wrote an 'action' outside the action space: {action[rows[0]].tolist()!r} for env "
+                    f"{rows[0]}{f' (and {len(rows) - 1} more)' if len(rows) > 1 else ''}; expected values in "
+                    f"action_spec {spec}."
+                )
         for key, value in outputs.items():
             if value.shape[:1] != (self.n_envs,):
                 raise PolicyError(
