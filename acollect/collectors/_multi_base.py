@@ -13,9 +13,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._validate import check_int, check_seconds
-from acollect.collectors.base import CollectorBase
-from acollect.collectors.options import WorkerSettings, check_policy_args, parse
+from acollect.collectors.base import CollectorBase, check_total_frames
+from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
 from acollect.collectors.worker_configs import build_worker_configs, collector_storing_device, env_fns
+from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool
@@ -40,10 +41,13 @@ class MultiCollectorBase(CollectorBase):
         """Checks ``options`` (the public class's ``**options``) once, and builds the workers' configs."""
         settings = parse(options, WorkerSettings, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
-        super().__init__(
-            frames_per_batch=settings.frames_per_batch, total_frames=settings.total_frames, progress=settings.progress
-        )
+        fns = env_fns(create_env_fn_list, settings.num_workers)
         self.settings = settings
+        self._check_env_args(fns)
+        #: what was asked for; ``frames_per_batch`` is what each batch holds (see settle_frames_per_batch)
+        self.requested_frames_per_batch = self.frames_per_batch = settings.frames_per_batch
+        frames = self._settle_frames(self._configured_num_envs(fns))
+        super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
         self.remote_workers = settings.remote_workers
         self._server_keys = settings.keys
         self.heartbeat_timeout = settings.heartbeat_timeout
@@ -62,7 +66,7 @@ class MultiCollectorBase(CollectorBase):
         self.copy_batches = settings.copy_batches
         self._policy_arg = policy
         self._storing_device = collector_storing_device(settings)
-        self._build_configs(env_fns(create_env_fn_list, settings.num_workers))
+        self._build_configs(fns)
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         self._pending_seed: int | None = None
@@ -75,8 +79,53 @@ class MultiCollectorBase(CollectorBase):
 
     def _build_configs(self, fns: list[Any]) -> None:
         """(Re)builds one worker config per env factory (before the workers start)."""
-        frames = self._worker_frames(len(fns))
+        frames = self._requested_worker_frames(len(fns))
         self._configs = build_worker_configs(fns, self._policy_arg, self.settings, frames)
+
+    def _requested_worker_frames(self, n_workers: int) -> int:
+        # Workers are asked their share of what was *requested*, each rounding it up to its own envs: asking
+        # a share of an already rounded total would round twice when workers have different numbers of envs.
+        shown, self.frames_per_batch = self.frames_per_batch, self.requested_frames_per_batch
+        try:
+            return self._worker_frames(n_workers)
+        finally:
+            self.frames_per_batch = shown
+
+    @property
+    def _stacked(self) -> bool:
+        # Without credits, every batch is one requested from every worker (MultiSync); with them, each
+        # batch is one worker's (MultiAsync).
+        return self._credits() is None
+
+    def _check_env_args(self, fns: list[Any]) -> None:
+        """Raises now what the arguments already show: a gymnasium id this process's registry lacks."""
+        n = len(fns)
+        remote = self.settings.remote_workers
+        for i, fn in enumerate(fns):
+            # A worker on another host (started by hand, or by Ray / submitit) may register ids this process
+            # never imported: only a worker started here is sure to see this process's registry.
+            if self.settings.launcher.same_host and i < n - remote:
+                check_env_arg(fn, f"create_env_fn_list[{i}]" if n > 1 else "create_env_fn")
+
+    def _configured_num_envs(self, fns: list[Any]) -> list[int | None]:
+        """Each worker's number of envs where its arguments say it (a gymnasium id and its ``env_kwargs``)."""
+        extra = self.settings.collector_kwargs
+        counts = []
+        for i, fn in enumerate(fns):
+            per_worker = extra[i] if isinstance(extra, Sequence) else extra or {}
+            env_kwargs = per_worker.get("env_kwargs", self.settings.env_kwargs) or {}
+            counts.append(known_num_envs(fn, env_kwargs))
+        return counts
+
+    def _settle_frames(self, n_envs: Sequence[int | None]) -> int:
+        """What each batch holds, once every worker's number of envs is known (else what is shown now)."""
+        known = [n for n in n_envs if n is not None]
+        if len(known) < len(n_envs):
+            return self.frames_per_batch
+        worker_frames = self._requested_worker_frames(len(n_envs))
+        return settle_frames_per_batch(
+            self.requested_frames_per_batch, self.frames_per_batch, worker_frames, known, stacked=self._stacked
+        )
 
     @property
     def num_workers(self) -> int:
@@ -118,6 +167,12 @@ class MultiCollectorBase(CollectorBase):
         self._pool = pool
         self._lent = []
         await pool.start(self._tasks)
+        # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
+        # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
+        frames = self._settle_frames([h.n_envs for h in pool.handles])
+        if frames != self.frames_per_batch:
+            self.frames_per_batch = frames
+            check_total_frames(self.total_frames, frames)
         await self._apply_pending()
 
     async def _teardown(self) -> None:
