@@ -26,6 +26,7 @@ from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import as_weights, check_push
 from acollect.worker import protocol as P
+from acollect.worker.config_codec import is_import_path
 
 __all__ = ["MultiCollectorBase"]
 
@@ -103,18 +104,21 @@ class MultiCollectorBase(CollectorBase):
         remote = self.settings.remote_workers
         for i, fn in enumerate(fns):
             # A worker on another host (started by hand, or by Ray / submitit) may register ids this process
-            # never imported: only a worker started here is sure to see this process's registry.
-            if self.settings.launcher.same_host and i < n - remote:
+            # never imported: only a worker started here is sure to see this process's registry. A
+            # "pkg.module:make_env" string is a factory the worker imports, not a gymnasium id.
+            if self.settings.launcher.same_host and i < n - remote and not is_import_path(fn):
                 check_env_arg(fn, f"create_env_fn_list[{i}]" if n > 1 else "create_env_fn")
 
     def _configured_num_envs(self, fns: list[Any]) -> list[int | None]:
         """Each worker's number of envs where its arguments say it (a gymnasium id and its ``env_kwargs``)."""
         extra = self.settings.collector_kwargs
+        if isinstance(extra, Sequence) and len(extra) != len(fns):
+            return [None] * len(fns)  # not one per worker: building the configs says so, naming the option
         counts = []
         for i, fn in enumerate(fns):
             per_worker = extra[i] if isinstance(extra, Sequence) else extra or {}
             env_kwargs = per_worker.get("env_kwargs", self.settings.env_kwargs) or {}
-            counts.append(known_num_envs(fn, env_kwargs))
+            counts.append(None if is_import_path(fn) else known_num_envs(fn, env_kwargs))
         return counts
 
     def _settle_frames(self, n_envs: Sequence[int | None]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import anyio
 import pytest
@@ -17,7 +18,7 @@ from acollect import (
     RemoteError,
     ZmqWeightSyncScheme,
 )
-from acollect.testing import CountingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
+from acollect.testing import CountingEnv, CrashingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
 
 
 def counting(num_envs: int = 2, episode_length: int = 3):
@@ -277,3 +278,22 @@ async def test_frames_per_batch_rounded_at_set_up_when_only_the_workers_know(sta
             batch = await anext(collector)
     assert [x.filename for x in w] == [__file__]
     assert collector.frames_per_batch == batch.numel() == 102
+
+
+async def test_a_remote_traceback_is_raised_once_never_logged_too(
+    start_method: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A user with no logging configured would see a logged error through logging's last-resort handler,
+    # then the same traceback again in the exception: only the exception carries it.
+    caplog.set_level(logging.DEBUG, logger="acollect")
+    collector = MultiSyncCollector(
+        [CountingEnv, lambda: CrashingEnv(crash_at_step=3, exc_type=KeyError)], frames_per_batch=20,
+        start_method=start_method,
+    )  # fmt: skip
+    async with collector:
+        with anyio.fail_after(30), pytest.raises(RemoteError) as info:
+            await anext(collector)
+    assert "CrashingEnv crashed at step 3" in str(info.value)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    out, err = capfd.readouterr()
+    assert "CrashingEnv crashed at step 3" not in out + err
