@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import warnings
 
@@ -22,9 +23,11 @@ def _warn_in_thread(_stop: threading.Event) -> str:
 async def test_a_warning_raised_in_a_collection_thread_points_at_the_awaiting_line() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
         name = await run_in_thread(_warn_in_thread, name="warns")
     assert name.startswith("acollect-")  # it really ran in a thread of its own
-    assert [(str(w.message), w.filename) for w in caught] == [("from the collection thread", __file__)]
+    # The awaiting line, not the thread's function (nor acollect/_threads.py).
+    assert [(str(w.message), w.filename, w.lineno) for w in caught] == [("from the collection thread", __file__, line)]
 
 
 async def test_a_thread_warning_under_error_filter_is_raised_where_awaited() -> None:
