@@ -22,6 +22,7 @@ call, since creating and closing one costs about as much as the rest of a call.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
+
+from acollect._warnings import KeptWarnings, emit
 
 __all__ = ["THREAD_NAME_PREFIX", "run_in_thread"]
 
@@ -92,7 +95,9 @@ async def run_in_thread(
             giving up on it (the thread is then left to finish alone, and a warning is logged).
 
     Returns:
-        What ``fn`` returned. Exceptions raised by ``fn`` propagate unchanged.
+        What ``fn`` returned. Exceptions raised by ``fn`` propagate unchanged; acollect's own warnings
+        (:func:`acollect._warnings.warn`) raised by ``fn`` are emitted here, by the awaiting task, so they
+        point at the user's line.
 
     Examples:
         >>> import anyio
@@ -103,6 +108,8 @@ async def run_in_thread(
     """
     stop = threading.Event()
     outcome: dict[str, Any] = {}
+    # acollect's warnings raised in the thread are emitted from here, where the user's frames are above.
+    kept = KeptWarnings()
     wakeup, notify = pair = _take_pair()
     # Whether the thread wrote its byte, and whether the task gave up on it: decided under the lock,
     # so that exactly one side closes ``notify`` when the task leaves first, and nobody writes to a
@@ -112,7 +119,8 @@ async def run_in_thread(
 
     def target() -> None:
         try:
-            outcome["value"] = fn(stop)
+            with kept:
+                outcome["value"] = fn(stop)
         except BaseException as exc:  # handed to the awaiting task as is
             outcome["error"] = exc
         finally:
@@ -155,6 +163,9 @@ async def run_in_thread(
     _give_back(pair)
     thread.join()
     if "error" in outcome:
+        with contextlib.suppress(Warning):  # under -W error a warning must not hide the error itself
+            emit(kept.kept)
         raise outcome["error"]
+    emit(kept.kept)
     value: T = outcome["value"]
     return value

@@ -18,6 +18,7 @@ module path never touches a TensorDict, which keeps the hot loop lean.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -219,3 +220,14 @@ def parse_exploration_type(value: InteractionType | str | None) -> InteractionTy
             pass
     names = ", ".join(t.name for t in InteractionType)
     raise ConfigurationError.bad_value("exploration_type", value, f"None or one of {names}")
+
+
+def place_policy(policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The policy on ``device``: itself if it is there already, else a copy moved there.
+
+    A copy, so the caller's own module (say the one it trains, on another device) is never moved.
+    """
+    for tensor in (*policy.parameters(), *policy.buffers()):
+        if tensor.device != device:
+            return copy.deepcopy(policy).to(device)
+    return policy

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,12 +33,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
-from acollect.devices import Devices
+from acollect.devices import Devices, resolve_devices
 from acollect.envs.base import EnvBase
+from acollect.envs.factory import make_env
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy
+from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, place_policy, wrap_policy
 
-__all__ = ["RolloutEngine", "RolloutInterrupted", "frames_per_batch_for"]
+__all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "frames_per_batch_for"]
 
 _COLLECTOR = "collector"
 
@@ -177,6 +178,17 @@ class RolloutEngine:
                 f"the policy wrote an 'action' of shape {tuple(action.shape)}: expected {expected} "
                 f"([n_envs, *action_spec.shape] for {self.env.action_spec})."
             )
+        spec = self.env.action_spec
+        if not spec.dtype.is_floating_point:
+            # Once, here: a discrete action out of range is a policy bug (a float one may be clipped by the env,
+            # and is then the env's business). Later steps rely on the env's own check (see GymEnv).
+            rows = torch.nonzero(spec.outside(action.detach())).flatten().tolist()
+            if rows:
+                raise PolicyError(
+                    f"the policy wrote an 'action' outside the action space: {action[rows[0]].tolist()!r} for env "
+                    f"{rows[0]}{f' (and {len(rows) - 1} more)' if len(rows) > 1 else ''}; expected values in "
+                    f"action_spec {spec}."
+                )
         for key, value in outputs.items():
             if value.shape[:1] != (self.n_envs,):
                 raise PolicyError(
@@ -344,3 +356,54 @@ def check_frames_per_batch(frames_per_batch: object) -> int:
     if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch <= 0:
         raise ConfigurationError.bad_value("frames_per_batch", frames_per_batch, "a positive int")
     return frames_per_batch
+
+
+def build_engine(
+    create_env_fn: Any,
+    *,
+    env_kwargs: Mapping[str, Any],
+    policy: Any,
+    policy_factory: Callable[[], Any] | None,
+    devices: Mapping[str, Any],
+    frames_per_batch: int,
+    max_frames_per_traj: int | None,
+    init_random_frames: int,
+    reset_at_each_iter: bool,
+    exploration_type: InteractionType | None,
+    traj_id_offset: int = 0,
+    traj_id_stride: int = 1,
+) -> RolloutEngine:
+    """Builds the env, the policy (given, or built by ``policy_factory``), the devices and the engine.
+
+    The one builder: the in-process :class:`~acollect.Collector` and every worker process call it, so
+    an env or a policy is checked, placed and wrapped the same way wherever it runs. The env is closed
+    if anything after it fails.
+    """
+    env = make_env(create_env_fn, **env_kwargs)
+    try:
+        if policy_factory is not None:
+            policy = policy_factory()
+        resolved = resolve_devices(**devices, env_default=env.device, policy=policy)
+        if isinstance(policy, torch.nn.Module):
+            policy = place_policy(policy, resolved.policy)
+        adapter = wrap_policy(
+            policy,
+            observation_keys=env.observation_spec.leaf_keys(),
+            action_spec=env.action_spec,
+            batch_size=env.batch_size,
+        )
+        return RolloutEngine(
+            env,
+            adapter,
+            frames_per_batch=frames_per_batch,
+            devices=resolved,
+            max_frames_per_traj=max_frames_per_traj,
+            init_random_frames=init_random_frames,
+            reset_at_each_iter=reset_at_each_iter,
+            exploration_type=exploration_type,
+            traj_id_offset=traj_id_offset,
+            traj_id_stride=traj_id_stride,
+        )
+    except BaseException:
+        env.close()
+        raise

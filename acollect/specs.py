@@ -74,6 +74,23 @@ class TensorSpec:
         trailing = value.shape[value.ndim - nd :] if nd else torch.Size(())
         return value.dtype == self.dtype and trailing == self.shape and value.ndim >= nd
 
+    def outside(self, value: torch.Tensor) -> torch.Tensor:
+        """Which rows of ``value`` (batch dims first, then the spec's shape) hold a value outside the domain.
+
+        Unlike :meth:`is_in` it ignores the dtype, and it says which rows: what an error message names.
+
+        Examples:
+            >>> Categorical(n=2).outside(torch.tensor([0, 7, 1])).tolist()
+            [False, True, False]
+        """
+        bad = self._outside(value)
+        nd = len(self.shape)
+        return bad.flatten(-nd).any(-1) if nd else bad
+
+    def _outside(self, value: torch.Tensor) -> torch.Tensor:
+        """Element-wise: ``True`` where ``value`` is outside the domain (no value is, unless a subclass says)."""
+        return torch.zeros(value.shape, dtype=torch.bool, device=value.device)
+
     def to(self, device: torch.device | str) -> TensorSpec:
         """A copy of the spec on ``device``."""
         clone = self._clone()
@@ -158,6 +175,10 @@ class Bounded(TensorSpec):
         v = value.to(torch.float64)
         return bool(((v >= self.low.to(v.device)) & (v <= self.high.to(v.device))).all())
 
+    def _outside(self, value: torch.Tensor) -> torch.Tensor:
+        v = value.to(torch.float64)
+        return ~((v >= self.low.to(v.device)) & (v <= self.high.to(v.device)))  # NaN is outside too
+
     def _extra_repr(self) -> str:
         return f"low={self.low.min().item()}, high={self.high.max().item()}"
 
@@ -194,8 +215,12 @@ class Categorical(TensorSpec):
             return False
         return bool(((value >= self.start) & (value < self.start + self.n)).all())
 
+    def _outside(self, value: torch.Tensor) -> torch.Tensor:
+        return ~((value >= self.start) & (value < self.start + self.n))
+
     def _extra_repr(self) -> str:
-        return f"n={self.n}"
+        extra = f", start={self.start}" if self.start else ""
+        return f"n={self.n}{extra}"
 
 
 class OneHot(TensorSpec):
@@ -213,6 +238,10 @@ class OneHot(TensorSpec):
         if not super().is_in(value):
             return False
         return bool(((value == 0) | (value == 1)).all()) and bool((value.sum(-1) == 1).all())
+
+    def _outside(self, value: torch.Tensor) -> torch.Tensor:
+        one_hot = ((value == 0) | (value == 1)).all(-1, keepdim=True) & (value.sum(-1, keepdim=True) == 1)
+        return (~one_hot).expand(value.shape)
 
     def _extra_repr(self) -> str:
         return f"n={self.n}"
@@ -250,6 +279,10 @@ class MultiCategorical(TensorSpec):
         low = self.start.to(value.device)
         return bool(((value >= low) & (value < low + self.nvec.to(value.device))).all())
 
+    def _outside(self, value: torch.Tensor) -> torch.Tensor:
+        low = self.start.to(value.device)
+        return ~((value >= low) & (value < low + self.nvec.to(value.device)))
+
     def _extra_repr(self) -> str:
         return f"nvec={self.nvec.tolist()}"
 
@@ -271,6 +304,9 @@ class Binary(TensorSpec):
 
     def is_in(self, value: torch.Tensor) -> bool:
         return super().is_in(value) and bool(((value == 0) | (value == 1)).all())
+
+    def _outside(self, value: torch.Tensor) -> torch.Tensor:
+        return ~((value == 0) | (value == 1))
 
 
 class Composite(Mapping[str, "TensorSpec | Composite"]):

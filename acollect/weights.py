@@ -22,7 +22,6 @@ version it was collected with.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -340,14 +339,6 @@ class PolicyWeights:
         self.version = 0
         self._pending: Weights | None = None
         self._lock = threading.Lock()
-
-    @staticmethod
-    def place(policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        """The policy on ``device``: itself if it is there already, else a copy moved there."""
-        for tensor in (*policy.parameters(), *policy.buffers()):
-            if tensor.device != device:
-                return copy.deepcopy(policy).to(device)
-        return policy
 
     def stage(self, weights: Weights | None, *, bump: bool = True) -> int:
         """Keeps ``weights`` for the next batch boundary, bumps the version and returns it."""

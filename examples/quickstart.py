@@ -30,8 +30,8 @@ class Args:
     """environments stepped together in each worker (one vector env per worker)"""
     frames_per_batch: int = 2048
     """frames in each batch"""
-    total_frames: int = 100_000
-    """frames to collect in all"""
+    total_frames: int = 102_400
+    """frames to collect in all (a multiple of frames_per_batch: the last batch ends there)"""
     seed: int = 0
     """seed of the envs and the policy"""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import anyio
@@ -93,8 +94,9 @@ async def test_traj_ids_new_at_each_episode_and_continue_across_batches() -> Non
 
 
 async def test_len_total_frames_and_endless() -> None:
-    with pytest.warns(UserWarning, match="not a multiple"):
+    with pytest.warns(UserWarning, match="not a multiple") as caught:
         c = Collector(CountingEnv, None, frames_per_batch=4, total_frames=10)
+    assert caught[0].filename == __file__  # the caller's line, not acollect's
     assert len(c) == 3
     async with c:
         frames = [b.numel() async for b in c]
@@ -112,11 +114,36 @@ async def test_len_total_frames_and_endless() -> None:
 
 
 async def test_frames_per_batch_rounded_up_to_env_multiple() -> None:
+    # Only building the env says how many it steps: rounded (and warned) at set-up, pointing at `async with`.
     c = Collector(lambda: CountingEnv(num_envs=3), None, frames_per_batch=10, total_frames=-1)
-    with pytest.warns(UserWarning, match="multiple of the number of envs"):
+    assert c.frames_per_batch == 10
+    with pytest.warns(UserWarning, match=r"frames_per_batch=10 is not a multiple of the number of envs \(3\)") as w:
         async with c:
             batch = await anext(c)
+    assert [x.filename for x in w] == [__file__]
     assert batch.batch_size == (3, 4)
+    assert (c.requested_frames_per_batch, c.frames_per_batch) == (10, 12)  # the attribute tells the truth
+
+
+async def test_frames_per_batch_rounded_at_construction_when_the_arguments_say_the_envs() -> None:
+    with pytest.warns(UserWarning, match=r"each batch holds 12 frames") as w:
+        c = Collector("CartPole-v1", None, frames_per_batch=10, total_frames=24, env_kwargs={"num_envs": 3})
+    assert [x.filename for x in w] == [__file__]
+    assert c.frames_per_batch == 12
+    assert len(c) == 2
+    async with c:  # nothing more to say: no second warning
+        sizes = [b.numel() async for b in c]
+    assert sizes == [12, 12]
+
+
+async def test_frames_per_batch_rounding_also_checks_total_frames() -> None:
+    c = Collector(lambda: CountingEnv(num_envs=3), None, frames_per_batch=10, total_frames=30)
+    with pytest.warns(UserWarning, match="not a multiple") as w:
+        async with c:
+            pass
+    assert [str(x.message).split(" is not")[0] for x in w] == ["frames_per_batch=10", "total_frames=30"]
+    assert {x.filename for x in w} == {__file__}
+    assert len(c) == 3
 
 
 @pytest.mark.parametrize(
@@ -136,12 +163,37 @@ def test_bad_arguments_name_the_argument(kwargs: dict, match: str) -> None:
         Collector(CountingEnv, None, **kwargs)
 
 
-async def test_unknown_env_id_is_a_clear_error() -> None:
-    c = Collector("NoSuchEnv-v0", None, frames_per_batch=4)
-    with pytest.raises(ConfigurationError, match="NoSuchEnv-v0"):
+def test_unknown_env_id_is_a_clear_error_at_construction() -> None:
+    with pytest.raises(ConfigurationError, match="'NoSuchEnv-v0' is not a registered gymnasium id"):
+        Collector("NoSuchEnv-v0", None, frames_per_batch=4)
+    with pytest.raises(ConfigurationError, match=r"'CartPol-v1'.*did you mean 'CartPole-v1'"):
+        Collector(functools.partial(GymEnv, "CartPol-v1", num_envs=2), None, frames_per_batch=4)
+
+
+async def test_a_policy_acting_outside_the_action_space_fails_set_up() -> None:
+    class Seven(torch.nn.Module):
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return torch.full((obs.shape[0],), 7)
+
+    c = Collector("CartPole-v1", Seven(), frames_per_batch=4)
+    with pytest.raises(PolicyError, match=r"outside the action space: 7 for env 0.*Categorical\(.*n=2"):
         async with c:
             pass
     assert c.state is CollectorState.CLOSED
+
+
+async def test_an_action_leaving_the_action_space_mid_batch_is_a_policy_error() -> None:
+    class SevenLater(torch.nn.Module):
+        calls = 0
+
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            self.calls += 1  # the set-up probe and the first steps act 0, the fourth step acts 7
+            return torch.full((obs.shape[0],), 7 if self.calls == 4 else 0)
+
+    async with Collector("CartPole-v1", SevenLater(), frames_per_batch=8, env_kwargs={"num_envs": 2}) as c:
+        with pytest.raises(PolicyError, match=r"action 7 \(sub-env 0 and 1 more\) is outside the action space") as info:
+            await anext(c)
+    assert isinstance(info.value.__cause__, AssertionError)
 
 
 async def test_policy_without_action_and_wrong_shape() -> None:

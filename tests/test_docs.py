@@ -14,6 +14,7 @@ import ast
 import asyncio
 import inspect
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +98,10 @@ def test_doc_block_runs(block: CodeBlock, tmp_path: Path, monkeypatch: pytest.Mo
         pytest.skip(f"{block.path}:{block.line} is marked {SKIP_MARKER}")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
-    run_block(block)
+    # Warning-free as written, whatever the pytest configuration says: a reader's copy prints nothing else.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_block(block)
 
 
 def test_harness_runs_sync_and_async_blocks_and_honours_skip() -> None:

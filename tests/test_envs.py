@@ -18,6 +18,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 
 from acollect.envs import EnvBase, GymEnv, TorchRLEnvAdapter, make_env, space_to_spec
+from acollect.envs.factory import check_env_arg, known_num_envs
+from acollect.envs.gym import check_env_id
 from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import Binary, Bounded, Categorical, Composite, MultiCategorical, OneHot
 from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, CountingGymEnv, assert_counting_batch
@@ -113,9 +115,33 @@ def test_gym_make_kwargs_reach_every_sub_env() -> None:
 
 
 def test_unknown_id_is_a_configuration_error_naming_it() -> None:
-    with pytest.raises(ConfigurationError, match=r"env='NoSuchEnv-v9'") as info:
+    with pytest.raises(ConfigurationError, match=r"env='NoSuchEnv-v9' is not a registered gymnasium id"):
         GymEnv("NoSuchEnv-v9")
-    assert isinstance(info.value.__cause__, gym.error.Error)
+    with pytest.raises(ConfigurationError, match=r"env='CartPol-v1'.*did you mean 'CartPole-v1'\?"):
+        GymEnv("CartPol-v1")
+    with pytest.raises(ConfigurationError, match=r"module 'no_such_module'.*cannot be imported"):
+        GymEnv("no_such_module:Thing-v0")
+
+
+def test_ids_gymnasium_make_takes_are_accepted() -> None:
+    check_env_id("CartPole-v1")
+    check_env_id("CartPole")  # unversioned: gymnasium.make takes the latest version
+    check_env_id("gymnasium.envs.classic_control:CartPole-v1")  # "module:id" imports the module first
+
+
+def test_what_an_env_argument_says_without_building_it() -> None:
+    assert known_num_envs("CartPole-v1", {}) == 1
+    assert known_num_envs("CartPole-v1", {"num_envs": 4}) == 4
+    assert known_num_envs(functools.partial(GymEnv, "CartPole-v1", num_envs=3), {}) == 3
+    assert known_num_envs(functools.partial(GymEnv, "CartPole-v1", num_envs=3), {"num_envs": 5}) == 5
+    assert known_num_envs(CountingEnv(num_envs=2), {}) == 2
+    assert known_num_envs(lambda: CountingEnv(num_envs=2), {}) is None  # only building it would tell
+    assert known_num_envs(CountingEnv, {}) is None
+    check_env_arg(lambda: None)  # nothing to check without calling it
+    with pytest.raises(ConfigurationError, match="did you mean 'CartPole-v1'"):
+        check_env_arg(functools.partial(GymEnv, "CartPol-v1", num_envs=2))
+    with pytest.raises(ConfigurationError, match="did you mean 'CartPole-v1'"):
+        check_env_arg(functools.partial(gym.make, "CartPol-v1"))
 
 
 def test_bad_make_kwargs_are_a_configuration_error() -> None:
@@ -286,6 +312,34 @@ def test_actions_with_grad_or_an_extra_dim_are_accepted() -> None:
         env.step_and_reset_into(torch.zeros(2, 1, dtype=torch.int64), nxt, root)
         with pytest.raises(PolicyError, match=r"expected shape \(2,\)"):
             env.step_and_reset_into(torch.zeros(3, dtype=torch.int64), nxt, root)
+
+
+@pytest.mark.parametrize(
+    "vectorization",
+    # AsyncVectorEnv logs a worker's error through warnings (an error filter would raise those instead).
+    ["sync", pytest.param("async", marks=pytest.mark.filterwarnings("ignore:.*ERROR:"))],
+)
+def test_an_action_outside_the_action_space_is_a_policy_error_naming_the_spec(vectorization: str) -> None:
+    with GymEnv("CartPole-v1", num_envs=2, vectorization=vectorization) as env:
+        root, nxt = env.make_root(), env.make_next()
+        env.reset_into(root, seed=0)
+        outside = r"action 7 \(sub-env 1\) is outside the action space.*Categorical"
+        with pytest.raises(PolicyError, match=outside) as info:
+            env.step_and_reset_into(torch.tensor([0, 7]), nxt, root)
+    assert isinstance(info.value.__cause__, AssertionError)  # gymnasium's own check, kept as the cause
+
+
+class _BrokenStep(CountingGymEnv):
+    def step(self, action: Any) -> Any:
+        raise AssertionError("the env's own bug")
+
+
+def test_an_env_error_with_a_valid_action_is_left_as_it_is() -> None:
+    with GymEnv(_BrokenStep, num_envs=2) as env:
+        root, nxt = env.make_root(), env.make_next()
+        env.reset_into(root, seed=0)
+        with pytest.raises(AssertionError, match="the env's own bug"):
+            env.step_and_reset_into(torch.zeros(2, dtype=torch.int64), nxt, root)
 
 
 def test_closed_env_refuses_to_run_and_closes_the_gymnasium_env() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import re
 import subprocess
@@ -97,3 +98,38 @@ def test_example_runs(name: str) -> None:
         first = f.readline()
     assert first.startswith('"""'), "an example states what it shows in its first line"
     assert len(first.strip()) > 10, "an example states what it shows in its first line"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_example_defaults_give_no_rounding_warning(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The smoke test above shortens each run; its defaults, what a user runs, must be warning-free too:
+    # batches of whole env steps, and a total of whole batches.
+    spec = importlib.util.spec_from_file_location(f"example_{name[:-3]}", EXAMPLES / name)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclass looks its annotations up there
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # an optional extra (ray) that is not installed
+        pytest.skip(str(exc))
+    args = module.Args()
+    envs = getattr(args, "num_envs", 1) * getattr(args, "num_workers", getattr(args, "num_collectors", 1))
+    assert args.frames_per_batch % envs == 0, f"{name}: frames_per_batch is rounded up to a multiple of {envs}"
+    total = getattr(args, "total_frames", -1)
+    assert total == -1 or total % args.frames_per_batch == 0, f"{name}: total_frames is not whole batches"
+
+
+def test_quickstart_as_the_readme_runs_it_is_warning_free() -> None:
+    # `python examples/quickstart.py`, no arguments: the first command a user runs prints no warning.
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", str(EXAMPLES / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+        check=False,
+    )
+    assert proc.returncode == 0, f"quickstart failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert "Warning" not in proc.stderr, proc.stderr[-4000:]
+    assert "collected 102400 frames" in proc.stdout

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_validate", "_threads", "_tasks", "_notify", "specs", "devices"},
+    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
     {"rollout", "weights"},
     {"transport"},
@@ -190,7 +190,7 @@ def test_every_module_has_a_layer() -> None:
 def test_the_graph_sees_known_imports() -> None:
     # Guards the parser: a broken resolution would make the other tests pass vacuously.
     assert "acollect.worker.protocol" in GRAPH["acollect.worker.main"]  # `from acollect.worker import protocol`
-    assert "acollect.envs" in GRAPH["acollect.worker.build"]  # `from acollect.envs import make_env`
+    assert "acollect.envs.factory" in GRAPH["acollect.rollout"]  # `from acollect.envs.factory import make_env`
     assert "acollect.errors" in GRAPH["acollect.transport.wire"]
 
 

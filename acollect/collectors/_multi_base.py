@@ -17,10 +17,16 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._validate import check_int, check_seconds
-from acollect.collectors.base import CollectorBase
+from acollect.collectors.base import CollectorBase, check_total_frames
 from acollect.collectors.dispatch import Dispatch
-from acollect.collectors.options import WorkerSettings, check_policy_args, parse
-from acollect.collectors.worker_configs import build_worker_configs, collector_storing_device, env_fns
+from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
+from acollect.collectors.worker_configs import (
+    build_worker_configs,
+    check_env_args,
+    collector_storing_device,
+    configured_num_envs,
+    env_fns,
+)
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool
@@ -53,10 +59,13 @@ class MultiCollectorBase(CollectorBase):
         self._dispatch = dispatch
         settings = parse(options, WorkerSettings, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
-        super().__init__(
-            frames_per_batch=settings.frames_per_batch, total_frames=settings.total_frames, progress=settings.progress
-        )
+        fns = env_fns(create_env_fn_list, settings.num_workers)
         self.settings = settings
+        check_env_args(fns, self.settings)
+        #: what was asked for; ``frames_per_batch`` is what each batch holds (see settle_frames_per_batch)
+        self.requested_frames_per_batch = self.frames_per_batch = settings.frames_per_batch
+        frames = self._settle_frames(configured_num_envs(fns, self.settings))
+        super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
         self.remote_workers = settings.remote_workers
         self._server_keys = settings.keys
         self.heartbeat_timeout = settings.heartbeat_timeout
@@ -75,7 +84,7 @@ class MultiCollectorBase(CollectorBase):
         self.copy_batches = settings.copy_batches
         self._policy_arg = policy
         self._storing_device = collector_storing_device(settings)
-        self._build_configs(env_fns(create_env_fn_list, settings.num_workers))
+        self._build_configs(fns)
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         self._pending_seed: int | None = None
@@ -88,8 +97,28 @@ class MultiCollectorBase(CollectorBase):
 
     def _build_configs(self, fns: list[Any]) -> None:
         """(Re)builds one worker config per env factory (before the workers start)."""
-        frames = self._dispatch.worker_frames(self.frames_per_batch, len(fns))
+        frames = self._requested_worker_frames(len(fns))
         self._configs = build_worker_configs(fns, self._policy_arg, self.settings, frames)
+
+    def _requested_worker_frames(self, n_workers: int) -> int:
+        # Workers are asked their share of what was *requested*, each rounding it up to its own envs: asking
+        # a share of an already rounded total would round twice when workers have different numbers of envs.
+        return self._dispatch.worker_frames(self.requested_frames_per_batch, n_workers)
+
+    @property
+    def _stacked(self) -> bool:
+        # Lockstep: every batch is one requested from every worker; first-ready: each batch is one worker's.
+        return self._dispatch.sync
+
+    def _settle_frames(self, n_envs: Sequence[int | None]) -> int:
+        """What each batch holds, once every worker's number of envs is known (else what is shown now)."""
+        known = [n for n in n_envs if n is not None]
+        if len(known) < len(n_envs):
+            return self.frames_per_batch
+        worker_frames = self._requested_worker_frames(len(n_envs))
+        return settle_frames_per_batch(
+            self.requested_frames_per_batch, self.frames_per_batch, worker_frames, known, stacked=self._stacked
+        )
 
     @property
     def num_workers(self) -> int:
@@ -130,6 +159,12 @@ class MultiCollectorBase(CollectorBase):
         self._pool = pool
         self._lent = []
         await pool.start(self._tasks)
+        # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
+        # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
+        frames = self._settle_frames([h.n_envs for h in pool.handles])
+        if frames != self.frames_per_batch:
+            self.frames_per_batch = frames
+            check_total_frames(self.total_frames, frames)
         await self._apply_pending()
         paused = self._pauses > 0
         await self._dispatch.start(pool, paused=paused)

@@ -38,7 +38,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Protocol, TypeVar
@@ -49,6 +48,7 @@ from tensordict import TensorDictBase
 from acollect._notify import Notifier
 from acollect._tasks import TaskOwner
 from acollect._validate import check_seconds
+from acollect._warnings import warn
 from acollect.collectors._reporting import ReportingMixin
 from acollect.errors import (
     BackgroundCollectionError,
@@ -93,11 +93,10 @@ def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
     ):
         raise ConfigurationError.bad_value("total_frames", total_frames, "a positive int, or -1 for endless collection")
     if total_frames > 0 and total_frames % frames_per_batch:
-        warnings.warn(
+        # Attributed to the user's line, however many acollect frames lie between (see acollect._warnings).
+        warn(
             f"total_frames={total_frames} is not a multiple of frames_per_batch={frames_per_batch}: the last "
-            f"batch ends past it, at {math.ceil(total_frames / frames_per_batch) * frames_per_batch} frames.",
-            UserWarning,
-            stacklevel=3,
+            f"batch ends past it, at {math.ceil(total_frames / frames_per_batch) * frames_per_batch} frames."
         )
     return total_frames
 

@@ -18,7 +18,6 @@ Examples:
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,13 +27,20 @@ from typing_extensions import Unpack
 
 from acollect._threads import run_in_thread
 from acollect._validate import check_int
-from acollect.collectors.base import CollectorBase
-from acollect.collectors.options import DEVICE_OPTIONS, RolloutOptions, RolloutSettings, check_policy_args, parse
-from acollect.devices import DeviceLike, Devices, resolve_devices
-from acollect.envs import make_env
+from acollect.collectors.base import CollectorBase, check_total_frames
+from acollect.collectors.options import (
+    DEVICE_OPTIONS,
+    RolloutOptions,
+    RolloutSettings,
+    check_policy_args,
+    parse,
+    settle_frames_per_batch,
+)
+from acollect.devices import DeviceLike
+from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
-from acollect.policy import PolicyLike, wrap_policy
-from acollect.rollout import RolloutEngine, frames_per_batch_for
+from acollect.policy import PolicyLike
+from acollect.rollout import RolloutEngine, build_engine
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, structure_of, weights_of
@@ -53,7 +59,8 @@ class Collector(CollectorBase):
 
     Keyword Args:
         policy_factory (callable | None): a zero-argument callable building the policy (instead of ``policy``).
-        frames_per_batch (int): frames per batch, rounded up to a multiple of the number of envs.
+        frames_per_batch (int): frames per batch, rounded up to a multiple of the number of envs (with a warning;
+            ``collector.frames_per_batch`` then says what batches hold).
         total_frames (int): frames to collect in all; ``-1`` collects forever.
         device (device | list): fills whichever of the three devices below is unset.
         env_device (device | list): where env data lives.
@@ -94,13 +101,18 @@ class Collector(CollectorBase):
         check_policy_args(policy, settings.policy_factory)
         if isinstance(settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", settings.policy_factory, "a zero-argument callable")
-        super().__init__(
-            frames_per_batch=settings.frames_per_batch, total_frames=settings.total_frames, progress=settings.progress
-        )
         if create_env_fn is None:
             raise ConfigurationError.bad_value(
                 "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
             )
+        check_env_arg(create_env_fn)  # an unregistered gymnasium id is known now, not when the env is built
+        #: what was asked for; ``frames_per_batch`` is what each batch holds (see settle_frames_per_batch)
+        self.requested_frames_per_batch = settings.frames_per_batch
+        frames = settings.frames_per_batch
+        n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
+        if n_envs is not None:
+            frames = settle_frames_per_batch(frames, frames, frames, [n_envs], stacked=False)
+        super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
         self._device_args: dict[str, DeviceLike] = {}
         for name in DEVICE_OPTIONS:
             value = getattr(settings, name)
@@ -129,39 +141,18 @@ class Collector(CollectorBase):
 
     # -- building --------------------------------------------------------------------
     def _build_engine(self, _stop: threading.Event) -> RolloutEngine:
-        env = make_env(self.create_env_fn, **self.env_kwargs)
-        try:
-            policy = self.policy_factory() if self.policy_factory is not None else self._policy_arg
-            devices: Devices = resolve_devices(**self._device_args, env_default=env.device, policy=policy)
-            if isinstance(policy, torch.nn.Module):
-                policy = self._weights.place(policy, devices.policy)
-            adapter = wrap_policy(
-                policy,
-                observation_keys=env.observation_spec.leaf_keys(),
-                action_spec=env.action_spec,
-                batch_size=env.batch_size,
-            )
-            actual = frames_per_batch_for(self.frames_per_batch, env.num_envs)
-            if actual != self.frames_per_batch:
-                warnings.warn(
-                    f"frames_per_batch={self.frames_per_batch} is not a multiple of the number of envs "
-                    f"({env.num_envs}): each batch holds {actual} frames.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            return RolloutEngine(
-                env,
-                adapter,
-                frames_per_batch=self.frames_per_batch,
-                devices=devices,
-                max_frames_per_traj=self.max_frames_per_traj,
-                init_random_frames=self.init_random_frames,
-                reset_at_each_iter=self.reset_at_each_iter,
-                exploration_type=self.exploration_type,
-            )
-        except BaseException:
-            env.close()
-            raise
+        return build_engine(
+            self.create_env_fn,
+            env_kwargs=self.env_kwargs,
+            policy=self._policy_arg,
+            policy_factory=self.policy_factory,
+            devices=self._device_args,
+            frames_per_batch=self.requested_frames_per_batch,
+            max_frames_per_traj=self.max_frames_per_traj,
+            init_random_frames=self.init_random_frames,
+            reset_at_each_iter=self.reset_at_each_iter,
+            exploration_type=self.exploration_type,
+        )
 
     def _build_and_keep(self, stop: threading.Event) -> None:
         # Kept from the thread itself: a set-up cancelled while the env is built still leaves an engine
@@ -170,6 +161,13 @@ class Collector(CollectorBase):
 
     async def _setup(self) -> None:
         await run_in_thread(self._build_and_keep, name="build-env")
+        assert self._engine is not None
+        # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
+        requested, shown = self.requested_frames_per_batch, self.frames_per_batch
+        actual = settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
+        if actual != shown:
+            self.frames_per_batch = actual
+            check_total_frames(self.total_frames, actual)
         if self._pending_state is not None:
             self._load_engine_state(self._pending_state)
             self._pending_state = None

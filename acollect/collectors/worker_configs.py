@@ -17,11 +17,19 @@ import torch
 from acollect._validate import check_int
 from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option
 from acollect.devices import check_device
+from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.worker import protocol as P
+from acollect.worker.config_codec import is_import_path
 
-__all__ = ["build_worker_configs", "collector_storing_device", "env_fns"]
+__all__ = [
+    "build_worker_configs",
+    "check_env_args",
+    "collector_storing_device",
+    "configured_num_envs",
+    "env_fns",
+]
 
 
 def env_fns(create_env_fn_list: Any, num_workers: int | None) -> list[Any]:
@@ -117,3 +125,28 @@ def build_worker_configs(
             )
         )
     return configs
+
+
+def check_env_args(fns: list[Any], settings: WorkerSettings) -> None:
+    """Raises now what the arguments already show: a gymnasium id this process's registry lacks."""
+    n = len(fns)
+    remote = settings.remote_workers
+    for i, fn in enumerate(fns):
+        # A worker on another host (started by hand, or by Ray / submitit) may register ids this process
+        # never imported: only a worker started here is sure to see this process's registry. A
+        # "pkg.module:make_env" string is a factory the worker imports, not a gymnasium id.
+        if settings.launcher.same_host and i < n - remote and not is_import_path(fn):
+            check_env_arg(fn, f"create_env_fn_list[{i}]" if n > 1 else "create_env_fn")
+
+
+def configured_num_envs(fns: list[Any], settings: WorkerSettings) -> list[int | None]:
+    """Each worker's number of envs where its arguments say it (a gymnasium id and its ``env_kwargs``)."""
+    extra = settings.collector_kwargs
+    if isinstance(extra, Sequence) and len(extra) != len(fns):
+        return [None] * len(fns)  # not one per worker: building the configs says so, naming the option
+    counts = []
+    for i, fn in enumerate(fns):
+        per_worker = extra[i] if isinstance(extra, Sequence) else extra or {}
+        env_kwargs = per_worker.get("env_kwargs", settings.env_kwargs) or {}
+        counts.append(None if is_import_path(fn) else known_num_envs(fn, env_kwargs))
+    return counts

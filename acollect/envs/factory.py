@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
 from acollect.envs.base import EnvBase
-from acollect.envs.gym import GymEnv
+from acollect.envs.gym import GymEnv, check_env_id
 from acollect.envs.torchrl import TorchRLEnvAdapter, is_torchrl_env
 from acollect.errors import ConfigurationError
 
-__all__ = ["make_env"]
+__all__ = ["check_env_arg", "known_num_envs", "make_env"]
 
 _EXPECTED = (
     "an acollect EnvBase, a gymnasium id, a gymnasium Env or VectorEnv, a torchrl env, "
@@ -83,3 +85,56 @@ def _no_kwargs(obj: object, env_kwargs: dict[str, Any]) -> None:
         raise ConfigurationError.bad_value(
             "env_kwargs", env_kwargs, f"no arguments: {type(obj).__name__} instances are used as they are"
         )
+
+
+# -- what can be known of an env argument without building it ------------------------------------
+def _gym_call(create_env_fn: Any) -> tuple[str, dict[str, Any]] | None:
+    """``(id, keyword arguments)`` when ``create_env_fn`` builds a gymnasium id: the id itself, or
+    ``functools.partial(GymEnv | gymnasium.make, "Id", ...)``."""
+    if isinstance(create_env_fn, str):
+        return create_env_fn, {}
+    if (
+        isinstance(create_env_fn, functools.partial)
+        and create_env_fn.func in (GymEnv, gym.make)
+        and create_env_fn.args
+        and isinstance(create_env_fn.args[0], str)
+    ):
+        return create_env_fn.args[0], dict(create_env_fn.keywords)
+    return None
+
+
+def check_env_arg(create_env_fn: Any, name: str = "create_env_fn") -> None:
+    """Checks, without building it, what can be checked of an env argument: a gymnasium id must be registered.
+
+    Raises:
+        ConfigurationError: an id (given as is, or in ``functools.partial(GymEnv, id, ...)``) that
+            ``gymnasium.make`` would not find; the message names the closest registered one.
+    """
+    call = _gym_call(create_env_fn)
+    if call is not None:
+        check_env_id(call[0], name)
+
+
+def known_num_envs(create_env_fn: Any, env_kwargs: Mapping[str, Any]) -> int | None:
+    """How many envs ``make_env(create_env_fn, **env_kwargs)`` will step, if it is known without building it.
+
+    Known for an env instance, a gymnasium id, and ``functools.partial(GymEnv, id, ...)``; ``None`` otherwise
+    (a factory must be called to learn it).
+
+    Examples:
+        >>> known_num_envs("CartPole-v1", {"num_envs": 4}), known_num_envs(lambda: None, {})
+        (4, None)
+    """
+    if isinstance(create_env_fn, EnvBase):
+        return create_env_fn.num_envs
+    if isinstance(create_env_fn, VectorEnv):
+        return int(create_env_fn.num_envs)
+    if isinstance(create_env_fn, gym.Env):
+        return 1
+    call = _gym_call(create_env_fn)
+    if call is None or (isinstance(create_env_fn, functools.partial) and create_env_fn.func is not GymEnv):
+        return None
+    n = {**call[1], **env_kwargs}.get("num_envs")
+    if n is None:
+        return 1
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None  # a bad value: GymEnv says so

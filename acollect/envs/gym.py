@@ -16,130 +16,30 @@ gymnasium's pending autoreset.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium import spaces
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
 from acollect.envs.base import DONE_KEYS, EnvBase
+from acollect.envs.gym_spaces import observation_layout, pick_leaf, space_to_spec
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import (
-    Binary,
-    Bounded,
-    Categorical,
-    Composite,
-    MultiCategorical,
     OneHot,
     TensorSpec,
     Unbounded,
 )
 
-__all__ = ["GymEnv", "space_to_spec"]
+__all__ = ["GymEnv", "check_env_id", "space_to_spec"]
 
-# Keys the collector writes itself: an observation may not take them.
-_RESERVED_KEYS = frozenset({"action", "reward", "next", "collector", *DONE_KEYS})
 _VECTORIZATIONS = ("sync", "async")
-
-
-def _torch_dtype(dtype: Any) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
-
-
-def space_to_spec(space: spaces.Space[Any], *, categorical: bool = True, device: str | torch.device = "cpu") -> Any:
-    """Converts a gymnasium space (of one sub-env) to a spec.
-
-    Args:
-        space: a ``Box``, ``Discrete``, ``MultiDiscrete``, ``MultiBinary``,
-            or a ``Dict`` / ``Tuple`` of these (nested freely).
-        categorical: map ``Discrete`` to :class:`~acollect.specs.Categorical`
-            (an int64 index) when True, to :class:`~acollect.specs.OneHot` otherwise.
-        device: device of the tensors the spec builds.
-
-    Returns:
-        A :class:`~acollect.specs.TensorSpec`, or a :class:`~acollect.specs.Composite`
-        for ``Dict`` (same keys) and ``Tuple`` (keys ``"0"``, ``"1"``, ...).
-
-    Raises:
-        ConfigurationError: the space (or one nested in it) has no spec.
-
-    Examples:
-        >>> from gymnasium import spaces
-        >>> space_to_spec(spaces.Discrete(3))
-        Categorical(shape=(), dtype=torch.int64, n=3)
-        >>> space_to_spec(spaces.Tuple((spaces.Discrete(2), spaces.MultiBinary(3))))["1"]
-        Binary(shape=(3,), dtype=torch.int8)
-    """
-    if isinstance(space, spaces.Box):
-        return Bounded(
-            low=torch.from_numpy(np.asarray(space.low, dtype=np.float64)),
-            high=torch.from_numpy(np.asarray(space.high, dtype=np.float64)),
-            shape=space.shape,
-            dtype=_torch_dtype(space.dtype),
-            device=device,
-        )
-    if isinstance(space, spaces.Discrete):
-        if categorical:
-            return Categorical(int(space.n), dtype=torch.int64, device=device, start=int(space.start))
-        return OneHot(int(space.n), device=device)
-    if isinstance(space, spaces.MultiDiscrete):
-        return MultiCategorical(
-            torch.from_numpy(np.asarray(space.nvec, dtype=np.int64)),
-            dtype=_torch_dtype(space.dtype),
-            device=device,
-            start=torch.from_numpy(np.asarray(space.start, dtype=np.int64)),
-        )
-    if isinstance(space, spaces.MultiBinary):
-        return Binary(tuple(space.shape), dtype=_torch_dtype(space.dtype), device=device)
-    if isinstance(space, spaces.Dict):
-        return Composite({str(k): space_to_spec(v, categorical=categorical, device=device) for k, v in space.items()})
-    if isinstance(space, spaces.Tuple):
-        return Composite(
-            {str(i): space_to_spec(v, categorical=categorical, device=device) for i, v in enumerate(space.spaces)}
-        )
-    raise ConfigurationError.bad_value(
-        "space", space, "a gymnasium Box, Discrete, MultiDiscrete, MultiBinary, or a Dict/Tuple of these"
-    )
-
-
-@dataclass(frozen=True)
-class _ObsLeaf:
-    """One observation tensor: where it goes in a TensorDict, how to reach it in a gymnasium observation."""
-
-    key: tuple[str, ...]
-    path: tuple[Any, ...]
-
-
-def _leaves(space: spaces.Space[Any], key: tuple[str, ...], path: tuple[Any, ...]) -> list[_ObsLeaf]:
-    if isinstance(space, spaces.Dict):
-        return [leaf for k, sub in space.items() for leaf in _leaves(sub, (*key, str(k)), (*path, k))]
-    if isinstance(space, spaces.Tuple):
-        return [leaf for i, sub in enumerate(space.spaces) for leaf in _leaves(sub, (*key, str(i)), (*path, i))]
-    return [_ObsLeaf(key, path)]
-
-
-def _observation_layout(space: spaces.Space[Any], device: torch.device) -> tuple[Composite, list[_ObsLeaf]]:
-    """The observation spec and its leaves: Dict keys at the top, anything else under ``"observation"``."""
-    if isinstance(space, spaces.Dict):
-        clash = sorted(str(k) for k in space.keys() if str(k) in _RESERVED_KEYS)
-        if clash:
-            raise ConfigurationError.bad_value(
-                "observation_space keys", clash, f"no key among the reserved {sorted(_RESERVED_KEYS)}"
-            )
-        return space_to_spec(space, device=device), _leaves(space, (), ())
-    return Composite(observation=space_to_spec(space, device=device)), _leaves(space, ("observation",), ())
-
-
-def _pick(obs: Any, path: tuple[Any, ...]) -> Any:
-    for part in path:
-        obs = obs[part]
-    return obs
 
 
 class _Binding:
@@ -274,7 +174,7 @@ class GymEnv(EnvBase):
 
         self.batch_size = torch.Size([n])
         try:
-            self.observation_spec, self._leaves = _observation_layout(obs_space, self.device)
+            self.observation_spec, self._leaves = observation_layout(obs_space, self.device)
             self.action_spec = space_to_spec(act_space, categorical=categorical_action_encoding, device=self.device)
             if not isinstance(self.action_spec, TensorSpec):
                 raise ConfigurationError.bad_value("action_space", act_space, "a single (non Dict/Tuple) space")
@@ -324,13 +224,13 @@ class GymEnv(EnvBase):
                 mask_np = None
         if self._vec is None:
             obs, _ = self._env.reset(seed=seed)
-            obs_rows = [np.asarray(_pick(obs, leaf.path))[None] for leaf in self._leaves]
+            obs_rows = [np.asarray(pick_leaf(obs, leaf.path))[None] for leaf in self._leaves]
         elif mask_np is None:
             obs, _ = self._vec.reset(seed=seed)
-            obs_rows = [_pick(obs, leaf.path) for leaf in self._leaves]
+            obs_rows = [pick_leaf(obs, leaf.path) for leaf in self._leaves]
         else:
             obs, _ = self._vec.reset(seed=seed, options={"reset_mask": mask_np.copy()})
-            obs_rows = [_pick(obs, leaf.path) for leaf in self._leaves]
+            obs_rows = [pick_leaf(obs, leaf.path) for leaf in self._leaves]
         rows = slice(None) if mask_np is None else torch.from_numpy(mask_np).to(self.device)
         for leaf, value in zip(self._leaves, obs_rows, strict=True):
             target = out.get(leaf.key)
@@ -351,17 +251,24 @@ class GymEnv(EnvBase):
         act = action.numpy()
         if act.shape != self._action_shape:
             act = self._reshape_action(act)
+        given = act
         if self._one_hot:
             act = act.argmax(-1)
-        if self._vec is None:
-            obs, reward, terminated, truncated, info = self._env.step(act[0])
-        else:
-            obs, reward, terminated, truncated, info = self._vec.step(act)
+        # No check per step: a try costs nothing until it raises, and an env that refuses an action (gymnasium's
+        # own assert `action_space.contains(action)`) is then told apart from one that broke for its own reasons.
+        try:
+            if self._vec is None:
+                obs, reward, terminated, truncated, info = self._env.step(act[0])
+            else:
+                obs, reward, terminated, truncated, info = self._vec.step(act)
+        except Exception as exc:
+            self._raise_if_outside(given, exc)
+            raise
         if self._flat_obs:
             b.next_obs[0][...] = obs
         else:
             for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
-                dst[...] = _pick(obs, leaf.path)
+                dst[...] = pick_leaf(obs, leaf.path)
         b.reward[...] = reward
         b.terminated[...] = terminated
         b.truncated[...] = truncated
@@ -380,7 +287,7 @@ class GymEnv(EnvBase):
         if self._vec is None:
             reset_obs, _ = self._env.reset()
             for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
-                dst[...] = _pick(reset_obs, leaf.path)
+                dst[...] = pick_leaf(reset_obs, leaf.path)
             return
         rows = np.flatnonzero(done)
         if self._mode == AutoresetMode.SAME_STEP:
@@ -389,13 +296,28 @@ class GymEnv(EnvBase):
             final = info["final_obs"]
             for j in rows:
                 for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
-                    dst[j] = _pick(final[j], leaf.path)
+                    dst[j] = pick_leaf(final[j], leaf.path)
             return
         # NEXT_STEP / DISABLED: the step's obs is the final one; reset just the finished sub-envs now so that
         # no no-op autoreset step ever happens.
         reset_obs, _ = self._vec.reset(options={"reset_mask": done.copy()})
         for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
-            dst[rows] = np.asarray(_pick(reset_obs, leaf.path))[rows]
+            dst[rows] = np.asarray(pick_leaf(reset_obs, leaf.path))[rows]
+
+    def _raise_if_outside(self, act: np.ndarray, exc: Exception) -> None:
+        """Raises :class:`PolicyError` if ``act`` (``[n_envs, *action_spec.shape]``) is outside the action spec."""
+        try:
+            value = torch.from_numpy(np.ascontiguousarray(act))
+            rows = torch.nonzero(self.action_spec.outside(value)).flatten().tolist()
+        except Exception:  # an action we cannot even read as the spec's shape: the env's error says more
+            return
+        if rows:
+            first = act[rows[0]]
+            raise PolicyError(
+                f"the policy's action {first.tolist()!r} (sub-env {rows[0]}"
+                f"{f' and {len(rows) - 1} more' if len(rows) > 1 else ''}) is outside the action space: expected "
+                f"values in action_spec {self.action_spec} ({type(exc).__name__} from the env: {exc})"
+            ) from exc
 
     def _reshape_action(self, act: np.ndarray) -> np.ndarray:
         try:
@@ -415,15 +337,59 @@ class GymEnv(EnvBase):
         return f"GymEnv(env={self._env!r}, num_envs={self.num_envs}, autoreset_mode={self._mode.name})"
 
 
+def check_env_id(env_id: str, name: str = "env") -> None:
+    """Checks that ``gymnasium.make(env_id)`` will find ``env_id``, without building anything.
+
+    Takes what ``gymnasium.make`` takes: ``"[namespace/]Name[-vN]"``, an unversioned name (the latest
+    version is used), or ``"module:id"`` (the module registers the id when imported).
+
+    Args:
+        env_id: the gymnasium id.
+        name: the argument it was given as (named in the error).
+
+    Raises:
+        ConfigurationError: the id is not registered (the message names the closest registered id), or its
+            module cannot be imported.
+
+    Examples:
+        >>> check_env_id("CartPole-v1")
+        >>> check_env_id("CartPol-v1")
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: env='CartPol-v1' is not a registered gymnasium id; did you mean 'CartPole...
+    """
+    module, env_name = env_id.split(":", 1) if ":" in env_id else (None, env_id)
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"{name}={env_id!r}: module {module!r}, which should register {env_name!r}, cannot be imported ({exc})"
+            ) from exc
+    registry = gym.envs.registry
+    if env_name in registry:
+        return
+    try:
+        namespace, base, version = gym.envs.registration.parse_env_id(env_name)
+    except gym.error.Error:
+        namespace, base, version = None, None, 0
+    latest = gym.envs.registration.find_highest_version(namespace, base) if base is not None else None
+    if version is None and latest is not None:
+        return  # gymnasium.make picks the latest version
+    close = difflib.get_close_matches(env_name, list(registry), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigurationError(
+        f"{name}={env_id!r} is not a registered gymnasium id{hint} (register it, or import the package that "
+        "registers it, before building the collector; gymnasium.pprint_registry() lists them)"
+    )
+
+
 def _build_vector_env(
     env: str | Callable[[], gym.Env[Any, Any]], n: int, vectorization: str, kwargs: dict[str, Any]
 ) -> VectorEnv[Any, Any, Any]:
     """Builds our own vector env: SAME_STEP autoreset, no observation copy (we copy it out at once)."""
     if isinstance(env, str):
-        try:
-            gym.spec(env)
-        except gym.error.Error as exc:
-            raise ConfigurationError.bad_value("env", env, f"a registered gymnasium id ({exc})") from exc
+        check_env_id(env)
         env_fns: Sequence[Callable[[], gym.Env[Any, Any]]] = [functools.partial(gym.make, env, **kwargs)] * n
     else:
         if kwargs:

@@ -11,11 +11,9 @@ from typing import Any
 
 import torch
 
-from acollect.devices import resolve_devices
-from acollect.envs import make_env
-from acollect.policy import parse_exploration_type, wrap_policy
+from acollect import rollout
+from acollect.policy import parse_exploration_type
 from acollect.rollout import RolloutEngine
-from acollect.weights import PolicyWeights
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
 
@@ -23,36 +21,22 @@ __all__ = ["build_engine", "resolve_model"]
 
 
 def build_engine(config: P.WorkerConfig) -> RolloutEngine:
-    """Builds the worker's env, policy and rollout engine from its config."""
+    """Builds the worker's env, policy and rollout engine from its config (with the one engine builder)."""
     # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
-    env = make_env(resolve_import_path(config.create_env_fn), **config.env_kwargs)
-    try:
-        factory = resolve_import_path(config.policy_factory)
-        policy = factory() if factory is not None else config.policy
-        devices = resolve_devices(**config.devices, env_default=env.device, policy=policy)
-        if isinstance(policy, torch.nn.Module):
-            policy = PolicyWeights.place(policy, devices.policy)
-        adapter = wrap_policy(
-            policy,
-            observation_keys=env.observation_spec.leaf_keys(),
-            action_spec=env.action_spec,
-            batch_size=env.batch_size,
-        )
-        engine = RolloutEngine(
-            env,
-            adapter,
-            frames_per_batch=config.frames_per_batch,
-            devices=devices,
-            max_frames_per_traj=config.max_frames_per_traj,
-            init_random_frames=config.init_random_frames,
-            reset_at_each_iter=config.reset_at_each_iter,
-            exploration_type=parse_exploration_type(config.exploration_type),
-            traj_id_offset=config.index,
-            traj_id_stride=config.n_workers,
-        )
-    except BaseException:
-        env.close()
-        raise
+    engine = rollout.build_engine(
+        resolve_import_path(config.create_env_fn),
+        env_kwargs=config.env_kwargs,
+        policy=config.policy,
+        policy_factory=resolve_import_path(config.policy_factory),
+        devices=config.devices,
+        frames_per_batch=config.frames_per_batch,
+        max_frames_per_traj=config.max_frames_per_traj,
+        init_random_frames=config.init_random_frames,
+        reset_at_each_iter=config.reset_at_each_iter,
+        exploration_type=parse_exploration_type(config.exploration_type),
+        traj_id_offset=config.index,
+        traj_id_stride=config.n_workers,
+    )
     engine.next_traj_counter = config.next_traj_counter
     engine.frames = config.frames
     return engine

@@ -27,11 +27,21 @@ from acollect.errors import ConfigurationError, ProtocolError
 from acollect.transport.auth import ClientKeys
 from acollect.worker import protocol as P
 
-__all__ = ["decode_config", "encode_config", "resolve_import_path"]
+__all__ = ["decode_config", "encode_config", "is_import_path", "resolve_import_path"]
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # Filled in by the worker itself, never taken from the collector.
 _LOCAL_FIELDS = ("address", "parent_pid", "remote", "keys")
+
+
+def is_import_path(value: Any) -> bool:
+    """Whether ``value`` is a ``"pkg.module:attr"`` string (which a worker resolves), not a gymnasium id.
+
+    Examples:
+        >>> is_import_path("acollect.testing:CountingEnv"), is_import_path("CartPole-v1")
+        (True, False)
+    """
+    return isinstance(value, str) and _IMPORT_PATH.match(value) is not None
 
 
 def resolve_import_path(value: Any) -> Any:
@@ -44,7 +54,7 @@ def resolve_import_path(value: Any) -> Any:
         >>> resolve_import_path("CartPole-v1")
         'CartPole-v1'
     """
-    if not isinstance(value, str) or not _IMPORT_PATH.match(value):
+    if not is_import_path(value):
         return value
     module_name, _, attr = value.partition(":")
     try:

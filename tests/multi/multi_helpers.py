@@ -33,3 +33,15 @@ class NestedProbe(torch.nn.Module):
 def nested_probe() -> NestedProbe:
     """A ``policy_factory``: the trainer never sees the policy the workers build."""
     return NestedProbe(0.0)
+
+
+def writes_logits(td: TensorDictBase) -> TensorDictBase:
+    """A TensorDict policy that forgets to write ``"action"``: refused when a worker builds it."""
+    return td.set("logits", torch.zeros(td.batch_size[0], 2))
+
+
+class ActsSeven(torch.nn.Module):
+    """A policy whose action (7) is outside CartPole's ``Discrete(2)``."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.full((observation.shape[0],), 7)

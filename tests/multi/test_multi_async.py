@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import psutil
+import pytest
 import torch
-from multi_helpers import report_threads
+from multi_helpers import ActsSeven, report_threads
 
-from acollect import AsyncCollector, MultiAsyncCollector, ReplayBuffer
+from acollect import AsyncCollector, ConfigurationError, GymEnv, MultiAsyncCollector, RemoteError, ReplayBuffer
 from acollect.testing import CountingEnv, PixelEnv, SlowEnv, WeightProbe, assert_counting_batch
 
 
@@ -90,3 +93,34 @@ async def test_async_collector_weights_apply_at_a_batch_boundary(start_method: s
             assert batch["action"].eq(int(version[0, 0])).all()
         assert int(version[0, 0]) == 1
     assert torch.is_tensor(batch["collector", "worker_id"])
+
+
+def test_an_unregistered_gym_id_is_refused_at_construction() -> None:
+    for cls in (MultiAsyncCollector, AsyncCollector):
+        with pytest.raises(ConfigurationError, match="did you mean 'CartPole-v1'"):
+            cls(functools.partial(GymEnv, "CartPol-v1"), frames_per_batch=8)
+
+
+async def test_a_policy_refused_in_the_worker_fails_entry(start_method: str) -> None:
+    collector = MultiAsyncCollector("CartPole-v1", ActsSeven(), num_workers=2, frames_per_batch=8,
+                                    start_method=start_method)  # fmt: skip
+    with anyio.fail_after(60), pytest.raises(RemoteError, match="outside the action space") as info:
+        await collector.__aenter__()
+    assert info.value.type_name.rsplit(".", 1)[-1] == "PolicyError"
+
+
+async def test_frames_per_batch_rounded_once_and_the_attribute_tells_the_truth(start_method: str) -> None:
+    with pytest.warns(UserWarning, match=r"\(3 per worker\): each batch holds 102 frames") as w:
+        collector = MultiAsyncCollector("CartPole-v1", num_workers=2, frames_per_batch=100,
+                                        env_kwargs={"num_envs": 3}, start_method=start_method)  # fmt: skip
+    assert [x.filename for x in w] == [__file__]
+    assert collector.frames_per_batch == 102
+    async with collector:
+        batch = await anext(collector)
+    assert batch.numel() == 102
+    late = MultiAsyncCollector([lambda: CountingEnv(num_envs=3)] * 2, frames_per_batch=100, start_method=start_method)
+    with pytest.warns(UserWarning, match="each batch holds 102 frames") as w:
+        async with late:
+            batch = await anext(late)
+    assert [x.filename for x in w] == [__file__]
+    assert late.frames_per_batch == batch.numel() == 102

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import anyio
 import pytest
 import torch
+from multi_helpers import ActsSeven, writes_logits
 
 from acollect import (
     ClosedCollectorError,
     ConfigurationError,
+    GymEnv,
     MultiSyncCollector,
+    RemoteError,
     ZmqWeightSyncScheme,
 )
-from acollect.testing import CountingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
+from acollect.testing import CountingEnv, CrashingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
 
 
 def counting(num_envs: int = 2, episode_length: int = 3):
@@ -225,3 +231,69 @@ async def test_cancelled_consumer_leaves_nothing(start_method: str) -> None:
         with anyio.move_on_after(1.0) as scope:
             await anext(collector)
         assert scope.cancelled_caught
+
+
+def test_an_unregistered_gym_id_is_refused_at_construction() -> None:
+    for env in ("CartPol-v1", functools.partial(GymEnv, "CartPol-v1", num_envs=2)):
+        with pytest.raises(ConfigurationError, match=r"'CartPol-v1' is not a registered.*did you mean 'CartPole-v1'"):
+            MultiSyncCollector(env, num_workers=2, frames_per_batch=8)
+    with pytest.raises(ConfigurationError, match=r"create_env_fn_list\[1\]='NoSuchEnv-v0'"):
+        MultiSyncCollector(["CartPole-v1", "NoSuchEnv-v0"], frames_per_batch=8)
+
+
+@pytest.mark.parametrize(
+    ("policy", "match"),
+    [(writes_logits, "did not write 'action'"), (ActsSeven(), r"outside the action space: 7.*Categorical")],
+    ids=["no-action-key", "action-out-of-space"],
+)
+async def test_a_policy_refused_in_the_worker_fails_entry_not_the_first_batch(
+    start_method: str, policy: object, match: str
+) -> None:
+    # The worker checks the policy when it builds it and reports before its hello: `async with` raises.
+    collector = MultiSyncCollector("CartPole-v1", policy, num_workers=2, frames_per_batch=8, start_method=start_method)
+    with anyio.fail_after(60), pytest.raises(RemoteError, match=match) as info:
+        await collector.__aenter__()
+    assert info.value.type_name.rsplit(".", 1)[-1] == "PolicyError"
+    assert collector.frames == 0
+
+
+async def test_frames_per_batch_rounded_at_construction_when_the_arguments_say_the_envs(start_method: str) -> None:
+    with pytest.warns(UserWarning, match=r"\(2 workers x 3 envs\): each batch holds 102 frames") as w:
+        collector = MultiSyncCollector(
+            functools.partial(GymEnv, "CartPole-v1", num_envs=3), num_workers=2, frames_per_batch=100,
+            total_frames=204, start_method=start_method,
+        )  # fmt: skip
+    assert [x.filename for x in w] == [__file__]
+    assert (collector.requested_frames_per_batch, collector.frames_per_batch, len(collector)) == (100, 102, 2)
+    async with collector:
+        sizes = [batch.numel() async for batch in collector]
+    assert sizes == [102, 102]
+
+
+async def test_frames_per_batch_rounded_at_set_up_when_only_the_workers_know(start_method: str) -> None:
+    collector = MultiSyncCollector([counting(num_envs=3)] * 2, frames_per_batch=100, start_method=start_method)
+    assert collector.frames_per_batch == 100  # a factory: only building the envs tells how many
+    with pytest.warns(UserWarning, match=r"\(2 workers x 3 envs\): each batch holds 102 frames") as w:
+        async with collector:
+            batch = await anext(collector)
+    assert [x.filename for x in w] == [__file__]
+    assert collector.frames_per_batch == batch.numel() == 102
+
+
+async def test_a_remote_traceback_is_raised_once_never_logged_too(
+    start_method: str, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A user with no logging configured would see a logged error through logging's last-resort handler,
+    # then the same traceback again in the exception: only the exception carries it.
+    caplog.set_level(logging.DEBUG, logger="acollect")
+    collector = MultiSyncCollector(
+        [CountingEnv, lambda: CrashingEnv(crash_at_step=3, exc_type=KeyError)], frames_per_batch=20,
+        start_method=start_method,
+    )  # fmt: skip
+    async with collector:
+        with anyio.fail_after(30), pytest.raises(RemoteError) as info:
+            await anext(collector)
+    assert "CrashingEnv crashed at step 3" in str(info.value)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    out, err = capfd.readouterr()
+    assert "CrashingEnv crashed at step 3" not in out + err

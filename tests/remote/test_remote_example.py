@@ -29,7 +29,7 @@ def test_remote_workers_example(tmp_path: Path) -> None:
     assert trainer is not None
     port = _free_port()
     source = trainer.group(1).replace("tcp://0.0.0.0:5555", f"tcp://127.0.0.1:{port}")
-    source = source.replace("total_frames=200_000", "total_frames=3072")  # 3 batches: a smoke run
+    source = source.replace("total_frames=204_800", "total_frames=3072")  # 3 batches: a smoke run
     assert f"127.0.0.1:{port}" in source
     assert "total_frames=3072" in source
     (tmp_path / "trainer.py").write_text(source, encoding="utf-8")

@@ -1,0 +1,64 @@
+"""acollect's own warnings, attributed to the line of user code that led to them.
+
+A fixed ``stacklevel`` is wrong as soon as the same check is reached through a
+different number of acollect frames (``Collector`` and ``MultiSyncCollector``
+call the shared checks from different depths), and a warning raised in a
+collection thread has no user frame above it at all. :func:`warn` therefore
+walks the stack to the first frame outside the acollect package. In a thread
+started by :func:`acollect._threads.run_in_thread` it does not warn there: it
+keeps the warning, and the awaiting task emits it when the thread is done, so
+that it points at the ``async with`` / ``async for`` line that waited for it.
+(``warnings.catch_warnings`` cannot do this: it swaps process-wide state, and
+would capture or lose the warnings of every other thread meanwhile.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+
+__all__ = ["KeptWarnings", "emit", "warn"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_local = threading.local()
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside acollect, as seen from :func:`warn`'s caller's call."""
+    frame = sys._getframe(2)  # the caller of warn() or emit()
+    level = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warns, pointing at the user's line (or keeps it for the awaiting task, in a collection thread)."""
+    kept: list[tuple[str, type[Warning]]] | None = getattr(_local, "kept", None)
+    if kept is not None:
+        kept.append((message, category))
+        return
+    warnings.warn(message, category, stacklevel=_user_stacklevel())
+
+
+def emit(kept: list[tuple[str, type[Warning]]]) -> None:
+    """Emits warnings kept in a thread, from the task that awaited it (pointing at the user's line)."""
+    for message, category in kept:
+        warnings.warn(message, category, stacklevel=_user_stacklevel())
+
+
+class KeptWarnings:
+    """In the current thread, keeps what :func:`warn` is given in ``self.kept`` instead of warning."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[str, type[Warning]]] = []
+
+    def __enter__(self) -> list[tuple[str, type[Warning]]]:
+        _local.kept = self.kept
+        return self.kept
+
+    def __exit__(self, *exc_info: object) -> None:
+        _local.kept = None
