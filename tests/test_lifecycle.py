@@ -5,6 +5,9 @@ code runs on both event loops, and every scenario has its own deadline (``anyio.
 overlap that hangs fails the test instead of the suite. After each scenario, nothing is left: no
 worker process, no shared-memory segment, no acollect thread.
 
+Collector classes: in-process, MultiSync, MultiAsync, AsyncCollector and DistributedCollector (a real gloo
+process group); RayCollector needs asyncio and a Ray cluster, and is checked in ``tests/launchers``.
+
 The rules (``docs/concepts.md``, "Calling from several tasks"):
 
 * two ``async_shutdown()`` at once: both return only when everything is gone;
@@ -30,6 +33,7 @@ from acollect import (
     AsyncCollector,
     Collector,
     CollectorState,
+    DistributedCollector,
     MultiAsyncCollector,
     MultiSyncCollector,
     ReplayBuffer,
@@ -49,7 +53,7 @@ from acollect.testing import (
 
 START_METHOD = os.environ.get("ACOLLECT_TEST_START_METHOD", "forkserver")
 BACKENDS = ["asyncio", "trio"]
-KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector"]
+KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector", "Distributed"]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,6 +68,8 @@ def make(kind: str, env: Callable[[], Any], policy: Any = None, **kwargs: Any) -
         return MultiSyncCollector([env] * 2, policy, **workers, **kwargs)
     if kind == "MultiAsync":
         return MultiAsyncCollector([env] * 2, policy, **workers, **kwargs)
+    if kind == "Distributed":  # batches and weights over a real gloo process group
+        return DistributedCollector(env, policy, num_workers=2, backend="gloo", **workers, **kwargs)
     return AsyncCollector(env, policy, **workers, **kwargs)
 
 
