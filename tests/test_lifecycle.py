@@ -292,3 +292,30 @@ def test_iterating_a_background_collector_is_refused_at_once(backend: str) -> No
                     await anext(collector)
 
     run(backend, scenario)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_shutdown_from_another_task_ends_a_set_up_in_progress(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        # Workers that take seconds to say hello: the shutdown lands while `async with` is setting up.
+        env = functools.partial(SlowEnv, 0.0, num_envs=2, reset_time=3.0)
+        collector = make(kind, env, reset_at_each_iter=False)
+        outcome: list[BaseException] = []
+
+        async def enter() -> None:
+            try:
+                async with collector:
+                    await anext(collector)
+            except ClosedCollectorError as exc:
+                outcome.append(exc)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(enter)
+                await anyio.sleep(0.5)
+                await collector.async_shutdown()
+        assert collector.state is CollectorState.CLOSED
+        assert len(outcome) == 1, "the task setting the collector up must get ClosedCollectorError"
+
+    run(backend, scenario)

@@ -251,9 +251,9 @@ class CollectorBase(ReportingMixin):
 
     # -- async resource ------------------------------------------------------------------
     async def __aenter__(self: _Collector) -> _Collector:
-        self._check_usable("enter the collector")
         try:
-            await self._ensure_setup()
+            with self._call("enter the collector"):  # a shutdown from another task ends the set-up too
+                await self._ensure_setup()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.async_shutdown(raise_background_error=False)
