@@ -71,6 +71,7 @@ class _DistPool(WorkerPool):
         super().__init__(*args, **kwargs)
         self.dist_options = dist_options
         self.dist_ready = False
+        self._owns_group = False
         self._weights_group: Any = None
         self._broadcasts: list[Any] = []  # the last push's broadcast works (and their buffers)
         self._broadcast_version = -1
@@ -91,6 +92,9 @@ class _DistPool(WorkerPool):
         for handle in self.handles:
             await self.send(handle, P.DIST_INIT, {**fields, "rank": handle.index + 1, "world_size": world_size})
         init = partial(init_groups, o["backend"], o["init_method"], 0, len(self.handles) + 1, o["timeout"])
+        # Ours from here on (start() refused a group that existed before): a start cancelled while the
+        # group forms still destroys it at close, or it would refuse every later distributed collector.
+        self._owns_group = True
         self._weights_group = await run_in_thread(lambda _stop: init(), name="dist-init")
         self.dist_ready = True
 
@@ -140,8 +144,9 @@ class _DistPool(WorkerPool):
     async def close(self, limit: float) -> None:
         await super().close(limit)
         self._broadcasts = []
-        if self.dist_ready and dist.is_initialized():
-            self.dist_ready = False
+        self.dist_ready = False
+        if self._owns_group and dist.is_initialized():
+            self._owns_group = False
             dist.destroy_process_group()
 
 
