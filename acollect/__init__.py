@@ -11,6 +11,7 @@ TorchRL's names (``SyncDataCollector``, ``MultiSyncDataCollector``, ``RPCCollect
 from here too, for code written against TorchRL, but live in :mod:`acollect.compat.torchrl`.
 """
 
+from acollect.collectors import AsyncBatchedCollector as AsyncBatchedCollector
 from acollect.collectors import AsyncCollector as AsyncCollector
 from acollect.collectors import Collector as Collector
 from acollect.collectors import CollectorBase as CollectorBase
@@ -53,6 +54,8 @@ from acollect.errors import WeightSyncError as WeightSyncError
 from acollect.errors import WorkerCrashedError as WorkerCrashedError
 from acollect.errors import WorkerError as WorkerError
 from acollect.errors import WorkerTimeoutError as WorkerTimeoutError
+from acollect.inference import InferenceServer as InferenceServer
+from acollect.inference import InferenceStats as InferenceStats
 from acollect.launchers import submitit_delayed_launcher as submitit_delayed_launcher
 from acollect.replay_buffer import ReplayBuffer as ReplayBuffer
 from acollect.stats import CollectorStats as CollectorStats
@@ -61,6 +64,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcollectError",
+    "AsyncBatchedCollector",
     "AsyncCollector",
     "BackgroundCollectionError",
     "ClosedCollectorError",
@@ -76,6 +80,8 @@ __all__ = [
     "EnvBase",
     "EnvError",
     "GymEnv",
+    "InferenceServer",
+    "InferenceStats",
     "MultiAsyncCollector",
     "MultiSyncCollector",
     "PolicyError",

@@ -65,6 +65,9 @@ class PolicyAdapter:
         """The ``nn.Module`` holding the weights, if any."""
         return self.module if isinstance(self.module, torch.nn.Module) else None
 
+    def close(self) -> None:
+        """Frees what the policy holds besides its module (a remote policy's connection); idempotent."""
+
 
 class RandomPolicy(PolicyAdapter):
     """Samples actions uniformly from the action spec.

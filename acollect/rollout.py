@@ -145,6 +145,7 @@ class RolloutEngine:
         self._needs_reset = True
         self._seed: int | None = None
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
+        self._versions_from_policy = False
         self._read_only_policy = isinstance(policy, (ModulePolicy, RandomPolicy))
         self._probe_policy()
 
@@ -164,6 +165,8 @@ class RolloutEngine:
             outputs = self.policy(self._policy_input())
         self._check_outputs(outputs)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
+        # A policy answered by an inference server says, per step, which weights chose the action.
+        self._versions_from_policy = (_COLLECTOR, "policy_version") in self._out_specs
 
     def _check_outputs(self, outputs: dict[NestedKey, torch.Tensor]) -> None:
         if "action" not in outputs:
@@ -324,7 +327,8 @@ class RolloutEngine:
                 self._traj_steps[finished] = 0
 
         torch.logical_or(next_td.get("terminated"), next_td.get("truncated"), out=next_td.get("done"))
-        batch.get((_COLLECTOR, "policy_version")).fill_(self.policy_version)
+        if not self._versions_from_policy:
+            batch.get((_COLLECTOR, "policy_version")).fill_(self.policy_version)
         self.frames += self.frames_per_batch
         batch.names = [None, "time"]
         return batch
@@ -341,8 +345,11 @@ class RolloutEngine:
             self.env.reset_into(self._root, mask=over)
 
     def close(self) -> None:
-        """Closes the env; idempotent."""
-        self.env.close()
+        """Closes the env and the policy's connections; idempotent."""
+        try:
+            self.env.close()
+        finally:
+            self.policy.close()
 
     # -- introspection ---------------------------------------------------------------
     @property

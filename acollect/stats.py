@@ -253,6 +253,8 @@ class CollectorStats:
         worker_frames_per_s: per worker, frames per second over the last 10 seconds.
         restarts: worker processes restarted after a crash or hang.
         dropped_batches: batches lost to worker restarts.
+        inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
+            server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
     """
 
     frames: int = 0
@@ -269,6 +271,7 @@ class CollectorStats:
     worker_frames_per_s: dict[int, float] = field(default_factory=dict)
     restarts: int = 0
     dropped_batches: int = 0
+    inference: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A plain dict (for loggers such as TensorBoard or wandb)."""

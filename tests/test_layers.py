@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
     {"rollout", "weights"},
     {"transport"},
+    {"inference"},
     {"worker"},
     {"launchers"},
     {"pool"},

@@ -7,11 +7,13 @@ runs, and the modules a weight push may name (:func:`resolve_model`).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
 from acollect import rollout
+from acollect.inference.client import RemotePolicy
 from acollect.policy import parse_exploration_type
 from acollect.rollout import RolloutEngine
 from acollect.worker import protocol as P
@@ -20,13 +22,35 @@ from acollect.worker.config_codec import resolve_import_path
 __all__ = ["build_engine", "resolve_model"]
 
 
-def build_engine(config: P.WorkerConfig) -> RolloutEngine:
-    """Builds the worker's env, policy and rollout engine from its config (with the one engine builder)."""
+def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = None) -> RolloutEngine:
+    """Builds the worker's env, policy and rollout engine from its config (with the one engine builder).
+
+    With ``config.inference``, the policy is a :class:`~acollect.inference.client.RemotePolicy` asking the
+    collector's inference server; ``interrupt`` (the worker's pause and stop) abandons a step waiting on it.
+    """
+    policy = config.policy
+    if config.inference is not None:
+        identity = P.worker_identity(config.index, config.generation) + b"i"
+        policy = RemotePolicy(
+            config.inference["address"], identity, interrupt=interrupt, interrupted=rollout.RolloutInterrupted
+        )
     # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
-    engine = rollout.build_engine(
+    try:
+        engine = _build(config, policy)
+    except BaseException:
+        if isinstance(policy, RemotePolicy):
+            policy.close()
+        raise
+    engine.next_traj_counter = config.next_traj_counter
+    engine.frames = config.frames
+    return engine
+
+
+def _build(config: P.WorkerConfig, policy: Any) -> RolloutEngine:
+    return rollout.build_engine(
         resolve_import_path(config.create_env_fn),
         env_kwargs=config.env_kwargs,
-        policy=config.policy,
+        policy=policy,
         policy_factory=resolve_import_path(config.policy_factory),
         devices=config.devices,
         frames_per_batch=config.frames_per_batch,
@@ -37,9 +61,6 @@ def build_engine(config: P.WorkerConfig) -> RolloutEngine:
         traj_id_offset=config.index,
         traj_id_stride=config.n_workers,
     )
-    engine.next_traj_counter = config.next_traj_counter
-    engine.frames = config.frames
-    return engine
 
 
 def resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:

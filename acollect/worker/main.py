@@ -128,7 +128,7 @@ class _Worker:
     # -- main loop ------------------------------------------------------------------
     def run(self) -> int:
         try:
-            self.engine = build_engine(self.config)
+            self.engine = build_engine(self.config, self.interrupt)
             layout, _ = encode_tensordict(self.engine.allocate())
             self.layout = layout
         except Exception as exc:

@@ -158,3 +158,6 @@ class WorkerConfig:
     frames: int = 0
     remote: bool = False
     keys: Any = None
+    #: central inference: ``{"address": ...}`` of the inference server that chooses this worker's actions
+    #: (the worker then gets no policy of its own)
+    inference: dict[str, Any] | None = None

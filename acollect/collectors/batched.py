@@ -1,0 +1,220 @@
+"""AsyncBatchedCollector: env workers only step; one inference server runs the policy for all of them.
+
+The workers are the same processes as :class:`~acollect.MultiAsyncCollector`'s (same launchers, same
+rollout engine, same batch layout, crash and hang detection, credits), except that their policy is a
+:class:`~acollect.inference.client.RemotePolicy`: at every step each worker sends its observations to
+an :class:`~acollect.InferenceServer` in this process, which runs one forward pass over the observations
+of every waiting worker, on the trainer's device, in a thread of its own. Weight updates are one copy
+into the server's inference copy of the policy, between two forward passes.
+
+Examples:
+    >>> import anyio, torch
+    >>> from tensordict.nn import TensorDictModule
+    >>> from acollect import AsyncBatchedCollector
+    >>> from acollect.testing import CountingEnv
+    >>> policy = TensorDictModule(lambda obs: (obs[..., 0] > 2).long(), in_keys=["observation"], out_keys=["action"])
+    >>> async def main():
+    ...     async with AsyncBatchedCollector([CountingEnv] * 2, policy, frames_per_batch=4, total_frames=8) as c:
+    ...         return [tuple(b.shape) async for b in c]
+    >>> anyio.run(main)
+    [(1, 4), (1, 4)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from typing_extensions import Unpack
+
+from acollect._validate import check_int, check_seconds
+from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.dispatch import FirstReady
+from acollect.collectors.options import WorkerOptions
+from acollect.collectors.worker_configs import build_worker_configs
+from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.inference import InferenceServer
+from acollect.policy import PolicyLike
+from acollect.stats import CollectorStats
+
+__all__ = ["AsyncBatchedCollector"]
+
+
+class AsyncBatchedCollector(MultiCollectorBase):
+    """Env worker processes and one batched forward pass in this process: central inference.
+
+    Each worker steps its envs and sends their observations to the collector's
+    :class:`~acollect.InferenceServer`, which runs the policy once on the observations of all waiting workers
+    (up to ``max_batch_size``, or whatever came within ``max_wait``) on ``device`` and sends the actions back.
+    Batches are each worker's ``[n_envs, T]`` batch, first ready first served, as from
+    :class:`~acollect.MultiAsyncCollector` (same keys, dtypes and layout), and every frame's
+    ``("collector", "policy_version")`` is the version of the weights that chose its action.
+
+    Choose it when the policy is large (a CNN on pixels, a wide MLP, a transformer), belongs on a GPU, or
+    should not be copied into every worker; for a small MLP on CPU the policy in every worker
+    (:class:`~acollect.MultiAsyncCollector`) saves the round trip per step.
+
+    Args:
+        create_env_fn: one env factory per worker (a list), or one factory for ``num_workers`` workers (each an
+            env, a gymnasium id, or a callable returning a batched env).
+        policy: the policy (``TensorDictModule``, ``nn.Module`` taking the observation, or a callable on
+            TensorDicts). The server runs a copy of it on ``device``; this object stays yours to train, and
+            :meth:`update_policy_weights_` copies its weights into the server's copy.
+
+    Keyword Args:
+        policy_factory (callable | None): builds the server's policy in this process instead of ``policy``.
+        max_batch_size (int | None): the most observations in one forward pass (default: every env of every
+            worker).
+        max_wait (float): seconds a waiting observation may wait for others to join its forward pass (default
+            0.002). A pass runs at once when every worker is waiting.
+        device (device | None): where the policy runs (default: where its parameters are).
+        credits (int): batches each worker may collect ahead of the trainer (default 2).
+        **options: the options of :class:`~acollect.MultiAsyncCollector` (``frames_per_batch``,
+            ``total_frames``, ``num_workers``, ``env_device``, ``storing_device``, ``env_kwargs``, launchers,
+            timeouts, ``copy_batches``, ``postproc``, ...), checked as there. ``policy_device`` means ``device``.
+
+    Raises:
+        ConfigurationError: a bad argument (named in the message).
+    """
+
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        max_batch_size: int | None = None,
+        max_wait: float = 0.002,
+        credits: int = 2,
+        **options: Unpack[WorkerOptions],
+    ) -> None:
+        self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1, optional=True)
+        self.max_wait = check_seconds("max_wait", max_wait, allow_zero=True)
+        rest: dict[str, Any] = dict(options)
+        device, policy_device = rest.pop("device", None), rest.pop("policy_device", None)
+        if device is not None and policy_device is not None:
+            raise ConfigurationError.bad_value(
+                "policy_device", policy_device, "None when device is given (both name the inference device)"
+            )
+        self.device = policy_device if policy_device is not None else device
+        if isinstance(self.device, (list, tuple)):
+            raise ConfigurationError.bad_value("device", self.device, "one device: the inference server's")
+        if policy is None and rest.get("policy_factory") is None:
+            raise ConfigurationError.bad_value(
+                "policy", None, "a policy (or a policy_factory): the inference server runs it for every worker"
+            )
+        if "storing_device" not in rest:
+            rest["storing_device"] = "cpu"  # batches come from the workers' envs, not from the inference device
+        self._server: InferenceServer | None = None
+        super().__init__(create_env_fn, policy, rest, dispatch=FirstReady(credits))
+        if isinstance(self.settings.policy_factory, str):
+            raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
+
+    def _build_configs(self, fns: list[Any]) -> None:
+        # The workers get no policy: theirs is the server, which builds the policy (factory included) here.
+        settings = dataclasses.replace(self.settings, policy_factory=None)
+        self._configs = build_worker_configs(fns, None, settings, self._requested_worker_frames(len(fns)))
+
+    def _server_address(self) -> str:
+        if self.address is not None and self.address.startswith("tcp://"):
+            return self.address.rsplit(":", 1)[0]  # the collector's host, a free port
+        if self.launcher.same_host:
+            return "ipc"
+        address = self.launcher.default_address()
+        assert address is not None
+        return address
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def _setup(self) -> None:
+        if self._server_keys is not None:
+            raise ConfigurationError.bad_value(
+                "keys", self._server_keys, "None: the inference server does not encrypt its connections yet"
+            )
+        server = InferenceServer(
+            self._policy_arg,
+            policy_factory=self.settings.policy_factory,
+            max_batch_size=self.max_batch_size or 1 << 30,
+            max_wait=self.max_wait,
+            device=self.device,
+            exploration_type=self.settings.exploration_type,
+            address=self._server_address(),
+        )
+        server.version = self._initial_version
+        self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
+        await server.start(self._tasks)
+        for config in self._configs:
+            config.inference = {"address": server.address}
+        server.expect_sources(self.num_workers)
+        await super()._setup()
+        if self.max_batch_size is None:
+            assert self._pool is not None
+            server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
+
+    async def _teardown(self) -> None:
+        try:
+            await super()._teardown()
+        finally:
+            server, self._server = self._server, None
+            if server is not None:
+                self._initial_version = server.version
+                await server.aclose()
+
+    @property
+    def server(self) -> InferenceServer:
+        """The inference server (while the collector runs)."""
+        if self._server is None:
+            raise CollectorStateError("the collector's inference server is not running")
+        return self._server
+
+    # -- weights -------------------------------------------------------------------------------
+    @property
+    def policy_version(self) -> int:
+        """Version of the weights the server's next forward pass runs with."""
+        return self._server.version if self._server is not None else self._initial_version
+
+    async def update_policy_weights_(  # type: ignore[override]
+        self,
+        policy_or_weights: torch.nn.Module | TensorDictBase | Mapping[str, torch.Tensor] | None = None,
+        *,
+        policy: torch.nn.Module | None = None,
+        weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
+    ) -> int:
+        """Copies new weights into the server's policy between two forward passes; returns the new version.
+
+        Every action chosen afterwards carries the new ``("collector", "policy_version")``. Passing nothing
+        copies the weights of the ``policy`` given at construction (the one you train).
+
+        Args:
+            policy_or_weights: an ``nn.Module``, a TensorDict of weights or a state dict.
+            policy: keyword form for a module.
+            weights: keyword form for weights.
+
+        Raises:
+            ConfigurationError: the weights do not fit the policy (nothing changed).
+        """
+        self._check_usable("update_policy_weights_()")
+        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
+        if len(given) > 1:
+            raise ConfigurationError("update_policy_weights_() takes one source of weights: a policy or weights")
+        source = given[0] if given else self._policy_arg
+        with self._call("update_policy_weights_()"):
+            await self._ensure_setup()
+            return await self.server.update_policy_weights_(source)
+
+    async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
+        # Pushes the base class would send to every worker (restored state, update_after_each_batch) go to the server.
+        if set(models) != {"policy"}:
+            raise ConfigurationError.bad_value("model_id", sorted(models), "'policy' (the server's only model)")
+        version = await self.server.update_policy_weights_(models["policy"])
+        self._last_push = self._batches
+        return version
+
+    # -- stats ---------------------------------------------------------------------------------
+    def stats(self) -> CollectorStats:
+        """As for every collector, plus ``inference``: the server's passes, batch sizes, fill rate and latency."""
+        stats = super().stats()
+        if self._server is None:
+            return stats
+        return dataclasses.replace(stats, inference=self._server.stats().as_dict())

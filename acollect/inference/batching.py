@@ -1,0 +1,243 @@
+"""What an inference server does between two waits: gather requests, run one forward pass, split the outputs.
+
+Plain synchronous code, run by the server's own thread (see :mod:`acollect.inference.server`):
+
+* :class:`Request`: one client's observations (``[n, ...]``) and, once served, its share of the outputs;
+* :class:`Batcher`: the pending requests and the rule that says when to run them;
+* :class:`Forward`: the policy (wrapped once the first observations show their keys), run on its device
+  under ``inference_mode`` on the concatenated observations;
+* :class:`InferenceStats`: what the server did (passes, batch sizes, latency).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, set_interaction_type
+
+from acollect.errors import PolicyError
+from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
+
+__all__ = ["Batcher", "Forward", "InferenceStats", "Request", "StatsRecorder"]
+
+_DONE_KEYS = ("done", "terminated", "truncated")
+_LATENCY_WINDOW = 1024
+
+
+@dataclass(eq=False)
+class Request:
+    """One client's observations, waiting for (then holding) the policy's outputs."""
+
+    td: TensorDictBase
+    #: who to answer: a ZeroMQ routing id, or ``None`` for a caller of ``InferenceServer.infer`` in this process
+    route: bytes | None = None
+    #: the client's request number, echoed in the reply (a stale reply is recognised by it)
+    seq: int = 0
+    #: requests from one source count once when the batcher asks whether every source is waiting
+    source: bytes | None = None
+    arrived: float = field(default_factory=time.monotonic)
+    outputs: TensorDict | None = None
+    version: int = 0
+    error: BaseException | None = None
+    #: set by the awaiting task (from its event loop) when it stops waiting: the reply is dropped
+    abandoned: bool = False
+
+    @property
+    def rows(self) -> int:
+        return int(self.td.batch_size[0]) if self.td.batch_dims else 1
+
+
+class Batcher:
+    """Pending requests and when to run them.
+
+    A batch runs as soon as one of these holds: the pending rows reach ``max_batch_size``; every one of
+    ``sources`` known sources has a request waiting (nobody else will come, waiting longer only adds
+    latency); or the oldest request has waited ``max_wait`` seconds.
+    """
+
+    def __init__(self, max_batch_size: int, max_wait: float, sources: int | None = None) -> None:
+        self.max_batch_size = max_batch_size
+        self.max_wait = max_wait
+        self.sources = sources
+        self.pending: deque[Request] = deque()
+        self._rows = 0
+
+    def add(self, request: Request) -> None:
+        self.pending.append(request)
+        self._rows += request.rows
+
+    def deadline(self) -> float | None:
+        """When the oldest pending request has waited long enough (``None``: nothing pending)."""
+        return self.pending[0].arrived + self.max_wait if self.pending else None
+
+    def ready(self, now: float) -> bool:
+        if not self.pending:
+            return False
+        if self._rows >= self.max_batch_size or now >= self.pending[0].arrived + self.max_wait:
+            return True
+        if self.sources is not None:
+            waiting = {r.source for r in self.pending if r.source is not None}
+            return len(waiting) >= self.sources
+        return False
+
+    def take(self) -> list[Request]:
+        """The oldest requests, up to ``max_batch_size`` rows (at least one request, whatever its size)."""
+        taken = [self.pending.popleft()]
+        rows = taken[0].rows
+        while self.pending and rows + self.pending[0].rows <= self.max_batch_size:
+            request = self.pending.popleft()
+            taken.append(request)
+            rows += request.rows
+        self._rows -= rows
+        return taken
+
+    def drain(self) -> list[Request]:
+        """Every pending request (the server is closing)."""
+        out = list(self.pending)
+        self.pending.clear()
+        self._rows = 0
+        return out
+
+
+class Forward:
+    """Runs the policy once on the observations of several requests and gives each its outputs.
+
+    Args:
+        module: the server's inference copy of the policy (a ``TensorDictModule``, an ``nn.Module`` taking
+            the observation, or a callable on TensorDicts), already on ``device``.
+        device: where the forward pass runs.
+        exploration_type: the tensordict interaction type set around each pass.
+    """
+
+    def __init__(self, module: Any, device: torch.device, exploration_type: InteractionType | None) -> None:
+        self.module = module
+        self.device = device
+        self.exploration_type = exploration_type
+        self._adapter: PolicyAdapter | None = None
+
+    def _adapter_for(self, td: TensorDictBase) -> PolicyAdapter:
+        if self._adapter is None:
+            keys: list[NestedKey] = [k for k in td.keys(include_nested=True, leaves_only=True) if k not in _DONE_KEYS]
+            adapter = wrap_policy(self.module, observation_keys=keys, action_spec=None, batch_size=td.batch_size)  # type: ignore[arg-type]
+            if isinstance(adapter, RandomPolicy):
+                raise PolicyError("an inference server needs a policy: it was given None")
+            self._adapter = adapter
+        return self._adapter
+
+    def __call__(self, requests: Sequence[Request], version: int) -> None:
+        """Fills ``outputs`` and ``version`` of every request (or raises what the policy raised)."""
+        tds = [r.td for r in requests]
+        inputs = tds[0] if len(tds) == 1 else torch.cat(tds, 0)
+        if inputs.device != self.device:
+            inputs = inputs.to(self.device, non_blocking=True)
+        adapter = self._adapter_for(inputs)
+        with torch.inference_mode(), _interaction(self.exploration_type):
+            outputs = adapter(inputs)
+        rows = inputs.batch_size[0]
+        for key, value in outputs.items():
+            if value.shape[:1] != (rows,):
+                raise PolicyError(
+                    f"the policy wrote {key!r} of shape {tuple(value.shape)} for {rows} observations: expected a "
+                    f"leading batch dim of {rows} (one entry per observation)"
+                )
+        # One transfer for all requests, then views: each request gets its rows of every output.
+        host = {k: v.to("cpu") if v.device.type != "cpu" else v for k, v in outputs.items()}
+        sizes = [r.rows for r in requests]
+        chunks = {k: torch.split(v, sizes) for k, v in host.items()}
+        for i, request in enumerate(requests):
+            out = TensorDict({}, batch_size=(sizes[i],))
+            for key, parts in chunks.items():
+                out.set(key, parts[i])
+            request.outputs = out
+            request.version = version
+
+
+class _interaction:
+    """``set_interaction_type`` for this thread only (where tensordict supports it)."""
+
+    def __init__(self, kind: InteractionType | None) -> None:
+        self._ctx: Any = None
+        if kind is not None:
+            try:
+                self._ctx = set_interaction_type(kind, thread_local=True)
+            except TypeError:  # tensordict without per-thread interaction types
+                self._ctx = set_interaction_type(kind)
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+
+
+@dataclass
+class InferenceStats:
+    """What an inference server did so far.
+
+    Attributes:
+        passes: forward passes run.
+        requests: requests answered.
+        rows: observations answered (frames, for a collector).
+        mean_batch_size: rows per forward pass.
+        fill_rate: ``mean_batch_size / max_batch_size``: how full the passes were.
+        latency_ms_mean: from a request's arrival to its answer, over the last 1024 requests (milliseconds).
+        latency_ms_p99: the 99th percentile of the same.
+        forward_ms_mean: time of one forward pass, outputs split included (milliseconds).
+        policy_version: the version of the weights the next pass runs with.
+    """
+
+    passes: int = 0
+    requests: int = 0
+    rows: int = 0
+    mean_batch_size: float = 0.0
+    fill_rate: float = 0.0
+    latency_ms_mean: float | None = None
+    latency_ms_p99: float | None = None
+    forward_ms_mean: float | None = None
+    policy_version: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures as a plain dict (for loggers)."""
+        return asdict(self)
+
+
+class StatsRecorder:
+    """Counts passes, rows and latencies (written by the server thread, read by anyone: plain ints and a deque)."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.max_batch_size = max_batch_size
+        self.passes = 0
+        self.requests = 0
+        self.rows = 0
+        self.forward_s = 0.0
+        self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+
+    def record(self, requests: Sequence[Request], started: float, ended: float) -> None:
+        self.passes += 1
+        self.requests += len(requests)
+        self.rows += sum(r.rows for r in requests)
+        self.forward_s += ended - started
+        self.latencies.extend(ended - r.arrived for r in requests)
+
+    def snapshot(self, version: int) -> InferenceStats:
+        latencies = sorted(self.latencies)
+        mean_batch = self.rows / self.passes if self.passes else 0.0
+        return InferenceStats(
+            passes=self.passes,
+            requests=self.requests,
+            rows=self.rows,
+            mean_batch_size=mean_batch,
+            fill_rate=mean_batch / self.max_batch_size if self.max_batch_size else 0.0,
+            latency_ms_mean=1000 * sum(latencies) / len(latencies) if latencies else None,
+            latency_ms_p99=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
+            forward_ms_mean=1000 * self.forward_s / self.passes if self.passes else None,
+            policy_version=version,
+        )

@@ -1,0 +1,89 @@
+"""An env worker's side of central inference: a policy that asks an inference server for its actions.
+
+:class:`RemotePolicy` is a :class:`~acollect.policy.PolicyAdapter` like any other, so a worker's
+rollout engine runs unchanged: at each step it sends the observations to the server (raw tensor
+frames over a ZeroMQ DEALER socket) and waits for the outputs. The reply's weight version is
+written, per step, under ``("collector", "policy_version")``, so every frame says which weights
+chose its action.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect.errors import ProtocolError, TransportError
+from acollect.inference import protocol as P
+from acollect.policy import NestedKey, PolicyAdapter
+from acollect.transport.wire import pack_message, unpack_message
+from acollect.transport.worker_socket import WorkerSocket
+
+__all__ = ["VERSION_KEY", "RemotePolicy"]
+
+#: where a remote policy writes the version of the weights that chose each action
+VERSION_KEY: tuple[str, str] = ("collector", "policy_version")
+
+_POLL = 0.05  # how often a waiting step looks at its interrupt event
+_SEND_TIMEOUT = 10.0
+
+
+class RemotePolicy(PolicyAdapter):
+    """Asks an inference server for the actions of a batch of observations (blocking).
+
+    Args:
+        address: the server's :attr:`~acollect.inference.InferenceServer.address`.
+        identity: this client's name on the server (bytes, unique per client).
+        interrupt: when set while a step waits for its answer, the step is abandoned with ``interrupted()``
+            (the worker's pause and stop); the late answer is recognised and dropped.
+        interrupted: the exception to raise then (the rollout engine's ``RolloutInterrupted``).
+        timeout: seconds a step may wait for its answer before :class:`~acollect.errors.TransportError`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        identity: bytes,
+        *,
+        interrupt: threading.Event | None = None,
+        interrupted: type[BaseException] = InterruptedError,
+        timeout: float = 60.0,
+    ) -> None:
+        self._sock = WorkerSocket(address, identity, hwm=4)
+        self._interrupt = interrupt
+        self._interrupted = interrupted
+        self._timeout = timeout
+        self._seq = 0
+        #: the version of the weights behind the last answer
+        self.version = 0
+
+    def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        self._seq += 1
+        seq = self._seq
+        self._sock.send(pack_message(P.REQUEST, {"seq": seq}, td), timeout=_SEND_TIMEOUT)
+        waited = 0.0
+        while True:
+            if self._interrupt is not None and self._interrupt.is_set():
+                raise self._interrupted
+            frames = self._sock.recv(timeout=_POLL)
+            if frames is None:
+                waited += _POLL
+                if waited > self._timeout:
+                    raise TransportError(f"the inference server at {self._sock!r} gave no answer in {self._timeout}s")
+                continue
+            header, outputs = unpack_message(frames, kinds=P.TO_CLIENT)
+            if header.get("seq") != seq:
+                continue  # the answer to a step abandoned earlier
+            if outputs is None:
+                raise ProtocolError("the inference server answered without outputs")
+            self.version = int(header["version"])
+            result: dict[NestedKey, torch.Tensor] = {
+                key: outputs.get(key) for key in outputs.keys(include_nested=True, leaves_only=True)
+            }
+            result[VERSION_KEY] = torch.full((td.batch_size[0],), self.version, dtype=torch.int64)
+            return result
+
+    def close(self) -> None:
+        """Closes the connection (idempotent)."""
+        self._sock.close()

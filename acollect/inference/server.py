@@ -1,0 +1,485 @@
+"""The inference server: one batched forward pass for many clients, in a thread of its own.
+
+Clients are env worker processes (a :class:`~acollect.inference.client.RemotePolicy` connected over
+ZeroMQ: observations and actions travel as raw tensor frames, never pickled) and async code in this
+process (:meth:`InferenceServer.infer`). The server thread gathers their requests
+(:class:`~acollect.inference.batching.Batcher`), concatenates them, runs the policy once on its device
+and scatters the outputs back. The event loop never waits on a forward pass: it only hands requests to
+the thread (a byte on a socket pair wakes it) and is woken by one when answers are ready.
+
+Weights: the server runs its own *inference copy* of the policy. :meth:`InferenceServer.update_policy_weights_`
+copies new weights into it between two forward passes, so training never races inference on the same
+parameters, and every answer carries the version of the weights that produced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import socket
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+import zmq
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import InteractionType
+
+from acollect._tasks import TaskOwner
+from acollect._threads import run_in_thread
+from acollect._validate import check_int, check_seconds
+from acollect.devices import DeviceLike
+from acollect.errors import CollectorStateError, ConfigurationError, ProtocolError
+from acollect.inference import protocol as P
+from acollect.inference.batching import Batcher, Forward, InferenceStats, Request, StatsRecorder
+from acollect.policy import PolicyLike, parse_exploration_type
+from acollect.transport.sockets import configure
+from acollect.transport.wire import pack_message, unpack_message
+from acollect.weights import as_weights, check_weights, structure_of
+
+__all__ = ["InferenceServer"]
+
+_IDLE_POLL_MS = 50  # how often an idle server thread looks at its stop event
+_CLOSE_TIMEOUT = 10.0
+
+
+class _Ticket:
+    """A weight update waiting for the server thread to apply it."""
+
+    def __init__(self, weights: TensorDictBase) -> None:
+        self.weights = weights
+        self.version = 0
+        self.error: BaseException | None = None
+        self.abandoned = False
+
+
+class InferenceServer:
+    """Batches the observations of many clients into one forward pass of a policy, in its own thread.
+
+    Args:
+        policy: the policy (a ``TensorDictModule``, an ``nn.Module`` taking the observation, or a callable on
+            TensorDicts). The server runs a copy of it (``copy.deepcopy``, moved to ``device``); the original
+            stays the caller's, to train.
+        policy_factory: a zero-argument callable building the server's policy instead of ``policy``.
+        max_batch_size: the most observations in one forward pass.
+        max_wait: seconds the oldest waiting request may wait for more to join it before the pass runs anyway.
+        device: where the policy runs (``None``: where its parameters are, else the CPU).
+        exploration_type: tensordict interaction type set around each forward pass (``"random"`` by default).
+        address: ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` to serve worker processes on as well
+            (``"ipc"`` or ``"tcp://<host>"`` pick a private path or a free port; ``None``: this process only).
+
+    Examples:
+        >>> import anyio, torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule
+        >>> net = TensorDictModule(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+        >>> async def main():
+        ...     async with InferenceServer(net, max_batch_size=8, max_wait=0.001) as server:
+        ...         obs = TensorDict({"observation": torch.zeros(3, 4)}, batch_size=[3])
+        ...         out = await server.infer(obs)
+        ...         return out["action"].shape, server.stats().rows
+        >>> anyio.run(main)
+        (torch.Size([3, 2]), 3)
+    """
+
+    def __init__(
+        self,
+        policy: PolicyLike = None,
+        *,
+        policy_factory: Callable[[], Any] | None = None,
+        max_batch_size: int = 64,
+        max_wait: float = 0.002,
+        device: DeviceLike = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        address: str | None = None,
+    ) -> None:
+        if (policy is None) == (policy_factory is None):
+            raise ConfigurationError.bad_value(
+                "policy", policy, "a policy, or None with a policy_factory (exactly one of the two)"
+            )
+        if policy_factory is not None and not callable(policy_factory):
+            raise ConfigurationError.bad_value("policy_factory", policy_factory, "a zero-argument callable")
+        self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
+        self.max_wait = check_seconds("max_wait", max_wait, allow_zero=True)
+        try:
+            self.device = torch.device(device) if device is not None else None
+        except (TypeError, RuntimeError) as exc:
+            raise ConfigurationError.bad_value("device", device, "a torch device or None") from exc
+        if address is not None and not (isinstance(address, str) and address.startswith(("ipc", "tcp://"))):
+            raise ConfigurationError.bad_value("address", address, "None, 'ipc', 'ipc://<path>' or 'tcp://<host>[:<port>]'")
+        self._address_arg = address
+        self._policy_arg = policy
+        self._policy_factory = policy_factory
+        self._exploration = parse_exploration_type(exploration_type)
+        self.batcher = Batcher(self.max_batch_size, self.max_wait)
+        self._recorder = StatsRecorder(self.max_batch_size)
+        #: version of the weights the next forward pass runs with
+        self.version = 0
+        self._forward: Forward | None = None
+        # Thread-safe hand-overs: deque appends and pops are atomic; the socket pairs wake the other side.
+        self._inbox: deque[Request] = deque()
+        self._tickets: deque[_Ticket] = deque()
+        self._answered: deque[Request | _Ticket] = deque()
+        self._events: dict[Request | _Ticket, anyio.Event] = {}
+        self._wake_r, self._wake_w = socket.socketpair()  # event loop -> server thread
+        self._done_r, self._done_w = socket.socketpair()  # server thread -> event loop
+        for sock in (self._wake_r, self._wake_w, self._done_r, self._done_w):
+            sock.setblocking(False)
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._address: str | None = None
+        self._tmpdir: str | None = None
+        self._tasks: TaskOwner | None = None
+        self._own_tasks = False
+        self._scopes: list[anyio.CancelScope] = []
+        self._thread_done = anyio.Event()
+        self._state = "new"
+        self._failure: BaseException | None = None
+
+    # -- life ----------------------------------------------------------------------------------
+    @property
+    def address(self) -> str | None:
+        """Where worker processes connect (the real path or port), once started with an ``address``."""
+        return self._address
+
+    @property
+    def running(self) -> bool:
+        """Whether the server answers requests."""
+        return self._state == "running" and self._failure is None
+
+    def set_max_batch_size(self, value: int) -> None:
+        """Changes ``max_batch_size`` (from the next forward pass on)."""
+        self.max_batch_size = self.batcher.max_batch_size = self._recorder.max_batch_size = check_int(
+            "max_batch_size", value, minimum=1
+        )
+
+    def expect_sources(self, sources: int | None) -> None:
+        """Runs a pass as soon as this many distinct remote clients (worker processes) all wait."""
+        self.batcher.sources = sources
+
+    async def __aenter__(self) -> InferenceServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self, tasks: TaskOwner | None = None) -> None:
+        """Builds the inference copy of the policy, binds ``address`` and starts the server thread.
+
+        Args:
+            tasks: the task group to run in (a collector's); ``None``: the server's own.
+        """
+        if self._state != "new":
+            raise CollectorStateError(f"an inference server starts once (it is {self._state})")
+        self._state = "starting"
+        module = await run_in_thread(lambda _stop: self._build(), name="inference-build")
+        self._forward = Forward(module, self._device_of(module), self._exploration)
+        if self._address_arg is not None:
+            self._bind(self._address_arg)
+        if tasks is None:
+            tasks = TaskOwner("InferenceServer", on_failure=self._fail)
+            tasks.ensure_group()
+            await tasks.started()
+            self._own_tasks = True
+        self._tasks = tasks
+        self._state = "running"
+        self._scopes = [
+            tasks.spawn(self._run_thread, name="inference-server"),
+            tasks.spawn(self._deliver, name="inference-answers"),
+        ]
+
+    def _build(self) -> Any:
+        module = self._policy_factory() if self._policy_factory is not None else copy.deepcopy(self._policy_arg)
+        if isinstance(module, torch.nn.Module):
+            if self.device is not None:
+                module = module.to(self.device)
+            module.eval()
+        return module
+
+    def _device_of(self, module: Any) -> torch.device:
+        if self.device is not None:
+            return self.device
+        if isinstance(module, torch.nn.Module):
+            for tensor in (*module.parameters(), *module.buffers()):
+                return tensor.device
+        return torch.device("cpu")
+
+    def _bind(self, address: str) -> None:
+        if address == "ipc":
+            self._tmpdir = tempfile.mkdtemp(prefix="acollect-inference-")
+            address = f"ipc://{self._tmpdir}/server.sock"
+        elif address.startswith("tcp://") and address.count(":") == 1:
+            address += ":0"
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        try:
+            configure(sock, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0, max_message_bytes=None)
+            sock.bind(address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ConfigurationError.bad_value("address", address, f"an address this process can bind ({exc})") from exc
+        self._sock = sock
+        self._address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent."""
+        if self._state == "closed":
+            return
+        started = self._state == "running"
+        self._state = "closed"
+        with anyio.CancelScope(shield=True):
+            for scope in self._scopes:
+                scope.cancel()
+            if started:
+                with anyio.move_on_after(timeout):
+                    await self._thread_done.wait()
+            if self._own_tasks and self._tasks is not None:
+                await self._tasks.aclose(timeout)
+        for event in self._events.values():
+            event.set()  # their requests have no outputs: the callers raise that the server closed
+        if self._sock is not None and self._thread_done.is_set() or not started:
+            self._close_socket()
+        for sock in (self._wake_r, self._wake_w, self._done_r, self._done_w):
+            sock.close()
+
+    def _close_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        if self._tmpdir is not None:
+            with contextlib.suppress(OSError):
+                for path in Path(self._tmpdir).iterdir():
+                    path.unlink()
+                Path(self._tmpdir).rmdir()
+            self._tmpdir = None
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failure = exc
+        for event in self._events.values():
+            event.set()
+
+    def _check_running(self, what: str) -> None:
+        if self._failure is not None:
+            raise CollectorStateError(f"{what}: the inference server failed") from self._failure
+        if self._state != "running":
+            raise CollectorStateError(f"{what}: the inference server is not running (it is {self._state}; use "
+                                      "`async with InferenceServer(...)` or `await server.start()`)")  # fmt: skip
+
+    # -- in-process clients ---------------------------------------------------------------------
+    async def infer(self, td: TensorDictBase) -> TensorDictBase:
+        """Runs the policy on ``td`` (batched with whatever else is waiting) and writes its outputs into it.
+
+        Args:
+            td: observations, ``[n, ...]`` or a single unbatched one, with the keys the policy reads.
+
+        Returns:
+            ``td`` itself, with the policy's outputs (``"action"``, ...) set, like a ``TensorDictModule`` call.
+
+        Raises:
+            CollectorStateError: the server is not running, or closed before answering.
+            Exception: what the policy raised, with its traceback.
+        """
+        self._check_running("infer()")
+        if not isinstance(td, TensorDictBase):
+            raise ConfigurationError.bad_value("td", td, "a TensorDict of observations")
+        single = td.batch_dims == 0
+        request = Request(td.unsqueeze(0) if single else td)
+        event = self._events[request] = anyio.Event()
+        self._inbox.append(request)
+        self._poke()
+        try:
+            await event.wait()
+        except BaseException:
+            request.abandoned = True
+            raise
+        finally:
+            del self._events[request]
+        if request.error is not None:
+            raise request.error
+        if request.outputs is None:
+            self._check_running("infer()")
+            raise CollectorStateError("infer(): the inference server closed before answering")
+        td.update(request.outputs.squeeze(0) if single else request.outputs)
+        return td
+
+    async def update_policy_weights_(
+        self,
+        policy_or_weights: torch.nn.Module | TensorDictBase | Mapping[str, torch.Tensor] | None = None,
+        *,
+        policy: torch.nn.Module | None = None,
+        weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
+    ) -> int:
+        """Copies new weights into the server's policy between two forward passes; returns the new version.
+
+        Returns once the copy is done: the next pass (and every answer it gives) uses them.
+
+        Args:
+            policy_or_weights: an ``nn.Module``, a TensorDict of weights (``TensorDict.from_module`` layout) or a
+                state dict; nothing: the weights of the ``policy`` given at construction.
+            policy: keyword form for a module.
+            weights: keyword form for weights.
+
+        Raises:
+            ConfigurationError: the weights do not fit the server's policy (nothing changed).
+        """
+        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
+        if len(given) > 1:
+            raise ConfigurationError("update_policy_weights_() takes one source of weights: a policy or weights")
+        source = given[0] if given else self._policy_arg
+        self._check_running("update_policy_weights_()")
+        assert self._forward is not None
+        checked = check_weights(as_weights(source), structure_of(self._forward.module), what="the server's policy")
+        ticket = _Ticket(checked)
+        event = self._events[ticket] = anyio.Event()
+        self._tickets.append(ticket)
+        self._poke()
+        try:
+            await event.wait()
+        except BaseException:
+            ticket.abandoned = True
+            raise
+        finally:
+            del self._events[ticket]
+        if ticket.error is not None:
+            raise ticket.error
+        if not ticket.version:
+            self._check_running("update_policy_weights_()")
+            raise CollectorStateError("update_policy_weights_(): the inference server closed before applying them")
+        return ticket.version
+
+    def stats(self) -> InferenceStats:
+        """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
+        return self._recorder.snapshot(self.version)
+
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # a full pair already holds a wake-up
+            self._wake_w.send(b"\0")
+
+    async def _deliver(self) -> None:
+        """Wakes the tasks whose requests the server thread answered."""
+        while True:
+            await anyio.wait_readable(self._done_r)
+            with contextlib.suppress(BlockingIOError):
+                self._done_r.recv(4096)
+            while self._answered:
+                event = self._events.get(self._answered.popleft())
+                if event is not None:
+                    event.set()
+
+    # -- the server thread ----------------------------------------------------------------------
+    async def _run_thread(self) -> None:
+        try:
+            await run_in_thread(self._serve, name="inference-server")
+        finally:
+            self._thread_done.set()
+
+    def _serve(self, stop: threading.Event) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        if self._sock is not None:
+            poller.register(self._sock, zmq.POLLIN)
+        batcher = self.batcher
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                if not batcher.ready(now):
+                    deadline = batcher.deadline()
+                    wait = _IDLE_POLL_MS if deadline is None else max(0, int((deadline - now) * 1000 + 0.999))
+                    poller.poll(wait)
+                self._take_requests()
+                self._apply_weights()
+                while batcher.ready(time.monotonic()):
+                    self._run(batcher.take())
+        except BaseException as exc:
+            self._answer_all(exc)
+            raise
+        finally:
+            self._answer_all(None)
+            if stop.is_set() or self._state == "closed":
+                self._close_socket()
+
+    def _take_requests(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self._wake_r.recv(4096)
+        while self._inbox:
+            request = self._inbox.popleft()
+            if not request.abandoned:
+                self.batcher.add(request)
+        sock = self._sock
+        while sock is not None:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            route = frames[0].bytes
+            try:
+                header, td = unpack_message(frames[1:], kinds=P.TO_SERVER)
+                if td is None:
+                    raise ProtocolError("an inference request carries no observations")
+                seq = int(header["seq"])
+            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                P.logger.warning("inference server: dropped a malformed request from %r: %s", route, exc)
+                continue
+            self.batcher.add(Request(td, route=route, seq=seq, source=route))
+
+    def _apply_weights(self) -> None:
+        while self._tickets:
+            ticket = self._tickets.popleft()
+            if not ticket.abandoned:
+                assert self._forward is not None
+                try:
+                    with torch.no_grad():
+                        target = TensorDict.from_module(self._forward.module)
+                        target.update_(ticket.weights.to(target.device) if target.device is not None else ticket.weights)
+                    self.version += 1
+                    ticket.version = self.version
+                except Exception as exc:  # weights checked on the way in: this would be a device error
+                    ticket.error = exc
+            self._answer(ticket)
+
+    def _run(self, requests: list[Request]) -> None:
+        assert self._forward is not None
+        started = time.monotonic()
+        self._forward(requests, self.version)
+        ended = time.monotonic()
+        self._recorder.record(requests, started, ended)
+        for request in requests:
+            if request.route is None:
+                self._answer(request)
+            else:
+                self._reply(request)
+
+    def _reply(self, request: Request) -> None:
+        sock = self._sock
+        if sock is None or request.outputs is None:
+            return
+        frames = pack_message(P.REPLY, {"seq": request.seq, "version": request.version}, request.outputs)
+        with contextlib.suppress(zmq.Again):  # a client that vanished: ROUTER drops its answer
+            sock.send_multipart([request.route, *frames], zmq.NOBLOCK, copy=False)
+
+    def _answer(self, item: Request | _Ticket) -> None:
+        self._answered.append(item)
+        with contextlib.suppress(BlockingIOError, OSError):
+            self._done_w.send(b"\0")
+
+    def _answer_all(self, error: BaseException | None) -> None:
+        """Answers every request still waiting (with ``error``, or with nothing: the server closed)."""
+        for request in [*self.batcher.drain(), *self._inbox]:
+            if request.route is None:
+                request.error = error
+                self._answer(request)
+        self._inbox.clear()
+        for ticket in self._tickets:
+            ticket.error = error
+            self._answer(ticket)
+        self._tickets.clear()
