@@ -5,8 +5,8 @@ code runs on both event loops, and every scenario has its own deadline (``anyio.
 overlap that hangs fails the test instead of the suite. After each scenario, nothing is left: no
 worker process, no shared-memory segment, no acollect thread.
 
-Collector classes: in-process, MultiSync, MultiAsync, AsyncCollector and DistributedCollector (a real gloo
-process group); RayCollector needs asyncio and a Ray cluster, and is checked in ``tests/launchers``.
+Collector classes: in-process, MultiSync, MultiAsync, AsyncCollector, DistributedCollector (a real gloo
+process group) and AsyncBatchedCollector (env workers, the policy in this process's inference server); RayCollector needs asyncio and a Ray cluster, and is checked in ``tests/launchers``.
 
 The rules (``docs/concepts.md``, "Calling from several tasks"):
 
@@ -30,6 +30,7 @@ import anyio
 import pytest
 
 from acollect import (
+    AsyncBatchedCollector,
     AsyncCollector,
     Collector,
     CollectorState,
@@ -53,7 +54,7 @@ from acollect.testing import (
 
 START_METHOD = os.environ.get("ACOLLECT_TEST_START_METHOD", "forkserver")
 BACKENDS = ["asyncio", "trio"]
-KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector", "Distributed"]
+KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector", "Distributed", "Batched"]
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,6 +71,8 @@ def make(kind: str, env: Callable[[], Any], policy: Any = None, **kwargs: Any) -
         return MultiAsyncCollector([env] * 2, policy, **workers, **kwargs)
     if kind == "Distributed":  # batches and weights over a real gloo process group
         return DistributedCollector(env, policy, num_workers=2, backend="gloo", **workers, **kwargs)
+    if kind == "Batched":  # central inference: a policy is required (None would mean random actions)
+        return AsyncBatchedCollector([env] * 2, policy if policy is not None else WeightProbe(0.0), **workers, **kwargs)
     return AsyncCollector(env, policy, **workers, **kwargs)
 
 
@@ -247,6 +250,13 @@ def test_weight_push_during_iteration_lands_at_a_batch_boundary(kind: str, backe
                 assert pushed == [1], "update_policy_weights_ returns the new version"
                 for _ in range(6):  # MultiAsync may hand out batches collected ahead, before the push
                     batch = await anext(collector)
+                    if kind == "Batched":  # the version is per step: the weights that chose each action
+                        version = batch["collector", "policy_version"]
+                        assert (batch["action"] == version).all(), "an action not chosen by its version's weights"
+                        assert (version.diff(dim=-1) >= 0).all(), "versions go back in time"
+                        if (version == 1).any():
+                            break
+                        continue
                     versions = batch["collector", "policy_version"].unique().tolist()
                     assert len(versions) == 1, f"a batch mixes weight versions: {versions}"
                     if versions == [1]:

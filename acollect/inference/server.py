@@ -394,7 +394,8 @@ class InferenceServer:
                 now = time.monotonic()
                 if not batcher.ready(now):
                     deadline = batcher.deadline()
-                    wait = _IDLE_POLL_MS if deadline is None else max(0, int((deadline - now) * 1000 + 0.999))
+                    # Capped, so that a stop is seen within _IDLE_POLL_MS even while a long max_wait runs.
+                    wait = _IDLE_POLL_MS if deadline is None else min(_IDLE_POLL_MS, max(0, int((deadline - now) * 1000 + 0.999)))
                     poller.poll(wait)
                 self._take_requests()
                 self._apply_weights()
@@ -450,7 +451,14 @@ class InferenceServer:
     def _run(self, requests: list[Request]) -> None:
         assert self._forward is not None
         started = time.monotonic()
-        self._forward(requests, self.version)
+        try:
+            self._forward(requests, self.version)
+        except BaseException as exc:
+            for request in requests:  # the callers of this pass get the policy's own error
+                if request.route is None:
+                    request.error = exc
+                    self._answer(request)
+            raise
         ended = time.monotonic()
         self._recorder.record(requests, started, ended)
         for request in requests:

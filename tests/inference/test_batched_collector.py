@@ -1,0 +1,89 @@
+"""AsyncBatchedCollector: env workers, actions from the inference server, the layout of every other collector."""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+import pytest
+import torch
+from tensordict.nn import TensorDictModule
+
+from acollect import AsyncBatchedCollector, CollectorState, ConfigurationError, MultiAsyncCollector
+from acollect.testing import CountingEnv, assert_counting_batch
+
+
+class Parity(torch.nn.Module):
+    """Acts the parity of the observation: an action given to the wrong env shows, half the time."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation[..., 0].long() % 2
+
+
+def policy() -> TensorDictModule:
+    return TensorDictModule(Parity(), in_keys=["observation"], out_keys=["action"])
+
+
+def envs() -> list[functools.partial[CountingEnv]]:
+    # Different starts and episode lengths per worker: every env's observations are its own.
+    return [functools.partial(CountingEnv, num_envs=3, episode_length=4 + k, start=1000 * k) for k in range(2)]
+
+
+def layout(batch: object) -> dict[object, tuple[tuple[int, ...], torch.dtype]]:
+    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(include_nested=True, leaves_only=True)}  # type: ignore[attr-defined]
+
+
+async def test_same_layout_as_multi_async_every_step_once_and_each_env_acted_on_its_own_observation(
+    start_method: str,
+) -> None:
+    kwargs = {"frames_per_batch": 18, "total_frames": 18 * 6, "start_method": start_method}
+    with anyio.fail_after(90):
+        async with MultiAsyncCollector(envs(), policy(), **kwargs) as reference:
+            expected = layout(await anext(reference))
+        batches = []
+        async with AsyncBatchedCollector(envs(), policy(), max_wait=0.01, **kwargs) as collector:
+            async for batch in collector:
+                batches.append(batch)
+            stats = collector.stats()
+    assert len(batches) == 6
+    for batch in batches:
+        assert layout(batch) == expected  # same keys, shapes and dtypes
+        assert_counting_batch(batch)  # no step lost, repeated or taken from another env
+        assert (batch["action"] == batch["observation"][..., 0].long() % 2).all(), "an env got another's action"
+        assert (batch["collector", "policy_version"] == 0).all()
+    worker_ids = {int(b["collector", "worker_id"][0, 0]) for b in batches}
+    assert worker_ids == {0, 1}
+    assert stats.inference is not None
+    assert stats.inference["rows"] >= 18 * 6 and stats.inference["passes"] > 0
+    assert 0 < stats.inference["fill_rate"] <= 1
+
+
+async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_traceback(start_method: str) -> None:
+    class Broken(torch.nn.Module):
+        calls = 0
+
+        def forward(self, observation: torch.Tensor) -> torch.Tensor:
+            type(self).calls += 1
+            if type(self).calls > 3:  # after the workers' first probe steps: mid-collection
+                raise ValueError("the policy broke")
+            return torch.zeros(observation.shape[0], dtype=torch.long)
+
+    collector = AsyncBatchedCollector(envs(), Broken(), frames_per_batch=18, start_method=start_method)
+    with anyio.fail_after(60):
+        with pytest.raises(ValueError, match="the policy broke") as info:
+            async for _ in collector:
+                pass
+        assert any(entry.name == "forward" for entry in info.traceback)
+        assert collector.state is CollectorState.BROKEN
+        await collector.async_shutdown()
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ConfigurationError, match="policy"):
+        AsyncBatchedCollector(envs(), None, frames_per_batch=8)
+    with pytest.raises(ConfigurationError, match="max_batch_size"):
+        AsyncBatchedCollector(envs(), policy(), frames_per_batch=8, max_batch_size=0)
+    with pytest.raises(ConfigurationError, match="max_wait"):
+        AsyncBatchedCollector(envs(), policy(), frames_per_batch=8, max_wait=-1)
+    with pytest.raises(ConfigurationError, match="device"):
+        AsyncBatchedCollector(envs(), policy(), frames_per_batch=8, device=["cpu", "cpu"])
