@@ -18,6 +18,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CASES = {
     "quickstart.py": (["--total-frames", "4096", "--frames-per-batch", "1024", "--num-envs", "4"], "frames/s"),
     "background_buffer.py": (["--train-steps", "100", "--frames-per-batch", "128"], "done:"),
+    "central_inference.py": (
+        ["--total-frames", "2048", "--frames-per-batch", "512", "--envs-per-worker", "4", "--hidden", "32"],
+        "eval return after training",
+    ),
     "dqn_cartpole.py": (
         ["--total-frames", "2048", "--learning-starts", "512", "--frames-per-update", "8", "--eval-every", "100",
          "--eval-episodes", "2"],

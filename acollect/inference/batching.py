@@ -132,8 +132,7 @@ class Forward:
 
     def __call__(self, requests: Sequence[Request], version: int) -> None:
         """Fills ``outputs`` and ``version`` of every request (or raises what the policy raised)."""
-        tds = [r.td for r in requests]
-        inputs = tds[0] if len(tds) == 1 else torch.cat(tds, 0)
+        inputs = _concatenate([r.td for r in requests])
         if inputs.device != self.device:
             inputs = inputs.to(self.device, non_blocking=True)
         adapter = self._adapter_for(inputs)
@@ -156,6 +155,18 @@ class Forward:
                 out.set(key, parts[i])
             request.outputs = out
             request.version = version
+
+
+def _concatenate(tds: list[TensorDictBase]) -> TensorDictBase:
+    """One TensorDict of every request's rows, with the keys all of them have (clients send different extras:
+    a worker its done flags, an evaluation loop only its observation)."""
+    if len(tds) == 1:
+        return tds[0]
+    keys = [list(td.keys(include_nested=True, leaves_only=True)) for td in tds]
+    if any(k != keys[0] for k in keys[1:]):
+        common = set(keys[0]).intersection(*map(set, keys[1:]))
+        tds = [td.select(*(k for k in keys[0] if k in common)) for td in tds]
+    return torch.cat(tds, 0)
 
 
 class _interaction:

@@ -61,7 +61,8 @@ class RemotePolicy(PolicyAdapter):
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         self._seq += 1
         seq = self._seq
-        self._sock.send(pack_message(P.REQUEST, {"seq": seq}, td), timeout=_SEND_TIMEOUT)
+        frames = pack_message(P.REQUEST, {"seq": seq}, td)
+        self._sock.send(frames, timeout=_SEND_TIMEOUT, copy=P.copy_frames(frames))
         waited = 0.0
         while True:
             if self._interrupt is not None and self._interrupt.is_set():

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["REPLY", "REQUEST", "TO_CLIENT", "TO_SERVER"]
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["REPLY", "REQUEST", "TO_CLIENT", "TO_SERVER", "copy_frames"]
 
 logger = logging.getLogger("acollect")
 
@@ -18,3 +21,12 @@ REQUEST = "infer"
 REPLY = "act"
 TO_SERVER = frozenset({REQUEST})
 TO_CLIENT = frozenset({REPLY})
+
+# Below this, ZeroMQ copying the frames costs less than tracking buffers it does not own (a zero-copy send of
+# a few hundred bytes took most of a server's time per step).
+_ZERO_COPY_BYTES = 64 * 1024
+
+
+def copy_frames(frames: Sequence[Any]) -> bool:
+    """Whether to send ``frames`` by copy (small messages) rather than zero-copy (large ones)."""
+    return sum(memoryview(f).nbytes for f in frames) < _ZERO_COPY_BYTES

@@ -473,7 +473,7 @@ class InferenceServer:
             return
         frames = pack_message(P.REPLY, {"seq": request.seq, "version": request.version}, request.outputs)
         with contextlib.suppress(zmq.Again):  # a client that vanished: ROUTER drops its answer
-            sock.send_multipart([request.route, *frames], zmq.NOBLOCK, copy=False)
+            sock.send_multipart([request.route, *frames], zmq.NOBLOCK, copy=P.copy_frames(frames))
 
     def _answer(self, item: Request | _Ticket) -> None:
         self._answered.append(item)
