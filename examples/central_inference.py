@@ -34,8 +34,8 @@ class Args:
     """width of the policy's two hidden layers"""
     max_wait: float = 0.002
     """seconds an observation may wait for others to share its forward pass"""
-    device: str = "cuda" if torch.cuda.is_available() else "cpu"
-    """where the inference server runs the policy"""
+    device: str = "auto"
+    """where the inference server runs the policy: cpu, cuda, or auto (cuda if there is one)"""
     lr: float = 3e-3
     """learning rate of the policy-gradient trainer"""
 
@@ -96,7 +96,7 @@ async def main(args: Args) -> None:
         frames_per_batch=args.frames_per_batch,
         total_frames=args.total_frames,
         max_wait=args.max_wait,
-        device=args.device,
+        device=("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device,
     ) as collector:
         print(f"eval return before training: {await evaluate(collector):.1f}")
         async for batch in collector:
