@@ -30,11 +30,15 @@ _DONE_KEYS = ("done", "terminated", "truncated")
 _LATENCY_WINDOW = 1024
 
 
+Key = tuple[str, ...]
+
+
 @dataclass(eq=False)
 class Request:
-    """One client's observations, waiting for (then holding) the policy's outputs."""
+    """One client's observations (``[rows, ...]`` tensors by key), waiting for (then holding) the policy's outputs."""
 
-    td: TensorDictBase
+    leaves: dict[Key, torch.Tensor]
+    rows: int
     #: who to answer: a ZeroMQ routing id, or ``None`` for a caller of ``InferenceServer.infer`` in this process
     route: bytes | None = None
     #: the client's request number, echoed in the reply (a stale reply is recognised by it)
@@ -42,15 +46,11 @@ class Request:
     #: requests from one source count once when the batcher asks whether every source is waiting
     source: bytes | None = None
     arrived: float = field(default_factory=time.monotonic)
-    outputs: TensorDict | None = None
+    outputs: dict[Key, torch.Tensor] | None = None
     version: int = 0
     error: BaseException | None = None
     #: set by the awaiting task (from its event loop) when it stops waiting: the reply is dropped
     abandoned: bool = False
-
-    @property
-    def rows(self) -> int:
-        return int(self.td.batch_size[0]) if self.td.batch_dims else 1
 
 
 class Batcher:
@@ -120,22 +120,27 @@ class Forward:
         self.device = device
         self.exploration_type = exploration_type
         self._adapter: PolicyAdapter | None = None
+        # The keys the policy reads, where it says (a TensorDictModule's in_keys, a plain module's observation):
+        # only those are concatenated. ``None``: all (a callable may read anything).
+        self._reads: set[Key] | None = None
 
     def _adapter_for(self, td: TensorDictBase) -> PolicyAdapter:
         if self._adapter is None:
-            keys: list[NestedKey] = [k for k in td.keys(include_nested=True, leaves_only=True) if k not in _DONE_KEYS]
+            keys: list[NestedKey] = [k for k in td.keys(include_nested=True, leaves_only=True)
+                                     if k not in _DONE_KEYS]  # fmt: skip
             adapter = wrap_policy(self.module, observation_keys=keys, action_spec=None, batch_size=td.batch_size)  # type: ignore[arg-type]
             if isinstance(adapter, RandomPolicy):
                 raise PolicyError("an inference server needs a policy: it was given None")
             self._adapter = adapter
+            reads = getattr(adapter, "in_keys", None) or getattr(adapter.module, "in_keys", None)
+            self._reads = {_as_key(k) for k in reads} if reads else None
         return self._adapter
 
     def __call__(self, requests: Sequence[Request], version: int) -> None:
         """Fills ``outputs`` and ``version`` of every request (or raises what the policy raised)."""
-        inputs = _concatenate([r.td for r in requests])
-        if inputs.device != self.device:
-            inputs = inputs.to(self.device, non_blocking=True)
-        adapter = self._adapter_for(inputs)
+        if self._adapter is None:
+            self._adapter_for(_concatenate(requests[:1], self.device, None))
+        adapter = self._adapter_for(inputs := _concatenate(requests, self.device, self._reads))
         with torch.inference_mode(), _interaction(self.exploration_type):
             outputs = adapter(inputs)
         rows = inputs.batch_size[0]
@@ -148,25 +153,30 @@ class Forward:
         # One transfer for all requests, then views: each request gets its rows of every output.
         host = {k: v.to("cpu") if v.device.type != "cpu" else v for k, v in outputs.items()}
         sizes = [r.rows for r in requests]
-        chunks = {k: torch.split(v, sizes) for k, v in host.items()}
+        chunks = {_as_key(k): torch.split(v, sizes) for k, v in host.items()}
         for i, request in enumerate(requests):
-            out = TensorDict({}, batch_size=(sizes[i],))
-            for key, parts in chunks.items():
-                out.set(key, parts[i])
-            request.outputs = out
+            request.outputs = {key: parts[i] for key, parts in chunks.items()}
             request.version = version
 
 
-def _concatenate(tds: list[TensorDictBase]) -> TensorDictBase:
-    """One TensorDict of every request's rows, with the keys all of them have (clients send different extras:
-    a worker its done flags, an evaluation loop only its observation)."""
-    if len(tds) == 1:
-        return tds[0]
-    keys = [list(td.keys(include_nested=True, leaves_only=True)) for td in tds]
-    if any(k != keys[0] for k in keys[1:]):
-        common = set(keys[0]).intersection(*map(set, keys[1:]))
-        tds = [td.select(*(k for k in keys[0] if k in common)) for td in tds]
-    return torch.cat(tds, 0)
+def _as_key(key: NestedKey) -> Key:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[Key] | None) -> TensorDict:
+    """One TensorDict of every request's rows on ``device``, with the keys all of them have (clients send
+    different extras: a worker its done flags, an evaluation loop only its observation), or only ``reads``."""
+    keys = [k for k in requests[0].leaves if reads is None or k in reads]
+    if any(r.leaves.keys() != requests[0].leaves.keys() for r in requests[1:]):
+        common = set(keys).intersection(*(r.leaves.keys() for r in requests[1:]))
+        keys = [k for k in keys if k in common]
+    rows = sum(r.rows for r in requests)
+    td = TensorDict({}, batch_size=[rows], device=device)
+    for key in keys:
+        parts = [r.leaves[key] for r in requests]
+        value = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
+        td.set(key, value.to(device, non_blocking=True) if value.device != device else value)
+    return td
 
 
 class _interaction:

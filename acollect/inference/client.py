@@ -14,10 +14,10 @@ import threading
 import torch
 from tensordict import TensorDictBase
 
-from acollect.errors import ProtocolError, TransportError
+from acollect.errors import TransportError
 from acollect.inference import protocol as P
+from acollect.inference.codec import Encoder, LayoutCache, encode
 from acollect.policy import NestedKey, PolicyAdapter
-from acollect.transport.wire import pack_message, unpack_message
 from acollect.transport.worker_socket import WorkerSocket
 
 __all__ = ["VERSION_KEY", "RemotePolicy"]
@@ -55,13 +55,15 @@ class RemotePolicy(PolicyAdapter):
         self._interrupted = interrupted
         self._timeout = timeout
         self._seq = 0
+        self._encoder = Encoder()
+        self._layouts = LayoutCache(P.TO_CLIENT)
         #: the version of the weights behind the last answer
         self.version = 0
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         self._seq += 1
         seq = self._seq
-        frames = pack_message(P.REQUEST, {"seq": seq}, td)
+        frames = encode(P.REQUEST, seq, 0, td, self._encoder)
         self._sock.send(frames, timeout=_SEND_TIMEOUT, copy=P.copy_frames(frames))
         waited = 0.0
         while True:
@@ -73,16 +75,12 @@ class RemotePolicy(PolicyAdapter):
                 if waited > self._timeout:
                     raise TransportError(f"the inference server at {self._sock!r} gave no answer in {self._timeout}s")
                 continue
-            header, outputs = unpack_message(frames, kinds=P.TO_CLIENT)
-            if header.get("seq") != seq:
+            reply = self._layouts.decode(frames)
+            if reply.seq != seq:
                 continue  # the answer to a step abandoned earlier
-            if outputs is None:
-                raise ProtocolError("the inference server answered without outputs")
-            self.version = int(header["version"])
-            result: dict[NestedKey, torch.Tensor] = {
-                key: outputs.get(key) for key in outputs.keys(include_nested=True, leaves_only=True)
-            }
-            result[VERSION_KEY] = torch.full((td.batch_size[0],), self.version, dtype=torch.int64)
+            self.version = reply.version
+            result: dict[NestedKey, torch.Tensor] = {(k[0] if len(k) == 1 else k): v for k, v in reply.leaves.items()}
+            result[VERSION_KEY] = torch.full((reply.rows,), reply.version, dtype=torch.int64)
             return result
 
     def close(self) -> None:

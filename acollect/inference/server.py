@@ -38,9 +38,9 @@ from acollect.devices import DeviceLike
 from acollect.errors import CollectorStateError, ConfigurationError, ProtocolError
 from acollect.inference import protocol as P
 from acollect.inference.batching import Batcher, Forward, InferenceStats, Request, StatsRecorder
+from acollect.inference.codec import Encoder, LayoutCache, leaves_of
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.transport.sockets import configure
-from acollect.transport.wire import pack_message, unpack_message
 from acollect.weights import as_weights, check_weights, structure_of
 
 __all__ = ["InferenceServer"]
@@ -122,6 +122,8 @@ class InferenceServer:
         #: version of the weights the next forward pass runs with
         self.version = 0
         self._forward: Forward | None = None
+        self._layouts = LayoutCache(P.TO_SERVER)  # used by the server thread only
+        self._encoder = Encoder()  # likewise
         # Thread-safe hand-overs: deque appends and pops are atomic; the socket pairs wake the other side.
         self._inbox: deque[Request] = deque()
         self._tickets: deque[_Ticket] = deque()
@@ -293,7 +295,8 @@ class InferenceServer:
         if not isinstance(td, TensorDictBase):
             raise ConfigurationError.bad_value("td", td, "a TensorDict of observations")
         single = td.batch_dims == 0
-        request = Request(td.unsqueeze(0) if single else td)
+        batched = td.unsqueeze(0) if single else td
+        request = Request(leaves_of(batched), int(batched.batch_size[0]))
         event = self._events[request] = anyio.Event()
         self._inbox.append(request)
         self._poke()
@@ -309,7 +312,8 @@ class InferenceServer:
         if request.outputs is None:
             self._check_running("infer()")
             raise CollectorStateError("infer(): the inference server closed before answering")
-        td.update(request.outputs.squeeze(0) if single else request.outputs)
+        for key, value in request.outputs.items():
+            td.set(key, value.squeeze(0) if single else value)
         return td
 
     async def update_policy_weights_(
@@ -424,14 +428,11 @@ class InferenceServer:
                 break
             route = frames[0].bytes
             try:
-                header, td = unpack_message(frames[1:], kinds=P.TO_SERVER)
-                if td is None:
-                    raise ProtocolError("an inference request carries no observations")
-                seq = int(header["seq"])
-            except (ProtocolError, KeyError, TypeError, ValueError) as exc:
+                message = self._layouts.decode(frames[1:])
+            except ProtocolError as exc:
                 P.logger.warning("inference server: dropped a malformed request from %r: %s", route, exc)
                 continue
-            self.batcher.add(Request(td, route=route, seq=seq, source=route))
+            self.batcher.add(Request(message.leaves, message.rows, route=route, seq=message.seq, source=route))
 
     def _apply_weights(self) -> None:
         while self._tickets:
@@ -471,7 +472,7 @@ class InferenceServer:
         sock = self._sock
         if sock is None or request.outputs is None:
             return
-        frames = pack_message(P.REPLY, {"seq": request.seq, "version": request.version}, request.outputs)
+        frames = self._encoder.frames(P.REPLY, request.seq, request.version, request.rows, request.outputs)
         with contextlib.suppress(zmq.Again):  # a client that vanished: ROUTER drops its answer
             sock.send_multipart([request.route, *frames], zmq.NOBLOCK, copy=P.copy_frames(frames))
 

@@ -29,7 +29,7 @@ def obs(values: list[float]) -> TensorDict:
 
 
 def request(rows: int, source: bytes | None = None, arrived: float = 0.0) -> Request:
-    return Request(TensorDict({"observation": torch.zeros(rows, 1)}, batch_size=[rows]), source=source, arrived=arrived)
+    return Request({("observation",): torch.zeros(rows, 1)}, rows, source=source, arrived=arrived)
 
 
 def test_a_batch_runs_when_full_when_every_source_waits_or_after_max_wait() -> None:
