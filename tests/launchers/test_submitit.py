@@ -89,3 +89,21 @@ async def test_an_unpicklable_env_factory_is_named_before_any_job_starts() -> No
     with pytest.raises(ConfigurationError, match=r"cannot send the env factory or policy to worker 0.*cloudpickle"):
         await collector.__aenter__()
     assert launcher._tmp_folder is None, "the launcher released its job folder"
+
+
+async def test_central_inference_serves_workers_running_as_jobs_over_tcp() -> None:
+    # Jobs are not on the collector's host as far as it knows: the inference server binds tcp, not ipc.
+    from acollect import AsyncBatchedCollector
+    from acollect.testing import assert_counting_batch
+
+    launcher = SubmititLauncher(cluster="local", executor_options={"timeout_min": 10})
+    async with AsyncBatchedCollector(
+        [CountingEnv] * 2, WeightProbe(0.0), frames_per_batch=8, total_frames=48, launcher=launcher
+    ) as collector:
+        assert collector.server.address is not None and collector.server.address.startswith("tcp://")
+        version = await collector.update_policy_weights_(WeightProbe(1.0))
+        async for batch in collector:
+            assert_counting_batch(batch)
+            assert (batch["action"] == batch["collector", "policy_version"].clamp(max=1)).all()
+        assert collector.policy_version == version == 1
+        assert batch["action"].eq(1).all()
