@@ -84,7 +84,9 @@ def env_args(workload: str, envs: int) -> tuple[Any, dict[str, Any]]:
     return "CartPole-v1", {"env_kwargs": {"num_envs": envs}}
 
 
-def contender(kind: str, args: argparse.Namespace, server_stats: list[dict[str, Any]]) -> Callable[[], tuple[int, float, float]]:
+def contender(
+    kind: str, args: argparse.Namespace, server_stats: list[dict[str, Any]]
+) -> Callable[[], tuple[int, float, float]]:
     def run() -> tuple[int, float, float]:
         async def main() -> tuple[int, float, float]:
             env, extra = env_args(args.workload, args.envs)

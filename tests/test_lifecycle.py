@@ -6,7 +6,8 @@ overlap that hangs fails the test instead of the suite. After each scenario, not
 worker process, no shared-memory segment, no acollect thread.
 
 Collector classes: in-process, MultiSync, MultiAsync, AsyncCollector, DistributedCollector (a real gloo
-process group) and AsyncBatchedCollector (env workers, the policy in this process's inference server); RayCollector needs asyncio and a Ray cluster, and is checked in ``tests/launchers``.
+process group) and AsyncBatchedCollector (env workers, the policy in this process's inference
+server); RayCollector needs asyncio and a Ray cluster, and is checked in ``tests/launchers``.
 
 The rules (``docs/concepts.md``, "Calling from several tasks"):
 

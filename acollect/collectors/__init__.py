@@ -3,9 +3,9 @@
 from typing import TYPE_CHECKING
 
 from acollect.collectors.async_collector import AsyncCollector as AsyncCollector
-from acollect.collectors.batched import AsyncBatchedCollector as AsyncBatchedCollector
 from acollect.collectors.base import CollectorBase as CollectorBase
 from acollect.collectors.base import CollectorState as CollectorState
+from acollect.collectors.batched import AsyncBatchedCollector as AsyncBatchedCollector
 from acollect.collectors.collector import Collector as Collector
 from acollect.collectors.distributed import DistributedCollector as DistributedCollector
 from acollect.collectors.distributed import DistributedSyncCollector as DistributedSyncCollector

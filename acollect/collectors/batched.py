@@ -111,6 +111,10 @@ class AsyncBatchedCollector(MultiCollectorBase):
         super().__init__(create_env_fn, policy, rest, dispatch=FirstReady(credits))
         if isinstance(self.settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
+        if self._server_keys is not None:
+            raise ConfigurationError.bad_value(
+                "keys", self._server_keys, "None: the inference server does not encrypt its connections yet"
+            )
 
     def _build_configs(self, fns: list[Any]) -> None:
         # The workers get no policy: theirs is the server, which builds the policy (factory included) here.
@@ -128,13 +132,10 @@ class AsyncBatchedCollector(MultiCollectorBase):
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def _setup(self) -> None:
-        if self._server_keys is not None:
-            raise ConfigurationError.bad_value(
-                "keys", self._server_keys, "None: the inference server does not encrypt its connections yet"
-            )
+        factory = self.settings.policy_factory
         server = InferenceServer(
             self._policy_arg,
-            policy_factory=self.settings.policy_factory,
+            policy_factory=factory if callable(factory) else None,
             max_batch_size=self.max_batch_size or 1 << 30,
             max_wait=self.max_wait,
             device=self.device,
@@ -198,7 +199,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         given = [x for x in (policy_or_weights, policy, weights) if x is not None]
         if len(given) > 1:
             raise ConfigurationError("update_policy_weights_() takes one source of weights: a policy or weights")
-        source = given[0] if given else self._policy_arg
+        source: Any = given[0] if given else self._policy_arg
         with self._call("update_policy_weights_()"):
             await self._ensure_setup()
             return await self.server.update_policy_weights_(source)

@@ -69,13 +69,13 @@ class RemotePolicy(PolicyAdapter):
         while True:
             if self._interrupt is not None and self._interrupt.is_set():
                 raise self._interrupted
-            frames = self._sock.recv(timeout=_POLL)
-            if frames is None:
+            received = self._sock.recv(timeout=_POLL)
+            if received is None:
                 waited += _POLL
                 if waited > self._timeout:
                     raise TransportError(f"the inference server at {self._sock!r} gave no answer in {self._timeout}s")
                 continue
-            reply = self._layouts.decode(frames)
+            reply = self._layouts.decode(received)
             if reply.seq != seq:
                 continue  # the answer to a step abandoned earlier
             self.version = reply.version

@@ -14,6 +14,7 @@ The receiver checks every frame's size against the validated layout, as for batc
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,7 +49,11 @@ def _byte_view(tensor: torch.Tensor) -> memoryview:
 
 def leaves_of(td: TensorDictBase) -> dict[Key, torch.Tensor]:
     """The leaves of ``td`` by tuple key (nested keys flattened)."""
-    return {(k,) if isinstance(k, str) else tuple(k): v for k, v in td.items(include_nested=True, leaves_only=True)}
+    out: dict[Key, torch.Tensor] = {}
+    for key, value in td.items(include_nested=True, leaves_only=True):
+        assert isinstance(value, torch.Tensor)
+        out[(key,) if isinstance(key, str) else tuple(key)] = value
+    return out
 
 
 class Encoder:
@@ -148,9 +153,13 @@ class LayoutCache:
         except Exception as exc:
             raise _fail(f"head is not [version, kind, seq, policy version] ({exc})") from exc
         if version_ != PROTOCOL_VERSION:
-            raise ProtocolError(f"protocol version mismatch: the peer speaks {version_!r:.40}, this side {PROTOCOL_VERSION}")
+            raise ProtocolError(
+                f"protocol version mismatch: the peer speaks {version_!r:.40}, this side {PROTOCOL_VERSION}"
+            )
         if kind not in self._kinds or type(seq) is not int or type(version) is not int:
-            raise _fail(f"kind {kind!r:.40} (expected one of {sorted(self._kinds)}), seq {seq!r:.40}, version {version!r:.40}")
+            raise _fail(
+                f"kind {kind!r:.40} (expected one of {sorted(self._kinds)}), seq {seq!r:.40}, version {version!r:.40}"
+            )
         spec = self._layout(frames[1])
         parts: Sequence[Any] = frames[2:]
         if len(parts) == 1 and len(spec.leaves) > 1:  # every leaf in one frame, one after the other
@@ -160,8 +169,10 @@ class LayoutCache:
             offsets = [0]
             for leaf in spec.leaves:
                 offsets.append(offsets[-1] + leaf.nbytes)
-            parts = [blob[a:b] for a, b in zip(offsets, offsets[1:])]
+            parts = [blob[a:b] for a, b in itertools.pairwise(offsets)]
         if len(parts) != len(spec.leaves):
             raise _fail(f"layout describes {len(spec.leaves)} tensor frames but {len(parts)} arrived")
-        leaves = {leaf.key: _tensor(f, leaf, i) for i, (leaf, f) in enumerate(zip(spec.leaves, parts), start=2)}
+        leaves = {
+            leaf.key: _tensor(f, leaf, i) for i, (leaf, f) in enumerate(zip(spec.leaves, parts, strict=True), start=2)
+        }
         return Decoded(kind, seq, version, int(spec.batch_size[0]), leaves)

@@ -9,7 +9,6 @@ reply by its number and drops it.
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Sequence
 from typing import Any
 

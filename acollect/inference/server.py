@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import socket
 import tempfile
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,35 +24,24 @@ from typing import Any
 import anyio
 import torch
 import zmq
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect._validate import check_int, check_seconds
 from acollect.devices import DeviceLike
-from acollect.errors import CollectorStateError, ConfigurationError, ProtocolError
-from acollect.inference import protocol as P
+from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.inference.batching import Batcher, Forward, InferenceStats, Request, StatsRecorder
-from acollect.inference.codec import Encoder, LayoutCache, leaves_of
+from acollect.inference.codec import leaves_of
+from acollect.inference.loop import Mailbox, ServerLoop, Ticket
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.transport.sockets import configure
 from acollect.weights import as_weights, check_weights, structure_of
 
 __all__ = ["InferenceServer"]
 
-_IDLE_POLL_MS = 50  # how often an idle server thread looks at its stop event
 _CLOSE_TIMEOUT = 10.0
-
-
-class _Ticket:
-    """A weight update waiting for the server thread to apply it."""
-
-    def __init__(self, weights: TensorDictBase) -> None:
-        self.weights = weights
-        self.version = 0
-        self.error: BaseException | None = None
-        self.abandoned = False
 
 
 class InferenceServer:
@@ -112,27 +97,19 @@ class InferenceServer:
         except (TypeError, RuntimeError) as exc:
             raise ConfigurationError.bad_value("device", device, "a torch device or None") from exc
         if address is not None and not (isinstance(address, str) and address.startswith(("ipc", "tcp://"))):
-            raise ConfigurationError.bad_value("address", address, "None, 'ipc', 'ipc://<path>' or 'tcp://<host>[:<port>]'")
+            raise ConfigurationError.bad_value(
+                "address", address, "None, 'ipc', 'ipc://<path>' or 'tcp://<host>[:<port>]'"
+            )
         self._address_arg = address
         self._policy_arg = policy
         self._policy_factory = policy_factory
         self._exploration = parse_exploration_type(exploration_type)
         self.batcher = Batcher(self.max_batch_size, self.max_wait)
         self._recorder = StatsRecorder(self.max_batch_size)
-        #: version of the weights the next forward pass runs with
-        self.version = 0
-        self._forward: Forward | None = None
-        self._layouts = LayoutCache(P.TO_SERVER)  # used by the server thread only
-        self._encoder = Encoder()  # likewise
-        # Thread-safe hand-overs: deque appends and pops are atomic; the socket pairs wake the other side.
-        self._inbox: deque[Request] = deque()
-        self._tickets: deque[_Ticket] = deque()
-        self._answered: deque[Request | _Ticket] = deque()
-        self._events: dict[Request | _Ticket, anyio.Event] = {}
-        self._wake_r, self._wake_w = socket.socketpair()  # event loop -> server thread
-        self._done_r, self._done_w = socket.socketpair()  # server thread -> event loop
-        for sock in (self._wake_r, self._wake_w, self._done_r, self._done_w):
-            sock.setblocking(False)
+        self._initial_version = 0
+        self._loop: ServerLoop | None = None
+        self._mail = Mailbox()
+        self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
         self._ctx: zmq.Context[Any] | None = None
         self._sock: zmq.Socket[Any] | None = None
         self._address: str | None = None
@@ -149,6 +126,17 @@ class InferenceServer:
     def address(self) -> str | None:
         """Where worker processes connect (the real path or port), once started with an ``address``."""
         return self._address
+
+    @property
+    def version(self) -> int:
+        """Version of the weights the next forward pass runs with."""
+        return self._loop.version if self._loop is not None else self._initial_version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._initial_version = check_int("version", value)
+        if self._loop is not None:
+            self._loop.version = self._initial_version
 
     @property
     def running(self) -> bool:
@@ -182,9 +170,11 @@ class InferenceServer:
             raise CollectorStateError(f"an inference server starts once (it is {self._state})")
         self._state = "starting"
         module = await run_in_thread(lambda _stop: self._build(), name="inference-build")
-        self._forward = Forward(module, self._device_of(module), self._exploration)
+        forward = Forward(module, self._device_of(module), self._exploration)
         if self._address_arg is not None:
             self._bind(self._address_arg)
+        self._loop = ServerLoop(self._mail, self.batcher, forward, self._recorder, self._sock, self._close_socket)
+        self._loop.version = self._initial_version
         if tasks is None:
             tasks = TaskOwner("InferenceServer", on_failure=self._fail)
             tasks.ensure_group()
@@ -228,7 +218,8 @@ class InferenceServer:
             sock.close(linger=0)
             raise ConfigurationError.bad_value("address", address, f"an address this process can bind ({exc})") from exc
         self._sock = sock
-        self._address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+        self._address = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
 
     async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
         """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent."""
@@ -246,10 +237,9 @@ class InferenceServer:
                 await self._tasks.aclose(timeout)
         for event in self._events.values():
             event.set()  # their requests have no outputs: the callers raise that the server closed
-        if self._sock is not None and self._thread_done.is_set() or not started:
+        if (self._sock is not None and self._thread_done.is_set()) or not started:
             self._close_socket()
-        for sock in (self._wake_r, self._wake_w, self._done_r, self._done_w):
-            sock.close()
+        self._mail.close()
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
@@ -298,8 +288,8 @@ class InferenceServer:
         batched = td.unsqueeze(0) if single else td
         request = Request(leaves_of(batched), int(batched.batch_size[0]))
         event = self._events[request] = anyio.Event()
-        self._inbox.append(request)
-        self._poke()
+        self._mail.inbox.append(request)
+        self._mail.poke()
         try:
             await event.wait()
         except BaseException:
@@ -341,12 +331,12 @@ class InferenceServer:
             raise ConfigurationError("update_policy_weights_() takes one source of weights: a policy or weights")
         source = given[0] if given else self._policy_arg
         self._check_running("update_policy_weights_()")
-        assert self._forward is not None
-        checked = check_weights(as_weights(source), structure_of(self._forward.module), what="the server's policy")
-        ticket = _Ticket(checked)
+        assert self._loop is not None
+        checked = check_weights(as_weights(source), structure_of(self._loop.forward.module), what="the server's policy")
+        ticket = Ticket(checked)
         event = self._events[ticket] = anyio.Event()
-        self._tickets.append(ticket)
-        self._poke()
+        self._mail.tickets.append(ticket)
+        self._mail.poke()
         try:
             await event.wait()
         except BaseException:
@@ -365,130 +355,20 @@ class InferenceServer:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
         return self._recorder.snapshot(self.version)
 
-    def _poke(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):  # a full pair already holds a wake-up
-            self._wake_w.send(b"\0")
-
     async def _deliver(self) -> None:
         """Wakes the tasks whose requests the server thread answered."""
         while True:
-            await anyio.wait_readable(self._done_r)
+            await anyio.wait_readable(self._mail.done_r)
             with contextlib.suppress(BlockingIOError):
-                self._done_r.recv(4096)
-            while self._answered:
-                event = self._events.get(self._answered.popleft())
+                self._mail.done_r.recv(4096)
+            while self._mail.answered:
+                event = self._events.get(self._mail.answered.popleft())
                 if event is not None:
                     event.set()
 
-    # -- the server thread ----------------------------------------------------------------------
     async def _run_thread(self) -> None:
+        assert self._loop is not None
         try:
-            await run_in_thread(self._serve, name="inference-server")
+            await run_in_thread(self._loop.serve, name="inference-server")
         finally:
             self._thread_done.set()
-
-    def _serve(self, stop: threading.Event) -> None:
-        poller = zmq.Poller()
-        poller.register(self._wake_r.fileno(), zmq.POLLIN)
-        if self._sock is not None:
-            poller.register(self._sock, zmq.POLLIN)
-        batcher = self.batcher
-        try:
-            while not stop.is_set():
-                now = time.monotonic()
-                if not batcher.ready(now):
-                    deadline = batcher.deadline()
-                    # Capped, so that a stop is seen within _IDLE_POLL_MS even while a long max_wait runs.
-                    wait = _IDLE_POLL_MS if deadline is None else min(_IDLE_POLL_MS, max(0, int((deadline - now) * 1000 + 0.999)))
-                    poller.poll(wait)
-                self._take_requests()
-                self._apply_weights()
-                while batcher.ready(time.monotonic()):
-                    self._run(batcher.take())
-        except BaseException as exc:
-            self._answer_all(exc)
-            raise
-        finally:
-            self._answer_all(None)
-            if stop.is_set() or self._state == "closed":
-                self._close_socket()
-
-    def _take_requests(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            self._wake_r.recv(4096)
-        while self._inbox:
-            request = self._inbox.popleft()
-            if not request.abandoned:
-                self.batcher.add(request)
-        sock = self._sock
-        while sock is not None:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            route = frames[0].bytes
-            try:
-                message = self._layouts.decode(frames[1:])
-            except ProtocolError as exc:
-                P.logger.warning("inference server: dropped a malformed request from %r: %s", route, exc)
-                continue
-            self.batcher.add(Request(message.leaves, message.rows, route=route, seq=message.seq, source=route))
-
-    def _apply_weights(self) -> None:
-        while self._tickets:
-            ticket = self._tickets.popleft()
-            if not ticket.abandoned:
-                assert self._forward is not None
-                try:
-                    with torch.no_grad():
-                        target = TensorDict.from_module(self._forward.module)
-                        target.update_(ticket.weights.to(target.device) if target.device is not None else ticket.weights)
-                    self.version += 1
-                    ticket.version = self.version
-                except Exception as exc:  # weights checked on the way in: this would be a device error
-                    ticket.error = exc
-            self._answer(ticket)
-
-    def _run(self, requests: list[Request]) -> None:
-        assert self._forward is not None
-        started = time.monotonic()
-        try:
-            self._forward(requests, self.version)
-        except BaseException as exc:
-            for request in requests:  # the callers of this pass get the policy's own error
-                if request.route is None:
-                    request.error = exc
-                    self._answer(request)
-            raise
-        ended = time.monotonic()
-        self._recorder.record(requests, started, ended)
-        for request in requests:
-            if request.route is None:
-                self._answer(request)
-            else:
-                self._reply(request)
-
-    def _reply(self, request: Request) -> None:
-        sock = self._sock
-        if sock is None or request.outputs is None:
-            return
-        frames = self._encoder.frames(P.REPLY, request.seq, request.version, request.rows, request.outputs)
-        with contextlib.suppress(zmq.Again):  # a client that vanished: ROUTER drops its answer
-            sock.send_multipart([request.route, *frames], zmq.NOBLOCK, copy=P.copy_frames(frames))
-
-    def _answer(self, item: Request | _Ticket) -> None:
-        self._answered.append(item)
-        with contextlib.suppress(BlockingIOError, OSError):
-            self._done_w.send(b"\0")
-
-    def _answer_all(self, error: BaseException | None) -> None:
-        """Answers every request still waiting (with ``error``, or with nothing: the server closed)."""
-        for request in [*self.batcher.drain(), *self._inbox]:
-            if request.route is None:
-                request.error = error
-                self._answer(request)
-        self._inbox.clear()
-        for ticket in self._tickets:
-            ticket.error = error
-            self._answer(ticket)
-        self._tickets.clear()

@@ -40,10 +40,8 @@ async def test_same_layout_as_multi_async_every_step_once_and_each_env_acted_on_
     with anyio.fail_after(90):
         async with MultiAsyncCollector(envs(), policy(), **kwargs) as reference:
             expected = layout(await anext(reference))
-        batches = []
         async with AsyncBatchedCollector(envs(), policy(), max_wait=0.01, **kwargs) as collector:
-            async for batch in collector:
-                batches.append(batch)
+            batches = [batch async for batch in collector]
             stats = collector.stats()
     assert len(batches) == 6
     for batch in batches:
@@ -54,7 +52,8 @@ async def test_same_layout_as_multi_async_every_step_once_and_each_env_acted_on_
     worker_ids = {int(b["collector", "worker_id"][0, 0]) for b in batches}
     assert worker_ids == {0, 1}
     assert stats.inference is not None
-    assert stats.inference["rows"] >= 18 * 6 and stats.inference["passes"] > 0
+    assert stats.inference["rows"] >= 18 * 6
+    assert stats.inference["passes"] > 0
     assert 0 < stats.inference["fill_rate"] <= 1
 
 

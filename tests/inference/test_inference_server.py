@@ -70,9 +70,10 @@ def test_concurrent_callers_share_passes_and_each_gets_its_own_answer(backend: s
         for i, action in answers.items():
             assert action.squeeze(-1).tolist() == [2 * i, 2 * i + 1]
         assert single["action"].tolist() == [6.0]  # an unbatched observation gets an unbatched answer
-        assert stats.requests == 13 and stats.rows == 25
+        assert (stats.requests, stats.rows) == (13, 25)
         assert stats.passes < 13, "concurrent requests must share forward passes"
-        assert stats.latency_ms_p99 is not None and stats.mean_batch_size > 1
+        assert stats.latency_ms_p99 is not None
+        assert stats.mean_batch_size > 1
 
     anyio.run(main, backend=backend)
 
@@ -90,7 +91,7 @@ async def test_a_weight_update_reaches_the_next_pass_and_the_callers_policy_is_l
         assert (await server.infer(obs([1.0])))["action"].item() == 1.0
         with pytest.raises(ConfigurationError, match="weight"):
             await server.update_policy_weights_(weights={"nope": torch.zeros(3)})
-        assert server.version == 2 and server.stats().policy_version == 2
+        assert (server.version, server.stats().policy_version) == (2, 2)
 
 
 async def test_a_policy_that_raises_fails_its_callers_with_the_traceback_and_later_calls() -> None:
@@ -124,7 +125,8 @@ async def test_closing_answers_a_waiting_caller() -> None:
             tg.start_soon(ask)
             await anyio.sleep(0.1)
             await server.aclose()
-    assert len(outcome) == 1 and "closed" in str(outcome[0])
+    assert len(outcome) == 1
+    assert "closed" in str(outcome[0])
     await server.aclose()  # idempotent
 
 

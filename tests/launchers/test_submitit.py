@@ -100,7 +100,7 @@ async def test_central_inference_serves_workers_running_as_jobs_over_tcp() -> No
     async with AsyncBatchedCollector(
         [CountingEnv] * 2, WeightProbe(0.0), frames_per_batch=8, total_frames=48, launcher=launcher
     ) as collector:
-        assert collector.server.address is not None and collector.server.address.startswith("tcp://")
+        assert str(collector.server.address).startswith("tcp://")
         version = await collector.update_policy_weights_(WeightProbe(1.0))
         async for batch in collector:
             assert_counting_batch(batch)
