@@ -204,6 +204,12 @@ class AsyncBatchedCollector(MultiCollectorBase):
             await self._ensure_setup()
             return await self.server.update_policy_weights_(source)
 
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` saved; the server's policy gets the saved weights before the next batch."""
+        super().load_state_dict(state_dict)
+        if self._server is not None:
+            self._server.version = self._initial_version  # the restoring push brings it to the saved version
+
     async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
         # Pushes the base class would send to every worker (restored state, update_after_each_batch) go to the server.
         if set(models) != {"policy"}:

@@ -86,3 +86,30 @@ def test_bad_arguments_are_named() -> None:
         AsyncBatchedCollector(envs(), policy(), frames_per_batch=8, max_wait=-1)
     with pytest.raises(ConfigurationError, match="device"):
         AsyncBatchedCollector(envs(), policy(), frames_per_batch=8, device=["cpu", "cpu"])
+
+
+async def test_state_dict_carries_the_servers_weights_and_version_to_a_new_collector(start_method: str) -> None:
+    from acollect.testing import WeightProbe
+
+    def probe(value: float) -> TensorDictModule:
+        return TensorDictModule(WeightProbe(value), in_keys=["observation"], out_keys=["action"])
+
+    kwargs = {"frames_per_batch": 18, "start_method": start_method, "credits": 1}
+    with anyio.fail_after(90):
+        trained = probe(0.0)
+        async with AsyncBatchedCollector(envs(), trained, **kwargs) as first:
+            await anext(first)
+            with torch.no_grad():
+                trained.module.w.fill_(1.0)
+            assert await first.update_policy_weights_() == 1  # nothing given: the policy it was built with
+            state = first.state_dict()
+        assert state["policy_version"] == 1
+        async with AsyncBatchedCollector(envs(), probe(0.0), **kwargs) as second:
+            second.load_state_dict(state)
+            for _ in range(4):  # batches collected ahead, before the restore, may still come
+                batch = await anext(second)
+                if (batch["collector", "policy_version"] == 1).all():
+                    break
+            assert (batch["collector", "policy_version"] == 1).all()
+            assert batch["action"].eq(1).all()
+            assert second.policy_version == 1
