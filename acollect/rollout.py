@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
@@ -141,7 +142,8 @@ class RolloutEngine:
         self._random = RandomPolicy(env.action_spec, env.batch_size)
         self._traj_ids = torch.zeros(self.n_envs, dtype=torch.int64)
         self._traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
-        self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step any()
+        self._traj_ids_np, self._traj_steps_np = self._traj_ids.numpy(), self._traj_steps.numpy()  # shared memory
+        self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step count
         self._needs_reset = True
         self._seed: int | None = None
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
@@ -217,6 +219,11 @@ class RolloutEngine:
         self._next_traj_counter += count
         return self.traj_id_offset + self.traj_id_stride * torch.arange(start, start + count, dtype=torch.int64)
 
+    def _new_traj_ids_np(self, count: int) -> np.ndarray:
+        start = self._next_traj_counter
+        self._next_traj_counter += count
+        return self.traj_id_offset + self.traj_id_stride * np.arange(start, start + count, dtype=np.int64)
+
     def _reset_all(self) -> None:
         self.env.reset_into(self._root, seed=self._seed)
         self._seed = None
@@ -289,7 +296,8 @@ class RolloutEngine:
         random_until = self.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
         max_traj = self.max_frames_per_traj
-        done_np, done_t = self._done_np, nxt.get("done")
+        done_np, count_nonzero = self._done_np, np.count_nonzero
+        traj_np, steps_np = self._traj_ids_np, self._traj_steps_np
         n = self.n_envs
 
         for t in range(self.time_steps):
@@ -317,11 +325,11 @@ class RolloutEngine:
             for dst, src in next_pairs:
                 dst[t].copy_(src)
             traj_views[t].copy_(self._traj_ids)
-            if done_np.any():
-                finished = done_t.squeeze(-1)
-                count = int(finished.sum())
-                self._traj_ids[finished] = self._new_traj_ids(count)
-                self._traj_steps[finished] = 0
+            if count_nonzero(done_np):
+                # In numpy: on 8 envs, boolean indexing in torch costs as much as a tenth of a CartPole step.
+                rows = np.flatnonzero(done_np)
+                traj_np[rows] = self._new_traj_ids_np(len(rows))
+                steps_np[rows] = 0
 
         torch.logical_or(next_td.get("terminated"), next_td.get("truncated"), out=next_td.get("done"))
         batch.get((_COLLECTOR, "policy_version")).fill_(self.policy_version)

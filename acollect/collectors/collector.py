@@ -178,9 +178,14 @@ class Collector(CollectorBase):
             await run_in_thread(lambda _stop: engine.close(), name="close-env")
 
     # -- collecting ----------------------------------------------------------------------
-    def _collect_in_thread(self, stop: threading.Event) -> tuple[TensorDictBase, int, int, EpisodeSummary]:
+    def _collect_in_thread(
+        self, stop: threading.Event, torch_threads: int
+    ) -> tuple[TensorDictBase, int, int, EpisodeSummary]:
         engine = self._engine
         assert engine is not None
+        # A fresh thread does not follow the caller's torch.set_num_threads(): its ops would start a pool of
+        # OpenMP threads that spin on the other cores (a fifth more CPU per batch, or worse, with one thread asked).
+        torch.set_num_threads(torch_threads)
         with self._engine_busy:
             self._weights.apply_pending(engine)
             if self._seed is not None:
@@ -198,7 +203,10 @@ class Collector(CollectorBase):
         return batch, version, frames, episodes
 
     async def _collect_batch(self) -> TensorDictBase:
-        batch, version, frames, episodes = await run_in_thread(self._collect_in_thread, name="rollout")
+        threads = torch.get_num_threads()
+        batch, version, frames, episodes = await run_in_thread(
+            lambda stop: self._collect_in_thread(stop, threads), name="rollout"
+        )
         self._record_worker(0, frames, version, episodes)
         return batch
 
