@@ -34,6 +34,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
+from acollect._time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices, resolve_devices
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
@@ -284,14 +285,12 @@ class RolloutEngine:
         for key in ("done", "terminated", "truncated"):
             batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
 
-        def views(td: TensorDictBase, src: TensorDictBase, keys: list[Any]) -> list[tuple[Any, torch.Tensor]]:
-            return [(td.get(k).unbind(1), src.get(k)) for k in keys]
-
-        root_pairs = views(batch, root, list(self._obs_keys))
         next_td = batch.get("next")
-        next_pairs = views(next_td, nxt, [*self._obs_keys, "reward", "terminated", "truncated"])
-        out_views = {k: batch.get(k).unbind(1) for k in self._out_specs}
-        traj_views = batch.get((_COLLECTOR, "traj_ids")).unbind(1)
+        root_copies = TimeSlices([(batch.get(k), root.get(k)) for k in self._obs_keys])
+        next_keys = [*self._obs_keys, "reward", "terminated", "truncated"]
+        next_copies = TimeSlices([(next_td.get(k), nxt.get(k)) for k in next_keys])
+        traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), self._traj_ids)])
+        out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
         policy = self.policy
         random_until = self.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
@@ -303,18 +302,13 @@ class RolloutEngine:
         for t in range(self.time_steps):
             if stop is not None and stop.is_set():
                 raise RolloutInterrupted
-            for dst, src in root_pairs:
-                dst[t].copy_(src)
+            root_copies.copy(t)
             if self.frames + t * n < random_until:
                 outputs = self._random(None)
             else:
                 outputs = policy(self._policy_input())
-            for out_key, dst in out_views.items():
-                value = outputs.get(out_key)
-                if value is None:  # the random policy writes only "action"
-                    dst[t].zero_()
-                else:
-                    dst[t].copy_(value)
+            for out_key, buffer, buffer_np in out_slots:
+                write_output(outputs.get(out_key), buffer, buffer_np, t)
             action = outputs["action"]
             if cast_action:
                 action = action.to(env_dev, non_blocking=True)
@@ -322,9 +316,8 @@ class RolloutEngine:
             self.steps += 1
             if max_traj is not None:
                 self._truncate_long_trajectories(max_traj)
-            for dst, src in next_pairs:
-                dst[t].copy_(src)
-            traj_views[t].copy_(self._traj_ids)
+            next_copies.copy(t)
+            traj_copy.copy(t)
             if count_nonzero(done_np):
                 # In numpy: on 8 envs, boolean indexing in torch costs as much as a tenth of a CartPole step.
                 rows = np.flatnonzero(done_np)

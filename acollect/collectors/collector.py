@@ -154,13 +154,15 @@ class Collector(CollectorBase):
             exploration_type=self.exploration_type,
         )
 
-    def _build_and_keep(self, stop: threading.Event) -> None:
+    def _build_and_keep(self, stop: threading.Event, torch_threads: int) -> None:
+        torch.set_num_threads(torch_threads)  # the policy's probe call runs here (see _collect_in_thread)
         # Kept from the thread itself: a set-up cancelled while the env is built still leaves an engine
         # that _teardown closes, never an env nobody knows of.
         self._engine = self._build_engine(stop)
 
     async def _setup(self) -> None:
-        await run_in_thread(self._build_and_keep, name="build-env")
+        threads = torch.get_num_threads()
+        await run_in_thread(lambda stop: self._build_and_keep(stop, threads), name="build-env")
         assert self._engine is not None
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
         requested, shown = self.requested_frames_per_batch, self.frames_per_batch
