@@ -109,7 +109,12 @@ class TensorDictPolicy(PolicyAdapter):
         out = self.module(td)
         if out is None:
             out = td
-        return {key: out.get(key) for key in self.out_keys if key in out.keys(include_nested=True)}
+        found = {}
+        for key in self.out_keys:
+            value = out.get(key, None)
+            if value is not None:  # an output the module did not write this time is left out
+                found[key] = value
+        return found
 
 
 class ModulePolicy(PolicyAdapter):

@@ -33,7 +33,7 @@ PACKAGE = ROOT / "acollect"
 LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
-    {"rollout", "weights"},
+    {"rollout", "_time_slices", "weights"},
     {"transport"},
     {"inference"},
     {"worker"},

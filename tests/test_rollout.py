@@ -6,6 +6,7 @@ per reset, so gaps, repeats, misplaced done flags and transitions that did not h
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -335,3 +336,28 @@ def test_batches_are_owned_by_the_caller(make_engine: Callable[..., RolloutEngin
     engine.collect()
     assert isinstance(first, TensorDict)
     assert (first == snapshot).all()  # a second batch does not overwrite the first
+
+
+def test_a_batch_leaves_the_garbage_collector_nothing_per_step(make_engine: Callable[..., RolloutEngine]) -> None:
+    # Objects made per step and kept for the batch (say one view per step and key) are promoted from
+    # generation to generation while the batch fills, and bring on full collections of the whole heap.
+    env = CountingEnv(num_envs=2)
+    tracked: list[int] = []
+
+    def policy(td: TensorDictBase) -> TensorDictBase:
+        tracked.append(gc.get_count()[0])  # objects the collector tracks, net of those freed
+        return td.set("action", env.action_spec.zero(env.batch_size))
+
+    engine = make_engine(env, policy, frames_per_batch=2 * 1000)
+    engine.collect()
+    gc.collect()
+    gc.disable()
+    try:
+        tracked.clear()
+        before = gc.get_count()[0]
+        engine.collect()
+    finally:
+        gc.enable()
+    assert len(tracked) == 1000
+    kept = tracked[-1] - before
+    assert kept < 1000, f"{kept} objects tracked by the garbage collector are kept while a batch of 1000 steps fills"

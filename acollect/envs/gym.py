@@ -11,7 +11,11 @@ never lets such a transition out: in SAME_STEP mode it takes the true final
 observation from ``infos["final_obs"]``, in NEXT_STEP and DISABLED modes the
 step's observation *is* the final one and the finished sub-envs are reset at
 once with ``reset(options={"reset_mask": done})``, which also clears
-gymnasium's pending autoreset.
+gymnasium's pending autoreset. A plain ``SyncVectorEnv`` (ours, or a user's
+that no vector wrapper covers) is not stepped through its ``step()`` at all:
+its sub-envs are stepped one by one straight into the TensorDicts, and a
+finished one is reset at once (:mod:`acollect.envs.gym_step`), which is
+cheaper and needs none of the above.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tensordict import TensorDictBase
 
 from acollect.envs.base import DONE_KEYS, EnvBase
 from acollect.envs.gym_spaces import observation_layout, pick_leaf, space_to_spec
+from acollect.envs.gym_step import Binding, step_sub_envs
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import (
     OneHot,
@@ -40,58 +45,6 @@ from acollect.specs import (
 __all__ = ["GymEnv", "check_env_id", "space_to_spec"]
 
 _VECTORIZATIONS = ("sync", "async")
-
-
-class _Binding:
-    """Numpy views of the leaves of one (next_out, root_out) pair, cached across steps.
-
-    CPU tensors are written through numpy views of their memory (a numpy copy
-    costs a fraction of a torch op); other tensors get a numpy staging array
-    copied over with :meth:`flush` once per step.
-    """
-
-    __slots__ = (
-        "done",
-        "flush_pairs",
-        "next_obs",
-        "next_td",
-        "obs_pairs",
-        "reward",
-        "root_flags",
-        "root_obs",
-        "root_td",
-        "terminated",
-        "truncated",
-    )
-
-    def __init__(self, env: GymEnv, next_td: TensorDictBase, root_td: TensorDictBase) -> None:
-        n = env.num_envs
-        self.next_td, self.root_td = next_td, root_td
-        self.flush_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.next_obs = [self._view(next_td, leaf.key, None) for leaf in env._leaves]
-        self.root_obs = [self._view(root_td, leaf.key, None) for leaf in env._leaves]
-        self.obs_pairs = list(zip(self.next_obs, self.root_obs, strict=True))
-        self.reward = self._view(next_td, "reward", (n,))
-        self.done, self.terminated, self.truncated = (self._view(next_td, k, (n,)) for k in DONE_KEYS)
-        self.root_flags = [self._view(root_td, k, (n,)) for k in DONE_KEYS]
-
-    def _view(self, td: TensorDictBase, key: Any, shape: tuple[int, ...] | None) -> np.ndarray:
-        tensor = td.get(key)
-        if tensor is None:
-            raise KeyError(f"missing {key!r}: build the TensorDicts with make_next() / make_root()")
-        shape = tuple(tensor.shape) if shape is None else shape
-        if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.requires_grad:
-            try:
-                return tensor.numpy().reshape(shape)
-            except TypeError:  # a dtype numpy lacks (bfloat16): stage it instead
-                pass
-        stage = torch.empty(tensor.shape, dtype=tensor.dtype if tensor.dtype != torch.bfloat16 else torch.float32)
-        self.flush_pairs.append((tensor, stage))
-        return stage.numpy().reshape(shape)
-
-    def flush(self) -> None:
-        for tensor, stage in self.flush_pairs:
-            tensor.copy_(stage)
 
 
 class GymEnv(EnvBase):
@@ -140,7 +93,8 @@ class GymEnv(EnvBase):
     ) -> None:
         self._env: Any = None
         self._vec: VectorEnv[Any, Any, Any] | None = None
-        self._binding: _Binding | None = None
+        self._binding: Binding | None = None
+        self._sub_envs: list[Any] | None = None
         if vectorization not in _VECTORIZATIONS:
             raise ConfigurationError.bad_value("vectorization", vectorization, "'sync' or 'async'")
         if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1):
@@ -188,6 +142,9 @@ class GymEnv(EnvBase):
         self._one_hot = isinstance(self.action_spec, OneHot)
         self._action_shape = (n, *self.action_spec.shape)
         self._flat_obs = len(self._leaves) == 1 and self._leaves[0].path == ()
+        # A plain SyncVectorEnv (not a subclass, not wrapped: nothing of its own to run) is stepped sub-env by
+        # sub-env here, which is cheaper than its step() and needs no autoreset handling (see gym_step).
+        self._sub_envs = list(self._vec.envs) if type(self._vec) is SyncVectorEnv else None
 
     @staticmethod
     def _check_instance_args(env: object, kwargs: dict[str, Any], num_envs: int | None, allowed: int) -> None:
@@ -245,7 +202,7 @@ class GymEnv(EnvBase):
             self._check_open()
         b = self._binding
         if b is None or b.next_td is not next_out or b.root_td is not root_out:
-            b = self._binding = _Binding(self, next_out, root_out)
+            b = self._binding = Binding(self._leaves, self.num_envs, next_out, root_out)
         if action.requires_grad or not action.is_cpu:
             action = action.detach().cpu()
         act = action.numpy()
@@ -257,13 +214,21 @@ class GymEnv(EnvBase):
         # No check per step: a try costs nothing until it raises, and an env that refuses an action (gymnasium's
         # own assert `action_space.contains(action)`) is then told apart from one that broke for its own reasons.
         try:
-            if self._vec is None:
+            if self._sub_envs is not None:
+                step_sub_envs(self._sub_envs, act, b, self._leaves)
+            elif self._vec is None:
                 obs, reward, terminated, truncated, info = self._env.step(act[0])
             else:
                 obs, reward, terminated, truncated, info = self._vec.step(act)
         except Exception as exc:
             self._raise_if_outside(given, exc)
             raise
+        if self._sub_envs is not None:
+            for flag in b.root_flags:
+                flag.fill(False)
+            if b.flush_pairs:
+                b.flush()
+            return
         if self._flat_obs:
             b.next_obs[0][...] = obs
         else:
@@ -282,7 +247,7 @@ class GymEnv(EnvBase):
         if b.flush_pairs:
             b.flush()
 
-    def _finish_episodes(self, b: _Binding, done: np.ndarray, info: dict[str, Any]) -> None:
+    def _finish_episodes(self, b: Binding, done: np.ndarray, info: dict[str, Any]) -> None:
         """Writes the reset observation of finished sub-envs into root (and the final one into next)."""
         if self._vec is None:
             reset_obs, _ = self._env.reset()
