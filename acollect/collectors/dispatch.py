@@ -24,6 +24,7 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._validate import check_bool, check_choice, check_int
+from acollect.collectors._handout import HandOutBuffers
 from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
 from acollect.pool import Received, WorkerPool
@@ -72,6 +73,9 @@ class Dispatch:
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         """Tells the workers to stop (``True``) or go on; nothing to do where they only work when asked."""
 
+    def reset(self) -> None:
+        """Forgets the memory kept for reuse (at shutdown: what the caller still holds stays the caller's)."""
+
 
 class Lockstep(Dispatch):
     """Lockstep: one request per batch to every worker, and a batch made of one part from each.
@@ -90,6 +94,7 @@ class Lockstep(Dispatch):
         self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
         self.credits = None
         self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
+        self._buffers = HandOutBuffers()  # copy_batches=True: memory of dropped batches, mapped already
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         return math.ceil(frames_per_batch / n_workers)
@@ -105,16 +110,28 @@ class Lockstep(Dispatch):
         await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
         return [h.inbox.popleft() for h in pool.handles]
 
+    def _into(self, parts: list[TensorDictBase], out: TensorDictBase) -> TensorDictBase:
+        if self.cat_results in (None, "stack"):
+            return cast(TensorDictBase, torch.stack(parts, 0, out=out))  # type: ignore[arg-type]
+        return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=out))  # type: ignore[arg-type]
+
     def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
         parts = [item.data for item in items]
         stack = self.cat_results in (None, "stack")
         if not copy_batches and self._out is not None:
             try:  # into the batch handed out last time: warm memory, no allocation
-                if stack:
-                    return cast(TensorDictBase, torch.stack(parts, 0, out=self._out))  # type: ignore[arg-type]
-                return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=self._out))  # type: ignore[arg-type]
+                return self._into(parts, self._out)
             except (RuntimeError, ValueError, KeyError):
                 self._out = None  # the layout changed (a postproc kept a reference, a new key): start afresh
+        # Which incarnation of which worker made each part: the layout of what is combined.
+        key = tuple((item.worker, item.generation) for item in items)
+        if copy_batches:
+            reused = self._buffers.take(key)  # the memory of a batch the caller dropped
+            if reused is not None:
+                try:
+                    return self._into(parts, reused)
+                except (RuntimeError, ValueError, KeyError):
+                    self._buffers.forget(reused)
         try:
             if stack:
                 batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
@@ -130,7 +147,13 @@ class Lockstep(Dispatch):
             ) from exc
         if not copy_batches:
             self._out = batch
+        else:
+            self._buffers.adopt(batch, key)
         return batch
+
+    def reset(self) -> None:
+        self._out = None
+        self._buffers.clear()
 
 
 class FirstReady(Dispatch):
@@ -147,6 +170,8 @@ class FirstReady(Dispatch):
 
     def __init__(self, credits: int = 2) -> None:
         self.credits = check_int("credits", credits, minimum=1)
+        # copy_batches=True: per worker, the memory of batches the caller dropped, mapped already.
+        self._buffers: dict[int, HandOutBuffers] = {}
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         return frames_per_batch
@@ -167,7 +192,13 @@ class FirstReady(Dispatch):
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
         elif copy_batches:
-            batch = item.data.clone()
+            buffers = self._buffers.setdefault(item.worker, HandOutBuffers())
+            reused = buffers.take(item.generation)
+            if reused is not None:
+                batch = reused.copy_(item.data)
+            else:
+                batch = item.data.clone()
+                buffers.adopt(batch, item.generation)
         else:
             batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
@@ -175,6 +206,9 @@ class FirstReady(Dispatch):
 
     def lends(self, item: Received, *, copy_batches: bool) -> bool:
         return item.in_slot and not copy_batches
+
+    def reset(self) -> None:
+        self._buffers.clear()
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         # Workers abandon the batch in progress and wait; a restarted worker is told at its hello.

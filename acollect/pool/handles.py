@@ -41,6 +41,7 @@ class Received:
     header: dict[str, Any]
     data: TensorDictBase
     in_slot: bool
+    nbytes: int = 0  # the batch's tensor bytes (as the worker's hello layout says)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class WorkerHandle:
     n_envs: int = 0
     frames_per_batch: int = 0
     layout: dict[str, Any] | None = None
+    batch_nbytes: int = 0  # tensor bytes of one of its batches (from its layout)
     ring: ShmSlotRing | None = None
     retired_rings: list[ShmSlotRing] = field(default_factory=list)
     inbox: deque[Received] = field(default_factory=deque)

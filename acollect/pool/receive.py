@@ -74,7 +74,7 @@ class ReceiveMixin(PoolBase):
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             handle.retired_rings.append(handle.ring)
             handle.ring = None
-        nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        nbytes = handle.batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
         if not handle.config.remote and self._wants_shm(nbytes):  # a remote worker cannot map our memory
             handle.ring = ShmSlotRing.create(header["layout"], self.credits or 1)
             await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
@@ -204,7 +204,7 @@ class ReceiveMixin(PoolBase):
                 data = td
             else:
                 raise ProtocolError(f"worker {handle.index} sent a batch with neither slot nor tensors")
-            item = Received(handle.index, handle.generation, header, data, slot is not None)
+            item = Received(handle.index, handle.generation, header, data, slot is not None, handle.batch_nbytes)
             if self.credits is None:
                 handle.outstanding = max(0, handle.outstanding - 1)
                 handle.inbox.append(item)
