@@ -152,6 +152,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             launcher=self.launcher,
             address=self.address,
             credits=self._dispatch.credits,
+            slots=self._dispatch.slots,
             use_shared_memory=self.use_shared_memory,
             heartbeat_timeout=self.heartbeat_timeout,
             startup_timeout=self.startup_timeout,
@@ -234,7 +235,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     async def _collect_batch(self) -> TensorDictBase:
         pool = self._require_pool()
         await self._before_batch()
-        items = await self._dispatch.take(pool)
+        items = await self._dispatch.take(pool, ahead=self._wants_next())
         try:
             if self._hands_out_inline(items):
                 batch = self._hand_out(items)
@@ -245,6 +246,17 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             for item in items:
                 await self._release(item, lend=self._dispatch.lends(item, copy_batches=self.copy_batches))
         return batch
+
+    def _wants_next(self) -> bool:
+        """Whether workers may begin the batch after this one now: not when it is the last, nor when the
+        collector will push weights before it (a batch begun before a push is not handed out after it)."""
+        if self.total_frames != -1 and self._frames + self.frames_per_batch >= self.total_frames:
+            return False
+        if self.update_after_each_batch:
+            return False
+        interval = self.max_weight_update_interval
+        pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
+        return not (pushes and self._batches + 1 - self._last_push >= interval)  # type: ignore[operator]
 
     def _hands_out_inline(self, items: list[Received]) -> bool:
         # A small batch is combined on the event loop: its copy costs less than the hop to a thread (and the

@@ -72,6 +72,8 @@ class WorkerHandle:
     retired_rings: list[ShmSlotRing] = field(default_factory=list)
     inbox: deque[Received] = field(default_factory=deque)
     outstanding: int = 0  # ``collect`` requests not answered yet
+    ahead: bool = False  # the request outstanding (or answered, in ``inbox``) was made ahead of the caller
+    changes_sent: int = 0  # P.BOUNDARY messages sent to this incarnation (its batches count what they saw)
     acked_version: int = 0
     last_beat: float = 0.0
     last_steps: int = -1

@@ -76,19 +76,19 @@ class ReceiveMixin(PoolBase):
             handle.ring = None
         nbytes = handle.batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
         if not handle.config.remote and self._wants_shm(nbytes):  # a remote worker cannot map our memory
-            handle.ring = ShmSlotRing.create(header["layout"], self.credits or 1)
+            handle.ring = ShmSlotRing.create(header["layout"], self.slots or self.credits or 1)
             await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
         if self._last_weights is not None:
             fields, td = self._last_weights
             await self.send(handle, P.WEIGHTS, fields, td)
         now = time.monotonic()
         handle.last_beat = handle.last_progress = now
+        if self.paused:  # before anything that sets it collecting
+            await self.send(handle, P.PAUSE)
         if handle.outstanding:
             await self.send(handle, P.COLLECT)  # the request its predecessor died on
         if self.running:
             await self.send(handle, P.RUN, {"credits": self.credits or 1})
-            if self.paused:
-                await self.send(handle, P.PAUSE)
         handle.ready = True
 
     def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
