@@ -14,9 +14,10 @@ from typing import Any
 
 import anyio
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from acollect._validate import check_int, check_seconds
+from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase, check_total_frames
 from acollect.collectors.dispatch import Dispatch
 from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
@@ -37,14 +38,18 @@ from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSync
 from acollect.weights import as_weights, check_push
 from acollect.worker import protocol as P
 
-__all__ = ["MultiCollectorBase"]
+__all__ = ["INLINE_HAND_OUT_BYTES", "MultiCollectorBase"]
+
+#: Batches of at most this many bytes are combined and handed out on the event loop (well under a
+#: millisecond of copying), larger ones in a thread.
+INLINE_HAND_OUT_BYTES = 1 << 20
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
     return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
-class MultiCollectorBase(CollectorBase):
+class MultiCollectorBase(MultiStateMixin, CollectorBase):
     """Shared machinery of the multi-process collectors (see :class:`MultiSyncCollector` and
     :class:`MultiAsyncCollector`): each holds the worker pool and one dispatch strategy."""
 
@@ -147,6 +152,7 @@ class MultiCollectorBase(CollectorBase):
             launcher=self.launcher,
             address=self.address,
             credits=self._dispatch.credits,
+            slots=self._dispatch.slots,
             use_shared_memory=self.use_shared_memory,
             heartbeat_timeout=self.heartbeat_timeout,
             startup_timeout=self.startup_timeout,
@@ -175,6 +181,7 @@ class MultiCollectorBase(CollectorBase):
         pool = self._pool
         if pool is not None:
             await pool.close(self.shutdown_timeout)
+        self._dispatch.reset()
 
     def _set_shutdown_timeout(self, timeout: float) -> None:
         self.shutdown_timeout = self._shutdown_limit = timeout
@@ -228,14 +235,40 @@ class MultiCollectorBase(CollectorBase):
     async def _collect_batch(self) -> TensorDictBase:
         pool = self._require_pool()
         await self._before_batch()
-        items = await self._dispatch.take(pool)
+        items = await self._dispatch.take(pool, ahead=self._wants_next())
         try:
-            # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
-            batch = await anyio.to_thread.run_sync(self._hand_out, items)
+            if self._hands_out_inline(items):
+                batch = self._hand_out(items)
+            else:
+                # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
+                batch = await anyio.to_thread.run_sync(self._hand_out, items)
         finally:
             for item in items:
                 await self._release(item, lend=self._dispatch.lends(item, copy_batches=self.copy_batches))
         return batch
+
+    def _wants_next(self) -> bool:
+        """Whether workers may begin the batch after this one now: not when it is the last, nor when the
+        collector will push weights before it (a batch begun before a push is not handed out after it)."""
+        if self.total_frames != -1 and self._frames + self.frames_per_batch >= self.total_frames:
+            return False
+        if self.update_after_each_batch:
+            return False
+        interval = self.max_weight_update_interval
+        pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
+        return not (pushes and self._batches + 1 - self._last_push >= interval)  # type: ignore[operator]
+
+    def _hands_out_inline(self, items: list[Received]) -> bool:
+        # A small batch is combined on the event loop: its copy costs less than the hop to a thread (and the
+        # trainer's CPU per batch is what the workers lose on a machine with few cores). User code (postproc)
+        # and moves to another device stay in the thread.
+        storing = self._storing_device
+        return (
+            self.postproc is None
+            and not self.split_trajs
+            and (storing is None or storing.type == "cpu")
+            and sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES
+        )
 
     def _hand_out(self, items: list[Received]) -> TensorDictBase:
         return self._finish(self._dispatch.combine(items, copy_batches=self.copy_batches))
@@ -281,8 +314,10 @@ class MultiCollectorBase(CollectorBase):
     async def _give_back(self, item: Received) -> None:
         pool = self._require_pool()
         handle = pool.handles[item.worker]
-        if item.generation == handle.generation:
-            await pool.send(handle, P.CREDIT, {"slot": item.header.get("slot")})
+        slot = item.header.get("slot")
+        # A lockstep worker collects only when asked: a credit means something to it only as a slot to free.
+        if item.generation == handle.generation and (slot is not None or pool.credits is not None):
+            await pool.send(handle, P.CREDIT, {"slot": slot})
 
     async def _return_lent(self) -> None:
         """Ends the loan of the last batch handed out without a copy: its slots may be written again."""
@@ -377,68 +412,3 @@ class MultiCollectorBase(CollectorBase):
     def _default_scheme(self) -> WeightSyncScheme:
         local = self.launcher.same_host and (self.address is None or self.address.startswith("ipc://"))
         return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
-
-    # -- seeds and state ---------------------------------------------------------------------
-    def set_seed(self, seed: int) -> int:
-        """Seeds every worker: worker ``i`` gets ``seed`` plus the number of envs of the workers before it.
-
-        Applied at the next batch boundary, which starts from a fresh seeded reset.
-
-        Returns:
-            The next free seed (``seed + total number of envs`` once the workers started, else
-            ``seed + num_workers``).
-        """
-        check_int("seed", seed)
-        self._check_usable("set_seed()")
-        self._pending_seed = seed
-        if self._pool is not None and all(h.n_envs for h in self._pool.handles):
-            return seed + sum(h.n_envs for h in self._pool.handles)
-        return seed + self.num_workers
-
-    def state_dict(self) -> dict[str, Any]:
-        """Counters of the collector and of every worker, the policy version and this process's policy weights."""
-        if self._pool is not None:
-            workers = [{"next_traj_counter": h.traj_counter, "frames": h.frames} for h in self._pool.handles]
-        elif self._pending_state is not None:
-            workers = [dict(w) for w in self._pending_state["workers"]]
-        else:
-            workers = [{"next_traj_counter": 0, "frames": 0} for _ in self._configs]
-        module = self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None
-        return {
-            "frames": self._frames,
-            "batches": self._batches,
-            "policy_version": self.policy_version,
-            "workers": workers,
-            "policy_state_dict": TensorDict.from_module(module).clone() if module is not None else None,
-        }
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restores what :meth:`state_dict` saved.
-
-        Worker counters and weights reach the workers before the next batch.
-        """
-        missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
-        if missing:
-            raise ConfigurationError.bad_value(
-                "state_dict", sorted(state_dict), f"a multi-process collector state dict (missing {sorted(missing)})"
-            )
-        workers = state_dict["workers"]
-        if not isinstance(workers, Sequence) or len(workers) != self.num_workers:
-            raise ConfigurationError.bad_value(
-                "state_dict['workers']", workers, f"a list of {self.num_workers} worker states (one per worker)"
-            )
-        self._check_usable("load_state_dict()")
-        self._frames = int(state_dict["frames"])
-        self._batches = int(state_dict["batches"])
-        version = int(state_dict["policy_version"])
-        if self._pool is not None:
-            self._pool.version = version
-        self._initial_version = version
-        self._pending_state = {"workers": [dict(w) for w in workers]}
-        weights = state_dict.get("policy_state_dict")
-        if weights is not None:
-            self._pending_weights = weights
-            # The push bumps the version: start one below so the restored version is what batches carry.
-            if self._pool is not None:
-                self._pool.version = version - 1
-            self._initial_version = version - 1

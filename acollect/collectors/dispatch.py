@@ -4,8 +4,9 @@ Every multi-process collector (:class:`~acollect.MultiSyncCollector`, :class:`~a
 :class:`~acollect.DistributedCollector`, :class:`~acollect.RayCollector`...) runs the same worker pool and
 holds one of two *dispatch strategies*, which is all that differs between "sync" and "async":
 
-* :class:`Lockstep` (``sync=True``): each worker collects ``frames_per_batch / n_workers`` frames when
-  asked, once per batch; a batch combines one part from every worker (stacked or concatenated).
+* :class:`Lockstep` (``sync=True``): each worker collects ``frames_per_batch / n_workers`` frames per
+  batch (the next one begun as soon as this one is taken, while nothing changes the workers between
+  batches); a batch combines one part from every worker (stacked or concatenated).
 * :class:`FirstReady` (``sync=False``): each worker collects ``frames_per_batch`` frames ahead of the
   trainer, up to ``credits`` batches; a batch is the first worker batch ready, tagged with its worker.
 
@@ -24,9 +25,10 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._validate import check_bool, check_choice, check_int
+from acollect.collectors._handout import HandOutBuffers
 from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
-from acollect.pool import Received, WorkerPool
+from acollect.pool import Received, WorkerHandle, WorkerPool
 from acollect.worker import protocol as P
 
 __all__ = ["Dispatch", "FirstReady", "Lockstep", "ModeOptions", "dispatch_for"]
@@ -49,6 +51,8 @@ class Dispatch:
     sync: ClassVar[bool]
     #: Batches each worker may collect ahead (``None``: one batch per ``collect`` request).
     credits: int | None
+    #: Shared-memory slots per worker, where batches go through them (``None``: one per credit).
+    slots: int | None = None
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         """Frames each of ``n_workers`` workers collects per batch it sends."""
@@ -57,8 +61,11 @@ class Dispatch:
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
         """Sets the freshly started workers going (``paused``: a pause is held already)."""
 
-    async def take(self, pool: WorkerPool) -> list[Received]:
-        """Waits for, and removes from the pool, the worker batches the next batch is made of."""
+    async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
+        """Waits for, and removes from the pool, the worker batches the next batch is made of.
+
+        ``ahead``: the caller will want a batch after this one, so workers may begin it now.
+        """
         raise NotImplementedError
 
     def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
@@ -72,12 +79,18 @@ class Dispatch:
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         """Tells the workers to stop (``True``) or go on; nothing to do where they only work when asked."""
 
+    def reset(self) -> None:
+        """Forgets the memory kept for reuse (at shutdown: what the caller still holds stays the caller's)."""
+
 
 class Lockstep(Dispatch):
     """Lockstep: one request per batch to every worker, and a batch made of one part from each.
 
-    A worker collects only when the trainer asks for the next batch, so a weight update made between
-    two batches is in every frame of the next one.
+    A weight update made between two batches is in every frame of the next one. Workers begin the
+    next batch as soon as this one is taken (so they collect while the trainer uses it), unless the
+    caller changed weights, seed or state before this batch: a loop that pushes weights after every
+    batch gets batches collected on request. A batch begun ahead is handed out only if nothing changed
+    since it began; otherwise it is dropped (its frames are never handed out) and collected anew.
 
     Args:
         cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
@@ -85,36 +98,84 @@ class Lockstep(Dispatch):
     """
 
     sync = True
+    #: One slot holds the batch being handed out while the next one is collected into the other.
+    slots = 2
 
     def __init__(self, cat_results: str | int | None = None) -> None:
         self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
         self.credits = None
+        self._changes_seen = -1  # the pool's boundary messages when the last batch was taken
         self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
+        self._buffers = HandOutBuffers()  # copy_batches=True: memory of dropped batches, mapped already
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         return math.ceil(frames_per_batch / n_workers)
 
-    async def take(self, pool: WorkerPool) -> list[Received]:
+    async def start(self, pool: WorkerPool, *, paused: bool) -> None:
+        pool.paused = paused
+        if paused:
+            await pool.broadcast(P.PAUSE)
+
+    @staticmethod
+    async def _request(pool: WorkerPool, *, ahead: bool) -> None:
         for handle in pool.handles:
             if not handle.inbox and not handle.outstanding:
                 handle.outstanding += 1
+                handle.ahead = ahead
                 # A restarted worker that has not said hello yet is not connected: it gets the request
                 # with its hello (the pool resends outstanding requests then).
                 if handle.ready:
                     await pool.send(handle, P.COLLECT)
-        await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
-        return [h.inbox.popleft() for h in pool.handles]
+
+    @staticmethod
+    def _stale(handle: WorkerHandle) -> bool:
+        # Begun ahead, by this incarnation, before a change it was sent since (weights, seed, state).
+        item = handle.inbox[0]
+        began_after = item.header.get("changes", handle.changes_sent)
+        return handle.ahead and item.generation == handle.generation and began_after != handle.changes_sent
+
+    async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
+        while True:
+            await self._request(pool, ahead=False)
+            await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
+            stale = [h for h in pool.handles if self._stale(h)]
+            if not stale:
+                break
+            for handle in stale:  # its slot goes back, and the worker is asked again
+                item = handle.inbox.popleft()
+                if item.header.get("slot") is not None:
+                    await pool.send(handle, P.CREDIT, {"slot": item.header["slot"]})
+        items = [h.inbox.popleft() for h in pool.handles]
+        # Ahead only after a batch that no change preceded: where the caller pushes weights before every
+        # batch, every batch begun ahead would be dropped.
+        calm = pool.changes_sent == self._changes_seen
+        self._changes_seen = pool.changes_sent
+        if ahead and calm and not pool.paused:
+            await self._request(pool, ahead=True)
+        return items
+
+    def _into(self, parts: list[TensorDictBase], out: TensorDictBase) -> TensorDictBase:
+        if self.cat_results in (None, "stack"):
+            return cast(TensorDictBase, torch.stack(parts, 0, out=out))  # type: ignore[arg-type]
+        return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=out))  # type: ignore[arg-type]
 
     def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
         parts = [item.data for item in items]
         stack = self.cat_results in (None, "stack")
         if not copy_batches and self._out is not None:
             try:  # into the batch handed out last time: warm memory, no allocation
-                if stack:
-                    return cast(TensorDictBase, torch.stack(parts, 0, out=self._out))  # type: ignore[arg-type]
-                return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=self._out))  # type: ignore[arg-type]
+                return self._into(parts, self._out)
             except (RuntimeError, ValueError, KeyError):
                 self._out = None  # the layout changed (a postproc kept a reference, a new key): start afresh
+        # Which incarnation of which worker made each part: the layout of what is combined.
+        key = tuple((item.worker, item.generation) for item in items)
+        if copy_batches:
+            reused = self._buffers.take(key)  # the memory of a batch the caller dropped
+            if reused is not None:
+                try:
+                    return self._into(parts, reused)
+                except (RuntimeError, ValueError, KeyError):
+                    self._buffers.forget(reused)
         try:
             if stack:
                 batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
@@ -130,7 +191,20 @@ class Lockstep(Dispatch):
             ) from exc
         if not copy_batches:
             self._out = batch
+        else:
+            self._buffers.adopt(batch, key)
         return batch
+
+    async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
+        # A worker collecting ahead abandons that batch and waits; a restarted worker is told at its hello.
+        if pool is None or pool.endpoint is None or pool.endpoint.closed:
+            return
+        pool.paused = paused
+        await pool.broadcast(P.PAUSE if paused else P.RESUME)
+
+    def reset(self) -> None:
+        self._out = None
+        self._buffers.clear()
 
 
 class FirstReady(Dispatch):
@@ -147,6 +221,8 @@ class FirstReady(Dispatch):
 
     def __init__(self, credits: int = 2) -> None:
         self.credits = check_int("credits", credits, minimum=1)
+        # copy_batches=True: per worker, the memory of batches the caller dropped, mapped already.
+        self._buffers: dict[int, HandOutBuffers] = {}
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         return frames_per_batch
@@ -158,7 +234,7 @@ class FirstReady(Dispatch):
         if paused:
             await pool.broadcast(P.PAUSE)
 
-    async def take(self, pool: WorkerPool) -> list[Received]:
+    async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         return [pool.ready_queue.popleft()]
 
@@ -167,7 +243,13 @@ class FirstReady(Dispatch):
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
         elif copy_batches:
-            batch = item.data.clone()
+            buffers = self._buffers.setdefault(item.worker, HandOutBuffers())
+            reused = buffers.take(item.generation)
+            if reused is not None:
+                batch = reused.copy_(item.data)
+            else:
+                batch = item.data.clone()
+                buffers.adopt(batch, item.generation)
         else:
             batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
@@ -175,6 +257,9 @@ class FirstReady(Dispatch):
 
     def lends(self, item: Received, *, copy_batches: bool) -> bool:
         return item.in_slot and not copy_batches
+
+    def reset(self) -> None:
+        self._buffers.clear()
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         # Workers abandon the batch in progress and wait; a restarted worker is told at its hello.

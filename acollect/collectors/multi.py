@@ -36,8 +36,12 @@ __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
 class MultiSyncCollector(MultiCollectorBase):
     """Collects from several worker processes in lockstep and yields one batch from all of them.
 
-    Each worker collects ``frames_per_batch / n_workers`` frames per batch, only when the trainer asks
-    for the next batch, so a weight update made between two batches is in every frame of the next one.
+    Each worker collects ``frames_per_batch / n_workers`` frames per batch, and a weight update made
+    between two batches is in every frame of the next one. Workers begin the next batch while the trainer
+    uses this one, except after a batch that a weight push (or ``set_seed``, ``load_state_dict``)
+    preceded: a loop that pushes weights after every batch gets each batch collected when it asks for
+    it. A batch begun ahead is never handed out after a change made meanwhile: it is dropped (its frames
+    are not handed out) and the next one is collected with the change.
     (The worker pool's collector with the :class:`~acollect.collectors.dispatch.Lockstep` strategy;
     ``DistributedCollector`` and ``RayCollector`` take it with ``sync=True``.)
 
@@ -86,7 +90,7 @@ class MultiSyncCollector(MultiCollectorBase):
             ``RayLauncher(remote_configs=...)`` (see :mod:`acollect.launchers`). With Ray or submitit the collector
             binds ``tcp://<this node's address>:<free port>`` unless ``address`` says otherwise.
         num_threads (int): torch threads in each worker.
-        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 256 KiB
+        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB
             or more on a local address).
         remote_workers (int): how many of the ``num_workers`` workers are started by hand (``acollect worker
             --connect ADDRESS --keys DIR``, on any machine) instead of by the collector: the last ones. The

@@ -35,6 +35,8 @@ class PoolBase:
     launcher: Launcher
     address: str | None
     credits: int | None
+    slots: int | None
+    changes_sent: int
     use_shared_memory: bool | None
     heartbeat_timeout: float
     startup_timeout: float

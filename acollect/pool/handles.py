@@ -41,6 +41,7 @@ class Received:
     header: dict[str, Any]
     data: TensorDictBase
     in_slot: bool
+    nbytes: int = 0  # the batch's tensor bytes (as the worker's hello layout says)
 
 
 @dataclass
@@ -66,10 +67,13 @@ class WorkerHandle:
     n_envs: int = 0
     frames_per_batch: int = 0
     layout: dict[str, Any] | None = None
+    batch_nbytes: int = 0  # tensor bytes of one of its batches (from its layout)
     ring: ShmSlotRing | None = None
     retired_rings: list[ShmSlotRing] = field(default_factory=list)
     inbox: deque[Received] = field(default_factory=deque)
     outstanding: int = 0  # ``collect`` requests not answered yet
+    ahead: bool = False  # the request outstanding (or answered, in ``inbox``) was made ahead of the caller
+    changes_sent: int = 0  # P.BOUNDARY messages sent to this incarnation (its batches count what they saw)
     acked_version: int = 0
     last_beat: float = 0.0
     last_steps: int = -1

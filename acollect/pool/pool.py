@@ -51,8 +51,10 @@ __all__ = ["SHM_THRESHOLD", "WorkerPool"]
 logger = logging.getLogger("acollect")
 T = TypeVar("T")
 
-#: Batches at least this large (bytes) go through shared-memory slots by default.
-SHM_THRESHOLD = 1 << 18
+#: Batches at least this large (bytes) go through shared-memory slots by default. Low: a slot costs the
+#: collector no decoding and no allocation per batch (its TensorDict of views is built once), where a
+#: message's frames are checked and wrapped anew each time; only tiny batches are cheaper as frames.
+SHM_THRESHOLD = 1 << 15
 
 
 def _launch(launcher: Launcher, config: P.WorkerConfig, handle: WorkerHandle, _stop: object) -> LaunchedWorker:
@@ -71,6 +73,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         start_method: see :mod:`acollect.worker.process`.
         address: endpoint address (``None``: a private ipc path).
         credits: batches each worker may collect ahead (``None``: one batch per ``collect`` request).
+        slots: shared-memory slots per worker, where batches go through them (default: ``credits``, or 1).
         use_shared_memory: batches through ``/dev/shm`` slots; ``None`` decides by batch size and address.
         heartbeat_timeout: seconds a collecting worker may make no progress before it counts as hung.
         startup_timeout: seconds a worker may take to build its env and policy.
@@ -88,6 +91,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         address: str | None,
         credits: int | None,
         use_shared_memory: bool | None,
+        slots: int | None = None,
         heartbeat_timeout: float,
         startup_timeout: float,
         max_restarts: int,
@@ -101,6 +105,8 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(start_method)
         self.address = address
         self.credits = credits
+        self.slots = slots
+        self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
         self.use_shared_memory = use_shared_memory
         self.heartbeat_timeout = heartbeat_timeout
         self.startup_timeout = startup_timeout
@@ -213,6 +219,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         handle.generation += 1
         handle.ready = handle.joined = False
         handle.acked_version = 0
+        handle.changes_sent, handle.ahead = 0, False
         handle.last_steps, handle.busy = -1, False
         handle.next_seq, handle.missing_since, handle.sent = 0, None, 0
         handle.started_at = time.monotonic()
@@ -222,6 +229,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         handle.generation += 1
         handle.ready = False
         handle.acked_version = 0
+        handle.changes_sent, handle.ahead = 0, False
         handle.last_steps, handle.busy = -1, False
         handle.next_seq, handle.missing_since, handle.sent = 0, None, 0
         config = dataclasses.replace(
@@ -255,6 +263,9 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         """Sends one command to a worker; a worker that is gone is left to the monitor."""
         if self.endpoint is None or self.endpoint.closed:
             raise TransportError("the collector's endpoint is closed")
+        if kind in P.BOUNDARY:  # counted before it goes: the worker counts it on arrival
+            handle.changes_sent += 1
+            self.changes_sent += 1
         try:
             await self.endpoint.send(handle.identity, pack_message(kind, dict(fields or {}), td), timeout=10.0)
         except TransportError:

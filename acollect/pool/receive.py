@@ -74,21 +74,21 @@ class ReceiveMixin(PoolBase):
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             handle.retired_rings.append(handle.ring)
             handle.ring = None
-        nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        nbytes = handle.batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
         if not handle.config.remote and self._wants_shm(nbytes):  # a remote worker cannot map our memory
-            handle.ring = ShmSlotRing.create(header["layout"], self.credits or 1)
+            handle.ring = ShmSlotRing.create(header["layout"], self.slots or self.credits or 1)
             await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
         if self._last_weights is not None:
             fields, td = self._last_weights
             await self.send(handle, P.WEIGHTS, fields, td)
         now = time.monotonic()
         handle.last_beat = handle.last_progress = now
+        if self.paused:  # before anything that sets it collecting
+            await self.send(handle, P.PAUSE)
         if handle.outstanding:
             await self.send(handle, P.COLLECT)  # the request its predecessor died on
         if self.running:
             await self.send(handle, P.RUN, {"credits": self.credits or 1})
-            if self.paused:
-                await self.send(handle, P.PAUSE)
         handle.ready = True
 
     def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
@@ -204,7 +204,7 @@ class ReceiveMixin(PoolBase):
                 data = td
             else:
                 raise ProtocolError(f"worker {handle.index} sent a batch with neither slot nor tensors")
-            item = Received(handle.index, handle.generation, header, data, slot is not None)
+            item = Received(handle.index, handle.generation, header, data, slot is not None, handle.batch_nbytes)
             if self.credits is None:
                 handle.outstanding = max(0, handle.outstanding - 1)
                 handle.inbox.append(item)

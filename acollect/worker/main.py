@@ -36,19 +36,16 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from acollect.errors import ProtocolError
 from acollect.rollout import RolloutEngine, RolloutInterrupted
 from acollect.stats import EpisodeTracker
-from acollect.transport.shm import ShmSegment
 from acollect.transport.shm_ring import ShmSlotRing
-from acollect.transport.weights import copy_planned
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect.transport.worker_socket import WorkerSocket
 from acollect.weights import encode_structure
 from acollect.worker import protocol as P
 from acollect.worker.build import build_engine
 from acollect.worker.orphans import parent_alive, remove_orphans
-from acollect.worker.weights import plan_weights, read_weights
+from acollect.worker.staging import StagingMixin
 
 __all__ = ["run_worker"]
 
@@ -71,7 +68,7 @@ def _error_fields(exc: BaseException) -> dict[str, Any]:
     return {"type": name, "message": str(exc), "traceback": tb}
 
 
-class _Worker:
+class _Worker(StagingMixin):
     def __init__(self, config: P.WorkerConfig) -> None:
         self.config = config
         self.identity = P.worker_identity(config.index, config.generation)
@@ -87,15 +84,7 @@ class _Worker:
         self.busy = False
         self.ring: ShmSlotRing | None = None
         self.interrupt = threading.Event()  # abandons the batch in progress
-        # Held by whoever uses the engine (the runner for a whole batch); staged work waits in the
-        # pending_* fields, guarded by `pending_lock`, for the next batch boundary.
-        self.engine_lock = threading.Lock()
-        self.pending_lock = threading.Lock()
-        self.pending_weights: dict[str, tuple[Any, torch.Tensor]] = {}
-        self.pending_version: int | None = None
-        self.pending_seed: int | None = None
-        self.pending_state: dict[str, int] | None = None
-        self.segments: dict[str, ShmSegment] = {}
+        self.init_staging()
         self.runner: threading.Thread | None = None
         self.failed = False
         self.sent = 0  # batches handed to ZeroMQ; heartbeats carry it so a lost batch is noticed
@@ -217,11 +206,13 @@ class _Worker:
         if kind == P.SEED:
             with self.pending_lock:
                 self.pending_seed = int(header["seed"])
+                self.changes += 1
             self.apply_if_idle()
             return
         if kind == P.LOAD_STATE:
             with self.pending_lock:
                 self.pending_state = {k: int(header[k]) for k in ("next_traj_counter", "frames")}
+                self.changes += 1
             self.apply_if_idle()
             return
         if kind == P.STATE:
@@ -254,70 +245,6 @@ class _Worker:
                 self.paused = False
             self.cond.notify_all()
 
-    # -- weights, seeds, state ---------------------------------------------------------
-    def stage_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
-        version = header.get("version")
-        try:
-            if type(version) is not int:
-                raise ProtocolError(f"weights version {version!r:.40} is not an int")
-            staged = read_weights(header, td, self.segments, self.dist)
-            plans = plan_weights(self.engine, staged)  # checked against our own policy before anything is kept
-        except Exception as exc:
-            # A push that does not fit (a peer that skipped the collector's check, or a malformed message)
-            # is refused, and this worker goes on collecting with the weights it has.
-            refused = version if type(version) is int else -1
-            self.send(P.ACK, {"version": refused, "error": f"{type(exc).__name__}: {exc}"})
-            return
-        if self.engine_lock.acquire(blocking=False):
-            # Idle between batches: apply straight from the message or segment, no staging copy.
-            try:
-                for plan in plans:
-                    copy_planned(plan)
-                assert self.engine is not None
-                self.engine.policy_version = version
-            finally:
-                self.engine_lock.release()
-        else:
-            # The segment may be rewritten by the next push once we acknowledge: keep a private copy.
-            copies = {k: (layout, flat.clone()) for k, (layout, flat) in staged.items()}
-            with self.pending_lock:
-                self.pending_weights.update(copies)
-                self.pending_version = version
-        self.send(P.ACK, {"version": version})
-
-    def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
-        engine = self.engine
-        assert engine is not None
-        for plan in plan_weights(engine, weights):
-            copy_planned(plan)
-        engine.policy_version = version
-
-    def apply_pending(self) -> None:
-        """Applies staged weights, seed and state. Call with ``engine_lock`` held, between batches."""
-        engine = self.engine
-        assert engine is not None
-        with self.pending_lock:
-            weights, self.pending_weights = self.pending_weights, {}
-            version, self.pending_version = self.pending_version, None
-            seed, self.pending_seed = self.pending_seed, None
-            state, self.pending_state = self.pending_state, None
-        if version is not None:
-            self._apply_weights(weights, version)
-        if seed is not None:
-            torch.manual_seed(seed)
-            engine.seed(seed)
-        if state is not None:
-            engine.next_traj_counter = state["next_traj_counter"]
-            engine.frames = state["frames"]
-            engine._needs_reset = True  # fresh trajectories get ids from the restored counter
-
-    def apply_if_idle(self) -> None:
-        if self.engine is not None and self.engine_lock.acquire(blocking=False):
-            try:
-                self.apply_pending()
-            finally:
-                self.engine_lock.release()
-
     # -- the runner thread ---------------------------------------------------------------
     def _has_work(self) -> bool:
         if self.stopping or self.paused or self.failed:
@@ -344,7 +271,7 @@ class _Worker:
                     self.busy = True
                 try:
                     with self.engine_lock:
-                        self.apply_pending()
+                        changes = self.apply_pending()
                         # With slots, the engine writes straight into shared memory: no copy on this side.
                         out = self.ring[slot].tensordict if slot is not None and self.ring is not None else None
                         batch = engine.collect(self.interrupt, out=out)
@@ -363,6 +290,7 @@ class _Worker:
                     "frames": frames,
                     "slot": slot,
                     "episodes": episodes,
+                    "changes": changes,
                 }
                 if self.dist is not None:  # the header here, the tensors through torch.distributed
                     message = pack_message(P.BATCH, self._fields({**header, "dist": True}))

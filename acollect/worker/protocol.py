@@ -33,7 +33,8 @@ Worker -> collector:
 ``hello``      ``pid``, ``protocol``, ``n_envs``, ``layout``, ``nbytes``: ready to collect; ``weights``: the
                structure of its policy's weights, ``[[key, shape, dtype], ...]`` (``[]``: none; ``None``:
                too large to send), which every push is checked against before it is sent
-``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames
+``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames; ``changes``: how many
+               ``weights``, ``seed`` and ``load_state`` messages the worker had received when it began the batch
 ``ack``        ``version``: these weights are in the worker (applied or staged); with ``error``, the
                worker refused them (they do not fit its policy, or the message was malformed: ``version``
                is -1 when it had none) and keeps collecting with the weights it had
@@ -58,6 +59,7 @@ from typing import Any
 __all__ = [
     "ACK",
     "BATCH",
+    "BOUNDARY",
     "COLLECT",
     "CONFIG",
     "CREDIT",
@@ -99,6 +101,9 @@ LOAD_STATE = "load_state"
 STOP = "stop"
 CONFIG = "config"
 DIST_INIT = "dist_init"
+#: What changes the next batch (applied at a batch boundary): a batch requested ahead that began before
+#: the last of these reached its worker is not handed out (see acollect.collectors.dispatch.Lockstep).
+BOUNDARY = frozenset({WEIGHTS, SEED, LOAD_STATE})
 TO_WORKER = frozenset(
     {SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT, HEARTBEAT}
 )

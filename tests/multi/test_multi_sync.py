@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 
 import anyio
@@ -104,6 +105,44 @@ async def test_weights_are_acknowledged_versioned_and_never_mixed(start_method: 
         batch = await anext(collector)
         assert batch["action"].eq(0).all()
         assert batch["collector", "policy_version"].eq(3).all()
+
+
+async def test_a_batch_begun_ahead_is_never_handed_out_after_a_push(start_method: str) -> None:
+    # After a batch with no change before it, workers begin the next one at once. A push made while it
+    # is under way (here: once it is complete) must still reach every frame of the next batch handed out.
+    async with MultiSyncCollector(
+        [counting(episode_length=1000)] * 2, WeightProbe(0.0), frames_per_batch=16, start_method=start_method
+    ) as collector:
+        await anext(collector)
+        second = await anext(collector)
+        assert collector._pool is not None
+        with anyio.fail_after(30):  # the batch begun ahead arrives (made with version 0)
+            while not all(h.inbox for h in collector._pool.handles):  # noqa: ASYNC110 - polled on purpose
+                await anyio.sleep(0.01)
+        await collector.update_policy_weights_(WeightProbe(1.0))
+        third = await anext(collector)
+        fourth = await anext(collector)  # no change before the third: begun ahead, and handed out
+    assert third["action"].eq(1).all()
+    assert third["collector", "policy_version"].eq(1).all()
+    assert fourth["collector", "policy_version"].eq(1).all()
+    # The batch begun ahead was dropped: its 4 steps per env are missing between the second and the third.
+    assert (third["observation"] - second["observation"]).eq(8).all()
+    assert (fourth["observation"] - third["observation"]).eq(4).all()
+
+
+async def test_a_loop_that_pushes_before_every_batch_gets_every_frame(start_method: str) -> None:
+    policy = WeightProbe(0.0)
+    async with MultiSyncCollector(
+        [counting(episode_length=1000)] * 2, policy, frames_per_batch=16, start_method=start_method
+    ) as collector:
+        observations = []
+        for value in (1.0, 0.0, 1.0):
+            batch = await anext(collector)
+            observations.append(batch["observation"])
+            await anyio.sleep(0.05)  # time enough for a batch begun ahead, were there one
+            await collector.update_policy_weights_(WeightProbe(value))
+        observations.append((await anext(collector))["observation"])
+    assert all((b - a).eq(4).all() for a, b in itertools.pairwise(observations))
 
 
 async def test_several_models_updated_atomically_over_zmq(start_method: str) -> None:

@@ -1,0 +1,121 @@
+"""What a worker applies at a batch boundary: weights, seed and counters, staged until the engine is free.
+
+The control thread receives them while the runner may be in the middle of a batch; the
+runner applies what is staged before its next batch (:meth:`StagingMixin.apply_pending`), or
+the control thread applies it at once when the engine is idle. Every message that changes the
+next batch (:data:`~acollect.worker.protocol.BOUNDARY`) is counted, and each batch carries the
+count it began after, so the collector can tell a batch that began before a change from one
+that began after it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect.errors import ProtocolError
+from acollect.rollout import RolloutEngine
+from acollect.transport.shm import ShmSegment
+from acollect.transport.weights import copy_planned
+from acollect.worker import protocol as P
+from acollect.worker.weights import plan_weights, read_weights
+
+__all__ = ["StagingMixin"]
+
+
+class StagingMixin:
+    """Staged weights, seed and state of a worker (mixed into its main loop, :mod:`acollect.worker.main`)."""
+
+    engine: RolloutEngine | None
+    dist: Any
+
+    if TYPE_CHECKING:  # the worker's own (declared for the type checker only: it must not shadow it)
+
+        def send(self, kind: str, fields: dict[str, Any] | None = None, *, timeout: float = 10.0) -> None: ...
+
+    def init_staging(self) -> None:
+        # Held by whoever uses the engine (the runner for a whole batch); staged work waits in the
+        # pending_* fields, guarded by `pending_lock`, for the next batch boundary.
+        self.engine_lock = threading.Lock()
+        self.pending_lock = threading.Lock()
+        self.pending_weights: dict[str, tuple[Any, torch.Tensor]] = {}
+        self.pending_version: int | None = None
+        self.pending_seed: int | None = None
+        self.pending_state: dict[str, int] | None = None
+        self.changes = 0  # P.BOUNDARY messages received (under pending_lock)
+        self.segments: dict[str, ShmSegment] = {}
+
+    # -- weights, seeds, state ---------------------------------------------------------
+    def stage_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
+        version = header.get("version")
+        try:
+            if type(version) is not int:
+                raise ProtocolError(f"weights version {version!r:.40} is not an int")
+            staged = read_weights(header, td, self.segments, self.dist)
+            plans = plan_weights(self.engine, staged)  # checked against our own policy before anything is kept
+        except Exception as exc:
+            # A push that does not fit (a peer that skipped the collector's check, or a malformed message)
+            # is refused, and this worker goes on collecting with the weights it has.
+            refused = version if type(version) is int else -1
+            with self.pending_lock:
+                self.changes += 1  # counted all the same: the collector counts what it sent
+            self.send(P.ACK, {"version": refused, "error": f"{type(exc).__name__}: {exc}"})
+            return
+        if self.engine_lock.acquire(blocking=False):
+            # Idle between batches: apply straight from the message or segment, no staging copy.
+            try:
+                for plan in plans:
+                    copy_planned(plan)
+                assert self.engine is not None
+                self.engine.policy_version = version
+                with self.pending_lock:
+                    self.changes += 1
+            finally:
+                self.engine_lock.release()
+        else:
+            # The segment may be rewritten by the next push once we acknowledge: keep a private copy.
+            copies = {k: (layout, flat.clone()) for k, (layout, flat) in staged.items()}
+            with self.pending_lock:
+                self.pending_weights.update(copies)
+                self.pending_version = version
+                self.changes += 1
+        self.send(P.ACK, {"version": version})
+
+    def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
+        engine = self.engine
+        assert engine is not None
+        for plan in plan_weights(engine, weights):
+            copy_planned(plan)
+        engine.policy_version = version
+
+    def apply_pending(self) -> int:
+        """Applies staged weights, seed and state, and returns ``changes`` as of them. Call with ``engine_lock``
+        held, between batches."""
+        engine = self.engine
+        assert engine is not None
+        with self.pending_lock:
+            weights, self.pending_weights = self.pending_weights, {}
+            version, self.pending_version = self.pending_version, None
+            seed, self.pending_seed = self.pending_seed, None
+            state, self.pending_state = self.pending_state, None
+            changes = self.changes
+        if version is not None:
+            self._apply_weights(weights, version)
+        if seed is not None:
+            torch.manual_seed(seed)
+            engine.seed(seed)
+        if state is not None:
+            engine.next_traj_counter = state["next_traj_counter"]
+            engine.frames = state["frames"]
+            engine._needs_reset = True  # fresh trajectories get ids from the restored counter
+        return changes
+
+    def apply_if_idle(self) -> None:
+        if self.engine is not None and self.engine_lock.acquire(blocking=False):
+            try:
+                self.apply_pending()
+            finally:
+                self.engine_lock.release()
