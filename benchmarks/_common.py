@@ -61,17 +61,17 @@ def median(xs: Sequence[float]) -> float:
 class Turns:
     """Wall and CPU seconds of contenders that take turns batch by batch (or round by round) in one process.
 
-    ``with turns.timing(name, frames):`` adds one turn; :meth:`rates` gives each contender's total
-    frames over its total seconds, on both clocks. CPU time is this process's, all threads
+    :meth:`add` (or :meth:`start` then :meth:`stop`) records one turn; :meth:`rates` gives each
+    contender's total frames over its total seconds, on both clocks. CPU time is this process's, all threads
     included: the share of the machine that other jobs take does not enter it.
     """
 
-    frames: dict[str, int] = field(default_factory=dict)
+    frames: dict[str, list[int]] = field(default_factory=dict)
     wall: dict[str, list[float]] = field(default_factory=dict)
     cpu: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, name: str, frames: int, wall_s: float, cpu_s: float) -> None:
-        self.frames[name] = self.frames.get(name, 0) + frames
+        self.frames.setdefault(name, []).append(frames)
         self.wall.setdefault(name, []).append(wall_s)
         self.cpu.setdefault(name, []).append(cpu_s)
 
@@ -84,9 +84,13 @@ class Turns:
     def rates(self) -> dict[str, dict[str, float]]:
         """``{name: {"wall": frames/s, "cpu": frames/s}}``."""
         return {
-            name: {"wall": self.frames[name] / sum(self.wall[name]), "cpu": self.frames[name] / sum(self.cpu[name])}
-            for name in self.frames
+            name: {"wall": sum(frames) / sum(self.wall[name]), "cpu": sum(frames) / sum(self.cpu[name])}
+            for name, frames in self.frames.items()
         }
+
+    def turn_rates(self, name: str) -> list[float]:
+        """Wall-clock frames/s of each of ``name``'s turns."""
+        return [f / s for f, s in zip(self.frames[name], self.wall[name], strict=True)]
 
     def as_dict(self) -> dict[str, Any]:
         return {"frames": self.frames, "wall_s": self.wall, "cpu_s": self.cpu, "frames_per_s": self.rates()}

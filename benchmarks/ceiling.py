@@ -3,20 +3,25 @@
 The ceiling is what N processes make when nothing connects them: each runs the loop a user
 writes instead (:class:`~acollect.cli.reference_loops.CleanRLLoop`: ``gym.make_vec`` sync with
 the default autoreset, the MLP in a ``TensorDictModule``, ``[E, T]`` buffers cloned per batch)
-with E envs, and the ceiling is the sum of their frames/s. Every process imports, builds its
-loop and collects a warm-up batch before all of them meet at a barrier; then each times the
-same number of batches. A collector cannot beat it: it does the same work plus moving every
-batch to the trainer process, which on a small machine competes with the workers for the cores.
+with E envs, and the ceiling is the sum of their frames/s. A collector cannot beat it: it does
+the same work plus moving every batch to the trainer process, which on a small machine competes
+with the workers for the cores.
 
-In each round, in turns (fresh processes every time, start-up and warm-up never timed):
+Four contenders are built once and warmed up (imports, start-up and first batches are never
+timed), then take **turns** of ``--turn-batches`` worker batches each, the order rotating, for
+``--turns`` turns, so a change in the machine's load hits all of them alike:
 
-* ``ceiling``: N independent loop processes of E envs;
-* ``MultiAsyncCollector``: N workers x E envs, each worker batch ``[E, T]`` as in the ceiling;
-* ``MultiSyncCollector``: N workers x E envs, ``frames_per_batch`` frames per batch from all;
-* ``one hand loop``: a single loop process of E envs (what one core does alone).
+* ``ceiling``: a :class:`~acollect.cli.reference_loops.LoopPool` of N loop processes of E envs,
+  released together by a barrier at each turn;
+* ``MultiAsyncCollector``: N workers x E envs, each batch one worker's ``[E, T]``; the batches its
+  workers collected ahead while the others had their turn are taken, untimed, before timing;
+* ``MultiSyncCollector``: N workers x E envs, ``--frames-per-batch`` frames per batch from all, so
+  each worker's share is the same ``[E, T]`` (its workers collect only when asked);
+* ``one hand loop``: a pool of one loop process of E envs (what one core does alone).
 
-All contenders collect the same total of frames per round. The figures are median frames/s over
-the rounds, and ratios of medians (the JSON also has the ratio within each round).
+Between turns the idle contenders wait without using CPU. Two clocks: wall time (frames/s; for
+the ceiling, the sum of the processes' frames/s), and CPU time of every process involved (the
+trainer and its workers, or the loop processes), the latter barely disturbed by other jobs.
 
     python benchmarks/ceiling.py --json docs/data/ceiling.json                           # 2 x 16
     python benchmarks/ceiling.py --workers 8 --envs 8 --json docs/data/ceiling-8x8.json  # 16 cores
@@ -31,87 +36,114 @@ import asyncio
 import functools
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import (
-    ENV_ID,
-    machine_info,
-    make_policy,
-    median,
-    run_independent_loops,
-    single_thread_torch,
-    write_json,
-)
+from _common import ENV_ID, Turns, machine_info, make_policy, single_thread_torch, write_json
 
 from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
+from acollect.cli.reference_loops import LoopPool
 
 CEILING, ASYNC, SYNC, SINGLE = "ceiling", "MultiAsyncCollector", "MultiSyncCollector", "one hand loop"
-# (contender, reference, goal) for each ratio the table reports.
-GOALS = [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.85), (SYNC, SINGLE, 1.7)]
+CREDITS = 2  # MultiAsyncCollector's default: batches each worker may collect ahead
 
 
-def worker_frames(args: argparse.Namespace) -> int:
-    """Frames of one worker's batch, ``[E, T]``, the same in every contender."""
-    return args.frames_per_batch // args.workers
+def goals(workers: int) -> list[tuple[str, str, float | None]]:
+    """(contender, reference, goal) for each ratio reported: the goals of docs/performance.md's table."""
+    if workers == 2:  # 2 x 16 on a 2-core machine
+        return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.85), (SYNC, SINGLE, 1.7)]
+    return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, None)]  # 8 x 8 on 16 cores
 
 
-async def _collector_round(args: argparse.Namespace, sync: bool) -> dict[str, float]:
-    per_worker = worker_frames(args)
-    options: dict[str, Any] = {"num_workers": args.workers, "total_frames": -1}
-    if sync:  # one batch from all workers per request
-        cls: Any = MultiSyncCollector
-        options["frames_per_batch"], warmup = args.frames_per_batch, args.warmup
-    else:  # one worker's batch at a time; every worker's first batches are warm-up
-        cls = MultiAsyncCollector
-        options["frames_per_batch"], warmup = per_worker, args.warmup * args.workers
-    created = time.perf_counter()
-    async with cls(functools.partial(GymEnv, ENV_ID, num_envs=args.envs), make_policy(), **options) as collector:
-        for _ in range(warmup):
-            await anext(collector)
-        first = time.perf_counter()
-        frames = 0
-        while frames < args.frames:
-            frames += (await anext(collector)).numel()
-        seconds = time.perf_counter() - first
-    return {"frames": frames, "seconds": seconds, "frames_per_s": frames / seconds, "startup_s": first - created}
+def _cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
-def _loops_round(args: argparse.Namespace, n_processes: int, seed: int) -> dict[str, Any]:
-    per_worker = worker_frames(args)
-    batches = max(1, args.frames // (per_worker * args.workers))
-    created = time.perf_counter()
-    loops = run_independent_loops(
-        n_processes, args.envs, per_worker, batches, warmup=args.warmup, seed=seed, timeout=args.timeout
-    )
-    total = time.perf_counter() - created
-    return {"frames": loops.frames, **loops.as_dict(), "total_s": total}
+async def _collector_turn(collector: Any, pids: list[int], batches: int, drain: int) -> tuple[int, float, float]:
+    """``batches`` batches after ``drain`` untimed ones: (frames, wall s, CPU s of the trainer and workers)."""
+    for _ in range(drain):
+        await anext(collector)
+    cpu, workers_cpu, wall = time.process_time(), _cpu_of(pids), time.perf_counter()
+    frames = 0
+    for _ in range(batches):
+        frames += (await anext(collector)).numel()
+    wall = time.perf_counter() - wall
+    return frames, wall, time.process_time() - cpu + _cpu_of(pids) - workers_cpu
 
 
-def run_rounds(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    rounds: dict[str, list[dict[str, Any]]] = {CEILING: [], ASYNC: [], SYNC: [], SINGLE: []}
-    for r in range(args.rounds):
-        rounds[CEILING].append(_loops_round(args, args.workers, seed=100 * r))
-        rounds[ASYNC].append(asyncio.run(_collector_round(args, sync=False)))
-        rounds[SYNC].append(asyncio.run(_collector_round(args, sync=True)))
-        rounds[SINGLE].append(_loops_round(args, 1, seed=100 * r + 50))
-        line = ", ".join(f"{name} {results[-1]['frames_per_s']:,.0f}" for name, results in rounds.items())
-        print(f"round {r + 1}/{args.rounds}: {line} frames/s", flush=True)
-    return rounds
+async def _pool_turn(pool: LoopPool, batches: int) -> tuple[int, float, float]:
+    loops = await asyncio.to_thread(pool.run, batches)  # the event loop keeps serving the collectors meanwhile
+    # frames / seconds is then the sum of the processes' frames/s.
+    return loops.frames, loops.frames / loops.frames_per_s, sum(p.cpu_s for p in loops.processes)
 
 
-def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    medians = {name: median([x["frames_per_s"] for x in results]) for name, results in rounds.items()}
+async def _enter(stack: AsyncExitStack, collector: Any, warmup: int) -> tuple[Any, list[int]]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    await stack.enter_async_context(collector)
+    for _ in range(warmup):
+        await anext(collector)  # also makes sure every worker has started
+    pids = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    return collector, pids
+
+
+async def measure(args: argparse.Namespace) -> tuple[Turns, list[str]]:
+    n, e, per_worker = args.workers, args.envs, args.frames_per_batch // args.workers
+    k = args.turn_batches
+    turns, log = Turns(), []
+    async with AsyncExitStack() as stack:
+        env = functools.partial(GymEnv, ENV_ID, num_envs=e)
+        multi_async, async_pids = await _enter(stack, MultiAsyncCollector(
+            env, make_policy(), num_workers=n, frames_per_batch=per_worker, total_frames=-1, credits=CREDITS,
+        ), args.warmup * n)  # fmt: skip
+        multi_sync, sync_pids = await _enter(stack, MultiSyncCollector(
+            env, make_policy(), num_workers=n, frames_per_batch=args.frames_per_batch, total_frames=-1,
+        ), args.warmup)  # fmt: skip
+        pool_args = {"warmup": args.warmup, "timeout": args.timeout}
+        ceiling = await asyncio.to_thread(functools.partial(LoopPool, n, e, per_worker, seed=0, **pool_args))
+        stack.callback(ceiling.close)
+        single = await asyncio.to_thread(functools.partial(LoopPool, 1, e, per_worker, seed=100, **pool_args))
+        stack.callback(single.close)
+        runs: list[tuple[str, Callable[[], Awaitable[tuple[int, float, float]]]]] = [
+            (CEILING, lambda: _pool_turn(ceiling, k)),
+            (ASYNC, lambda: _collector_turn(multi_async, async_pids, n * k, drain=n * CREDITS)),
+            (SYNC, lambda: _collector_turn(multi_sync, sync_pids, k, drain=0)),
+            (SINGLE, lambda: _pool_turn(single, k)),
+        ]
+        for index in range(args.turns):
+            shift = index % len(runs)  # the order rotates: no contender always follows the same one
+            line = []
+            for name, run in runs[shift:] + runs[:shift]:
+                frames, wall, cpu = await run()
+                turns.add(name, frames, wall, cpu)
+                line.append(f"{name} {frames / wall:,.0f}")
+            log.append(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s")
+            print(log[-1], flush=True)
+    return turns, log
+
+
+def summarize(turns: Turns, workers: int) -> dict[str, Any]:
+    rates = turns.rates()
     ratios = []
-    for contender, reference, goal in GOALS:
-        pairs = zip(rounds[contender], rounds[reference], strict=True)
-        per_round = [c["frames_per_s"] / r["frames_per_s"] for c, r in pairs]
-        ratios.append({"contender": contender, "reference": reference, "ratio": medians[contender] / medians[reference],
-                       "per_round": per_round, "goal": goal})  # fmt: skip
-    return {"median_frames_per_s": medians, "ratios": ratios}
+    for contender, reference, goal in goals(workers):
+        wall = [c / r for c, r in zip(turns.turn_rates(contender), turns.turn_rates(reference), strict=True)]
+        ratios.append({"contender": contender, "reference": reference, "goal": goal,
+                       "wall": rates[contender]["wall"] / rates[reference]["wall"],
+                       "cpu": rates[contender]["cpu"] / rates[reference]["cpu"], "wall_per_turn": wall})  # fmt: skip
+    return {"frames_per_s": rates, "ratios": ratios}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,13 +151,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="worker processes, and independent loop processes")
     parser.add_argument("--envs", type=int, default=16, help="CartPole envs per worker (and per loop process)")
     parser.add_argument("--frames-per-batch", type=int, default=2048, help="MultiSync frames per batch, all workers")
-    parser.add_argument("--frames", type=int, default=102_400, help="timed frames per contender and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=12, help="turns per contender")
+    parser.add_argument("--turn-batches", type=int, default=8, help="timed batches per worker (or process) per turn")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker / process first")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one ceiling run may take")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds the loop processes may take per step")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
-    for name in ("workers", "envs", "frames_per_batch", "frames", "rounds"):
+    for name in ("workers", "envs", "frames_per_batch", "turns", "turn_batches"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.frames_per_batch % (args.workers * args.envs):
@@ -138,24 +170,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     single_thread_torch()
     machine = machine_info()
-    t = worker_frames(args) // args.envs
-    print(f"{ENV_ID}, {args.workers} workers x {args.envs} envs, worker batches [{args.envs}, {t}], {args.frames:,} "
-          f"timed frames per contender x {args.rounds} rounds, {machine['cpu_count']} cores")  # fmt: skip
-    rounds = run_rounds(args)
-    summary = summarize(rounds)
-    print()
-    for name, value in summary["median_frames_per_s"].items():
-        print(f"{name:<24}{value:>12,.0f} frames/s (median)")
+    t = args.frames_per_batch // args.workers // args.envs
+    print(f"{ENV_ID}, {args.workers} workers x {args.envs} envs, worker batches [{args.envs}, {t}], {args.turns} "
+          f"turns of {args.turn_batches} batches per worker, {machine['cpu_count']} cores")  # fmt: skip
+    turns, log = asyncio.run(measure(args))
+    summary = summarize(turns, args.workers)
+    print(f"\n{'what':<24}{'wall frames/s':>15}{'cpu frames/s':>15}")
+    for name, r in summary["frames_per_s"].items():
+        print(f"{name:<24}{r['wall']:>15,.0f}{r['cpu']:>15,.0f}")
     for ratio in summary["ratios"]:
-        verdict = "meets" if ratio["ratio"] >= ratio["goal"] else "misses"
-        print(f"{ratio['contender']} / {ratio['reference']} = {ratio['ratio']:.2f}x "
-              f"({verdict} the goal of {ratio['goal']}x)")  # fmt: skip
+        goal = ratio["goal"]
+        verdict = "" if goal is None else f" ({'meets' if ratio['wall'] >= goal else 'misses'} the goal of {goal}x)"
+        print(f"{ratio['contender']} / {ratio['reference']} = {ratio['wall']:.2f}x wall, {ratio['cpu']:.2f}x cpu"
+              f"{verdict}")  # fmt: skip
     payload = {
         "benchmark": "ceiling",
         "env": ENV_ID,
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": machine,
-        "rounds": rounds,
+        "turns": turns.as_dict(),
+        "log": log,
         **summary,
     }
     if args.json is not None:

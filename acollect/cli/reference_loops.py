@@ -7,10 +7,10 @@ observations, actions, rewards and dones copied into preallocated ``[n_envs, T]`
 cloned into a batch of its own at the end of each batch (as a collector hands out batches the
 caller keeps).
 
-:func:`run_independent_loops` is the ceiling for worker processes: ``n`` such loops in ``n``
-processes started together, with no communication between them. Each process imports, builds
-its env and policy and collects warm-up batches first, then all wait on one barrier and time
-the same number of batches: start-up and imports are not in the figure.
+:class:`LoopPool` (and :func:`run_independent_loops`, once) is the ceiling for worker processes:
+``n`` such loops in ``n`` processes started together, with no communication between them. Each
+process imports, builds its env and policy and collects warm-up batches first, then all wait on
+one barrier and time the same number of batches: start-up and imports are not in the figure.
 
 Examples:
     >>> loop = CleanRLLoop(num_envs=4, frames_per_batch=32)
@@ -26,6 +26,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import statistics
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ __all__ = [
     "CategoricalMLPPolicy",
     "CleanRLLoop",
     "IndependentLoops",
+    "LoopPool",
     "LoopProcess",
     "make_policy",
     "run_independent_loops",
@@ -182,23 +184,135 @@ class IndependentLoops:
 
 
 def _loop_process(
-    index: int, sizes: tuple[int, int, int, int], barrier: Any, results: Any, seed: int
+    index: int, sizes: tuple[int, int, int], turn: Any, batches: Any, results: Any, seed: int
 ) -> None:  # pragma: no cover - runs in the child processes
-    num_envs, frames_per_batch, batches, warmup = sizes
+    num_envs, frames_per_batch, warmup = sizes
     try:
         torch.set_num_threads(1)  # as in a collector's workers
         loop = CleanRLLoop(num_envs, frames_per_batch, seed=seed)
         for _ in range(warmup):
             loop.collect_batch()
-        barrier.wait()
-        started, cpu = time.monotonic(), time.process_time()
-        frames = sum(loop.collect_batch() for _ in range(batches))
-        finished, cpu = time.monotonic(), time.process_time() - cpu
+        results.put((index, None))  # ready
+        while True:
+            turn.wait()  # everyone starts together; a broken or timed-out barrier ends the process
+            if batches.value <= 0:
+                break
+            started, cpu = time.monotonic(), time.process_time()
+            frames = sum(loop.collect_batch() for _ in range(batches.value))
+            finished, cpu = time.monotonic(), time.process_time() - cpu
+            results.put((index, LoopProcess(frames, started, finished, cpu)))
         loop.close()
-        results.put((index, LoopProcess(frames, started, finished, cpu)))
+    except threading.BrokenBarrierError:
+        pass  # the pool closed (or its owner is gone): nothing to report to
     except BaseException:
-        barrier.abort()  # the others must not wait for a process that will never arrive
+        turn.abort()  # no one waits for a process that will never arrive
         results.put((index, traceback.format_exc()))
+
+
+class LoopPool:
+    """``n`` :class:`CleanRLLoop` processes kept alive, timed together as often as asked: the ceiling.
+
+    Each process (``spawn``) imports, builds its loop and collects ``warmup`` batches; the pool is
+    ready once every one has. Each :meth:`run` then releases all of them at once (a barrier) to
+    collect the same number of batches, and returns what each measured. Between runs they wait,
+    using no CPU, so the ceiling can take turns with other contenders.
+
+    Args:
+        n_processes: how many processes.
+        num_envs: envs of each process's vector env.
+        frames_per_batch: frames of each process's batches.
+        warmup: untimed batches per process before the first run.
+        seed: the first process's seed; the others take the next ones.
+        timeout: seconds that start-up, and then each run, may take.
+
+    Raises:
+        RuntimeError: a process failed (its traceback is in the message), died, or took over ``timeout``.
+    """
+
+    def __init__(
+        self,
+        n_processes: int,
+        num_envs: int,
+        frames_per_batch: int,
+        *,
+        warmup: int = 1,
+        seed: int = 0,
+        timeout: float = 600.0,
+    ) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.timeout = timeout
+        self._closed = False
+        self._turn = ctx.Barrier(n_processes + 1, timeout=timeout)
+        self._batches = ctx.Value("i", 0)
+        self._results = ctx.Queue()
+        sizes = (num_envs, frames_per_batch, warmup)
+        self._procs = [
+            ctx.Process(
+                target=_loop_process, args=(i, sizes, self._turn, self._batches, self._results, seed + i), daemon=True
+            )
+            for i in range(n_processes)
+        ]
+        try:
+            for proc in self._procs:
+                proc.start()
+            self._collect()  # every process is ready
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self) -> dict[int, Any]:
+        deadline = time.monotonic() + self.timeout
+        found: dict[int, Any] = {}
+        while len(found) < len(self._procs):
+            try:
+                index, outcome = self._results.get(timeout=1.0)
+            except queue.Empty:
+                # A process killed outright (out of memory, a signal) never says so: look at the exit codes.
+                dead = [i for i, p in enumerate(self._procs) if i not in found and p.exitcode is not None]
+                if dead:
+                    codes = ", ".join(f"{i}: exit code {self._procs[i].exitcode}" for i in dead)
+                    raise RuntimeError(f"independent loop processes died without a result ({codes})") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the independent loops took over {self.timeout:g} s") from None
+                continue
+            if isinstance(outcome, str):
+                raise RuntimeError(f"independent loop process {index} failed:\n{outcome}")
+            found[index] = outcome
+        return found
+
+    def run(self, batches: int) -> IndependentLoops:
+        """Every process collects ``batches`` batches, all starting together; returns what each measured."""
+        if batches < 1:
+            raise ValueError(f"batches must be a positive int, got {batches!r}")
+        self._batches.value = batches
+        self._turn.wait()
+        found = self._collect()
+        return IndependentLoops([found[i] for i in range(len(self._procs))])
+
+    def close(self) -> None:
+        """Ends the processes (killing any that does not end within a few seconds). Calling it twice is fine."""
+        if self._closed:
+            return
+        self._closed = True
+        self._batches.value = 0
+        try:
+            self._turn.wait(timeout=5.0)
+        except threading.BrokenBarrierError:
+            pass  # a process failed or is gone: the ones left end on the broken barrier
+        for proc in self._procs:
+            if proc.pid is None:
+                continue
+            proc.join(timeout=10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+        self._results.close()
+
+    def __enter__(self) -> LoopPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def run_independent_loops(
@@ -211,10 +325,11 @@ def run_independent_loops(
     seed: int = 0,
     timeout: float = 600.0,
 ) -> IndependentLoops:
-    """Runs ``n_processes`` :class:`CleanRLLoop` processes together, with no communication, and times them.
+    """Runs ``n_processes`` :class:`CleanRLLoop` processes together, once, with no communication, and times them.
 
     Each process (``spawn``) builds its loop, collects ``warmup`` batches, waits for the others on a
     barrier, then collects ``batches`` batches of ``frames_per_batch`` frames from ``num_envs`` envs.
+    See :class:`LoopPool` to time them several times.
 
     Args:
         n_processes: how many processes.
@@ -223,7 +338,7 @@ def run_independent_loops(
         batches: timed batches per process.
         warmup: untimed batches per process before the barrier.
         seed: the first process's seed; the others take the next ones.
-        timeout: seconds for the whole run, start-up included.
+        timeout: seconds for start-up, and again for the timed part.
 
     Returns:
         What every process measured.
@@ -231,39 +346,5 @@ def run_independent_loops(
     Raises:
         RuntimeError: a process failed (its traceback is in the message) or the run took over ``timeout``.
     """
-    ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Barrier(n_processes, timeout=timeout)
-    results = ctx.Queue()
-    sizes = (num_envs, frames_per_batch, batches, warmup)
-    procs = [
-        ctx.Process(target=_loop_process, args=(i, sizes, barrier, results, seed + i), daemon=True)
-        for i in range(n_processes)
-    ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + timeout
-    found: dict[int, LoopProcess] = {}
-    try:
-        while len(found) < n_processes:
-            try:
-                index, outcome = results.get(timeout=1.0)
-            except queue.Empty:
-                # A process killed outright (out of memory, a signal) never says so: look at the exit codes.
-                dead = [i for i, p in enumerate(procs) if i not in found and p.exitcode not in (None, 0)]
-                if dead:
-                    codes = ", ".join(f"{i}: exit code {procs[i].exitcode}" for i in dead)
-                    raise RuntimeError(f"independent loop processes died without a result ({codes})") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the independent loops did not finish within {timeout:g} s") from None
-                continue
-            if isinstance(outcome, str):
-                raise RuntimeError(f"independent loop process {index} failed:\n{outcome}")
-            found[index] = outcome
-    finally:
-        for proc in procs:
-            proc.join(timeout=max(1.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(timeout=5.0)
-        results.close()
-    return IndependentLoops([found[i] for i in range(n_processes)])
+    with LoopPool(n_processes, num_envs, frames_per_batch, warmup=warmup, seed=seed, timeout=timeout) as pool:
+        return pool.run(batches)
