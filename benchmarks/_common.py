@@ -1,7 +1,9 @@
-"""Shared pieces of the benchmark scripts: the reference policy, timing and reporting.
+"""Shared pieces of the benchmark scripts: the reference policy and loops, turns, timing and reporting.
 
 Every benchmark measures the same work, CartPole-v1 driven by a 4-64-64-2 Tanh MLP that
-samples a categorical action, so figures from different scripts compare directly.
+samples a categorical action, so figures from different scripts compare directly. The
+references (the loop a user writes instead, and the ceiling of independent loop processes)
+live in :mod:`acollect.cli.reference_loops`, so ``acollect bench`` measures against the same.
 """
 
 from __future__ import annotations
@@ -11,63 +13,87 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+
+from acollect.cli.reference_loops import (
+    ENV_ID,
+    CategoricalMLPPolicy,
+    CleanRLLoop,
+    IndependentLoops,
+    make_policy,
+    run_independent_loops,
+)
 
 __all__ = [
+    "ENV_ID",
     "CategoricalMLPPolicy",
+    "CleanRLLoop",
+    "IndependentLoops",
     "Measurement",
-    "format_table",
+    "Turns",
+    "load_average",
     "machine_info",
-    "make_mlp",
+    "make_policy",
+    "median",
+    "run_independent_loops",
     "run_interleaved",
     "single_thread_torch",
-    "timed",
     "write_json",
 ]
-
-
-def make_mlp(obs_dim: int = 4, n_actions: int = 2, hidden: int = 64) -> nn.Sequential:
-    """The reference network: ``obs_dim -> hidden -> hidden -> n_actions`` with Tanh, producing logits."""
-    return nn.Sequential(
-        nn.Linear(obs_dim, hidden),
-        nn.Tanh(),
-        nn.Linear(hidden, hidden),
-        nn.Tanh(),
-        nn.Linear(hidden, n_actions),
-    )
-
-
-class CategoricalMLPPolicy(nn.Module):
-    """Observation in, sampled action out: the plain-module policy every benchmark uses.
-
-    Sampling is ``torch.multinomial`` on the softmax of the logits: on a small batch it
-    costs about half of building a ``torch.distributions.Categorical`` per step, and draws
-    from the same distribution.
-
-    Examples:
-        >>> policy = CategoricalMLPPolicy()
-        >>> policy(torch.zeros(8, 4)).shape
-        torch.Size([8])
-    """
-
-    def __init__(self, obs_dim: int = 4, n_actions: int = 2, hidden: int = 64) -> None:
-        super().__init__()
-        self.net = make_mlp(obs_dim, n_actions, hidden)
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.net(observation), dim=-1)
-        return torch.multinomial(probs, 1).squeeze(-1)
 
 
 def single_thread_torch() -> None:
     """Pins torch to one intra-op thread, as the workers of a collector do."""
     torch.set_num_threads(1)
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median, ``nan`` for no value."""
+    return statistics.median(xs) if xs else float("nan")
+
+
+@dataclass
+class Turns:
+    """Wall and CPU seconds of contenders that take turns batch by batch (or round by round) in one process.
+
+    :meth:`add` (or :meth:`start` then :meth:`stop`) records one turn; :meth:`rates` gives each
+    contender's total frames over its total seconds, on both clocks. CPU time is this process's, all threads
+    included: the share of the machine that other jobs take does not enter it.
+    """
+
+    frames: dict[str, list[int]] = field(default_factory=dict)
+    wall: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, frames: int, wall_s: float, cpu_s: float) -> None:
+        self.frames.setdefault(name, []).append(frames)
+        self.wall.setdefault(name, []).append(wall_s)
+        self.cpu.setdefault(name, []).append(cpu_s)
+
+    def start(self) -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def stop(self, name: str, frames: int, started: tuple[float, float]) -> None:
+        self.add(name, frames, time.perf_counter() - started[0], time.process_time() - started[1])
+
+    def rates(self) -> dict[str, dict[str, float]]:
+        """``{name: {"wall": frames/s, "cpu": frames/s}}``."""
+        return {
+            name: {"wall": sum(frames) / sum(self.wall[name]), "cpu": sum(frames) / sum(self.cpu[name])}
+            for name, frames in self.frames.items()
+        }
+
+    def turn_rates(self, name: str) -> list[float]:
+        """Wall-clock frames/s of each of ``name``'s turns."""
+        return [f / s for f, s in zip(self.frames[name], self.wall[name], strict=True)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"frames": self.frames, "wall_s": self.wall, "cpu_s": self.cpu, "frames_per_s": self.rates()}
 
 
 @dataclass
@@ -82,7 +108,7 @@ class Measurement:
     @property
     def median(self) -> float:
         """Median frames/s, ``nan`` when it never ran."""
-        return statistics.median(self.frames_per_s) if self.frames_per_s else float("nan")
+        return median(self.frames_per_s)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form, the median included."""
@@ -124,52 +150,20 @@ def run_interleaved(
     return results
 
 
-_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
-_clock: Callable[[], float] = time.perf_counter
-
-
-def set_clock(name: str) -> None:
-    """Selects what :func:`now` measures: ``"wall"`` time, or ``"cpu"`` time of this process (all threads).
-
-    On a shared, loaded machine CPU time is far steadier than wall time: other processes
-    stretch the wall clock, not this process's CPU seconds. Benchmarks whose work runs in
-    other processes must use the wall clock.
-    """
-    global _clock
-    _clock = _CLOCKS[name]
-
-
-def now() -> float:
-    """The selected clock (see :func:`set_clock`)."""
-    return _clock()
-
-
-def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    """Calls ``fn`` (which returns a frame count) and returns ``(frames, seconds)`` on the selected clock."""
-    start = now()
-    frames = fn()
-    return frames, now() - start
-
-
-def format_table(results: Iterable[Measurement], *, baseline: str | None = None) -> str:
-    """A plain-text table of median frames/s, each row's ratio to ``baseline`` and the spread."""
-    rows = list(results)
-    base = next((r.median for r in rows if r.name == baseline and r.frames_per_s), None)
-    lines = [f"{'what':<30} {'frames/s (median)':>18} {'min-max':>21} {'vs ' + (baseline or '-'):>16}"]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        if not r.frames_per_s:
-            lines.append(f"{r.name:<30} {'skipped: ' + (r.skipped or 'not run')}")
-            continue
-        spread = f"{min(r.frames_per_s):,.0f}-{max(r.frames_per_s):,.0f}"
-        ratio = f"{r.median / base:.2f}x" if base else "-"
-        lines.append(f"{r.name:<30} {r.median:>18,.0f} {spread:>21} {ratio:>16}")
-    return "\n".join(lines)
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (``None`` where the platform has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def machine_info() -> dict[str, Any]:
-    """What the figures were measured on."""
+    """What the figures were measured on, the load average at the start included."""
     import gymnasium
+    import tensordict
+
+    import acollect
 
     return {
         "python": platform.python_version(),
@@ -178,11 +172,16 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "gymnasium": gymnasium.__version__,
+        "tensordict": tensordict.__version__,
+        "acollect": acollect.__version__,
+        "loadavg_at_start": load_average(),
     }
 
 
 def write_json(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
-    """Writes ``payload`` as indented JSON, creating parent folders."""
+    """Writes ``payload`` as indented JSON (the load average at the end added), creating parent folders."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    payload = {**payload, "loadavg_at_end": load_average()}
     target.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"results written to {target}")

@@ -1,22 +1,21 @@
-"""Worker-process collection: throughput, transport, weight pushes, start-up and shutdown.
+"""Worker-process collection: pixel batches, weight pushes, start-up and shutdown.
 
-Five measurements, each against an in-process reference taken in the same run:
+Four measurements, each against an in-process reference taken in the same run (CartPole
+throughput against the ceiling of independent processes is ``ceiling.py``):
 
-1. ``cartpole``: MultiSyncCollector, 2 workers x 16 CartPole-v1 envs, the reference MLP,
-   frames_per_batch 2048, against the hand-written in-process loop of ``inprocess.py`` (same
-   total env count, one process). Rounds alternate between the two (wall clock). With
-   ``--torchrl``, also torchrl's ``MultiSyncCollector`` with 2 workers x ``SerialEnv(16)``, the
-   same module in a ``TensorDictModule``, same frames_per_batch (``--torchrl-frames`` timed
-   frames per round: it is much slower).
-2. ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost, 2 workers x 8
-   envs: batch bytes delivered per second, against ``tensor.copy_`` of a batch of that size;
-   MultiSync and MultiAsync, each with the default ``copy_batches=True`` (every batch fresh
-   memory of its own) and with ``copy_batches=False`` (lent until the next iteration).
-3. ``weights``: a 10M-parameter MLP pushed to 2 idle workers and acknowledged, against one
+1. ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost
+   (:class:`acollect.testing.PixelEnv`), 2 workers x 8 envs: batch bytes delivered per second,
+   against ``tensor.copy_`` of a batch of that size into a preallocated tensor, timed in every
+   round; MultiSync and MultiAsync, each with the default ``copy_batches=True`` (every batch
+   memory of its own) and with ``copy_batches=False`` (lent until the next iteration). Every
+   worker batch is ``[8, --pixel-steps]``. The four collectors are started and warmed up once,
+   then they and the ``copy_`` take turns of ``--pixel-batches`` batches (the order rotating);
+   a MultiAsyncCollector's batches collected ahead during the others' turns are taken untimed.
+2. ``weights``: a 10M-parameter MLP pushed to 2 idle workers and acknowledged, against one
    in-process copy of its parameters.
-4. ``startup``: constructing a 2-worker collector (default ``spawn``) to its first batch, against
+3. ``startup``: constructing a 2-worker collector (default ``spawn``) to its first batch, against
    a fresh ``python -c "import torch, gymnasium, acollect"``.
-5. ``shutdown``: ``async_shutdown()`` of a 4-worker collector in mid-collection.
+4. ``shutdown``: ``async_shutdown()`` of a 4-worker collector in mid-collection.
 
 Run ``python benchmarks/multi.py --help`` for the options.
 """
@@ -30,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _common import CategoricalMLPPolicy, machine_info, single_thread_torch, write_json
-from inprocess import hand_loop_round
 
 from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 from acollect.testing import CountingEnv, PixelEnv
@@ -61,142 +61,77 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-# -- 1. CartPole throughput ------------------------------------------------------------------------
-async def _multi_round(frames: int, fpb: int, workers: int, envs: int) -> tuple[int, float, float]:
-    n_batches = max(1, frames // fpb)
-    created = time.perf_counter()
-    async with MultiSyncCollector(
-        functools.partial(GymEnv, "CartPole-v1", num_envs=envs),
-        CategoricalMLPPolicy(),
-        num_workers=workers,
-        frames_per_batch=fpb,
-        total_frames=(n_batches + 1) * fpb,
-    ) as collector:
-        collected, first = 0, None
-        async for batch in collector:
-            if first is None:
-                first = time.perf_counter()
-                continue
-            collected += batch.numel()
-        seconds = time.perf_counter() - first
-    return collected, seconds, first - created
+# -- 1. pixels ------------------------------------------------------------------------------------
+PIXEL_CONTENDERS = {"sync": (True, True), "sync_lent": (True, False), "async": (False, True),
+                    "async_lent": (False, False)}  # fmt: skip  # name: (MultiSync?, copy_batches)
 
 
-def _torchrl_round(frames: int, fpb: int, workers: int, envs: int) -> tuple[int, float]:
-    from tensordict.nn import TensorDictModule
-    from torchrl.collectors import MultiSyncCollector as TorchRLMultiSync
-    from torchrl.envs import GymEnv as TorchRLGymEnv
-    from torchrl.envs import SerialEnv
-
-    n_batches = max(1, frames // fpb)
-    make_env = functools.partial(
-        SerialEnv, envs, functools.partial(TorchRLGymEnv, "CartPole-v1", categorical_action_encoding=True)
-    )
-    policy = TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
-    collector = TorchRLMultiSync([make_env] * workers, policy, frames_per_batch=fpb, total_frames=(n_batches + 1) * fpb)
-    collected, first = 0, None
-    try:
-        for batch in collector:
-            if first is None:
-                first = time.perf_counter()
-                continue
-            collected += batch.numel()
-        seconds = time.perf_counter() - (first or 0.0)
-    finally:
-        collector.shutdown()
-    return collected, seconds
+def _nbytes(batch: TensorDict) -> int:
+    return sum(t.numel() * t.element_size() for t in batch.values(True, True))
 
 
-def cartpole(args: argparse.Namespace) -> dict[str, Any]:
-    envs_total = args.workers * args.envs
-    hand, multi, trl = [], [], []
-    for r in range(args.rounds):
-        n, s, _ = hand_loop_round(envs_total, args.frames_per_batch, args.frames, seed=r)
-        hand.append(n / s)
-        n, s, _ = asyncio.run(_multi_round(args.frames, args.frames_per_batch, args.workers, args.envs))
-        multi.append(n / s)
-        line = f"  round {r + 1}: hand loop ({envs_total} envs) {hand[-1]:,.0f}  multi {multi[-1]:,.0f}"
-        if args.torchrl:
-            n, s = _torchrl_round(args.torchrl_frames, args.frames_per_batch, args.workers, args.envs)
-            trl.append(n / s)
-            line += f"  torchrl {trl[-1]:,.0f}"
-        print(line + " frames/s")
-    ratio = _median(multi) / _median(hand)
-    print(f"cartpole: hand loop {_median(hand):,.0f} frames/s, MultiSyncCollector {_median(multi):,.0f} frames/s "
-          f"-> {ratio:.2f}x")  # fmt: skip
-    result: dict[str, Any] = {"hand_loop": hand, "multi_sync": multi, "ratio": ratio, "target": 1.6}
-    if trl:
-        result.update(torchrl_multi_sync=trl, over_torchrl=_median(multi) / _median(trl), torchrl_target=10.0)
-        print(f"cartpole: torchrl MultiSyncCollector {_median(trl):,.0f} frames/s -> acollect is "
-              f"{result['over_torchrl']:.1f}x")  # fmt: skip
-    return result
+async def _pixel_turns(args: argparse.Namespace) -> tuple[dict[str, list[tuple[int, float]]], int]:
+    envs, steps, k = 8, args.pixel_steps, args.pixel_batches
+    turns: dict[str, list[tuple[int, float]]] = {name: [] for name in (*PIXEL_CONTENDERS, "copy_")}
+    async with AsyncExitStack() as stack:
+        collectors: dict[str, Any] = {}
+        for name, (sync, copy) in PIXEL_CONTENDERS.items():
+            cls: Any = MultiSyncCollector if sync else MultiAsyncCollector
+            fpb = (2 if sync else 1) * envs * steps  # every worker batch is [envs, steps]
+            collector = cls([functools.partial(PixelEnv, envs)] * 2, frames_per_batch=fpb, total_frames=-1,
+                            copy_batches=copy)  # fmt: skip
+            collectors[name] = await stack.enter_async_context(collector)
+            for _ in range(1 if sync else 2):  # every worker's first batch pays for its start-up: untimed
+                first = await anext(collector)
+            batch_bytes = _nbytes(first) * (1 if sync else 2)  # the bytes of one MultiSync batch
+        src = torch.randint(0, 255, (batch_bytes,), dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # faulted in once: the reference copies into memory that is already there
 
+        async def copy_turn() -> tuple[int, float]:
+            start = time.perf_counter()
+            for _ in range(k):
+                dst.copy_(src)
+            return k * batch_bytes, time.perf_counter() - start
 
-# -- 2. pixels ------------------------------------------------------------------------------------
-async def _pixel_round(batches: int, envs: int, steps: int, kind: str, copy: bool = True) -> tuple[float, int]:
-    if kind == "sync":  # one batch from both workers per request: [2, envs, steps]
-        fpb = 2 * envs * steps
-        collector: Any = MultiSyncCollector(
-            [functools.partial(PixelEnv, envs)] * 2,
-            frames_per_batch=fpb,
-            total_frames=(batches + 1) * fpb,
-            copy_batches=copy,
-        )
-    else:  # each worker collects ahead (2 credits); batches of [envs, steps], twice as many of them
-        fpb, batches = envs * steps, 2 * batches
-        collector = MultiAsyncCollector(
-            [functools.partial(PixelEnv, envs)] * 2,
-            frames_per_batch=fpb,
-            total_frames=(batches + 1) * fpb,
-            copy_batches=copy,
-        )
-    async with collector:
-        nbytes, first = 0, None
-        async for batch in collector:
-            if first is None:
-                first = time.perf_counter()
-                continue
-            nbytes += sum(t.numel() * t.element_size() for t in batch.values(True, True))
-        return nbytes / (time.perf_counter() - first), nbytes // batches
+        def collector_turn(name: str) -> Callable[[], Awaitable[tuple[int, float]]]:
+            sync = PIXEL_CONTENDERS[name][0]
 
+            async def run() -> tuple[int, float]:
+                collector = collectors[name]
+                if not sync:  # what its workers collected ahead during the others' turns: untimed
+                    for _ in range(2 * 2):
+                        await anext(collector)
+                start, nbytes = time.perf_counter(), 0
+                for _ in range(k if sync else 2 * k):
+                    nbytes += _nbytes(await anext(collector))
+                return nbytes, time.perf_counter() - start
 
-def _copy_rate(nbytes: int) -> float:
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    reps, start = 20, time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src)
-    return reps * nbytes / (time.perf_counter() - start)
+            return run
+
+        runs = [(name, collector_turn(name)) for name in PIXEL_CONTENDERS] + [("copy_", copy_turn)]
+        for index in range(args.pixel_turns):
+            shift = index % len(runs)  # the order rotates: no contender always follows the same one
+            for name, run in runs[shift:] + runs[:shift]:
+                turns[name].append(await run())
+            last = ", ".join(f"{name} {t[-1][0] / t[-1][1] / 1e9:.2f}" for name, t in turns.items())
+            print(f"  turn {index + 1}: {last} GB/s", flush=True)
+    return turns, batch_bytes
 
 
 def pixels(args: argparse.Namespace) -> dict[str, Any]:
-    # Rounds alternate between the contenders, and copy_ is timed in each round, so load changes hit all alike.
-    contenders = {"sync": ("sync", True), "sync_lent": ("sync", False), "async": ("async", True),
-                  "async_lent": ("async", False)}  # fmt: skip
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    copies: list[float] = []
-    batch_bytes = 0
-    for r in range(args.pixel_rounds):
-        for name, (kind, copy) in contenders.items():
-            rate, nbytes = asyncio.run(_pixel_round(args.pixel_batches, 8, args.pixel_steps, kind, copy))
-            rates[name].append(rate)
-            batch_bytes = batch_bytes or (nbytes if kind == "sync" else 2 * nbytes)
-        copies.append(_copy_rate(batch_bytes))
-        print(f"  round {r + 1}: " + ", ".join(f"{n} {v[-1] / 1e9:.2f}" for n, v in rates.items())
-              + f", copy_ {copies[-1] / 1e9:.2f} GB/s")  # fmt: skip
-    copy_rate = _median(copies)
-    ratios = {name: _median(v) / copy_rate for name, v in rates.items()}
-    figures = ", ".join(f"{name} {_median(rates[name]) / 1e9:.2f} GB/s ({ratios[name]:.2f}x)" for name in rates)
-    print(f"pixels ({batch_bytes / 1e6:.0f} MB per MultiSync batch; copy_ {copy_rate / 1e9:.2f} GB/s): {figures}")
-    return {"sync_bytes_per_s": rates["sync"], "sync_lent_bytes_per_s": rates["sync_lent"],
-            "async_bytes_per_s": rates["async"], "async_lent_bytes_per_s": rates["async_lent"],
-            "copy_bytes_per_s": copies, "batch_bytes": batch_bytes, "ratio": ratios["sync"],
-            "lent_ratio": ratios["sync_lent"], "async_ratio": ratios["async"],
-            "async_lent_ratio": ratios["async_lent"], "target": 0.5}  # fmt: skip
+    # All five contenders live at once and take turns, the order rotating, so load changes hit all alike.
+    turns, batch_bytes = asyncio.run(_pixel_turns(args))
+    rates = {name: sum(b for b, _ in t) / sum(s for _, s in t) for name, t in turns.items()}
+    ratios = {name: rates[name] / rates["copy_"] for name in PIXEL_CONTENDERS}
+    figures = ", ".join(f"{name} {rates[name] / 1e9:.2f} GB/s ({ratios[name]:.2f}x)" for name in PIXEL_CONTENDERS)
+    print(f"pixels ({batch_bytes / 1e6:.0f} MB per MultiSync batch; copy_ {rates['copy_'] / 1e9:.2f} GB/s): {figures}")
+    return {"turns": {name: [{"bytes": b, "seconds": s} for b, s in t] for name, t in turns.items()},
+            "bytes_per_s": rates, "batch_bytes": batch_bytes, "ratio_to_copy": ratios, "goal": 0.6,
+            "lent_goal": 0.9}  # fmt: skip
 
 
-# -- 3. weights -----------------------------------------------------------------------------------
+# -- 2. weights -----------------------------------------------------------------------------------
 async def _weights(reps: int) -> tuple[list[float], int]:
     policy = BigPolicy()
     n_params = sum(p.numel() for p in policy.parameters())
@@ -229,7 +164,7 @@ def weights(args: argparse.Namespace) -> dict[str, Any]:
     return {"params": n_params, "push_s": times, "copy_s": copies, "ratio": ratio, "target": 5.0}
 
 
-# -- 4. start-up ----------------------------------------------------------------------------------
+# -- 3. start-up ----------------------------------------------------------------------------------
 async def _startup(start_method: str) -> float:
     start = time.perf_counter()
     async with MultiSyncCollector(
@@ -257,7 +192,7 @@ def startup(args: argparse.Namespace) -> dict[str, Any]:
     return {"collector_s": collector, "import_s": imports, "ratio": ratio, "target": 2.0}
 
 
-# -- 5. shutdown ----------------------------------------------------------------------------------
+# -- 4. shutdown ----------------------------------------------------------------------------------
 async def _shutdown() -> float:
     collector = MultiAsyncCollector(
         functools.partial(GymEnv, "CartPole-v1", num_envs=8), CategoricalMLPPolicy(), num_workers=4,
@@ -276,28 +211,23 @@ def shutdown(args: argparse.Namespace) -> dict[str, Any]:
     return {"shutdown_s": times}
 
 
-PARTS = {"cartpole": cartpole, "pixels": pixels, "weights": weights, "startup": startup, "shutdown": shutdown}
+PARTS = {"pixels": pixels, "weights": weights, "startup": startup, "shutdown": shutdown}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--only", nargs="*", choices=sorted(PARTS), default=list(PARTS), help="parts to run")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds for cartpole, startup and shutdown")
-    parser.add_argument("--frames", type=int, default=100_000, help="timed CartPole frames per round")
-    parser.add_argument("--frames-per-batch", type=int, default=2048)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--torchrl", action="store_true", help="also run torchrl's MultiSyncCollector (cartpole)")
-    parser.add_argument("--torchrl-frames", type=int, default=20_480, help="timed torchrl frames per round")
-    parser.add_argument("--envs", type=int, default=16, help="CartPole envs per worker")
-    parser.add_argument("--pixel-batches", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds for startup and shutdown")
+    parser.add_argument("--pixel-batches", type=int, default=10, help="timed MultiSync batches (or copies) per turn")
     parser.add_argument("--pixel-steps", type=int, default=32, help="T of each pixel batch (8 envs per worker)")
-    parser.add_argument("--pixel-rounds", type=int, default=3, help="rounds of the pixel contenders")
+    parser.add_argument("--pixel-turns", type=int, default=8, help="turns of each pixel contender")
     parser.add_argument("--weight-reps", type=int, default=10)
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     single_thread_torch()
+    machine = machine_info()  # the load average as the runs start
     results = {name: PARTS[name](args) for name in args.only}
-    payload = {"benchmark": "multi", "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_info(),
+    payload = {"benchmark": "multi", "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine,
                "results": results}  # fmt: skip
     if args.json is not None:
         write_json(args.json, payload)

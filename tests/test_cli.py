@@ -76,9 +76,11 @@ def test_info_says_which_start_methods_workers_use() -> None:
     assert line.endswith("spawn; acollect workers use spawn by default")
 
 
+# Four start-ups of worker or loop processes (spawn, each importing torch) make this the slowest test here.
+@pytest.mark.timeout(180)
 def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = acollect("bench", "--frames", "2048", "--pixel-frames", "512", "--json", str(out), timeout=110)
+    proc = acollect("bench", "--frames", "2048", "--pixel-frames", "512", "--json", str(out), timeout=170)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for workload in ("cartpole", "pixels"):
         # Each title once in what a terminal shows (stdout and stderr), above its own table.
@@ -91,6 +93,16 @@ def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
             assert rows[name]["median"] > 0, rows[name]
             assert f"{rows[name]['median']:,.0f}" in proc.stdout
         assert rows["hand loop, in-process"]["vs_hand_loop"] == 1.0
+    # Worker processes are also measured against their ceiling: as many hand loops in independent processes.
+    rows = {r["name"].split(" (")[0]: r for r in report["workloads"]["cartpole"]["results"]}
+    ceiling = rows["ceiling: 2 independent hand loops"]
+    assert ceiling["median"] > 0, ceiling
+    assert ceiling["vs_ceiling"] == 1.0, ceiling
+    for name in ("acollect MultiSyncCollector", "acollect MultiAsyncCollector"):
+        assert rows[name]["vs_ceiling"] == pytest.approx(rows[name]["median"] / ceiling["median"]), rows[name]
+        assert re.search(rf"^{name} \(2x16 envs\) .* {rows[name]['vs_ceiling']:.2f}x$", proc.stdout, flags=re.M)
+    assert rows["acollect Collector"]["vs_ceiling"] is None
+    assert proc.stdout.count("vs ceiling") == 1, proc.stdout  # a column of the CartPole table only
     torchrl_rows = [r for r in report["workloads"]["cartpole"]["results"] if r["name"].startswith("torchrl")]
     assert len(torchrl_rows) == 2
     try:

@@ -1,18 +1,22 @@
-"""``acollect bench``: how fast acollect collects on this machine, against a hand-written loop.
+"""``acollect bench``: how fast acollect collects on this machine, against hand-written loops.
 
 Two workloads, each timed after one untimed warm-up batch, contenders in turns:
 
-* ``cartpole``: CartPole-v1 driven by a 4-64-64-2 Tanh MLP sampling a categorical
-  action, one torch thread. The reference is a hand-written in-process loop (a
-  gymnasium ``SyncVectorEnv`` in SAME_STEP autoreset mode filling preallocated
-  ``[n_envs, T]`` buffers); then ``Collector`` and ``MultiSyncCollector`` with the
-  same total env count, and TorchRL's collectors when torchrl is installed.
-* ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost, so
-  only moving data is measured. The reference is an in-process loop copying the
-  same observations into preallocated buffers.
+* ``cartpole``: CartPole-v1 driven by a 4-64-64-2 Tanh MLP sampling a categorical action
+  (in a ``TensorDictModule``), one torch thread. The in-process reference is the loop a user
+  writes instead (:class:`~acollect.cli.reference_loops.CleanRLLoop`: a default-autoreset
+  ``gymnasium.make_vec`` sync env filling ``[n_envs, T]`` buffers cloned per batch). The
+  reference for worker processes is their **ceiling**: as many such loops in as many
+  processes, started together with no communication, timed after a barrier (start-up
+  excluded). Then ``Collector`` with the same total env count, ``MultiSyncCollector`` and
+  ``MultiAsyncCollector`` with the workers' split, and TorchRL's collectors when torchrl is
+  installed.
+* ``pixels``: a synthetic env of 84x84x4 uint8 observations with no step cost, so only
+  moving data is measured. The reference is an in-process loop copying the same
+  observations into preallocated buffers.
 
-The defaults take well under a minute; pass ``--frames`` and ``--rounds`` for
-steadier figures. Compare figures only within one run.
+The defaults take about a minute; pass ``--frames`` and ``--rounds`` for steadier figures.
+Compare figures only within one run.
 """
 
 from __future__ import annotations
@@ -33,86 +37,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["CartPoleHandLoop", "CategoricalMLPPolicy", "Result", "add_parser", "run"]
+from acollect.cli.reference_loops import ENV_ID, CategoricalMLPPolicy, CleanRLLoop, make_policy, run_independent_loops
 
-ENV_ID = "CartPole-v1"
+__all__ = ["CategoricalMLPPolicy", "CleanRLLoop", "Result", "add_parser", "run"]
+
 PIXEL_SHAPE = (84, 84, 4)
 # A round returns (frames collected in its timed part, seconds they took).
 Round = Callable[[], tuple[int, float]]
 
 
 # -- the workloads -------------------------------------------------------------------------
-class CategoricalMLPPolicy(torch.nn.Module):
-    """Observation in, sampled action out: ``4 -> 64 -> 64 -> 2`` with Tanh, ``torch.multinomial`` on the softmax.
-
-    Examples:
-        >>> CategoricalMLPPolicy()(torch.zeros(8, 4)).shape
-        torch.Size([8])
-    """
-
-    def __init__(self, obs_dim: int = 4, n_actions: int = 2, hidden: int = 64) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(obs_dim, hidden),
-            torch.nn.Tanh(),
-            torch.nn.Linear(hidden, hidden),
-            torch.nn.Tanh(),
-            torch.nn.Linear(hidden, n_actions),
-        )
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(self.net(observation), dim=-1)
-        return torch.multinomial(probs, 1).squeeze(-1)
-
-
-class CartPoleHandLoop:
-    """The reference: one gymnasium vector env, the MLP, preallocated ``[E, T]`` buffers filled with ``copy_``."""
-
-    def __init__(self, num_envs: int, frames_per_batch: int, *, seed: int = 0) -> None:
-        import gymnasium as gym
-        from gymnasium.vector import AutoresetMode
-
-        self.envs = gym.vector.SyncVectorEnv(
-            [partial(gym.make, ENV_ID)] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP, copy=False
-        )
-        self.policy = CategoricalMLPPolicy()
-        self.steps = frames_per_batch // num_envs
-        obs, _ = self.envs.reset(seed=seed)
-        self._obs = torch.from_numpy(obs)
-        shape = (num_envs, self.steps)
-        self.observation = torch.empty(*shape, obs.shape[1])
-        self.next_observation = torch.empty(*shape, obs.shape[1])
-        self.action = torch.empty(shape, dtype=torch.int64)
-        self.reward = torch.empty(*shape, 1)
-        self.flags = {k: torch.empty(*shape, 1, dtype=torch.bool) for k in ("done", "terminated", "truncated")}
-
-    def collect_batch(self) -> int:
-        """One batch; returns its frame count."""
-        envs, policy = self.envs, self.policy
-        with torch.inference_mode():
-            for t in range(self.steps):
-                obs = self._obs
-                self.observation[:, t].copy_(obs)
-                action = policy(obs)
-                self.action[:, t].copy_(action)
-                next_obs, reward, terminated, truncated, info = envs.step(action.numpy())
-                done = terminated | truncated
-                self.reward[:, t, 0].copy_(torch.from_numpy(reward))
-                self.flags["terminated"][:, t, 0].copy_(torch.from_numpy(terminated))
-                self.flags["truncated"][:, t, 0].copy_(torch.from_numpy(truncated))
-                self.flags["done"][:, t, 0].copy_(torch.from_numpy(done))
-                next_t = torch.from_numpy(next_obs)
-                self.next_observation[:, t].copy_(next_t)
-                if done.any():  # SAME_STEP mode: the true next observation of a finished env is the final one
-                    for i in done.nonzero()[0]:
-                        self.next_observation[i, t].copy_(torch.from_numpy(info["final_obs"][i]))
-                self._obs = next_t
-        return self.steps * self.envs.num_envs
-
-    def close(self) -> None:
-        self.envs.close()
-
-
 class PixelHandLoop:
     """The pixels reference: the same observations written into preallocated ``[E, T]`` buffers, in-process."""
 
@@ -148,27 +82,35 @@ def _loop_round(make: Callable[[], Any], frames: int, frames_per_batch: int) -> 
         loop.close()
 
 
-async def _collector_round(make: Callable[[int], Any], frames: int, frames_per_batch: int) -> tuple[int, float]:
+async def _collector_round(
+    make: Callable[[int], Any], frames: int, frames_per_batch: int, *, warmup: int = 1
+) -> tuple[int, float]:
     n_batches = max(1, frames // frames_per_batch)
-    async with make((n_batches + 1) * frames_per_batch) as collector:
-        collected, start = 0, None
+    async with make((n_batches + warmup) * frames_per_batch) as collector:
+        collected, seen, start = 0, 0, 0.0
         async for batch in collector:
-            if start is None:  # the warm-up batch: start-up is not collection
+            seen += 1
+            if seen <= warmup:  # start-up is not collection
                 start = time.perf_counter()
                 continue
             collected += batch.numel()
-        assert start is not None
         return collected, time.perf_counter() - start
+
+
+def _ceiling_round(workers: int, envs_per_worker: int, frames: int, frames_per_batch: int) -> tuple[int, float]:
+    """``workers`` independent loop processes; the seconds returned make frames/s the sum of theirs."""
+    loops = run_independent_loops(workers, envs_per_worker, frames_per_batch // workers,
+                                  max(1, frames // frames_per_batch), timeout=600.0)  # fmt: skip
+    return loops.frames, loops.frames / loops.frames_per_s
 
 
 def _torchrl_round(num_envs: int, workers: int, frames: int, frames_per_batch: int) -> tuple[int, float]:
     import torchrl.collectors as trc
-    from tensordict.nn import TensorDictModule
     from torchrl.envs import GymEnv as TorchRLGymEnv
     from torchrl.envs import SerialEnv
 
     n_batches = max(1, frames // frames_per_batch)
-    policy = TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
+    policy = make_policy()
     make_env = partial(TorchRLGymEnv, ENV_ID, categorical_action_encoding=True)
     total = (n_batches + 1) * frames_per_batch
     collected, start = 0, None
@@ -229,22 +171,30 @@ def _measure(contenders: list[tuple[str, Round | str]], rounds: int, log: Callab
     return results
 
 
-def format_table(results: list[Result], *, bytes_per_frame: int | None = None) -> str:
-    """Median frames/s per contender and its ratio to the first one (the hand loop)."""
+def format_table(
+    results: list[Result], *, bytes_per_frame: int | None = None, ceiling: str | None = None,
+    worker_rows: frozenset[str] = frozenset(),
+) -> str:  # fmt: skip
+    """Median frames/s per contender, its ratio to the first one (the hand loop), and worker rows' to ``ceiling``."""
     base = results[0].median
-    header = f"{'contender':<42} {'frames/s':>12} {'vs hand loop':>13}"
+    top = next((r.median for r in results if r.name == ceiling), None)
+    header = f"{'contender':<46} {'frames/s':>12} {'vs hand loop':>13}"
+    if ceiling is not None:
+        header += f" {'vs ceiling':>11}"
     if bytes_per_frame:
         header += f" {'GB/s':>7}"
     lines = [header, "-" * len(header)]
     for r in results:
         if r.median is None:
-            lines.append(f"{r.name:<42} {'skipped: ' + (r.skipped or 'not run')}")
+            lines.append(f"{r.name:<46} {'skipped: ' + (r.skipped or 'not run')}")
             continue
         ratio = f"{r.median / base:.2f}x" if base else "-"
-        line = f"{r.name:<42} {r.median:>12,.0f} {ratio:>13}"
+        line = f"{r.name:<46} {r.median:>12,.0f} {ratio:>13}"
+        if ceiling is not None:
+            line += f" {f'{r.median / top:.2f}x' if top and r.name in worker_rows else '':>11}"
         if bytes_per_frame:
             line += f" {r.median * bytes_per_frame / 1e9:>7.2f}"
-        lines.append(line)
+        lines.append(line.rstrip())
     return "\n".join(lines)
 
 
@@ -257,30 +207,35 @@ def _torchrl_missing() -> str | None:
 
 
 def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Callable[[str], None]) -> dict[str, Any]:
-    """The CartPole workload: hand loop, Collector, MultiSyncCollector (and torchrl's collectors).
+    """The CartPole workload: hand loop, ceiling, Collector, MultiSync and MultiAsync (and torchrl's collectors).
 
     ``header`` gets the workload's title before measuring starts; ``log`` gets progress lines.
     """
-    from acollect import Collector, MultiSyncCollector
+    from acollect import Collector, MultiAsyncCollector, MultiSyncCollector
     from acollect.envs import GymEnv
 
     envs, workers, fpb, frames = args.num_envs, args.workers, args.frames_per_batch, args.frames
     per_worker = envs // workers
 
     def collector(total: int) -> Collector:
-        return Collector(partial(GymEnv, ENV_ID, num_envs=envs), CategoricalMLPPolicy(), frames_per_batch=fpb,
+        return Collector(partial(GymEnv, ENV_ID, num_envs=envs), make_policy(), frames_per_batch=fpb,
                          total_frames=total)  # fmt: skip
 
-    def multi(total: int) -> MultiSyncCollector:
-        return MultiSyncCollector(partial(GymEnv, ENV_ID, num_envs=per_worker), CategoricalMLPPolicy(),
-                                  num_workers=workers, frames_per_batch=fpb, total_frames=total)  # fmt: skip
+    def multi(cls: Any, batch: int) -> Callable[[int], Any]:
+        return lambda total: cls(partial(GymEnv, ENV_ID, num_envs=per_worker), make_policy(), num_workers=workers,
+                                 frames_per_batch=batch, total_frames=total)  # fmt: skip
 
+    split = f"{workers}x{per_worker} envs"
+    ceiling = f"ceiling: {workers} independent hand loops ({split})"
+    sync, async_ = f"acollect MultiSyncCollector ({split})", f"acollect MultiAsyncCollector ({split})"
+    # MultiAsync batches come from one worker each: the size of a MultiSync batch's share, as in the ceiling.
     contenders: list[tuple[str, Round | str]] = [
-        (f"hand loop, in-process ({envs} envs)",
-         lambda: _loop_round(partial(CartPoleHandLoop, envs, fpb), frames, fpb)),
+        (f"hand loop, in-process ({envs} envs)", lambda: _loop_round(partial(CleanRLLoop, envs, fpb), frames, fpb)),
         (f"acollect Collector ({envs} envs)", lambda: asyncio.run(_collector_round(collector, frames, fpb))),
-        (f"acollect MultiSyncCollector ({workers}x{per_worker} envs)",
-         lambda: asyncio.run(_collector_round(multi, frames, fpb))),
+        (ceiling, lambda: _ceiling_round(workers, per_worker, frames, fpb)),
+        (sync, lambda: asyncio.run(_collector_round(multi(MultiSyncCollector, fpb), frames, fpb))),
+        (async_, lambda: asyncio.run(_collector_round(multi(MultiAsyncCollector, fpb // workers), frames,
+                                                      fpb // workers, warmup=workers))),
     ]  # fmt: skip
     if not args.no_torchrl:
         missing = _torchrl_missing()
@@ -292,7 +247,7 @@ def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Calla
     title = f"{ENV_ID}, MLP 4-64-64-2, frames_per_batch {fpb}, {frames:,} timed frames x {args.rounds} round(s)"
     header(title)
     results = _measure(contenders, args.rounds, log)
-    return {"title": title, "results": results}
+    return {"title": title, "results": results, "ceiling": ceiling, "worker_rows": frozenset({ceiling, sync, async_})}
 
 
 def pixels(args: argparse.Namespace, header: Callable[[str], None], log: Callable[[str], None]) -> dict[str, Any]:
@@ -333,12 +288,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Registers ``acollect bench``."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "bench",
-        help="frames/s of acollect's collectors on this machine, against a hand-written loop",
+        help="frames/s of acollect's collectors on this machine, against hand-written loops",
         description=(
-            "Measures frames/s of acollect's Collector and MultiSyncCollector on two workloads (CartPole-v1 with a "
-            "small MLP, and 84x84x4 pixel observations with no step cost), against a hand-written in-process loop "
-            "doing the same work, and torchrl's collectors when torchrl is installed. Short by default: raise "
-            "--frames and --rounds for steadier figures."
+            "Measures frames/s of acollect's Collector, MultiSyncCollector and MultiAsyncCollector on two workloads "
+            "(CartPole-v1 with a small MLP, and 84x84x4 pixel observations with no step cost), against a "
+            "hand-written in-process loop doing the same work; worker processes also against their ceiling, as "
+            "many hand-written loops in independent processes; and torchrl's collectors when torchrl is "
+            "installed. Short by default: raise --frames and --rounds for steadier figures."
         ),
     )
     parser.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS),
@@ -347,7 +303,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1, help="rounds per contender, run in turns")
     parser.add_argument("--frames-per-batch", type=int, default=2048, help="CartPole frames per batch")
     parser.add_argument("--num-envs", type=int, default=32, help="CartPole envs in all (split among workers)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes of MultiSyncCollector")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (and independent loop processes)")
     parser.add_argument("--pixel-frames", type=int, default=8192, help="timed pixel frames per round")
     parser.add_argument("--pixel-envs", type=int, default=16, help="pixel envs in all (split among workers)")
     parser.add_argument("--pixel-steps", type=int, default=32, help="steps per pixel batch (T)")
@@ -395,14 +351,18 @@ def run(args: argparse.Namespace) -> int:
     for name in args.only:
         outcome = WORKLOADS[name](args, partial(_print_header, name), log)
         results: list[Result] = outcome["results"]
-        print(format_table(results, bytes_per_frame=outcome.get("bytes_per_frame")))
+        ceiling, worker_rows = outcome.get("ceiling"), outcome.get("worker_rows", frozenset())
+        print(format_table(results, bytes_per_frame=outcome.get("bytes_per_frame"), ceiling=ceiling,
+                           worker_rows=worker_rows))  # fmt: skip
         base = results[0].median
+        top = next((r.median for r in results if r.name == ceiling), None)
         report["workloads"][name] = {
             "title": outcome["title"],
             "bytes_per_frame": outcome.get("bytes_per_frame"),
             "results": [
                 {"name": r.name, "frames_per_s": r.frames_per_s, "median": r.median, "skipped": r.skipped,
-                 "vs_hand_loop": (r.median / base) if r.median and base else None}
+                 "vs_hand_loop": (r.median / base) if r.median and base else None,
+                 "vs_ceiling": (r.median / top) if r.median and top and r.name in worker_rows else None}
                 for r in results
             ],
         }  # fmt: skip

@@ -1,0 +1,201 @@
+"""Worker-process collectors against their ceiling: N independent hand-loop processes started together.
+
+The ceiling is what N processes make when nothing connects them: each runs the loop a user
+writes instead (:class:`~acollect.cli.reference_loops.CleanRLLoop`: ``gym.make_vec`` sync with
+the default autoreset, the MLP in a ``TensorDictModule``, ``[E, T]`` buffers cloned per batch)
+with E envs, and the ceiling is the sum of their frames/s. A collector cannot beat it: it does
+the same work plus moving every batch to the trainer process, which on a small machine competes
+with the workers for the cores.
+
+Four contenders are built once and warmed up (imports, start-up and first batches are never
+timed), then take **turns** of ``--turn-batches`` worker batches each, the order rotating, for
+``--turns`` turns, so a change in the machine's load hits all of them alike:
+
+* ``ceiling``: a :class:`~acollect.cli.reference_loops.LoopPool` of N loop processes of E envs,
+  released together by a barrier at each turn;
+* ``MultiAsyncCollector``: N workers x E envs, each batch one worker's ``[E, T]``; the batches its
+  workers collected ahead while the others had their turn are taken, untimed, before timing;
+* ``MultiSyncCollector``: N workers x E envs, ``--frames-per-batch`` frames per batch from all, so
+  each worker's share is the same ``[E, T]`` (its workers collect only when asked);
+* ``one hand loop``: a pool of one loop process of E envs (what one core does alone).
+
+Between turns the idle contenders wait without using CPU. Two clocks: wall time (frames/s; for
+the ceiling, the sum of the processes' frames/s), and CPU time of every process involved (the
+trainer and its workers, or the loop processes), the latter barely disturbed by other jobs.
+
+    python benchmarks/ceiling.py --json docs/data/ceiling.json                           # 2 x 16
+    python benchmarks/ceiling.py --workers 8 --envs 8 --json docs/data/ceiling-8x8.json  # 16 cores
+
+Run ``python benchmarks/ceiling.py --help`` for the options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _common import ENV_ID, Turns, machine_info, make_policy, single_thread_torch, write_json
+
+from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
+from acollect.cli.reference_loops import LoopPool
+
+CEILING, ASYNC, SYNC, SINGLE = "ceiling", "MultiAsyncCollector", "MultiSyncCollector", "one hand loop"
+CREDITS = 2  # MultiAsyncCollector's default: batches each worker may collect ahead
+
+
+def goals(workers: int) -> list[tuple[str, str, float | None]]:
+    """(contender, reference, goal) for each ratio reported: the goals of docs/performance.md's table."""
+    if workers == 2:  # 2 x 16 on a 2-core machine
+        return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.85), (SYNC, SINGLE, 1.7)]
+    return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, None)]  # 8 x 8 on 16 cores
+
+
+def _cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def _collector_turn(collector: Any, pids: list[int], batches: int, drain: int) -> tuple[int, float, float]:
+    """``batches`` batches after ``drain`` untimed ones: (frames, wall s, CPU s of the trainer and workers)."""
+    for _ in range(drain):
+        await anext(collector)
+    cpu, workers_cpu, wall = time.process_time(), _cpu_of(pids), time.perf_counter()
+    frames = 0
+    for _ in range(batches):
+        frames += (await anext(collector)).numel()
+    wall = time.perf_counter() - wall
+    return frames, wall, time.process_time() - cpu + _cpu_of(pids) - workers_cpu
+
+
+async def _pool_turn(pool: LoopPool, batches: int) -> tuple[int, float, float]:
+    loops = await asyncio.to_thread(pool.run, batches)  # the event loop keeps serving the collectors meanwhile
+    # frames / seconds is then the sum of the processes' frames/s.
+    return loops.frames, loops.frames / loops.frames_per_s, sum(p.cpu_s for p in loops.processes)
+
+
+async def _enter(stack: AsyncExitStack, collector: Any, warmup: int) -> tuple[Any, list[int]]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    await stack.enter_async_context(collector)
+    for _ in range(warmup):
+        await anext(collector)  # also makes sure every worker has started
+    pids = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    return collector, pids
+
+
+async def measure(args: argparse.Namespace) -> tuple[Turns, list[str]]:
+    n, e, per_worker = args.workers, args.envs, args.frames_per_batch // args.workers
+    k = args.turn_batches
+    turns, log = Turns(), []
+    async with AsyncExitStack() as stack:
+        env = functools.partial(GymEnv, ENV_ID, num_envs=e)
+        multi_async, async_pids = await _enter(stack, MultiAsyncCollector(
+            env, make_policy(), num_workers=n, frames_per_batch=per_worker, total_frames=-1, credits=CREDITS,
+        ), args.warmup * n)  # fmt: skip
+        multi_sync, sync_pids = await _enter(stack, MultiSyncCollector(
+            env, make_policy(), num_workers=n, frames_per_batch=args.frames_per_batch, total_frames=-1,
+        ), args.warmup)  # fmt: skip
+        pool_args = {"warmup": args.warmup, "timeout": args.timeout}
+        ceiling = await asyncio.to_thread(functools.partial(LoopPool, n, e, per_worker, seed=0, **pool_args))
+        stack.callback(ceiling.close)
+        single = await asyncio.to_thread(functools.partial(LoopPool, 1, e, per_worker, seed=100, **pool_args))
+        stack.callback(single.close)
+        runs: list[tuple[str, Callable[[], Awaitable[tuple[int, float, float]]]]] = [
+            (CEILING, lambda: _pool_turn(ceiling, k)),
+            (ASYNC, lambda: _collector_turn(multi_async, async_pids, n * k, drain=n * CREDITS)),
+            (SYNC, lambda: _collector_turn(multi_sync, sync_pids, k, drain=0)),
+            (SINGLE, lambda: _pool_turn(single, k)),
+        ]
+        for index in range(args.turns):
+            shift = index % len(runs)  # the order rotates: no contender always follows the same one
+            line = []
+            for name, run in runs[shift:] + runs[:shift]:
+                frames, wall, cpu = await run()
+                turns.add(name, frames, wall, cpu)
+                line.append(f"{name} {frames / wall:,.0f}")
+            log.append(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s")
+            print(log[-1], flush=True)
+    return turns, log
+
+
+def summarize(turns: Turns, workers: int) -> dict[str, Any]:
+    rates = turns.rates()
+    ratios = []
+    for contender, reference, goal in goals(workers):
+        wall = [c / r for c, r in zip(turns.turn_rates(contender), turns.turn_rates(reference), strict=True)]
+        ratios.append({"contender": contender, "reference": reference, "goal": goal,
+                       "wall": rates[contender]["wall"] / rates[reference]["wall"],
+                       "cpu": rates[contender]["cpu"] / rates[reference]["cpu"], "wall_per_turn": wall})  # fmt: skip
+    return {"frames_per_s": rates, "ratios": ratios}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes, and independent loop processes")
+    parser.add_argument("--envs", type=int, default=16, help="CartPole envs per worker (and per loop process)")
+    parser.add_argument("--frames-per-batch", type=int, default=2048, help="MultiSync frames per batch, all workers")
+    parser.add_argument("--turns", type=int, default=12, help="turns per contender")
+    parser.add_argument("--turn-batches", type=int, default=8, help="timed batches per worker (or process) per turn")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker / process first")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds the loop processes may take per step")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
+    args = parser.parse_args(argv)
+    for name in ("workers", "envs", "frames_per_batch", "turns", "turn_batches"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.frames_per_batch % (args.workers * args.envs):
+        parser.error(f"--frames-per-batch ({args.frames_per_batch}) must be a multiple of --workers x --envs "
+                     f"({args.workers * args.envs})")  # fmt: skip
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    single_thread_torch()
+    machine = machine_info()
+    t = args.frames_per_batch // args.workers // args.envs
+    print(f"{ENV_ID}, {args.workers} workers x {args.envs} envs, worker batches [{args.envs}, {t}], {args.turns} "
+          f"turns of {args.turn_batches} batches per worker, {machine['cpu_count']} cores")  # fmt: skip
+    turns, log = asyncio.run(measure(args))
+    summary = summarize(turns, args.workers)
+    print(f"\n{'what':<24}{'wall frames/s':>15}{'cpu frames/s':>15}")
+    for name, r in summary["frames_per_s"].items():
+        print(f"{name:<24}{r['wall']:>15,.0f}{r['cpu']:>15,.0f}")
+    for ratio in summary["ratios"]:
+        goal = ratio["goal"]
+        verdict = "" if goal is None else f" ({'meets' if ratio['wall'] >= goal else 'misses'} the goal of {goal}x)"
+        print(f"{ratio['contender']} / {ratio['reference']} = {ratio['wall']:.2f}x wall, {ratio['cpu']:.2f}x cpu"
+              f"{verdict}")  # fmt: skip
+    payload = {
+        "benchmark": "ceiling",
+        "env": ENV_ID,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": machine,
+        "turns": turns.as_dict(),
+        "log": log,
+        **summary,
+    }
+    if args.json is not None:
+        write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
