@@ -160,7 +160,10 @@ def _round_record(result: dict[str, Any]) -> dict[str, Any]:
     late = result["late_ms"]
     lateness = {"ticks": len(late), "late_p50_ms": percentile(late, 0.5), "late_p99_ms": percentile(late, 0.99),
                 "late_max_ms": max(late, default=float("nan"))}  # fmt: skip
-    return {**{k: v for k, v in result.items() if k != "late_ms"}, **lateness}
+    pauses = result["gc"]  # hundreds per round: the JSON keeps their count, total and the ones over 1 ms
+    gcs = {"gc_count": len(pauses), "gc_total_ms": sum(p["ms"] for p in pauses),
+           "gc_over_1ms": [p for p in pauses if p["ms"] > 1.0]}  # fmt: skip
+    return {**{k: v for k, v in result.items() if k not in ("late_ms", "gc")}, **lateness, **gcs}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
