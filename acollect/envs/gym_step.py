@@ -109,17 +109,19 @@ def step_sub_envs(envs: Sequence[Any], actions: np.ndarray, b: Binding, leaves: 
     if b.flat:
         next_obs, root_obs = b.next_obs[0], b.root_obs[0]
         for i, env in enumerate(envs):
-            obs, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+            obs, reward[i], term, trunc, _ = env.step(actions[i])
+            terminated[i], truncated[i] = term, trunc
             next_obs[i] = obs
-            if terminated[i] or truncated[i]:
+            if term or trunc:
                 obs, _ = env.reset()
             root_obs[i] = obs
     else:
         for i, env in enumerate(envs):
-            obs, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+            obs, reward[i], term, trunc, _ = env.step(actions[i])
+            terminated[i], truncated[i] = term, trunc
             for leaf, dst in zip(leaves, b.next_obs, strict=True):
                 dst[i] = pick_leaf(obs, leaf.path)
-            if terminated[i] or truncated[i]:
+            if term or trunc:
                 obs, _ = env.reset()
             for leaf, dst in zip(leaves, b.root_obs, strict=True):
                 dst[i] = pick_leaf(obs, leaf.path)
