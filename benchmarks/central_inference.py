@@ -1,7 +1,9 @@
 """Central inference (AsyncBatchedCollector) against the policy in every worker (MultiAsyncCollector).
 
-Same run, rounds alternating, 2 workers x 16 envs by default, one torch thread per worker (and in
-this process, where the inference server runs):
+Both collectors start once, then take turns (a few batches each, the order alternating; the batches
+one collected ahead while the other had its turn are drained untimed), in the same run; wall time and
+the CPU time of the trainer and its workers are both reported. 2 workers x 16 envs by default, one
+torch thread per worker (and in this process, where the inference server runs):
 
 * ``cartpole``: CartPole-v1 and the reference 4-64-64-2 MLP (benchmarks/_common.py): what the round
   trip per step costs when the policy is tiny (goal: >= 0.7x MultiAsyncCollector);
@@ -12,24 +14,25 @@ this process, where the inference server runs):
 With ``--device cuda`` the server runs the policy on the GPU while MultiAsyncCollector's workers run it on
 their CPU: the point of central inference.
 
-    python benchmarks/central_inference.py --workload cartpole --json docs/data/central_inference-cartpole.json
+    python benchmarks/central_inference.py --workload cartpole --json docs/data/central-cartpole.json
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
-from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-import anyio
+import psutil
 import torch
-from _common import CategoricalMLPPolicy, format_table, machine_info, run_interleaved, single_thread_torch, write_json
+from _common import CategoricalMLPPolicy, Turns, machine_info, single_thread_torch, write_json
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -37,6 +40,8 @@ from acollect import AsyncBatchedCollector, MultiAsyncCollector
 from acollect.testing import PixelEnv
 
 WORKLOADS = ("cartpole", "mlp-large", "cnn")
+MULTI = "MultiAsyncCollector (policy in every worker)"
+BATCHED = "AsyncBatchedCollector (inference server)"
 
 
 class Categorical(nn.Module):
@@ -84,39 +89,68 @@ def env_args(workload: str, envs: int) -> tuple[Any, dict[str, Any]]:
     return "CartPole-v1", {"env_kwargs": {"num_envs": envs}}
 
 
-def contender(
-    kind: str, args: argparse.Namespace, server_stats: list[dict[str, Any]]
-) -> Callable[[], tuple[int, float, float]]:
-    def run() -> tuple[int, float, float]:
-        async def main() -> tuple[int, float, float]:
-            env, extra = env_args(args.workload, args.envs)
-            common: dict[str, Any] = {
-                "frames_per_batch": args.frames_per_batch,
-                "start_method": "forkserver",
-                "num_workers": args.workers,
-                **extra,
-            }
-            policy = policy_for(args.workload)
-            if kind == "batched":
-                collector: Any = AsyncBatchedCollector(env, policy, device=args.device, **common)
-            else:
-                collector = MultiAsyncCollector(env, policy, **common)
-            started = time.perf_counter()
-            async with collector:
-                await anext(collector)  # untimed: workers start, envs reset, first batch
-                startup = time.perf_counter() - started
-                frames, t0 = 0, time.perf_counter()
-                while frames < args.frames:
-                    frames += (await anext(collector)).numel()
-                seconds = time.perf_counter() - t0
-                if kind == "batched":
-                    server_stats.append(collector.stats().inference)
-            return frames, seconds, startup
+CREDITS = 2
 
-        result: tuple[int, float, float] = anyio.run(main)
-        return result
 
-    return run
+def _cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+async def _enter(stack: AsyncExitStack, collector: Any) -> tuple[Any, list[int], float]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    started = time.perf_counter()
+    await stack.enter_async_context(collector)
+    for _ in range(2 * collector.num_workers):
+        await anext(collector)  # every worker started and warm
+    pids = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    return collector, pids, time.perf_counter() - started
+
+
+async def _turn(collector: Any, pids: list[int], batches: int) -> tuple[int, float, float]:
+    """``batches`` timed batches after the ones collected ahead: (frames, wall s, CPU s of trainer and workers)."""
+    for _ in range(collector.num_workers * CREDITS):
+        await anext(collector)  # collected while the other contender had its turn
+    cpu, workers_cpu, wall = time.process_time(), _cpu_of(pids), time.perf_counter()
+    frames = 0
+    for _ in range(batches):
+        frames += (await anext(collector)).numel()
+    return frames, time.perf_counter() - wall, time.process_time() - cpu + _cpu_of(pids) - workers_cpu
+
+
+async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict[str, float]]:
+    env, extra = env_args(args.workload, args.envs)
+    common: dict[str, Any] = {
+        "frames_per_batch": args.frames_per_batch,
+        "num_workers": args.workers,
+        "start_method": "forkserver",
+        "total_frames": -1,
+        "credits": CREDITS,
+        **extra,
+    }
+    turns = Turns()
+    async with AsyncExitStack() as stack:
+        multi, multi_pids, multi_start = await _enter(stack, MultiAsyncCollector(env, policy_for(args.workload),
+                                                                                  **common))  # fmt: skip
+        batched, batched_pids, batched_start = await _enter(
+            stack, AsyncBatchedCollector(env, policy_for(args.workload), device=args.device, **common)
+        )
+        runs = [(MULTI, multi, multi_pids), (BATCHED, batched, batched_pids)]
+        for index in range(args.turns):
+            line = []
+            for name, collector, pids in runs[index % 2 :] + runs[: index % 2]:
+                frames, wall, cpu = await _turn(collector, pids, args.turn_batches)
+                turns.add(name, frames, wall, cpu)
+                line.append(f"{name} {frames / wall:,.0f}")
+            print(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s", flush=True)
+        server = batched.stats().inference
+    return turns, server, {MULTI: multi_start, BATCHED: batched_start}
 
 
 def main() -> None:
@@ -124,31 +158,31 @@ def main() -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="cartpole")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--envs", type=int, default=16, help="envs per worker")
-    parser.add_argument("--frames", type=int, default=None, help="timed frames per round")
-    parser.add_argument("--frames-per-batch", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--frames-per-batch", type=int, default=None, help="frames of one worker's batch")
+    parser.add_argument("--turns", type=int, default=6, help="turns of each contender (alternating)")
+    parser.add_argument("--turn-batches", type=int, default=None, help="timed batches per turn")
     parser.add_argument("--device", default=None, help="the inference server's device (e.g. cuda)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     heavy = args.workload != "cartpole"
-    args.frames = args.frames or (8_192 if heavy else 65_536)
     args.frames_per_batch = args.frames_per_batch or args.envs * (16 if heavy else 64)
+    args.turn_batches = args.turn_batches or (4 if heavy else 8)
     single_thread_torch()
-    server_stats: list[dict[str, Any]] = []
-    results = run_interleaved(
-        [("MultiAsyncCollector (policy in workers)", contender("multi", args, server_stats)),
-         (f"AsyncBatchedCollector (server on {args.device or 'cpu'})", contender("batched", args, server_stats))],
-        args.rounds,
-    )  # fmt: skip
-    print(format_table(results, baseline=results[0].name))
-    ratio = results[1].median / results[0].median
-    fill = [s["fill_rate"] for s in server_stats]
-    print(f"\nAsyncBatchedCollector / MultiAsyncCollector: {ratio:.2f}x; server fill rate per round: "
-          f"{', '.join(f'{f:.2f}' for f in fill)}")  # fmt: skip
+    turns, server, startup = asyncio.run(measure(args))
+    rates = turns.rates()
+    for name in (MULTI, BATCHED):
+        print(f"{name:<48} {rates[name]['wall']:>9,.0f} frames/s wall  {rates[name]['cpu']:>9,.0f} frames per CPU-s")
+    wall = rates[BATCHED]["wall"] / rates[MULTI]["wall"]
+    cpu = rates[BATCHED]["cpu"] / rates[MULTI]["cpu"]
+    print(
+        f"\nAsyncBatchedCollector / MultiAsyncCollector: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
+        f"{server['mean_batch_size']:.1f} (fill {server['fill_rate']:.0%}), "
+        f"latency p99 {server['latency_ms_p99']:.2f} ms"
+    )
     if args.json:
         write_json(args.json, {"benchmark": "central_inference", "args": vars(args), "machine": machine_info(),
-                               "results": [r.as_dict() for r in results], "ratio": ratio,
-                               "server_stats": server_stats})  # fmt: skip
+                               "turns": turns.as_dict(), "ratio_wall": wall, "ratio_cpu": cpu, "server": server,
+                               "startup_s": startup})  # fmt: skip
 
 
 if __name__ == "__main__":
