@@ -14,7 +14,8 @@ Examples:
     >>> from acollect.testing import CountingEnv
     >>> policy = TensorDictModule(lambda obs: (obs[..., 0] > 2).long(), in_keys=["observation"], out_keys=["action"])
     >>> async def main():
-    ...     async with AsyncBatchedCollector([CountingEnv] * 2, policy, frames_per_batch=4, total_frames=8) as c:
+    ...     async with AsyncBatchedCollector([CountingEnv] * 2, policy, frames_per_batch=4, total_frames=8,
+    ...                                      start_method="forkserver") as c:
     ...         return [tuple(b.shape) async for b in c]
     >>> anyio.run(main)
     [(1, 4), (1, 4)]
