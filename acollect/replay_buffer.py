@@ -152,7 +152,9 @@ class ReplayBuffer:
             # index_select leaf by leaf rather than ``storage[index]``, whose indexing leaves ~10 objects of
             # cyclic garbage per call: a trainer sampling while a collector runs would bring on young-generation
             # collections many times a second, each pausing the event loop.
-            return self._storage.apply(lambda leaf: leaf.index_select(0, index), batch_size=[batch_size])
+            sample = self._storage.apply(lambda leaf: leaf.index_select(0, index), batch_size=[batch_size])
+            assert sample is not None  # apply returns None only with inplace=True
+            return sample
 
     def clear(self) -> None:
         """Forgets every transition; the storage (and its key layout) is kept for reuse."""
