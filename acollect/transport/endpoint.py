@@ -54,7 +54,6 @@ _REFUSED_EVENTS = (
 _POLL_INTERVAL = 0.05
 
 
-
 class Endpoint:
     """The collector's side: a ROUTER socket that workers connect to, awaited under asyncio or trio.
 
