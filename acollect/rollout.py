@@ -41,7 +41,7 @@ from acollect.envs.factory import make_env
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, place_policy, wrap_policy
 
-__all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "frames_per_batch_for"]
+__all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "exploration", "frames_per_batch_for"]
 
 _COLLECTOR = "collector"
 
@@ -61,7 +61,7 @@ def frames_per_batch_for(frames_per_batch: int, n_envs: int) -> int:
 
 
 @contextmanager
-def _exploration(kind: InteractionType | None) -> Iterator[None]:
+def exploration(kind: InteractionType | None) -> Iterator[None]:
     if kind is None:
         yield
         return
@@ -164,7 +164,7 @@ class RolloutEngine:
     def _probe_policy(self) -> None:
         """Runs the policy once on a fresh reset to learn its outputs and check ``"action"``."""
         self.env.reset_into(self._root)
-        with torch.inference_mode(), _exploration(self.exploration_type):
+        with torch.inference_mode(), exploration(self.exploration_type):
             outputs = self.policy(self._policy_input())
         self._check_outputs(outputs)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
@@ -276,7 +276,7 @@ class RolloutEngine:
         # Buffers are allocated outside inference mode so that batches can feed autograd later; the
         # steps run inside it, which spares the policy's forward all autograd bookkeeping.
         batch = self._allocate() if out is None else out
-        with torch.inference_mode(), _exploration(self.exploration_type):
+        with torch.inference_mode(), exploration(self.exploration_type):
             return self._collect(batch, stop)
 
     def _collect(self, batch: TensorDict, stop: threading.Event | None) -> TensorDict:

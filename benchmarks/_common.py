@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from acollect.cli.reference_loops import (
@@ -36,6 +37,7 @@ __all__ = [
     "IndependentLoops",
     "Measurement",
     "Turns",
+    "cpu_of",
     "load_average",
     "machine_info",
     "make_policy",
@@ -185,3 +187,15 @@ def write_json(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     payload = {**payload, "loadavg_at_end": load_average()}
     target.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     print(f"results written to {target}")
+
+
+def cpu_of(pids: list[int]) -> float:
+    """User and system CPU seconds of the processes ``pids`` so far (ended ones count nothing)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total

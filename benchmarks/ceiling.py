@@ -46,7 +46,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _common import ENV_ID, Turns, machine_info, make_policy, single_thread_torch, write_json
+from _common import ENV_ID, Turns, cpu_of, machine_info, make_policy, single_thread_torch, write_json
 
 from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 from acollect.cli.reference_loops import LoopPool
@@ -62,27 +62,16 @@ def goals(workers: int) -> list[tuple[str, str, float | None]]:
     return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, None)]  # 8 x 8 on 16 cores
 
 
-def _cpu_of(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
-
-
 async def _collector_turn(collector: Any, pids: list[int], batches: int, drain: int) -> tuple[int, float, float]:
     """``batches`` batches after ``drain`` untimed ones: (frames, wall s, CPU s of the trainer and workers)."""
     for _ in range(drain):
         await anext(collector)
-    cpu, workers_cpu, wall = time.process_time(), _cpu_of(pids), time.perf_counter()
+    cpu, workers_cpu, wall = time.process_time(), cpu_of(pids), time.perf_counter()
     frames = 0
     for _ in range(batches):
         frames += (await anext(collector)).numel()
     wall = time.perf_counter() - wall
-    return frames, wall, time.process_time() - cpu + _cpu_of(pids) - workers_cpu
+    return frames, wall, time.process_time() - cpu + cpu_of(pids) - workers_cpu
 
 
 async def _pool_turn(pool: LoopPool, batches: int) -> tuple[int, float, float]:

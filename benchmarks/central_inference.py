@@ -32,7 +32,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 import torch
-from _common import CategoricalMLPPolicy, Turns, machine_info, single_thread_torch, write_json
+from _common import CategoricalMLPPolicy, Turns, cpu_of, machine_info, single_thread_torch, write_json
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -92,17 +92,6 @@ def env_args(workload: str, envs: int) -> tuple[Any, dict[str, Any]]:
 CREDITS = 2
 
 
-def _cpu_of(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
-
-
 async def _enter(stack: AsyncExitStack, collector: Any) -> tuple[Any, list[int], float]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     started = time.perf_counter()
@@ -117,11 +106,11 @@ async def _turn(collector: Any, pids: list[int], batches: int) -> tuple[int, flo
     """``batches`` timed batches after the ones collected ahead: (frames, wall s, CPU s of trainer and workers)."""
     for _ in range(collector.num_workers * CREDITS):
         await anext(collector)  # collected while the other contender had its turn
-    cpu, workers_cpu, wall = time.process_time(), _cpu_of(pids), time.perf_counter()
+    cpu, workers_cpu, wall = time.process_time(), cpu_of(pids), time.perf_counter()
     frames = 0
     for _ in range(batches):
         frames += (await anext(collector)).numel()
-    return frames, time.perf_counter() - wall, time.process_time() - cpu + _cpu_of(pids) - workers_cpu
+    return frames, time.perf_counter() - wall, time.process_time() - cpu + cpu_of(pids) - workers_cpu
 
 
 async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict[str, float]]:

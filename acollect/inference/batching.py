@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType, set_interaction_type
+from tensordict.nn import InteractionType
 
 from acollect.errors import PolicyError
 from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
+from acollect.rollout import exploration
 
 __all__ = ["Batcher", "Forward", "InferenceStats", "Request", "StatsRecorder"]
 
@@ -141,7 +142,7 @@ class Forward:
         if self._adapter is None:
             self._adapter_for(_concatenate(requests[:1], self.device, None))
         adapter = self._adapter_for(inputs := _concatenate(requests, self.device, self._reads))
-        with torch.inference_mode(), _interaction(self.exploration_type):
+        with torch.inference_mode(), exploration(self.exploration_type):
             outputs = adapter(inputs)
         rows = inputs.batch_size[0]
         for key, value in outputs.items():
@@ -177,26 +178,6 @@ def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[K
         value = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
         td.set(key, value.to(device, non_blocking=True) if value.device != device else value)
     return td
-
-
-class _interaction:
-    """``set_interaction_type`` for this thread only (where tensordict supports it)."""
-
-    def __init__(self, kind: InteractionType | None) -> None:
-        self._ctx: Any = None
-        if kind is not None:
-            try:
-                self._ctx = set_interaction_type(kind, thread_local=True)
-            except TypeError:  # tensordict without per-thread interaction types
-                self._ctx = set_interaction_type(kind)
-
-    def __enter__(self) -> None:
-        if self._ctx is not None:
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ProtocolError
 from acollect.transport.layout import LeafLayout, TensorDictLayout, validate_layout
-from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict
+from acollect.transport.wire import PROTOCOL_VERSION, byte_view, encode_tensordict
 
 __all__ = ["Decoded", "LayoutCache", "encode", "leaves_of"]
 
@@ -36,15 +36,6 @@ _MAX_HEAD_BYTES = 256
 # Tensors smaller than this in all travel as one frame (their bytes one after the other): each frame costs
 # ZeroMQ more than copying a few kilobytes.
 _ONE_FRAME_BYTES = 64 * 1024
-
-
-def _byte_view(tensor: torch.Tensor) -> memoryview:
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def leaves_of(td: TensorDictBase) -> dict[Key, torch.Tensor]:
@@ -74,7 +65,7 @@ class Encoder:
             self._layout = msgpack.packb(layout, use_bin_type=True)
             self._signature = signature
         head = msgpack.packb([PROTOCOL_VERSION, kind, seq, version])
-        views = [_byte_view(v) for v in leaves.values()]
+        views = [byte_view(v) for v in leaves.values()]
         if sum(v.nbytes for v in views) < _ONE_FRAME_BYTES:
             return [head, self._layout, b"".join(views)]  # one copy of a few hundred bytes beats a frame per leaf
         return [head, self._layout, *views]

@@ -44,6 +44,7 @@ __all__ = [
     "LeafLayout",
     "TensorDictLayout",
     "aligned_offsets",
+    "byte_view",
     "decode_tensordict",
     "encode_tensordict",
     "pack_message",
@@ -61,7 +62,8 @@ _RESERVED_FIELDS = frozenset({"v", "kind", "td"})
 # --------------------------------------------------------------------------- encoding
 
 
-def _byte_view(tensor: torch.Tensor) -> memoryview:
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of ``tensor`` as a flat memoryview, sharing its memory when it is a contiguous CPU tensor."""
     # A flat uint8 view shares memory with the tensor, so sending it copies nothing;
     # bool and bfloat16 (which numpy cannot hold) travel as their raw bytes too.
     tensor = tensor.detach()
@@ -118,7 +120,7 @@ def encode_tensordict(td: TensorDictBase) -> tuple[dict[str, Any], list[memoryvi
     _walk(td, (), found, subs)
     leaves, buffers = [], []
     for key, tensor in found:
-        buffer = _byte_view(tensor)
+        buffer = byte_view(tensor)
         leaves.append(
             {
                 "key": list(key),
