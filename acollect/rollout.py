@@ -47,7 +47,10 @@ _COLLECTOR = "collector"
 
 
 class RolloutInterrupted(Exception):  # a signal, not an error: hence no "Error" suffix
-    """Raised inside :meth:`RolloutEngine.collect` when its stop event is set mid-batch."""
+    """Raised inside :meth:`RolloutEngine.collect` when its stop event is set mid-batch.
+
+    The steps taken so far are kept: the next :meth:`~RolloutEngine.collect` continues the same batch.
+    """
 
 
 def frames_per_batch_for(frames_per_batch: int, n_envs: int) -> int:
@@ -147,6 +150,10 @@ class RolloutEngine:
         self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step count
         self._needs_reset = True
         self._seed: int | None = None
+        # A batch interrupted mid-way, and the steps it holds: the next collect() continues it.
+        self._partial: tuple[TensorDict, int] | None = None
+        #: frames stepped and then discarded: a partial batch given up by a reseed or a state restore
+        self.discarded_frames = 0
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
         self._versions_from_policy = False
         self._read_only_policy = isinstance(policy, (ModulePolicy, RandomPolicy))
@@ -204,10 +211,26 @@ class RolloutEngine:
 
     # -- state ---------------------------------------------------------------------
     def seed(self, seed: int) -> None:
-        """Seeds env and random policy; the next batch starts from a fresh, seeded reset."""
+        """Seeds env and random policy; the next batch starts from a fresh, seeded reset.
+
+        A batch interrupted mid-way is given up (its frames counted in :attr:`discarded_frames`): the
+        caller asked for a fresh start, and the same seed must give the same batch.
+        """
         self._seed = seed
         self._random.generator.manual_seed(seed)
+        self.restart()
+
+    def restart(self) -> None:
+        """Starts the next batch from a fresh reset, giving up a batch interrupted mid-way (counted)."""
         self._needs_reset = True
+        if self._partial is not None:
+            self.discarded_frames += self._partial[1] * self.n_envs
+            self._partial = None
+
+    @property
+    def in_batch(self) -> bool:
+        """Whether a batch was interrupted mid-way (the next :meth:`collect` continues it)."""
+        return self._partial is not None
 
     @property
     def next_traj_counter(self) -> int:
@@ -262,31 +285,41 @@ class RolloutEngine:
         return batch
 
     def collect(self, stop: threading.Event | None = None, *, out: TensorDict | None = None) -> TensorDict:
-        """Collects one batch (blocking).
+        """Collects one batch (blocking), or finishes the one an interruption left half-way.
 
         Args:
-            stop: when set, the batch is abandoned at the next step with :class:`RolloutInterrupted`;
-                the env and counters stay consistent, so collection can go on later.
+            stop: when set, collection stops at the next step with :class:`RolloutInterrupted`. Nothing
+                is lost: the steps taken are kept, and the next call continues the same batch, so the
+                stream of steps stays contiguous (only :meth:`seed` and :meth:`restart` give it up).
             out: fill this TensorDict (the layout of :meth:`allocate`, e.g. a shared-memory slot)
-                instead of fresh buffers.
+                instead of fresh buffers. Continuing a batch begun in other buffers copies it there.
 
         Returns:
             A fresh TensorDict ``[n_envs, T]`` that the caller owns, or ``out``.
         """
-        # Buffers are allocated outside inference mode so that batches can feed autograd later; the
-        # steps run inside it, which spares the policy's forward all autograd bookkeeping.
-        batch = self._allocate() if out is None else out
+        start = 0
+        if self._partial is not None:
+            batch, start = self._partial
+            self._partial = None
+            if out is not None and out is not batch:
+                out.copy_(batch)
+                batch = out
+        else:
+            # Buffers are allocated outside inference mode so that batches can feed autograd later; the
+            # steps run inside it, which spares the policy's forward all autograd bookkeeping.
+            batch = self._allocate() if out is None else out
         with torch.inference_mode(), exploration(self.exploration_type):
-            return self._collect(batch, stop)
+            return self._collect(batch, stop, start)
 
-    def _collect(self, batch: TensorDict, stop: threading.Event | None) -> TensorDict:
-        if self._needs_reset or self.reset_at_each_iter:
-            self._reset_all()
+    def _collect(self, batch: TensorDict, stop: threading.Event | None, start: int) -> TensorDict:
         root, nxt, env = self._root, self._next, self.env
-        # Root done flags are False after every step (a finished env is reset in the same step), so
-        # only their state at t=0 needs writing.
-        for key in ("done", "terminated", "truncated"):
-            batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
+        if start == 0:
+            if self._needs_reset or self.reset_at_each_iter:
+                self._reset_all()
+            # Root done flags are False after every step (a finished env is reset in the same step), so
+            # only their state at t=0 needs writing.
+            for key in ("done", "terminated", "truncated"):
+                batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
 
         next_td = batch.get("next")
         root_copies = TimeSlices([(batch.get(k), root.get(k)) for k in self._obs_keys])
@@ -302,8 +335,9 @@ class RolloutEngine:
         traj_np, steps_np = self._traj_ids_np, self._traj_steps_np
         n = self.n_envs
 
-        for t in range(self.time_steps):
+        for t in range(start, self.time_steps):
             if stop is not None and stop.is_set():
+                self._partial = (batch, t)  # kept: the next collect() goes on from step t
                 raise RolloutInterrupted
             root_copies.copy(t)
             if self.frames + t * n < random_until:

@@ -253,6 +253,8 @@ class CollectorStats:
         worker_frames_per_s: per worker, frames per second over the last 10 seconds.
         restarts: worker processes restarted after a crash or hang.
         dropped_batches: batches lost to worker restarts.
+        discarded_frames: frames stepped and given up on purpose, never handed out: a batch begun ahead
+            before a reseed or a state restore, or a batch a pause held half-way when the reseed came.
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
     """
@@ -271,6 +273,7 @@ class CollectorStats:
     worker_frames_per_s: dict[int, float] = field(default_factory=dict)
     restarts: int = 0
     dropped_batches: int = 0
+    discarded_frames: int = 0
     inference: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -293,6 +296,8 @@ class CollectorStats:
             parts.append(f"policy lag {lag}")
         if self.restarts or self.dropped_batches:
             parts.append(f"{self.restarts} restarts, {self.dropped_batches} dropped batches")
+        if self.discarded_frames:
+            parts.append(f"{self.discarded_frames:,} frames discarded by reseeds")
         return ", ".join(parts)
 
     def __str__(self) -> str:
@@ -364,6 +369,7 @@ class StatsRecorder:
         policy_version: int,
         restarts: int = 0,
         dropped_batches: int = 0,
+        discarded_frames: int = 0,
         now: float | None = None,
     ) -> CollectorStats:
         """The current :class:`CollectorStats`."""
@@ -383,4 +389,5 @@ class StatsRecorder:
             worker_frames_per_s={w: window.rate() for w, window in sorted(self.workers.items())},
             restarts=restarts,
             dropped_batches=dropped_batches,
+            discarded_frames=discarded_frames,
         )

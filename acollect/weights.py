@@ -350,7 +350,13 @@ class PolicyWeights:
             return self.version
 
     def apply_pending(self, engine: RolloutEngine) -> None:
-        """Copies staged weights into the engine's policy and stamps the version. Call between batches."""
+        """Copies staged weights into the engine's policy and stamps the version. Call between batches.
+
+        Nothing changes while the engine holds a batch an interruption left half-way: one version chooses
+        every frame of a batch, so the weights wait for the batch after it.
+        """
+        if engine.in_batch:
+            return
         with self._lock:
             pending, self._pending = self._pending, None
             version = self.version

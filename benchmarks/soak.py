@@ -202,8 +202,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     errors = list(accounts.errors)
     if any(v < 0 or v > n_steps for v in lost_steps.values()):
         errors.append(f"a killed worker lost more than the batch in flight: {lost_steps}")
-    if any(unfinished.values()):
-        errors.append(f"a worker alive at the end collected frames it never delivered: {unfinished}")
+    # A worker alive at the end may have begun the next batch ahead of the trainer (MultiSync collects
+    # one batch ahead): shutdown ends that batch, and nothing else, undelivered.
+    if any(v < 0 or v > n_steps for v in unfinished.values()):
+        errors.append(f"a worker alive at the end collected more than the batch begun ahead: {unfinished}")
     if sum(1 for v in lost_steps.values() if v) > dropped:
         errors.append(f"{sum(1 for v in lost_steps.values() if v)} kills lost frames, {dropped} dropped batches")
     if restarts != stats["kills"]:

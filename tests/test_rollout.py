@@ -247,7 +247,9 @@ def test_a_set_stop_event_interrupts_before_any_step(make_engine: Callable[..., 
     assert engine.frames == 0
 
 
-def test_stop_mid_batch_abandons_it_and_collection_goes_on(make_engine: Callable[..., RolloutEngine]) -> None:
+def test_stop_mid_batch_keeps_the_steps_and_the_next_collect_continues(
+    make_engine: Callable[..., RolloutEngine],
+) -> None:
     stop = threading.Event()
     calls = 0
 
@@ -263,12 +265,43 @@ def test_stop_mid_batch_abandons_it_and_collection_goes_on(make_engine: Callable
     with pytest.raises(RolloutInterrupted):
         engine.collect(stop)
     assert engine.steps == env.step_count == 3  # the step in progress finished; no further one began
-    assert engine.frames == 0  # an abandoned batch does not count
+    assert engine.frames == 0
+    assert engine.in_batch
     stop.clear()
-    batch = engine.collect(stop)
-    assert [row[0] for row in obs(batch)] == env.counter.sub(10).tolist()  # continues where the env stands
+    out = engine.allocate()  # continued in other buffers (a worker's slot): the steps taken come along
+    batch = engine.collect(stop, out=out)
+    assert batch is out
+    assert env.step_count == 10  # 3 steps kept, 7 more: nothing stepped twice or thrown away
+    # From the batch's own start (the engine's reset after the probe's), not from the steps after it.
+    assert [row[0] for row in obs(batch)] == [RESET_JUMP, ENV_STRIDE + RESET_JUMP]
     assert_counting_batch(batch)
     assert engine.frames == 20
+    assert not engine.in_batch
+    assert engine.discarded_frames == 0
+
+
+def test_a_reseed_gives_up_a_held_batch_and_counts_its_frames(make_engine: Callable[..., RolloutEngine]) -> None:
+    stop = threading.Event()
+    calls = 0
+
+    def policy(td: TensorDictBase) -> TensorDictBase:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            stop.set()
+        return td.set("action", torch.zeros(td.batch_size[0], dtype=torch.int64))
+
+    env = CountingEnv(num_envs=2, episode_length=100)
+    engine = make_engine(env, policy, frames_per_batch=20)
+    with pytest.raises(RolloutInterrupted):
+        engine.collect(stop)
+    engine.seed(7)
+    assert not engine.in_batch
+    assert engine.discarded_frames == 3 * 2
+    stop.clear()
+    batch = engine.collect(stop)
+    assert obs(batch)[0][0] == 2 * RESET_JUMP + 3  # a fresh reset, after the 3 steps given up
+    assert_counting_batch(batch)
 
 
 def test_stop_from_another_thread_interrupts_a_slow_batch(make_engine: Callable[..., RolloutEngine]) -> None:

@@ -216,10 +216,11 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         """Batches lost to worker restarts (collected in part by a worker that died, never handed out)."""
         return self._pool.dropped_batches if self._pool is not None else 0
 
-    def _worker_counters(self) -> tuple[int, int]:
-        if self._pool is None:
-            return 0, 0
-        return sum(h.restarts for h in self._pool.handles), self._pool.dropped_batches
+    def _worker_counters(self) -> tuple[int, int, int]:
+        pool = self._pool
+        if pool is None:
+            return 0, 0, 0
+        return sum(h.restarts for h in pool.handles), pool.dropped_batches, pool.discarded_frames
 
     @property
     def worker_pids(self) -> list[int | None]:

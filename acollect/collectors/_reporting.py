@@ -71,13 +71,14 @@ class ReportingMixin:
             >>> stats.frames, stats.episodes, stats.episode_return_mean, stats.policy_lag
             (40, 8, 5.0, {0: 0})
         """
-        restarts, dropped = self._worker_counters()
+        restarts, dropped, discarded = self._worker_counters()
         return self._stats.snapshot(
             frames=self._frames,
             batches=self._batches,
             policy_version=int(getattr(self, "policy_version", 0)),
             restarts=restarts,
             dropped_batches=dropped,
+            discarded_frames=discarded,
         )
 
     def _record_worker(
@@ -86,7 +87,7 @@ class ReportingMixin:
         """Hook for subclasses, on the event loop: a worker (``0`` in-process) produced a batch."""
         self._stats.record_worker(worker, frames, policy_version, episodes)
 
-    def _worker_counters(self) -> tuple[int, int]:
-        """Hook for collectors with worker processes: ``(restarts, dropped batches)`` so far."""
-        return 0, 0
+    def _worker_counters(self) -> tuple[int, int, int]:
+        """Hook for collectors with worker processes: ``(restarts, dropped batches, discarded frames)`` so far."""
+        return 0, 0, 0
 

@@ -212,6 +212,10 @@ class Collector(CollectorBase):
         self._record_worker(0, frames, version, episodes)
         return batch
 
+    def _worker_counters(self) -> tuple[int, int, int]:
+        engine = self._engine
+        return 0, 0, engine.discarded_frames if engine is not None else 0
+
     # -- weights ----------------------------------------------------------------------------
     @property
     def policy(self) -> torch.nn.Module | Any:
@@ -349,4 +353,4 @@ class Collector(CollectorBase):
         assert self._engine is not None
         self._engine.next_traj_counter = int(state_dict["next_traj_counter"])
         self._engine.frames = int(state_dict["frames"])
-        self._engine._needs_reset = True  # fresh trajectories get ids from the restored counter
+        self._engine.restart()  # fresh trajectories get ids from the restored counter

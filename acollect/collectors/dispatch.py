@@ -86,11 +86,17 @@ class Dispatch:
 class Lockstep(Dispatch):
     """Lockstep: one request per batch to every worker, and a batch made of one part from each.
 
-    A weight update made between two batches is in every frame of the next one. Workers begin the
-    next batch as soon as this one is taken (so they collect while the trainer uses it), unless the
-    caller changed weights, seed or state before this batch: a loop that pushes weights after every
-    batch gets batches collected on request. A batch begun ahead is handed out only if nothing changed
-    since it began; otherwise it is dropped (its frames are never handed out) and collected anew.
+    Workers begin the next batch as soon as this one is taken (so they collect while the trainer uses
+    it), unless the caller pushed weights, reseeded or restored state before this batch: a loop that
+    pushes weights after every batch gets batches collected on request, each wholly made by the weights
+    pushed before it. Every worker's stream of steps stays contiguous, and every frame carries the
+    version that chose it:
+
+    * weights pushed while a batch is collected ahead apply from the batch after it (that batch, made
+      by the previous version, is handed out as it is: no step is thrown away);
+    * a pause stops the workers at their next step and they continue the same batch after it;
+    * a batch begun ahead before a reseed or a state restore is dropped, its frames counted in
+      ``stats().discarded_frames``, and collected anew from the fresh start the caller asked for.
 
     Args:
         cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
@@ -129,10 +135,10 @@ class Lockstep(Dispatch):
 
     @staticmethod
     def _stale(handle: WorkerHandle) -> bool:
-        # Begun ahead, by this incarnation, before a change it was sent since (weights, seed, state).
+        # Begun ahead, by this incarnation, before a reseed or a state restore it was sent since.
         item = handle.inbox[0]
-        began_after = item.header.get("changes", handle.changes_sent)
-        return handle.ahead and item.generation == handle.generation and began_after != handle.changes_sent
+        began_after = item.header.get("resets", handle.resets_sent)
+        return handle.ahead and item.generation == handle.generation and began_after != handle.resets_sent
 
     async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
         while True:
@@ -143,6 +149,7 @@ class Lockstep(Dispatch):
                 break
             for handle in stale:  # its slot goes back, and the worker is asked again
                 item = handle.inbox.popleft()
+                pool.discarded_frames += handle.frames_per_batch
                 if item.header.get("slot") is not None:
                     await pool.send(handle, P.CREDIT, {"slot": item.header["slot"]})
         items = [h.inbox.popleft() for h in pool.handles]
@@ -196,7 +203,8 @@ class Lockstep(Dispatch):
         return batch
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
-        # A worker collecting ahead abandons that batch and waits; a restarted worker is told at its hello.
+        # A worker collecting ahead stops at its next step, keeping the batch; a restarted worker is told at
+        # its hello.
         if pool is None or pool.endpoint is None or pool.endpoint.closed:
             return
         pool.paused = paused
@@ -262,7 +270,7 @@ class FirstReady(Dispatch):
         self._buffers.clear()
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
-        # Workers abandon the batch in progress and wait; a restarted worker is told at its hello.
+        # Workers stop at their next step, keeping the batch in progress; a restarted one is told at its hello.
         if pool is None or not pool.running or pool.endpoint is None or pool.endpoint.closed:
             return
         pool.paused = paused

@@ -45,6 +45,7 @@ class PoolBase:
     failure: BaseException | None
     ready_queue: deque[Received]
     dropped_batches: int
+    discarded_frames: int
     rejected_messages: int
     running: bool
     paused: bool

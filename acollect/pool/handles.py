@@ -73,12 +73,15 @@ class WorkerHandle:
     inbox: deque[Received] = field(default_factory=deque)
     outstanding: int = 0  # ``collect`` requests not answered yet
     ahead: bool = False  # the request outstanding (or answered, in ``inbox``) was made ahead of the caller
-    changes_sent: int = 0  # P.BOUNDARY messages sent to this incarnation (its batches count what they saw)
+    changes_sent: int = 0  # P.BOUNDARY messages sent to this incarnation
+    resets_sent: int = 0  # P.RESETS messages sent to this incarnation (its batches count those they began after)
     acked_version: int = 0
     last_beat: float = 0.0
     last_steps: int = -1
     last_progress: float = 0.0
-    busy: bool = False
+    busy: bool = False  # stepping a batch (per its last heartbeat): a hung env shows as busy with no steps
+    partial: bool = False  # a batch begun and not sent (stepping, or held by a pause): lost if it dies
+    discarded_frames: int = 0  # frames this incarnation stepped and gave up, per its last heartbeat
     traj_counter: int = 0
     frames: int = 0
     restarts: int = 0
@@ -89,6 +92,18 @@ class WorkerHandle:
     joined: bool = False  # a worker started by hand took this slot (``config.remote``)
     weights_structure: WeightStructure | None = None  # its policy's weights, from hello (None: unknown)
     weights_refused: tuple[int, str] | None = None  # (version, why) of the last push it refused
+    unreachable_since: float | None = None  # a send to it failed: its connection is gone (it died, or dies)
+
+    def new_incarnation(self, now: float) -> None:
+        """Forgets what the collector knew of the previous process in this slot: a new one takes it."""
+        self.generation += 1
+        self.ready = False
+        self.acked_version = 0
+        self.changes_sent, self.resets_sent, self.ahead = 0, 0, False
+        self.last_steps, self.busy, self.partial, self.discarded_frames = -1, False, False, 0
+        self.next_seq, self.missing_since, self.sent = 0, None, 0
+        self.unreachable_since = None
+        self.started_at = now
 
     @property
     def identity(self) -> bytes:

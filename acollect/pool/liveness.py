@@ -25,12 +25,15 @@ from acollect.transport.wire import pack_message
 from acollect.worker import protocol as P
 from acollect.worker.process import describe_exit
 
-__all__ = ["MONITOR_PERIOD", "LivenessMixin"]
+__all__ = ["MONITOR_PERIOD", "UNREACHABLE_GRACE", "LivenessMixin"]
 
 logger = logging.getLogger("acollect")
 
 #: Seconds between two liveness checks: a dead worker is noticed within about this.
 MONITOR_PERIOD = 0.1
+#: Seconds a worker that could not be sent to may take to show an exit code (a process killed a moment
+#: ago is reported with its signal); past that it counts as dead all the same, and is restarted.
+UNREACHABLE_GRACE = 1.0
 
 
 class LivenessMixin(PoolBase):
@@ -58,7 +61,13 @@ class LivenessMixin(PoolBase):
                         worker_id=handle.index,
                         exitcode=code,
                     ))  # fmt: skip
-                elif not handle.ready:
+                elif handle.unreachable_since is not None and now - handle.unreachable_since > UNREACHABLE_GRACE:
+                    await self._on_death(handle, WorkerCrashedError(
+                        f"worker {handle.index} ({handle.where}) cannot be reached: its connection to the "
+                        f"collector is gone (a message to it could not be delivered {UNREACHABLE_GRACE:g}s ago)",
+                        worker_id=handle.index,
+                    ))  # fmt: skip
+                elif not handle.ready and handle.unreachable_since is None:
                     if now - handle.started_at > self.startup_timeout:
                         await self._on_death(handle, WorkerTimeoutError(
                             (f"no remote worker joined as worker {handle.index}" if remote and not handle.joined
@@ -129,7 +138,7 @@ class LivenessMixin(PoolBase):
 
     def _count_dropped(self, handle: WorkerHandle) -> None:
         """Counts the batch a dead worker held, before its slot gets a new generation."""
-        in_progress = self.running and handle.busy
+        in_progress = self.running and (handle.busy or handle.partial)
         if handle.outstanding or in_progress:
             self.dropped_batches += 1
         # A lockstep collector's late batch answers an outstanding request, counted just now. An

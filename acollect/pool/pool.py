@@ -115,6 +115,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         self.failure: BaseException | None = None
         self.ready_queue: deque[Received] = deque()
         self.dropped_batches = 0
+        self.discarded_frames = 0  # stepped and given up on purpose (see Lockstep and the worker's reseed)
         self.rejected_messages = 0  # not from a live worker, or replayed: logged and dropped
         self.running = False  # ``run`` was sent (asynchronous collectors)
         self.paused = False
@@ -216,22 +217,12 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
 
     def _vacate(self, handle: WorkerHandle) -> None:
         # A slot for a worker started by hand: the next one to join gets it, under a new generation.
-        handle.generation += 1
-        handle.ready = handle.joined = False
-        handle.acked_version = 0
-        handle.changes_sent, handle.ahead = 0, False
-        handle.last_steps, handle.busy = -1, False
-        handle.next_seq, handle.missing_since, handle.sent = 0, None, 0
-        handle.started_at = time.monotonic()
+        handle.new_incarnation(time.monotonic())
+        handle.joined = False
 
     async def _spawn(self, handle: WorkerHandle) -> None:
         assert self.endpoint is not None
-        handle.generation += 1
-        handle.ready = False
-        handle.acked_version = 0
-        handle.changes_sent, handle.ahead = 0, False
-        handle.last_steps, handle.busy = -1, False
-        handle.next_seq, handle.missing_since, handle.sent = 0, None, 0
+        handle.new_incarnation(time.monotonic())
         config = dataclasses.replace(
             handle.config,
             generation=handle.generation,
@@ -243,7 +234,6 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
             keys=self.endpoint.local_client_keys() if self.endpoint.secure else None,
         )
-        handle.started_at = time.monotonic()
         handle.process = None  # the monitor skips the worker until it is launched
         # Off the event loop: a local start writes the config down a pipe, an engine may make a network call.
         await run_in_thread(partial(_launch, self.launcher, config, handle), name="worker-launch")
@@ -260,19 +250,36 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
     async def send(
         self, handle: WorkerHandle, kind: str, fields: Mapping[str, Any] | None = None, td: TensorDictBase | None = None
     ) -> None:
-        """Sends one command to a worker; a worker that is gone is left to the monitor."""
+        """Sends one command to a worker; a worker that cannot be reached is left to the monitor.
+
+        A worker whose connection is gone (it was killed a moment ago, or is exiting) is dying: that is
+        the worker's death, which the liveness loop handles (restart, or the pool's failure), never an
+        error for whoever sent. The command is not lost for what matters: a restarted worker is sent the
+        outstanding request, the weights, the pause and its credits with its hello.
+
+        Raises:
+            TransportError: the pool's own endpoint is closed.
+        """
         if self.endpoint is None or self.endpoint.closed:
             raise TransportError("the collector's endpoint is closed")
         if kind in P.BOUNDARY:  # counted before it goes: the worker counts it on arrival
             handle.changes_sent += 1
             self.changes_sent += 1
+        if kind in P.RESETS:
+            handle.resets_sent += 1
+        generation = handle.generation
         try:
             await self.endpoint.send(handle.identity, pack_message(kind, dict(fields or {}), td), timeout=10.0)
-        except TransportError:
-            # An engine (Ray, submitit) learns of a death a little after the worker's socket is gone.
-            if handle.process is not None and handle.process.exitcode is None and self.launcher.same_host:
+        except TransportError as exc:
+            if self.endpoint.closed:
                 raise
-            # Dead: the monitor reports it (or restarts it, and the restart resends what matters).
+            if handle.generation != generation:
+                return  # restarted meanwhile: the new incarnation is told what matters at its hello
+            if handle.unreachable_since is None:
+                logger.debug("worker %d cannot be reached (%s): left to the liveness loop", handle.index, exc)
+                handle.unreachable_since = time.monotonic()
+            handle.ready = False  # nothing more is sent to this incarnation
+            self._notify()
 
     async def broadcast(self, kind: str, fields: Mapping[str, Any] | None = None) -> None:
         """Sends one command to every ready worker."""
@@ -295,9 +302,14 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
                 await self._run_done.wait()
         live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
         remote = [h for h in self.handles if h.process is None and h.joined]
+        for handle in live:
+            if not handle.ready and handle.process is not None:
+                # Still booting (it never said hello): it holds no batch and nothing to release, and would
+                # only read ``stop`` once its env is built. Ended at once, so a cancelled set-up returns now.
+                handle.process.kill()
         if self.endpoint is not None and not self.endpoint.closed:
             for handle in [*live, *remote]:
-                if handle.process is not None or handle.joined:  # one that never said hello may wait for it too
+                if handle.ready or handle.joined:
                     with anyio.move_on_after(0.2):
                         try:
                             await self.send(handle, P.STOP)

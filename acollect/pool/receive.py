@@ -177,6 +177,12 @@ class ReceiveMixin(PoolBase):
             if steps != handle.last_steps or (busy and not handle.busy):
                 handle.last_steps, handle.last_progress = steps, now
             handle.busy = busy
+            handle.partial = bool(header.get("partial", busy))
+            # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
+            discarded = int(header.get("discarded", 0))
+            if discarded > handle.discarded_frames:
+                self.discarded_frames += discarded - handle.discarded_frames
+                handle.discarded_frames = discarded
             # Batches travel on another connection than heartbeats, so one may be overtaken; a batch
             # still missing a heartbeat_timeout later was lost (a dropped connection loses what it held).
             if handle.sent <= handle.next_seq:

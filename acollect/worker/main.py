@@ -83,7 +83,7 @@ class _Worker(StagingMixin):
         self.stopping = False
         self.busy = False
         self.ring: ShmSlotRing | None = None
-        self.interrupt = threading.Event()  # abandons the batch in progress
+        self.interrupt = threading.Event()  # stops the batch in progress at the next step (kept, continued later)
         self.init_staging()
         self.runner: threading.Thread | None = None
         self.failed = False
@@ -102,10 +102,12 @@ class _Worker(StagingMixin):
     def beat(self) -> None:
         engine = self.engine
         steps = engine.steps if engine is not None else 0
-        with self.cond:  # read together: while busy, ``sent`` is the seq of the batch in progress
-            busy, sent = self.busy, self.sent
+        discarded = engine.discarded_frames if engine is not None else 0
+        with self.cond:  # read together: while a batch is begun, ``sent`` is its seq
+            busy, partial, sent = self.busy, self.busy or (engine is not None and engine.in_batch), self.sent
+        fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded}
         with contextlib.suppress(TimeoutError):
-            self.send(P.HEARTBEAT, {"steps": steps, "busy": busy, "sent": sent}, timeout=_BEAT_TIMEOUT)
+            self.send(P.HEARTBEAT, fields, timeout=_BEAT_TIMEOUT)
 
     def report(self, exc: BaseException) -> None:
         self.failed = True
@@ -206,13 +208,13 @@ class _Worker(StagingMixin):
         if kind == P.SEED:
             with self.pending_lock:
                 self.pending_seed = int(header["seed"])
-                self.changes += 1
+                self.resets += 1
             self.apply_if_idle()
             return
         if kind == P.LOAD_STATE:
             with self.pending_lock:
                 self.pending_state = {k: int(header[k]) for k in ("next_traj_counter", "frames")}
-                self.changes += 1
+                self.resets += 1
             self.apply_if_idle()
             return
         if kind == P.STATE:
@@ -246,10 +248,10 @@ class _Worker(StagingMixin):
             self.cond.notify_all()
 
     # -- the runner thread ---------------------------------------------------------------
-    def _has_work(self) -> bool:
+    def _has_work(self, holds_slot: bool) -> bool:
         if self.stopping or self.paused or self.failed:
             return False
-        if self.ring is not None and self.ring.n_free == 0:
+        if self.ring is not None and self.ring.n_free == 0 and not holds_slot:
             return False
         return self.requested > 0 or (self.running and self.credits > 0)
 
@@ -258,30 +260,39 @@ class _Worker(StagingMixin):
         assert engine is not None
         data = WorkerSocket(self.config.address, self.identity + b"d", keys=self.config.keys)
         seq = 0
+        # A batch a pause stopped half-way keeps its slot (the engine goes on writing into it) and the
+        # count of resets it began after.
+        held: int | None = None
+        began_after = 0
         try:
             while True:
                 with self.cond:
-                    while not self._has_work():
+                    while not self._has_work(held is not None):
                         if self.stopping:
                             return
                         self.cond.wait(0.5)
                     one_shot = self.requested > 0
-                    slot = self.ring.acquire() if self.ring is not None else None
+                    slot: int | None = held
+                    if held is None and self.ring is not None:
+                        slot = self.ring.acquire()
+                    held = None
                     self.interrupt.clear()
                     self.busy = True
                 try:
                     with self.engine_lock:
-                        changes = self.apply_pending()
+                        resets = self.apply_pending()
+                        if not engine.in_batch:  # a new batch (a reseed may have given up the one held)
+                            began_after = resets
                         # With slots, the engine writes straight into shared memory: no copy on this side.
                         out = self.ring[slot].tensordict if slot is not None and self.ring is not None else None
                         batch = engine.collect(self.interrupt, out=out)
                         version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
                         episodes = self.episodes.update(batch).to_header()
                 except RolloutInterrupted:
+                    # Paused (or stopping): the steps taken stay in the engine and in this slot.
                     with self.cond:
                         self.busy = False
-                        if slot is not None and self.ring is not None:
-                            self.ring.release(slot)
+                        held = slot
                     continue
                 header = {
                     "seq": seq,
@@ -290,7 +301,7 @@ class _Worker(StagingMixin):
                     "frames": frames,
                     "slot": slot,
                     "episodes": episodes,
-                    "changes": changes,
+                    "resets": began_after,
                 }
                 if self.dist is not None:  # the header here, the tensors through torch.distributed
                     message = pack_message(P.BATCH, self._fields({**header, "dist": True}))

@@ -12,7 +12,7 @@ Collector -> worker:
 ``run``        ``credits``: keep collecting while credits last (asynchronous ones)
 ``credit``     ``slot`` (optional): one batch was consumed; its slot is free again
 ``weights``    ``version``, ``models``: new weights, applied at the next batch boundary
-``pause``      stop stepping now (a batch in progress is abandoned, not sent)
+``pause``      stop stepping at the next step; a batch in progress is kept, and continued at ``resume``
 ``resume``     go on collecting
 ``seed``       ``seed``: reseed env and RNGs at the next batch boundary
 ``state``      ``req``: reply with the worker's counters
@@ -33,14 +33,15 @@ Worker -> collector:
 ``hello``      ``pid``, ``protocol``, ``n_envs``, ``layout``, ``nbytes``: ready to collect; ``weights``: the
                structure of its policy's weights, ``[[key, shape, dtype], ...]`` (``[]``: none; ``None``:
                too large to send), which every push is checked against before it is sent
-``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames; ``changes``: how many
-               ``weights``, ``seed`` and ``load_state`` messages the worker had received when it began the batch
+``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames; ``resets``: how many
+               ``seed`` and ``load_state`` messages the worker had received when it began the batch
 ``ack``        ``version``: these weights are in the worker (applied or staged); with ``error``, the
                worker refused them (they do not fit its policy, or the message was malformed: ``version``
                is -1 when it had none) and keeps collecting with the weights it had
 ``reply``      ``req`` and the fields asked for
-``heartbeat``  ``steps``, ``busy``, ``sent``: the rollout engine's progress, batches sent so far (while
-               ``busy``, also the ``seq`` of the batch in progress)
+``heartbeat``  ``steps``, ``busy``, ``partial``, ``sent``: the rollout engine's progress; ``busy``: stepping
+               a batch; ``partial``: a batch begun and not sent yet (stepping, or held by a pause); batches sent
+               so far (while ``partial``, also the ``seq`` of the batch in progress)
 ``error``      ``type``, ``message``, ``traceback``: an exception in env or policy
 ``join``       ``protocol``, ``pid``, ``host``, ``pickle``: a worker started by hand asks for a config
                (sent from a socket of its own; carries no ``worker`` index yet)
@@ -71,6 +72,7 @@ __all__ = [
     "LOAD_STATE",
     "PAUSE",
     "REPLY",
+    "RESETS",
     "RESUME",
     "RUN",
     "SEED",
@@ -101,9 +103,13 @@ LOAD_STATE = "load_state"
 STOP = "stop"
 CONFIG = "config"
 DIST_INIT = "dist_init"
-#: What changes the next batch (applied at a batch boundary): a batch requested ahead that began before
-#: the last of these reached its worker is not handed out (see acollect.collectors.dispatch.Lockstep).
+#: What changes the next batch a worker begins (applied at a batch boundary, never inside a batch). A
+#: lockstep collector collects ahead only after a batch that none of these preceded (see
+#: acollect.collectors.dispatch.Lockstep).
 BOUNDARY = frozenset({WEIGHTS, SEED, LOAD_STATE})
+#: What starts the envs afresh: a batch begun before the last of these reached its worker is dropped and
+#: counted (it would otherwise be handed out after the caller asked for a fresh, seeded start).
+RESETS = frozenset({SEED, LOAD_STATE})
 TO_WORKER = frozenset(
     {SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT, HEARTBEAT}
 )

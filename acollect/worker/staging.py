@@ -2,10 +2,11 @@
 
 The control thread receives them while the runner may be in the middle of a batch; the
 runner applies what is staged before its next batch (:meth:`StagingMixin.apply_pending`), or
-the control thread applies it at once when the engine is idle. Every message that changes the
-next batch (:data:`~acollect.worker.protocol.BOUNDARY`) is counted, and each batch carries the
-count it began after, so the collector can tell a batch that began before a change from one
-that began after it.
+the control thread applies it at once when the engine is idle. Every message that starts the envs
+afresh (:data:`~acollect.worker.protocol.RESETS`) is counted, and each batch carries the count it
+began after, so the collector can tell a batch that began before a reseed from one that began after
+it. A batch a pause left half-way is finished before anything else applies, except a reseed or a
+state restore, which give it up (its frames counted in the heartbeat's ``discarded``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class StagingMixin:
         self.pending_version: int | None = None
         self.pending_seed: int | None = None
         self.pending_state: dict[str, int] | None = None
-        self.changes = 0  # P.BOUNDARY messages received (under pending_lock)
+        self.resets = 0  # P.RESETS messages received (under pending_lock)
         self.segments: dict[str, ShmSegment] = {}
 
     # -- weights, seeds, state ---------------------------------------------------------
@@ -60,28 +61,29 @@ class StagingMixin:
             # A push that does not fit (a peer that skipped the collector's check, or a malformed message)
             # is refused, and this worker goes on collecting with the weights it has.
             refused = version if type(version) is int else -1
-            with self.pending_lock:
-                self.changes += 1  # counted all the same: the collector counts what it sent
             self.send(P.ACK, {"version": refused, "error": f"{type(exc).__name__}: {exc}"})
             return
+        engine = self.engine
+        assert engine is not None
         if self.engine_lock.acquire(blocking=False):
-            # Idle between batches: apply straight from the message or segment, no staging copy.
             try:
-                for plan in plans:
-                    copy_planned(plan)
-                assert self.engine is not None
-                self.engine.policy_version = version
-                with self.pending_lock:
-                    self.changes += 1
+                # Idle between batches: apply straight from the message or segment, no staging copy.
+                # Not into a batch held by a pause: every frame of a batch is chosen by one version.
+                idle = not engine.in_batch
+                if idle:
+                    for plan in plans:
+                        copy_planned(plan)
+                    engine.policy_version = version
             finally:
                 self.engine_lock.release()
         else:
+            idle = False
+        if not idle:
             # The segment may be rewritten by the next push once we acknowledge: keep a private copy.
             copies = {k: (layout, flat.clone()) for k, (layout, flat) in staged.items()}
             with self.pending_lock:
                 self.pending_weights.update(copies)
                 self.pending_version = version
-                self.changes += 1
         self.send(P.ACK, {"version": version})
 
     def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
@@ -92,26 +94,32 @@ class StagingMixin:
         engine.policy_version = version
 
     def apply_pending(self) -> int:
-        """Applies staged weights, seed and state, and returns ``changes`` as of them. Call with ``engine_lock``
-        held, between batches."""
+        """Applies staged seed, state and weights; returns ``resets`` as of them. Call with ``engine_lock``
+        held, between batches.
+
+        A seed or a state restore gives up a batch a pause left half-way (the engine counts its frames);
+        weights wait while such a batch is still to be finished, so that one version chose all its frames.
+        """
         engine = self.engine
         assert engine is not None
         with self.pending_lock:
-            weights, self.pending_weights = self.pending_weights, {}
-            version, self.pending_version = self.pending_version, None
             seed, self.pending_seed = self.pending_seed, None
             state, self.pending_state = self.pending_state, None
-            changes = self.changes
-        if version is not None:
-            self._apply_weights(weights, version)
+            resets = self.resets
         if seed is not None:
             torch.manual_seed(seed)
             engine.seed(seed)
         if state is not None:
             engine.next_traj_counter = state["next_traj_counter"]
             engine.frames = state["frames"]
-            engine._needs_reset = True  # fresh trajectories get ids from the restored counter
-        return changes
+            engine.restart()  # fresh trajectories get ids from the restored counter
+        if not engine.in_batch:
+            with self.pending_lock:
+                weights, self.pending_weights = self.pending_weights, {}
+                version, self.pending_version = self.pending_version, None
+            if version is not None:
+                self._apply_weights(weights, version)
+        return resets
 
     def apply_if_idle(self) -> None:
         if self.engine is not None and self.engine_lock.acquire(blocking=False):

@@ -88,3 +88,25 @@ async def test_cancelling_the_consumer_anywhere_leaves_nothing_behind(
     # Most rounds were really cancelled (the rest finished before their random moment came).
     assert sum(hit.values()) >= CANCELS // 2, hit
     print(f"\ncancelled {sum(hit.values())} of {CANCELS} rounds, per phase: {hit}")
+
+
+async def test_a_cancelled_set_up_gives_control_back_at_once(
+    ledger: Ledger, rng: random.Random, tmp_path: Path
+) -> None:
+    # Workers that never said hello (still importing torch, building their env) hold nothing: a set-up
+    # cancelled then ends them at once instead of waiting for them to boot and read ``stop``. Spawned
+    # workers: their boot takes the longest, so every moment below falls inside it.
+    late: list[float] = []
+    for i in range(4):
+        collector = make_collector(i, ledger, f"ipc://{tmp_path}/boot{i}.sock", "spawn")
+        deadline = rng.uniform(0.05, 0.4)
+        with anyio.fail_after(30):
+            with anyio.move_on_after(deadline) as scope:
+                started = anyio.current_time()
+                await anext(collector)
+            late.append(anyio.current_time() - started - deadline)
+        assert scope.cancelled_caught, "the workers started before the cancellation: nothing was tested"
+        await collector.async_shutdown()
+        assert collector.state is CollectorState.CLOSED
+    # It was 3 s (a graceful stop waited for); now a few hundredths. Loose, for a loaded machine.
+    assert max(late) < 1.0, late

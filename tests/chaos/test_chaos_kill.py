@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import anyio
+import anyio.lowlevel
 import pytest
 from chaos_helpers import NOTICE, Ledger, LedgerEnv, StreamChecker, env_int
 
@@ -147,3 +148,57 @@ async def test_a_kill_without_restarts_raises_with_index_and_exit_code(
     # The other worker was stopped, not killed: it closed its env on the way out.
     assert all(ledger.closed(pid) for i, pid in enumerate(pids) if i != w and pid is not None)
     assert not ledger.closed(victim)
+
+
+OPERATIONS = ("batch", "pause", "seed", "weights")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_messages_to_a_worker_killed_a_moment_ago_never_reach_the_trainer(
+    start_method: str, ledger: Ledger, rng: random.Random, kind: str
+) -> None:
+    # A send to a worker whose socket is gone (it was SIGKILLed a moment ago, and its exit code is not
+    # known yet) is that worker's death: restarted as the options say, never an error for the caller.
+    # Each kind of message is sent right after a kill, over and over, while the death is being noticed.
+    from acollect import MultiAsyncCollector
+    from acollect.testing import WeightProbe
+
+    cls = MultiSyncCollector if kind == "sync" else MultiAsyncCollector
+    collector = cls(
+        [ledger_env(ledger, 0.0002)] * N_WORKERS,
+        WeightProbe(0.0),
+        frames_per_batch=N_WORKERS * N_ENVS * T,
+        max_worker_restarts=100,
+        start_method=start_method,
+    )
+    kills = 0
+    async with collector:
+        await anext(collector)
+        for operation in OPERATIONS * 2:
+            w = rng.randrange(N_WORKERS)
+            victim = collector.worker_pids[w]
+            assert victim is not None
+            os.kill(victim, signal.SIGKILL)
+            kills += 1
+            with anyio.fail_after(NOTICE + 30):
+                for i in range(25):
+                    if operation == "batch":
+                        await anext(collector)  # requests (lockstep) and credits (first ready) to every worker
+                    elif operation == "pause":
+                        async with collector.pause():
+                            await anyio.lowlevel.checkpoint()
+                    elif operation == "seed":
+                        collector.set_seed(i)
+                        await anext(collector)
+                    else:
+                        await collector.update_policy_weights_(WeightProbe(float(i % 2)), timeout=30.0)
+                    if collector.stats().restarts >= kills and collector.worker_pids[w] not in (victim, None):
+                        break
+                    await anyio.sleep(0.002)
+            await wait_until(
+                lambda: collector.stats().restarts >= kills and None not in collector.worker_pids,  # noqa: B023
+                timeout=NOTICE,
+            )
+            with anyio.fail_after(NOTICE + 30):
+                await anext(collector)  # and collection goes on
+        assert collector.stats().restarts == kills

@@ -19,7 +19,7 @@ from acollect import (
     RemoteError,
     ZmqWeightSyncScheme,
 )
-from acollect.testing import CountingEnv, CrashingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
+from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
 
 
 def counting(num_envs: int = 2, episode_length: int = 3):
@@ -107,9 +107,10 @@ async def test_weights_are_acknowledged_versioned_and_never_mixed(start_method: 
         assert batch["collector", "policy_version"].eq(3).all()
 
 
-async def test_a_batch_begun_ahead_is_never_handed_out_after_a_push(start_method: str) -> None:
+async def test_a_batch_begun_ahead_is_handed_out_with_the_version_that_made_it(start_method: str) -> None:
     # After a batch with no change before it, workers begin the next one at once. A push made while it
-    # is under way (here: once it is complete) must still reach every frame of the next batch handed out.
+    # is under way (here: once it is complete) applies from the batch after it: no step is thrown away,
+    # and every frame says which weights chose it.
     async with MultiSyncCollector(
         [counting(episode_length=1000)] * 2, WeightProbe(0.0), frames_per_batch=16, start_method=start_method
     ) as collector:
@@ -121,13 +122,38 @@ async def test_a_batch_begun_ahead_is_never_handed_out_after_a_push(start_method
                 await anyio.sleep(0.01)
         await collector.update_policy_weights_(WeightProbe(1.0))
         third = await anext(collector)
-        fourth = await anext(collector)  # no change before the third: begun ahead, and handed out
-    assert third["action"].eq(1).all()
-    assert third["collector", "policy_version"].eq(1).all()
+        fourth = await anext(collector)
+        stats = collector.stats()
+    assert third["action"].eq(0).all()
+    assert third["collector", "policy_version"].eq(0).all()
+    assert fourth["action"].eq(1).all()
     assert fourth["collector", "policy_version"].eq(1).all()
-    # The batch begun ahead was dropped: its 4 steps per env are missing between the second and the third.
-    assert (third["observation"] - second["observation"]).eq(8).all()
+    # Contiguous: each batch starts where the last one ended (4 steps per env), nothing discarded.
+    assert (third["observation"] - second["observation"]).eq(4).all()
     assert (fourth["observation"] - third["observation"]).eq(4).all()
+    assert stats.discarded_frames == 0
+    assert stats.dropped_batches == 0
+
+
+async def test_a_batch_begun_ahead_before_a_reseed_is_dropped_and_counted(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting(episode_length=1000)] * 2, WeightProbe(0.0), frames_per_batch=16, start_method=start_method
+    ) as collector:
+        await anext(collector)
+        assert collector._pool is not None
+        second = await anext(collector)
+        with anyio.fail_after(30):
+            while not all(h.inbox for h in collector._pool.handles):  # noqa: ASYNC110 - polled on purpose
+                await anyio.sleep(0.01)
+        collector.set_seed(3)  # sent before the next batch is taken
+        third = await anext(collector)
+        stats = collector.stats()
+    # The fresh, seeded start the caller asked for (a reset adds RESET_JUMP), never the batch begun before
+    # it, whose 4 steps per env were taken and given up...
+    gap = third["observation"][:, :, 0, 0] - second["next", "observation"][:, :, -1, 0]
+    assert gap.eq(4 + RESET_JUMP).all(), gap
+    # ...and counted: 2 workers x 2 envs x 4 steps.
+    assert stats.discarded_frames == 16
 
 
 async def test_a_loop_that_pushes_before_every_batch_gets_every_frame(start_method: str) -> None:

@@ -39,7 +39,7 @@ def versions_and_actions(batch: TensorDict) -> tuple[list[int], list[int]]:
 
 
 async def next_with_version(collector: Any, version: int) -> TensorDict:
-    """The first batch collected with ``version`` (an asynchronous collector may still hand out older ones)."""
+    """The first batch collected with ``version`` (older ones may come first: a batch begun ahead, before the push)."""
     with anyio.fail_after(30):
         while True:
             batch = await anext(collector)
@@ -93,7 +93,7 @@ async def test_a_push_that_does_not_fit_is_refused_at_once(
         assert c.policy_version == 0
         assert versions_and_actions(await anext(c)) == ([0], [0])
         assert await c.update_policy_weights_({"net.0.w": torch.ones(1)}) == 1
-        assert versions_and_actions(await anext(c)) == ([1], [1])
+        assert versions_and_actions(await next_with_version(c, 1)) == ([1], [1])
         assert c.worker_pids == pids
 
 
@@ -108,7 +108,7 @@ async def test_a_models_part_is_checked_against_that_part(start_method: str) -> 
         with pytest.raises(ConfigurationError, match=r"model 'policy.net'.*0\.w: expected float32 \[1\]"):
             await c.update_policy_weights_(weights_dict={"policy.net": {"0.w": torch.ones(2)}})
         assert await c.update_policy_weights_(weights_dict={"policy.net": {"0.w": torch.ones(1)}}) == 1
-        assert versions_and_actions(await anext(c)) == ([1], [1])
+        assert versions_and_actions(await next_with_version(c, 1)) == ([1], [1])
 
 
 async def test_inner_module_weights_are_mapped_onto_a_tensordict_module(start_method: str) -> None:
@@ -116,9 +116,9 @@ async def test_inner_module_weights_are_mapped_onto_a_tensordict_module(start_me
     async with MultiSyncCollector([counting] * 2, policy, frames_per_batch=8, start_method=start_method) as c:
         # the trainer trains the plain module: its keys lack the TensorDictModule's "module." prefix
         assert await c.update_policy_weights_(NestedProbe(1.0).state_dict()) == 1
-        assert versions_and_actions(await anext(c)) == ([1], [1])
+        assert versions_and_actions(await next_with_version(c, 1)) == ([1], [1])
         assert await c.update_policy_weights_(NestedProbe(0.0)) == 2
-        assert versions_and_actions(await anext(c)) == ([2], [0])
+        assert versions_and_actions(await next_with_version(c, 2)) == ([2], [0])
         # a mapped push is still checked shape for shape
         with pytest.raises(ConfigurationError, match=r"module\.net\.0\.w: expected float32 \[1\], given float32 \[2\]"):
             await c.update_policy_weights_({"net.0.w": torch.ones(2)})
@@ -146,7 +146,7 @@ async def test_a_worker_refuses_weights_that_skipped_the_check_and_lives_on(star
         assert (await anext(c))["action"].eq(0).all()
         assert c.worker_pids == pids
         assert await c.update_policy_weights_(NestedProbe(1.0)) == 2
-        assert versions_and_actions(await anext(c)) == ([2], [1])
+        assert versions_and_actions(await next_with_version(c, 2)) == ([2], [1])
 
 
 @pytest.mark.parametrize(
@@ -186,4 +186,4 @@ async def test_a_malformed_weights_message_leaves_the_worker_alive(
         assert pool.failure is None
         assert c.worker_pids == pids
         assert await c.update_policy_weights_(NestedProbe(1.0)) == 1
-        assert versions_and_actions(await anext(c)) == ([1], [1])
+        assert versions_and_actions(await next_with_version(c, 1)) == ([1], [1])
