@@ -51,12 +51,7 @@ MAX_LINES = 450
 OVERSIZED_ALLOWED: dict[str, str] = {}
 
 # Imports from a higher layer into a lower one that cannot go yet: (importer, imported) -> why.
-UPWARD_ALLOWED: dict[tuple[str, str], str] = {
-    ("acollect.collectors", "acollect.compat.torchrl"): (
-        "acollect.collectors.SyncDataCollector & co. stay importable for old code through a lazy "
-        "__getattr__; goes when those spellings leave acollect.collectors"
-    ),
-}
+UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
 
 # Edges that close an import cycle but cannot go yet: (importer, imported) -> why. The cycle
 # check ignores these edges; every other cycle fails.
