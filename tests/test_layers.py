@@ -248,3 +248,57 @@ def test_no_class_chooses_its_class_in_new() -> None:
         if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__new__"
     )
     assert not found, "classes defining __new__ (give them a mode in __init__ instead):\n" + "\n".join(found)
+
+
+# Classes besides CollectorBase that may define async_shutdown: class name -> why.
+SHUTDOWN_DEFINERS_ALLOWED: dict[str, str] = {
+    "InferenceServer": (
+        "not a collector (no CollectorBase among its bases), so nothing it defines overrides the collectors' "
+        "lifecycle: its own shutdown, under the one name everything in acollect is shut down with"
+    ),
+}
+
+
+def _classes() -> Iterator[tuple[str, ast.ClassDef]]:
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                yield name, node
+
+
+def _defines(node: ast.ClassDef, method: str) -> bool:
+    """Whether the class body binds ``method``: a def, or an assignment (``async_shutdown = close``)."""
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
+            return True
+        if isinstance(item, (ast.Assign, ast.AnnAssign)):
+            targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+            if any(isinstance(t, ast.Name) and t.id == method for t in targets):
+                return True
+    return False
+
+
+def test_only_the_base_defines_async_shutdown() -> None:
+    # The rules of shutting down (any task, any number of times, at once; waiting calls wake with
+    # ClosedCollectorError) live in CollectorBase.async_shutdown once; a collector adds its own steps
+    # in _teardown, or through an option it was built with (RayCollector(shutdown_ray=True)).
+    found = sorted(
+        f"{name}:{node.lineno} {node.name}.async_shutdown"
+        for name, node in _classes()
+        if _defines(node, "async_shutdown") and node.name not in {"CollectorBase", *SHUTDOWN_DEFINERS_ALLOWED}
+    )
+    assert not found, "classes defining async_shutdown (put the step in _teardown instead):\n" + "\n".join(found)
+
+
+def test_the_shutdown_allow_list_is_current() -> None:
+    definers = {node.name for _, node in _classes() if _defines(node, "async_shutdown")}
+    assert "CollectorBase" in definers, "CollectorBase.async_shutdown is gone: the test looks at nothing"
+    stale = sorted(set(SHUTDOWN_DEFINERS_ALLOWED) - definers)
+    assert not stale, f"remove these from SHUTDOWN_DEFINERS_ALLOWED, they define no async_shutdown: {stale}"
+    bases = {node.name: {b.id for b in node.bases if isinstance(b, ast.Name)} for _, node in _classes()}
+    collectors = {"CollectorBase"}
+    while grown := {cls for cls, names in bases.items() if names & collectors} - collectors:
+        collectors |= grown
+    assert "RayCollector" in collectors  # the walk up the bases works
+    overriding = sorted(set(SHUTDOWN_DEFINERS_ALLOWED) & collectors)
+    assert not overriding, f"collector classes may not be allowed to override async_shutdown: {overriding}"

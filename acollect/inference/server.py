@@ -158,7 +158,7 @@ class InferenceServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.async_shutdown()
 
     async def start(self, tasks: TaskOwner | None = None) -> None:
         """Builds the inference copy of the policy, binds ``address`` and starts the server thread.
@@ -221,8 +221,12 @@ class InferenceServer:
         endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
         self._address = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
 
-    async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
-        """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent."""
+    async def async_shutdown(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent.
+
+        Args:
+            timeout: seconds to wait for the server thread (and the server's own tasks) to end.
+        """
         if self._state == "closed":
             return
         started = self._state == "running"
@@ -240,6 +244,10 @@ class InferenceServer:
         if (self._sock is not None and self._thread_done.is_set()) or not started:
             self._close_socket()
         self._mail.close()
+
+    async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """An alias of :meth:`async_shutdown`, for code that closes async resources with ``aclose()``."""
+        await self.async_shutdown(timeout)
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
