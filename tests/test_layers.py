@@ -302,3 +302,32 @@ def test_the_shutdown_allow_list_is_current() -> None:
     assert "RayCollector" in collectors  # the walk up the bases works
     overriding = sorted(set(SHUTDOWN_DEFINERS_ALLOWED) & collectors)
     assert not overriding, f"collector classes may not be allowed to override async_shutdown: {overriding}"
+
+
+def _imports_of(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every module an ``import`` names (any package, at any depth of the body), with its line."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.lineno, node.module
+
+
+def test_only_the_transport_imports_zmq() -> None:
+    # ZeroMQ's errors become TransportError at one boundary, acollect/transport/; a module elsewhere that
+    # used zmq itself would let ZMQError (and zmq.Again) out past it. Other layers use the transport's
+    # sockets: Endpoint, WorkerSocket, ServerSocket and Waiter.
+    found = sorted(
+        f"{name}:{line} imports {module}"
+        for name, path in MODULES.items()
+        if not name.startswith("acollect.transport.")
+        for line, module in _imports_of(ast.parse(path.read_text(encoding="utf-8")))
+        if module.split(".")[0] == "zmq"
+    )
+    assert not found, "modules outside acollect/transport/ importing zmq:\n" + "\n".join(found)
+    transport = {
+        name
+        for name, path in MODULES.items()
+        if any(m.split(".")[0] == "zmq" for _, m in _imports_of(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert "acollect.transport.endpoint" in transport  # the parser sees `import zmq`
