@@ -1,20 +1,27 @@
-"""acollect's module structure: no import cycles, no upward imports, no oversized modules.
+"""acollect's module structure: no import cycles, no upward imports, no oversized modules, one boundary each.
 
 Every module under ``acollect/`` is parsed with :mod:`ast` (nothing is imported, so no side
 effects) and every ``import`` in it counts, at module level or inside a function: a function-level
 import is still a dependency, it only hides a cycle until the function runs.
 
-The layers, bottom to top (a module may import its own layer and those below it)::
+The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own layer and those
+below it)::
 
-    errors, _validate, _threads, specs, devices
+    errors, _validate, _warnings, _threads, _tasks, _notify, specs, devices
     envs, policy, trajectories, stats, progress, replay_buffer
-    rollout, weights            (weights updates a RolloutEngine's policy in place)
+    rollout, _time_slices, weights   (weights updates a RolloutEngine's policy in place)
     transport
+    inference                        (the inference server; its clients run inside workers)
     worker
     launchers
+    pool                             (the collector's side of its worker processes)
     collectors
     compat
     cli, testing, __main__, and the package itself (acollect/__init__.py only re-exports)
+
+Besides the imports between layers, two rules hold one place each: only ``CollectorBase`` defines
+``async_shutdown`` (the rules of shutting down live there once), and only ``acollect/transport/``
+imports ``zmq`` (ZeroMQ's errors become ``TransportError`` at that one boundary).
 
 Exceptions are listed below, each with the reason and what removes it: tighten them as they go.
 """
