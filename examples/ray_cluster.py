@@ -85,6 +85,8 @@ async def main(args: Args) -> None:
         sync=True,  # one batch stacked from every collector: [num_collectors, num_envs, T]
         ray_init_config=ray_init,
         remote_configs={"num_cpus": 1},
+        # The cluster this example started ends with the collector; one given with --address stays up.
+        shutdown_ray=not args.address,
     )
     start = time.perf_counter()
     async with collector:
@@ -100,7 +102,6 @@ async def main(args: Args) -> None:
             mean = "-" if stats.episode_return_mean is None else f"{stats.episode_return_mean:.1f}"
             print(f"frames {stats.frames:>7}  batch {tuple(batch.shape)}  weights v{version}  "
                   f"mean return {mean:>6}  {stats.frames_per_s:,.0f} frames/s")  # fmt: skip
-        # shutdown_ray=True would also end the Ray cluster this example started.
     print(f"done: {collector.frames} frames in {time.perf_counter() - start:.1f}s")
 
 

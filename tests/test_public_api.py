@@ -6,8 +6,9 @@ attribute of a package counts; in a plain module only what it defines itself (de
 assignment) counts, not what it imported for its own use.
 
 One documented exception: TorchRL's spellings (:mod:`acollect.compat.torchrl`) import from
-``acollect`` and ``acollect.collectors`` for code written against TorchRL, but stay out of
-``acollect.__all__``, which holds acollect's own names only.
+``acollect`` for code written against TorchRL, but stay out of ``acollect.__all__``, which holds
+acollect's own names only. ``acollect.collectors`` sits below the compatibility layer and holds
+none of them.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def test_init_only_reexports() -> None:
             assert is_docstring, f"acollect/__init__.py line {node.lineno}: re-exports only ({type(node).__name__})"
 
 
-@pytest.mark.parametrize("module_name", ["acollect", "acollect.collectors"])
+@pytest.mark.parametrize("module_name", ["acollect", "acollect.compat.torchrl"])
 @pytest.mark.parametrize("name", sorted(TORCHRL_NAMES))
 def test_torchrl_names_still_import(module_name: str, name: str) -> None:
     import acollect
@@ -172,6 +173,13 @@ def test_torchrl_names_still_import(module_name: str, name: str) -> None:
     exec(f"from {module_name} import {name}", namespace)  # the statement old code has
     assert namespace[name] is getattr(torchrl, name) is getattr(acollect, TORCHRL_NAMES[name])
     assert name in dir(importlib.import_module(module_name))
+
+
+@pytest.mark.parametrize("name", sorted(TORCHRL_NAMES))
+def test_torchrl_names_are_not_in_the_collectors_package(name: str) -> None:
+    # acollect.collectors is below acollect.compat: holding these names would mean importing upward.
+    with pytest.raises(ImportError, match=name):
+        exec(f"from acollect.collectors import {name}", {})
 
 
 def test_acollect_collectors_keeps_its_collectors() -> None:

@@ -99,20 +99,14 @@ def _cuda() -> dict[str, Any]:
 
 
 def _transports() -> dict[str, Any]:
-    import zmq
-
     from acollect.transport.shm import SHM_DIR, shm_available
+    from acollect.transport.sockets import features
 
     shm: dict[str, Any] = {"available": shm_available(), "path": SHM_DIR}
     if shm["available"]:
         shm["free_gib"] = round(shutil.disk_usage(SHM_DIR).free / 2**30, 2)
-    return {
-        "ipc": bool(zmq.has("ipc")),
-        "tcp": True,
-        "shm": shm,
-        "curve": bool(zmq.has("curve")),
-        "libzmq": zmq.zmq_version(),
-    }
+    zmq = features()
+    return {"ipc": zmq["ipc"], "tcp": True, "shm": shm, "curve": zmq["curve"], "libzmq": zmq["libzmq"]}
 
 
 def _multiprocessing() -> dict[str, Any]:

@@ -161,7 +161,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             server, self._server = self._server, None
             if server is not None:
                 self._initial_version = server.version
-                await server.aclose()
+                await server.async_shutdown()
 
     @property
     def server(self) -> InferenceServer:

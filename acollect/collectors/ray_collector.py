@@ -24,7 +24,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from acollect._validate import check_int
+from acollect._validate import check_bool, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.base import CollectorState
 from acollect.collectors.collector import Collector
@@ -94,6 +94,10 @@ class RayCollector(MultiCollectorBase):
             list with one per collector (default ``{"num_cpus": 1}`` per actor).
         num_collectors: number of remote collectors (default: ``len(create_env_fn)``, or 1).
         replay_buffer: the buffer :meth:`start` extends when called without one.
+        shutdown_ray: also ``ray.shutdown()`` when the collector shuts down (:meth:`async_shutdown`, the end
+            of ``async with``): for a collector that started Ray itself (``ray_init_config``). It ends every
+            actor of this process, replay buffers' and other collectors' included, so only when nothing
+            else uses Ray. :meth:`shutdown` can ask for it too.
         **options: the other options of :class:`~acollect.MultiSyncCollector` /
             :class:`~acollect.MultiAsyncCollector` (``address``, ``max_worker_restarts``,
             ``heartbeat_timeout``, ``startup_timeout``, ``credits``, ``cat_results``, ``progress``...), and
@@ -149,8 +153,11 @@ class RayCollector(MultiCollectorBase):
         remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         num_collectors: int | None = None,
         replay_buffer: Any = None,
+        shutdown_ray: bool = False,
         **options: Unpack[RayOptions],
     ) -> None:
+        #: whether shutting the collector down also shuts Ray down (see ``shutdown_ray`` above)
+        self.shutdown_ray = check_bool("shutdown_ray", shutdown_ray)
         opts: dict[str, Any] = dict(options)
         for name in ("weight_updater", "weight_recv_schemes"):
             if opts.pop(name, None) is not None:
@@ -289,21 +296,13 @@ class RayCollector(MultiCollectorBase):
             ) from exc
         await super()._setup()
 
-    async def async_shutdown(
-        self, timeout: float | None = None, *, shutdown_ray: bool = False, raise_background_error: bool = True
-    ) -> None:
-        """Stops the actors and releases everything; idempotent.
-
-        Args:
-            timeout: the shutdown's deadline in seconds (default: ``shutdown_timeout``).
-            shutdown_ray: also ``ray.shutdown()``: this ends every actor of this process, replay buffers
-                and other collectors' included, so only when nothing else uses Ray.
-            raise_background_error: raise a background failure not reported yet.
-        """
+    async def _teardown(self) -> None:
         try:
-            await super().async_shutdown(timeout, raise_background_error=raise_background_error)
+            await super()._teardown()
         finally:
-            if shutdown_ray:
+            # Only at the final shutdown: a set-up torn down after a cancellation or a failure leaves the
+            # collector usable (NEW again), and Ray must stay up for its retry.
+            if self.shutdown_ray and self._state is CollectorState.CLOSING:
                 self._ray_launcher.shutdown_ray()
 
     def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False) -> None:
@@ -312,9 +311,16 @@ class RayCollector(MultiCollectorBase):
         From another thread than the one whose event loop runs the collector, it waits (up to
         ``timeout`` plus a margin) for the shutdown to finish there.
 
+        Args:
+            timeout: the shutdown's deadline in seconds (default: ``shutdown_timeout``).
+            shutdown_ray: also ``ray.shutdown()``, as if the collector had been built with
+                ``shutdown_ray=True`` (``False`` keeps what construction asked for).
+
         Raises:
             CollectorStateError: called from inside a running event loop (``await async_shutdown()`` there).
+            ConfigurationError: ``shutdown_ray`` is not a bool.
         """
+        shutdown_ray = check_bool("shutdown_ray", shutdown_ray)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -322,20 +328,26 @@ class RayCollector(MultiCollectorBase):
         else:
             raise CollectorStateError("shutdown() blocks: inside an event loop, await collector.async_shutdown()")
         loop: asyncio.AbstractEventLoop | None = getattr(self, "_loop", None)
-        coro = self.async_shutdown(timeout, shutdown_ray=shutdown_ray)
-        if self._pool is None or loop is None or loop.is_closed():
-            # Never started, or its loop is gone (and with it every task): nothing runs that needs that loop.
-            self._abandon_workers()
-            asyncio.run(coro)
-            return
-        if not loop.is_running():
-            coro.close()
+        if self._pool is not None and loop is not None and not loop.is_closed() and not loop.is_running():
             raise CollectorStateError(
                 "shutdown() cannot reach the event loop that runs this collector (it is not running): "
                 "await collector.async_shutdown() on it"
             )
-        limit = (timeout if timeout is not None else self.shutdown_timeout) + 10.0
-        asyncio.run_coroutine_threadsafe(coro, loop).result(limit)
+        if shutdown_ray:
+            self.shutdown_ray = True  # the teardown applies it, on the collector's own event loop
+        try:
+            if self._pool is None or loop is None or loop.is_closed():
+                # Never started, or its loop is gone (and with it every task): nothing runs that needs that loop.
+                self._abandon_workers()
+                asyncio.run(self.async_shutdown(timeout))
+            else:
+                limit = (timeout if timeout is not None else self.shutdown_timeout) + 10.0
+                asyncio.run_coroutine_threadsafe(self.async_shutdown(timeout), loop).result(limit)
+        finally:
+            if shutdown_ray:
+                # The collector may have been shut down before this call (at the end of `async with`), its
+                # teardown done without Ray's; ray.shutdown() is a no-op once Ray is down.
+                self._ray_launcher.shutdown_ray()
 
     def _abandon_workers(self) -> None:
         pool, self._pool = self._pool, None

@@ -2,9 +2,10 @@
 
 Plain blocking code. It shares a :class:`Mailbox` with the event loop's side
 (:class:`~acollect.inference.server.InferenceServer`): deques, whose appends and pops are atomic, and
-two socket pairs, one byte on which wakes the other side (this thread polls its end with ZeroMQ's
-poller, together with the ROUTER socket worker processes send to; the event loop awaits the other
-with :func:`anyio.wait_readable`).
+two socket pairs, one byte on which wakes the other side (this thread waits on its end together with
+the ROUTER socket worker processes send to, a :class:`~acollect.transport.server_socket.ServerSocket`
+polled by a :class:`~acollect.transport.server_socket.Waiter`; the event loop awaits the other with
+:func:`anyio.wait_readable`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import torch
-import zmq
 from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ProtocolError
 from acollect.inference import protocol as P
 from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
 from acollect.inference.codec import Encoder, LayoutCache
+from acollect.transport.server_socket import ServerSocket, Waiter
 
 __all__ = ["Mailbox", "ServerLoop", "Ticket"]
 
@@ -88,7 +88,7 @@ class ServerLoop:
         batcher: Batcher,
         forward: Forward,
         recorder: StatsRecorder,
-        sock: zmq.Socket[Any] | None,
+        sock: ServerSocket | None,
         close_socket: Callable[[], None],
     ) -> None:
         self.mail = mailbox
@@ -104,10 +104,7 @@ class ServerLoop:
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
-        poller = zmq.Poller()
-        poller.register(self.mail.wake_r.fileno(), zmq.POLLIN)
-        if self.sock is not None:
-            poller.register(self.sock, zmq.POLLIN)
+        waiter = Waiter([self.mail.wake_r.fileno()], self.sock)
         batcher = self.batcher
         try:
             while not stop.is_set():
@@ -118,7 +115,7 @@ class ServerLoop:
                     deadline = batcher.deadline()
                     if deadline is not None:
                         wait = min(wait, max(0, int((deadline - now) * 1000 + 0.999)))
-                    poller.poll(wait)
+                    waiter.wait(wait)
                 self._take_requests()
                 self._apply_weights()
                 while batcher.ready(time.monotonic()):
@@ -141,13 +138,12 @@ class ServerLoop:
                 self.batcher.add(request)
         sock = self.sock
         while sock is not None:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            received = sock.recv_nowait()
+            if received is None:
                 break
-            route = frames[0].bytes
+            route, frames = received
             try:
-                message = self._layouts.decode(frames[1:])
+                message = self._layouts.decode(frames)
             except ProtocolError as exc:
                 P.logger.warning("inference server: dropped a malformed request from %r: %s", route, exc)
                 continue
@@ -191,8 +187,8 @@ class ServerLoop:
         if sock is None or request.outputs is None or request.route is None:
             return
         frames = self._encoder.frames(P.REPLY, request.seq, request.version, request.rows, request.outputs)
-        with contextlib.suppress(zmq.Again):  # a client that vanished: ROUTER drops its answer
-            sock.send_multipart([request.route, *frames], zmq.NOBLOCK, copy=P.copy_frames(frames))
+        # False (not taken) means a client that vanished or stopped reading: a ROUTER drops its answer.
+        sock.send_nowait(request.route, frames, copy=P.copy_frames(frames))
 
     def _answer_all(self, error: BaseException | None) -> None:
         """Answers every request still waiting (with ``error``, or with nothing: the server closed)."""

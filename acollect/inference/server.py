@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import tempfile
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import anyio
 import torch
-import zmq
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
@@ -36,7 +33,7 @@ from acollect.inference.batching import Batcher, Forward, InferenceStats, Reques
 from acollect.inference.codec import leaves_of
 from acollect.inference.loop import Mailbox, ServerLoop, Ticket
 from acollect.policy import PolicyLike, parse_exploration_type
-from acollect.transport.sockets import configure
+from acollect.transport.server_socket import ServerSocket
 from acollect.weights import as_weights, check_weights, structure_of
 
 __all__ = ["InferenceServer"]
@@ -110,10 +107,8 @@ class InferenceServer:
         self._loop: ServerLoop | None = None
         self._mail = Mailbox()
         self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
-        self._ctx: zmq.Context[Any] | None = None
-        self._sock: zmq.Socket[Any] | None = None
+        self._sock: ServerSocket | None = None
         self._address: str | None = None
-        self._tmpdir: str | None = None
         self._tasks: TaskOwner | None = None
         self._own_tasks = False
         self._scopes: list[anyio.CancelScope] = []
@@ -158,7 +153,7 @@ class InferenceServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.async_shutdown()
 
     async def start(self, tasks: TaskOwner | None = None) -> None:
         """Builds the inference copy of the policy, binds ``address`` and starts the server thread.
@@ -204,25 +199,17 @@ class InferenceServer:
         return torch.device("cpu")
 
     def _bind(self, address: str) -> None:
-        if address == "ipc":
-            self._tmpdir = tempfile.mkdtemp(prefix="acollect-inference-")
-            address = f"ipc://{self._tmpdir}/server.sock"
-        elif address.startswith("tcp://") and address.count(":") == 1:
-            address += ":0"
-        self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
-        try:
-            configure(sock, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0, max_message_bytes=None)
-            sock.bind(address)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            raise ConfigurationError.bad_value("address", address, f"an address this process can bind ({exc})") from exc
-        self._sock = sock
-        endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
-        self._address = endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+        # Many workers each keep one request in flight: the queue bound is generous, the heartbeats a
+        # worker's own (a worker that vanished is noticed alike from either side).
+        self._sock = ServerSocket(address, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0)
+        self._address = self._sock.address
 
-    async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
-        """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent."""
+    async def async_shutdown(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent.
+
+        Args:
+            timeout: seconds to wait for the server thread (and the server's own tasks) to end.
+        """
         if self._state == "closed":
             return
         started = self._state == "running"
@@ -241,19 +228,14 @@ class InferenceServer:
             self._close_socket()
         self._mail.close()
 
+    async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """An alias of :meth:`async_shutdown`, for code that closes async resources with ``aclose()``."""
+        await self.async_shutdown(timeout)
+
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None
         if sock is not None:
-            sock.close(linger=0)
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
-        if self._tmpdir is not None:
-            with contextlib.suppress(OSError):
-                for path in Path(self._tmpdir).iterdir():
-                    path.unlink()
-                Path(self._tmpdir).rmdir()
-            self._tmpdir = None
+            sock.close()
 
     def _fail(self, exc: BaseException) -> None:
         self._failure = exc

@@ -8,10 +8,13 @@ Three layers, none of which knows about envs:
 * :mod:`~acollect.transport.shm`: shared-memory slots for large same-host payloads;
   :mod:`~acollect.transport.shm_ring` groups one worker's slots into a ring of credits.
 * :mod:`~acollect.transport.endpoint`: ZeroMQ sockets, anyio (asyncio or trio) on the collector's
-  side and blocking in workers.
+  side and blocking in workers; :mod:`~acollect.transport.server_socket`: the blocking ROUTER of a
+  server thread (the inference server's). This package is acollect's one ZeroMQ boundary: nothing
+  outside it imports ``zmq``, and ZeroMQ's errors become :class:`~acollect.errors.TransportError` here.
 """
 
 from acollect.transport.endpoint import Endpoint as Endpoint
+from acollect.transport.server_socket import ServerSocket as ServerSocket
 from acollect.transport.shm import ShmSegment as ShmSegment
 from acollect.transport.shm import ShmTensorDictSlot as ShmTensorDictSlot
 from acollect.transport.shm import cleanup_stale as cleanup_stale
@@ -29,6 +32,7 @@ from acollect.transport.worker_socket import WorkerSocket as WorkerSocket
 __all__ = [
     "PROTOCOL_VERSION",
     "Endpoint",
+    "ServerSocket",
     "ShmSegment",
     "ShmSlotRing",
     "ShmTensorDictSlot",

@@ -16,7 +16,15 @@ import zmq
 
 from acollect.errors import ConfigurationError
 
-__all__ = ["check_address", "check_options", "check_positive_int", "check_timeout", "configure", "has_message"]
+__all__ = [
+    "check_address",
+    "check_options",
+    "check_positive_int",
+    "check_timeout",
+    "configure",
+    "features",
+    "has_message",
+]
 
 # Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
 _MAX_IPC_PATH = 107
@@ -66,3 +74,13 @@ def check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_
     check_timeout(heartbeat_timeout, "heartbeat_timeout")
     if max_message_bytes is not None:
         check_positive_int(max_message_bytes, "max_message_bytes")
+
+
+def features() -> dict[str, Any]:
+    """What the ZeroMQ library here supports: ``ipc`` sockets, ``curve`` encryption, and its ``libzmq`` version.
+
+    Examples:
+        >>> sorted(features())
+        ['curve', 'ipc', 'libzmq']
+    """
+    return {"ipc": bool(zmq.has("ipc")), "curve": bool(zmq.has("curve")), "libzmq": zmq.zmq_version()}

@@ -124,10 +124,11 @@ async def test_closing_answers_a_waiting_caller() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask)
             await anyio.sleep(0.1)
-            await server.aclose()
+            await server.async_shutdown()
     assert len(outcome) == 1
     assert "closed" in str(outcome[0])
-    await server.aclose()  # idempotent
+    await server.async_shutdown()  # idempotent
+    await server.aclose()  # the alias, as idempotent
 
 
 @pytest.mark.parametrize(

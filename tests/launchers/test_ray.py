@@ -9,7 +9,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from acollect import MultiAsyncCollector, MultiSyncCollector, RayCollector, ReplayBuffer, WorkerCrashedError
+from acollect import (
+    ConfigurationError,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+    RayCollector,
+    ReplayBuffer,
+    WorkerCrashedError,
+)
 from acollect.launchers import RayLauncher
 from acollect.testing import CountingEnv, WeightProbe, wait_until
 
@@ -132,3 +139,37 @@ def test_blocking_shutdown_after_the_event_loop_ended_ends_the_actors() -> None:
     collector.shutdown(timeout=5)
     assert collector.state.name == "CLOSED"
     assert all(_dead(a) for a in actors)
+
+
+def test_shutdown_ray_ends_the_ray_the_collector_started() -> None:
+    import anyio
+
+    local = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+
+    async def collect(collector: RayCollector) -> None:
+        async with collector:
+            await anext(collector)
+            assert ray.is_initialized()
+
+    ray.shutdown()  # the module's cluster: each collector here starts its own
+    try:
+        # An option given at construction, applied by the shutdown every collector shares.
+        collector = RayCollector([CountingEnv], frames_per_batch=4, sync=True, ray_init_config=local, shutdown_ray=True)
+        anyio.run(collect, collector)
+        assert collector.state.name == "CLOSED"
+        assert not ray.is_initialized()
+
+        # TorchRL's blocking spelling, after `async with` closed the collector with Ray left up.
+        collector = RayCollector([CountingEnv], frames_per_batch=4, sync=True, ray_init_config=local)
+        anyio.run(collect, collector)
+        assert ray.is_initialized()
+        collector.shutdown(shutdown_ray=True)
+        assert not ray.is_initialized()
+    finally:
+        if not ray.is_initialized():
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # for the tests that follow
+
+
+def test_shutdown_ray_must_be_a_bool() -> None:
+    with pytest.raises(ConfigurationError, match="shutdown_ray"):
+        RayCollector([CountingEnv], frames_per_batch=4, shutdown_ray="yes")  # type: ignore[arg-type]

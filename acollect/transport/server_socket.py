@@ -1,0 +1,185 @@
+"""A server thread's side of ZeroMQ: a blocking ROUTER socket, and a wait on it and other descriptors.
+
+The inference server (:mod:`acollect.inference`) answers worker processes' per-step requests from
+a thread of its own, so its socket is a plain synchronous one, like a worker's
+(:class:`~acollect.transport.worker_socket.WorkerSocket`), and never awaited. Every call on it is
+non-blocking; the thread blocks only in :meth:`Waiter.wait`, which polls the socket together with
+the descriptors that wake the thread (a socket pair from the event loop), with a timeout.
+
+This is a per-step path: a call here adds one Python call to ZeroMQ's own, and nothing else (no
+encoding, no allocation beyond ZeroMQ's frames). ZeroMQ errors become
+:class:`~acollect.errors.TransportError` here, at the boundary, and a bind that fails a
+:class:`~acollect.errors.ConfigurationError` naming the address.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from acollect.errors import ConfigurationError, TransportError
+from acollect.transport.sockets import check_address, configure
+
+__all__ = ["ServerSocket", "Waiter"]
+
+
+class ServerSocket:
+    """A ROUTER socket bound for a server thread: clients (DEALER sockets) send requests, it answers each.
+
+    Args:
+        address: ``"ipc"`` (a private path in a temporary directory, removed on close), ``"ipc://<path>"``,
+            ``"tcp://<host>"`` (a free port) or ``"tcp://<host>:<port>"``.
+        hwm: the most messages queued per client in each direction.
+        heartbeat_ivl: seconds between ZMTP heartbeats.
+        heartbeat_timeout: seconds without traffic before ZeroMQ drops a connection.
+
+    Raises:
+        ConfigurationError: ``address`` is malformed, or this process cannot bind it.
+
+    Examples:
+        >>> from acollect.transport.worker_socket import WorkerSocket
+        >>> server = ServerSocket("tcp://127.0.0.1")
+        >>> client = WorkerSocket(server.address, b"c0")
+        >>> client.send([b"ping"], timeout=5)
+        >>> Waiter([], server).wait(5000)
+        True
+        >>> route, frames = server.recv_nowait()
+        >>> route, [bytes(f) for f in frames]
+        (b'c0', [b'ping'])
+        >>> server.send_nowait(route, [b"pong"], copy=True)
+        True
+        >>> [bytes(f) for f in client.recv(timeout=5)]
+        [b'pong']
+        >>> client.close()
+        >>> server.close()
+    """
+
+    def __init__(
+        self, address: str, *, hwm: int = 1024, heartbeat_ivl: float = 1.0, heartbeat_timeout: float = 10.0
+    ) -> None:
+        self._tmpdir: str | None = None
+        self._address = address
+        if address == "ipc":
+            self._tmpdir = tempfile.mkdtemp(prefix="acollect-server-")
+            address = f"ipc://{self._tmpdir}/server.sock"
+        elif isinstance(address, str) and address.startswith("tcp://") and address.count(":") == 1:
+            address += ":0"
+        self._ctx: zmq.Context[Any] | None = zmq.Context()
+        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.ROUTER)
+        try:
+            address = check_address(address)
+            configure(
+                self._sock, hwm=hwm, heartbeat_ivl=heartbeat_ivl, heartbeat_timeout=heartbeat_timeout,
+                max_message_bytes=None,
+            )  # fmt: skip
+            self._sock.bind(address)
+            self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConfigurationError.bad_value("address", address, f"an address this process can bind ({exc})") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def address(self) -> str:
+        """Where clients connect: the real path, or the port picked."""
+        return self._address
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._sock is None
+
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._sock is None:
+            raise TransportError(f"the server socket at {self._address} is closed")
+        return self._sock
+
+    def recv_nowait(self) -> tuple[bytes, list[zmq.Frame]] | None:
+        """The next request, as the client's route and its frames (not copied), or ``None`` if none waits.
+
+        Raises:
+            TransportError: the socket is closed or ZeroMQ failed.
+        """
+        try:
+            frames = self._socket().recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return None
+        except zmq.ZMQError as exc:
+            raise TransportError(f"receiving on {self._address} failed: {exc}") from exc
+        return frames[0].bytes, frames[1:]
+
+    def send_nowait(self, route: bytes, frames: Sequence[Any], *, copy: bool) -> bool:
+        """Sends ``frames`` to the client ``route``; ``False`` if ZeroMQ could not take them now.
+
+        A client that vanished, or whose queue is full, loses its answer: a ROUTER drops it (a client
+        that gave up on a request recognises a late answer anyway).
+
+        Args:
+            route: the route :meth:`recv_nowait` gave with the request.
+            frames: bytes-like frames.
+            copy: let ZeroMQ copy the frames (cheaper for small ones) rather than hold on to the buffers.
+
+        Raises:
+            TransportError: the socket is closed or ZeroMQ failed.
+        """
+        try:
+            self._socket().send_multipart([route, *frames], zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            raise TransportError(f"answering {route!r} on {self._address} failed: {exc}") from exc
+        return True
+
+    def close(self) -> None:
+        """Closes the socket (queued answers are dropped) and removes its private ipc directory. Idempotent."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close(linger=0)
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            ctx.term()
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def __enter__(self) -> ServerSocket:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ServerSocket({self._address!r}{', closed' if self.closed else ''})"
+
+
+class Waiter:
+    """Blocks a thread until one of some descriptors, or a :class:`ServerSocket`, has something to read.
+
+    Args:
+        fds: file descriptors to watch (e.g. the reading end of a wake-up socket pair).
+        sock: a server socket to watch as well (``None``: the descriptors only).
+    """
+
+    def __init__(self, fds: Sequence[int], sock: ServerSocket | None = None) -> None:
+        self._poller = zmq.Poller()
+        for fd in fds:
+            self._poller.register(fd, zmq.POLLIN)
+        if sock is not None:
+            self._poller.register(sock._socket(), zmq.POLLIN)
+
+    def wait(self, timeout_ms: int) -> bool:
+        """Waits up to ``timeout_ms`` milliseconds; ``True`` if something became readable.
+
+        Raises:
+            TransportError: ZeroMQ failed (a watched socket was closed under the wait).
+        """
+        try:
+            return bool(self._poller.poll(timeout_ms))
+        except zmq.ZMQError as exc:
+            raise TransportError(f"waiting on the server's sockets failed: {exc}") from exc
