@@ -241,11 +241,6 @@ class RolloutEngine:
     def next_traj_counter(self, value: int) -> None:
         self._next_traj_counter = int(value)
 
-    def _new_traj_ids(self, count: int) -> torch.Tensor:
-        start = self._next_traj_counter
-        self._next_traj_counter += count
-        return self.traj_id_offset + self.traj_id_stride * torch.arange(start, start + count, dtype=torch.int64)
-
     def _new_traj_ids_np(self, count: int) -> np.ndarray:
         start = self._next_traj_counter
         self._next_traj_counter += count
@@ -254,7 +249,7 @@ class RolloutEngine:
     def _reset_all(self) -> None:
         self.env.reset_into(self._root, seed=self._seed)
         self._seed = None
-        self._traj_ids.copy_(self._new_traj_ids(self.n_envs))
+        self._traj_ids_np[:] = self._new_traj_ids_np(self.n_envs)
         self._traj_steps.zero_()
         self._needs_reset = False
 

@@ -55,7 +55,9 @@ MAX_LINES = 450
 
 # Modules over MAX_LINES that another change splits: each entry says which. Remove an entry
 # once its module is back under the limit (the test fails while an entry is stale).
-OVERSIZED_ALLOWED: dict[str, str] = {}
+OVERSIZED_ALLOWED: dict[str, str] = {
+    "acollect.collectors.base": "the state machine moves to a module of its own (collectors/lifecycle.py)",
+}
 
 # Imports from a higher layer into a lower one that cannot go yet: (importer, imported) -> why.
 UPWARD_ALLOWED: dict[tuple[str, str], str] = {}

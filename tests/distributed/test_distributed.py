@@ -59,7 +59,11 @@ async def test_sync_batches_and_weights_over_gloo() -> None:
                 version = await collector.update_policy_weights_()  # through dist.broadcast
                 assert version == 1
         assert seen[:2] == [(0, 0), (0, 0)]
-        assert seen[2:] == [(1, 1), (1, 1)]  # the broadcast weights act in every worker
+        # The batch begun ahead before the push may come with version 0 (its frames say so); every batch
+        # after it carries the broadcast weights, which act in every worker.
+        assert seen[2] in [(0, 0), (1, 1)]
+        assert seen[3:] == [(1, 1)] * (len(seen) - 3)
+        assert len(seen) >= 4
     assert not dist.is_initialized()  # the process group went with the collector
 
 

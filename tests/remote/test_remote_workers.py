@@ -92,9 +92,11 @@ async def test_two_remote_workers_and_a_refused_intruder(keydirs: tuple[Path, Pa
             with torch.no_grad():
                 policy.w.fill_(1.0)
             version = await collector.update_policy_weights_()
-            more = [b async for b in _take(collector, 2)]
-            assert all(int(b["collector", "policy_version"].min()) == version for b in more)
-            assert all(bool((b["action"] == 1).all()) for b in more)  # the pushed weights act
+            # The batch begun ahead of the push may still carry the previous version; the ones after it do not.
+            more = [b async for b in _take(collector, 3)]
+            assert int(more[0]["collector", "policy_version"].min()) >= version - 1
+            assert all(int(b["collector", "policy_version"].min()) == version for b in more[1:])
+            assert all(bool((b["action"] == 1).all()) for b in more[1:])  # the pushed weights act
             assert collector.rejected_peers >= 1
             assert batches >= 1
     finally:
