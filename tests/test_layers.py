@@ -7,7 +7,7 @@ import is still a dependency, it only hides a cycle until the function runs.
 The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own layer and those
 below it)::
 
-    errors, _validate, _warnings, _threads, _tasks, _notify, specs, devices
+    errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, specs, devices
     envs, policy, trajectories, stats, progress, replay_buffer
     rollout, _time_slices, weights   (weights updates a RolloutEngine's policy in place)
     transport
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "specs", "devices"},
+    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights"},
     {"transport"},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from acollect.collectors.lifecycle import (
+from acollect._lifecycle import (
     REASONS,
     TRANSITIONS,
     CollectorState,

@@ -8,7 +8,7 @@ rule that a failure is never lost. Subclasses implement ``_setup`` (build what
 collects), ``_collect_batch`` (one batch), ``_teardown`` and, where workers must
 be told, ``_apply_pause``.
 
-States (one machine, :class:`~acollect.collectors.lifecycle.Lifecycle`: every move goes through its
+States (one machine, :class:`~acollect._lifecycle.Lifecycle`: every move goes through its
 ``move()`` and its table, ``TRANSITIONS``; ``docs/concepts.md`` shows that table)::
 
                  ┌──────── set-up cancelled or failed: torn down, usable again ─────────┐
@@ -48,12 +48,12 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from tensordict import TensorDictBase
 
+from acollect._lifecycle import CollectorState, Lifecycle
 from acollect._notify import Notifier
 from acollect._tasks import TaskOwner
 from acollect._validate import check_seconds
 from acollect._warnings import warn
 from acollect.collectors._reporting import ReportingMixin
-from acollect.collectors.lifecycle import CollectorState, Lifecycle
 from acollect.errors import (
     BackgroundCollectionError,
     ClosedCollectorError,
