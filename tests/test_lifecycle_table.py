@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
+from acollect import Collector
 from acollect._lifecycle import (
     REASONS,
     TRANSITIONS,
@@ -19,6 +22,7 @@ from acollect._lifecycle import (
     Lifecycle,
     transition_table_markdown,
 )
+from acollect.testing import CountingEnv, wait_until
 
 CONCEPTS = Path(__file__).resolve().parents[1] / "docs" / "concepts.md"
 _BLOCK = re.compile(r"(<!-- lifecycle-table:start[^\n]*-->\n)(.*?)(<!-- lifecycle-table:end -->)", re.S)
@@ -100,3 +104,27 @@ def test_broken_carries_its_failure_through_the_shutdown() -> None:
 if __name__ == "__main__":
     CONCEPTS.write_text(render_page(CONCEPTS.read_text(encoding="utf-8")), encoding="utf-8")
     sys.exit(0)
+
+
+async def test_a_collector_is_starting_during_its_set_up_and_paused_after_it_if_a_pause_is_held() -> None:
+    building, release = threading.Event(), threading.Event()
+
+    def held_env() -> CountingEnv:
+        building.set()  # built in a thread: the loop sees the set-up in progress until it is released
+        release.wait(10)
+        return CountingEnv(num_envs=2)
+
+    collector = Collector(held_env, frames_per_batch=8, total_frames=16)
+    seen: list[CollectorState] = []
+    with anyio.fail_after(30):
+        async with collector.pause():  # held before the set-up: NEW -> STARTING -> PAUSED
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(collector.__aenter__)
+                await wait_until(building.is_set)
+                seen.append(collector.state)
+                release.set()
+            seen.append(collector.state)
+        seen.append(collector.state)
+        await collector.async_shutdown()
+    assert seen == [S.STARTING, S.PAUSED, S.RUNNING]
+    assert collector.state is S.CLOSED
