@@ -7,7 +7,7 @@ import is still a dependency, it only hides a cycle until the function runs.
 The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own layer and those
 below it)::
 
-    errors, _validate, _warnings, _threads, _tasks, _notify, specs, devices
+    errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, specs, devices
     envs, policy, trajectories, stats, progress, replay_buffer
     rollout, _time_slices, weights   (weights updates a RolloutEngine's policy in place)
     transport
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "specs", "devices"},
+    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights"},
     {"transport"},
@@ -55,9 +55,7 @@ MAX_LINES = 450
 
 # Modules over MAX_LINES that another change splits: each entry says which. Remove an entry
 # once its module is back under the limit (the test fails while an entry is stale).
-OVERSIZED_ALLOWED: dict[str, str] = {
-    "acollect.collectors.base": "the state machine moves to a module of its own (collectors/lifecycle.py)",
-}
+OVERSIZED_ALLOWED: dict[str, str] = {}
 
 # Imports from a higher layer into a lower one that cannot go yet: (importer, imported) -> why.
 UPWARD_ALLOWED: dict[tuple[str, str], str] = {}

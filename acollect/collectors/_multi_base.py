@@ -172,9 +172,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             self.frames_per_batch = frames
             check_total_frames(self.total_frames, frames)
         await self._apply_pending()
-        paused = self._pauses > 0
+        paused = self._lifecycle.pauses > 0
         await self._dispatch.start(pool, paused=paused)
-        self._pause_applied = paused
+        self._lifecycle.pause_was_applied(paused)
 
     async def _teardown(self) -> None:
         # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
@@ -385,7 +385,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         """
         # Allowed on a collector broken by one worker (while the caller iterates): the live ones still get
         # the weights, and the WeightSyncError names exactly the workers that did not.
-        one_worker = isinstance(getattr(self._failure, "worker_id", None), int) and not self._background
+        one_worker = isinstance(getattr(self._lifecycle.failure, "worker_id", None), int) and not (
+            self._lifecycle.background
+        )
         self._check_usable("update_policy_weights_()", allow_broken=one_worker)
         given = [x for x in (policy_or_weights, policy, weights) if x is not None]
         if len(given) > 1 or (given and weights_dict is not None):

@@ -8,16 +8,20 @@ rule that a failure is never lost. Subclasses implement ``_setup`` (build what
 collects), ``_collect_batch`` (one batch), ``_teardown`` and, where workers must
 be told, ``_apply_pause``.
 
-States::
+States (one machine, :class:`~acollect._lifecycle.Lifecycle`: every move goes through its
+``move()`` and its table, ``TRANSITIONS``; ``docs/concepts.md`` shows that table)::
 
-    NEW ──(async with / first batch / start())──▶ RUNNING ◀──▶ PAUSED
-     ▲  │                                            │    ╲        │
-     └──┘ set-up cancelled or failed:                │     ╲ a background task or a worker failed
-          torn down, usable again                    │      ▼
-     └───────────────(async_shutdown())──────▶ CLOSING ◀── BROKEN
-                                                     │
-                                                     ▼
-                                                   CLOSED
+                 ┌──────── set-up cancelled or failed: torn down, usable again ─────────┐
+                 ▼                                                                      │
+                NEW ──(async with / first batch / start() / a weight push)──▶ STARTING ─┤
+                                                                                        │ set-up done:
+                            ┌─── pause count > 0 ───┐                                   │ a pause held?
+                 RUNNING ◀──┘                       └──▶ PAUSED  ◀──── yes ─────────────┤
+                    ▲ └──────── pause count 0 ◀─────────────┘                           │
+                    └─────────────────────────────────────────────────────── no ────────┘
+
+    NEW (start()'s set-up failed), STARTING, RUNNING, PAUSED ──(a task, a worker, an env failed)──▶ BROKEN
+    every state but CLOSING and CLOSED ──(async_shutdown())──▶ CLOSING ──(everything released)──▶ CLOSED
 
 Calling from several tasks (every collector follows these rules; ``docs/concepts.md``):
 
@@ -35,7 +39,6 @@ Calling from several tasks (every collector follows these rules; ``docs/concepts
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -45,6 +48,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from tensordict import TensorDictBase
 
+from acollect._lifecycle import CollectorState, Lifecycle
 from acollect._notify import Notifier
 from acollect._tasks import TaskOwner
 from acollect._validate import check_seconds
@@ -66,17 +70,6 @@ _Collector = TypeVar("_Collector", bound="CollectorBase")
 #: Seconds async_shutdown() waits for cancelled calls and tasks to leave before tearing down under them.
 #: A collection thread notices its stop event within one env step, so this is only reached by a hung env.
 _DRAIN_TIMEOUT = 10.0
-
-
-class CollectorState(enum.Enum):
-    """Where a collector is in its life."""
-
-    NEW = "new"
-    RUNNING = "running"
-    PAUSED = "paused"
-    CLOSING = "closing"
-    CLOSED = "closed"
-    BROKEN = "broken"
 
 
 class SupportsExtend(Protocol):
@@ -111,6 +104,16 @@ class _Call:
         self.interrupt_on_failure = interrupt_on_failure
 
 
+class _BackgroundRun:
+    """The task ``start()`` spawned: whether it is alive, and whether a batch of it is in flight."""
+
+    __slots__ = ("alive", "busy")
+
+    def __init__(self) -> None:
+        self.alive = False
+        self.busy = False
+
+
 class CollectorBase(ReportingMixin):
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
@@ -122,25 +125,16 @@ class CollectorBase(ReportingMixin):
         self.frames_per_batch = frames_per_batch
         self.total_frames = check_total_frames(total_frames, frames_per_batch)
         self._init_reporting(progress)
-        self._state = CollectorState.NEW
+        self._lifecycle = Lifecycle()  # the state, and all it depends on: read it, never keep a copy
         self._frames = 0
         self._batches = 0
         self._tasks = TaskOwner(type(self).__name__, on_failure=self._fail)
-        self._failure: BaseException | None = None
-        self._failure_reported = False
         self._calls: set[_Call] = set()
         self._changes = Notifier()  # calls leaving, pauses ending, the background batch handed over
         self._setup_lock = anyio.Lock()
-        self._setup_done = False
         self._consumer_lock = anyio.Lock()
         self._pause_lock = anyio.Lock()
-        self._pauses = 0
-        self._pause_applied = False
-        self._background = False  # start() was called
-        self._bg_running = False
-        self._bg_busy = False
-        self._replay_buffer: SupportsExtend | None = None
-        self._closed = anyio.Event()
+        self._run = _BackgroundRun()
         self._shutdown_limit = 30.0
 
     # -- subclass hooks ----------------------------------------------------------------
@@ -161,7 +155,7 @@ class CollectorBase(ReportingMixin):
     @property
     def state(self) -> CollectorState:
         """The current :class:`CollectorState`."""
-        return self._state
+        return self._lifecycle.state
 
     @property
     def frames(self) -> int:
@@ -180,17 +174,15 @@ class CollectorBase(ReportingMixin):
         return self.total_frames != -1 and self._frames >= self.total_frames
 
     def _check_usable(self, action: str, *, allow_broken: bool = False) -> None:
-        if self._state in (CollectorState.CLOSING, CollectorState.CLOSED):
+        if self._lifecycle.closing:
             raise ClosedCollectorError(f"cannot {action}: the collector was shut down with async_shutdown()")
-        if self._state is CollectorState.BROKEN and not allow_broken:
+        if self._lifecycle.state is CollectorState.BROKEN and not allow_broken:
             self._raise_failure()
 
     def _raise_failure(self) -> None:
-        err = self._failure
-        assert err is not None
-        self._failure_reported = True
+        err = self._lifecycle.report_failure()
         raised = err
-        if self._background:
+        if self._lifecycle.background:
             raised = BackgroundCollectionError(f"background collection failed: {type(err).__name__}: {err}")
             raised.__cause__ = err  # as `raise ... from err`
         context, suppress = raised.__context__, raised.__suppress_context__
@@ -205,12 +197,11 @@ class CollectorBase(ReportingMixin):
 
     def _fail(self, exc: BaseException) -> None:
         """A background task or a worker failed: BROKEN now, and every waiting call wakes with it."""
-        if self._state in (CollectorState.CLOSING, CollectorState.CLOSED) or self._failure is not None:
+        if self._lifecycle.closing or self._lifecycle.failure is not None:
             logger.debug("after the first failure or during shutdown: %s: %s", type(exc).__name__, exc)
             return
         logger.debug("collector broken by %s: %s", type(exc).__name__, exc)
-        self._failure = exc
-        self._state = CollectorState.BROKEN
+        self._lifecycle.move(CollectorState.BROKEN, failure=exc)
         for call in list(self._calls):
             if call.interrupt_on_failure:
                 call.scope.cancel()
@@ -229,21 +220,20 @@ class CollectorBase(ReportingMixin):
             self._calls.discard(call)
             self._changes.notify()
         if call.scope.cancelled_caught:  # our own scope: only shutdown or a failure cancels it
-            if self._state is CollectorState.BROKEN and interrupt_on_failure:
+            if self._lifecycle.state is CollectorState.BROKEN and interrupt_on_failure:
                 self._raise_failure()
             raise ClosedCollectorError(f"cannot {action}: async_shutdown() was called while it waited")
 
     async def _ensure_setup(self) -> None:
-        if self._setup_done:
+        if self._lifecycle.set_up:
             return
         async with self._setup_lock:
-            if self._setup_done:
+            if self._lifecycle.set_up:
                 return
             self._check_usable("start collecting")
             self._tasks.ensure_group()
             await self._tasks.started()
-            if self._state is CollectorState.NEW:
-                self._state = CollectorState.PAUSED if self._pauses else CollectorState.RUNNING
+            self._lifecycle.move(CollectorState.STARTING)
             try:
                 await self._setup()
             except BaseException:
@@ -251,12 +241,11 @@ class CollectorBase(ReportingMixin):
                 # cut the clean-up short) and be NEW again, so nothing leaks and a retry starts afresh.
                 with anyio.CancelScope(shield=True):
                     await self._teardown()
-                if self._state in (CollectorState.RUNNING, CollectorState.PAUSED):
-                    self._state = CollectorState.NEW
+                self._lifecycle.setup_undone()
                 raise
-            self._setup_done = True
+            self._lifecycle.setup_finished()
             self._stats.start()  # frame rates count from here: building envs and workers is not collecting
-        if self._pauses:
+        if self._lifecycle.pauses:
             await self._sync_pause()
 
     # -- async resource ------------------------------------------------------------------
@@ -288,20 +277,22 @@ class CollectorBase(ReportingMixin):
         """
         if timeout is not None:
             self._set_shutdown_timeout(check_seconds("timeout", timeout))
-        if self._state is CollectorState.CLOSING:
+        lifecycle = self._lifecycle
+        if lifecycle.state is CollectorState.CLOSING:
             # Another task is closing: return when it is done (its every step has a deadline).
             with anyio.move_on_after(self._shutdown_limit + 2 * _DRAIN_TIMEOUT):
-                await self._closed.wait()
-        elif self._state is not CollectorState.CLOSED:
-            self._state = CollectorState.CLOSING
+                await lifecycle.wait_closed()
+        elif lifecycle.state is not CollectorState.CLOSED:
+            lifecycle.move(CollectorState.CLOSING)
             try:
                 with anyio.CancelScope(shield=True):
                     await self._close()
             finally:
-                self._state = CollectorState.CLOSED
-                self._closed.set()
+                lifecycle.move(CollectorState.CLOSED)
                 self._close_progress()
-        if raise_background_error and self._background and self._failure is not None and not self._failure_reported:
+        if raise_background_error and lifecycle.background and lifecycle.failure is not None and (
+            not lifecycle.failure_reported
+        ):
             self._raise_failure()
 
     async def _close(self) -> None:
@@ -328,12 +319,12 @@ class CollectorBase(ReportingMixin):
     async def __anext__(self) -> TensorDictBase:
         batch = None
         with self._call("iterate"):
-            if self._background:
+            if self._lifecycle.background:
                 raise CollectorStateError(
                     "cannot iterate a collector that runs in the background (start() was called): "
                     "read from its replay buffer instead"
                 )
-            if self._state is CollectorState.PAUSED:
+            if self._lifecycle.state is CollectorState.PAUSED:
                 raise CollectorStateError("cannot iterate a paused collector: leave the pause() block first")
             async with self._consumer_lock:  # a second consumer waits its turn (and wakes at shutdown)
                 if not self.exhausted:
@@ -345,7 +336,8 @@ class CollectorBase(ReportingMixin):
                     except Exception as exc:
                         # An env, policy or worker failed mid-batch: what collects is in no known state.
                         self._fail(exc)
-                        self._failure_reported = True
+                        if self._lifecycle.failure is not None:
+                            self._lifecycle.report_failure()  # raised right here: never again at shutdown
                         raise
                     self._count(batch)
         if batch is None:
@@ -368,38 +360,38 @@ class CollectorBase(ReportingMixin):
             ConfigurationError: ``replay_buffer`` has no ``extend`` method.
         """
         self._check_usable("start()")
-        if self._background:
+        if self._lifecycle.background:
             raise CollectorStateError("start() was already called on this collector")
         if replay_buffer is None or not callable(getattr(replay_buffer, "extend", None)):
             raise ConfigurationError.bad_value(
                 "replay_buffer", replay_buffer, "an object with an extend(batch) method (e.g. acollect.ReplayBuffer)"
             )
         self._tasks.ensure_group()
-        self._replay_buffer = replay_buffer
-        self._background = self._bg_running = True
+        self._lifecycle.enter_background()
+        self._run.alive = True
         self._tasks.spawn(self._run_background, replay_buffer, name="background")
 
     @property
     def running_in_background(self) -> bool:
         """Whether a background task started by :meth:`start` is alive."""
-        return self._bg_running
+        return self._run.alive
 
     async def _run_background(self, replay_buffer: SupportsExtend) -> None:
         try:
             await self._ensure_setup()
             while not self.exhausted:
-                while self._pauses:
+                while self._lifecycle.pauses:
                     await self._changes.wait()
-                self._bg_busy = True
+                self._run.busy = True
                 try:
                     batch = await self._collect_batch()
                     replay_buffer.extend(batch)
                     self._count(batch)
                 finally:
-                    self._bg_busy = False
+                    self._run.busy = False
                     self._changes.notify()
         finally:
-            self._bg_running = False
+            self._run.alive = False
 
     @asynccontextmanager
     async def pause(self) -> AsyncIterator[None]:
@@ -416,39 +408,36 @@ class CollectorBase(ReportingMixin):
         """
         self._check_usable("pause()")
         # Counted before any await, so two tasks entering at once both see the other's pause.
-        self._pauses += 1
-        if self._state is CollectorState.RUNNING:
-            self._state = CollectorState.PAUSED
+        self._lifecycle.hold_pause()
         try:
             with self._call("pause()"):
                 # The background batch in flight is handed over first: workers paused before it
                 # arrives would never send it.
-                while self._bg_busy:
+                while self._run.busy:
                     await self._changes.wait()
                 await self._sync_pause()
             yield
         finally:
-            self._pauses -= 1
-            if self._pauses == 0:
-                if self._state is CollectorState.PAUSED:
-                    self._state = CollectorState.RUNNING
+            self._lifecycle.release_pause()
+            if self._lifecycle.pauses == 0:
                 self._changes.notify()
-            if self._state not in (CollectorState.CLOSING, CollectorState.CLOSED):
+            if not self._lifecycle.closing:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_DRAIN_TIMEOUT):
                     await self._sync_pause()
 
     async def _sync_pause(self) -> None:
         """Brings the workers to the wanted pause state (paused iff a pause is held), one task at a time."""
         async with self._pause_lock:
-            wanted = self._pauses > 0
-            if self._setup_done and wanted != self._pause_applied and self._state is not CollectorState.BROKEN:
+            lifecycle = self._lifecycle
+            wanted = lifecycle.pauses > 0
+            if lifecycle.state in (CollectorState.RUNNING, CollectorState.PAUSED) and wanted != lifecycle.pause_applied:
                 await self._apply_pause(wanted)
-                self._pause_applied = wanted
+                lifecycle.pause_was_applied(wanted)
 
     # -- repr --------------------------------------------------------------------------
     def __repr__(self) -> str:
         total = "endless" if self.total_frames == -1 else self.total_frames
         return (
-            f"{type(self).__name__}(state={self._state.name}, frames={self._frames}/{total}, "
+            f"{type(self).__name__}(state={self._lifecycle.state.name}, frames={self._frames}/{total}, "
             f"frames_per_batch={self.frames_per_batch})"
         )

@@ -248,7 +248,7 @@ class RayCollector(MultiCollectorBase):
             CollectorStateError: the collector started already (actors are placed once, at start).
             ConfigurationError: a bad argument.
         """
-        if self._state is not CollectorState.NEW or self._pool is not None:
+        if self.state is not CollectorState.NEW or self._pool is not None:
             raise CollectorStateError("add_collectors() must be called before the collector starts")
         check_int("num_envs", num_envs, minimum=1)
         if policy is not None and policy is not self._policy_arg:
@@ -302,7 +302,7 @@ class RayCollector(MultiCollectorBase):
         finally:
             # Only at the final shutdown: a set-up torn down after a cancellation or a failure leaves the
             # collector usable (NEW again), and Ray must stay up for its retry.
-            if self.shutdown_ray and self._state is CollectorState.CLOSING:
+            if self.shutdown_ray and self.state is CollectorState.CLOSING:
                 self._ray_launcher.shutdown_ray()
 
     def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False) -> None:

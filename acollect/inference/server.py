@@ -10,6 +10,10 @@ the thread (a byte on a socket pair wakes it) and is woken by one when answers a
 Weights: the server runs its own *inference copy* of the policy. :meth:`InferenceServer.update_policy_weights_`
 copies new weights into it between two forward passes, so training never races inference on the same
 parameters, and every answer carries the version of the weights that produced it.
+
+Life: the collectors' own state machine (:class:`~acollect._lifecycle.Lifecycle`, the same states and
+table): ``NEW`` -> ``STARTING`` (:meth:`InferenceServer.start`, once) -> ``RUNNING``, ``BROKEN`` when a
+task of its own fails (the failure kept, and raised from every later call), ``CLOSING`` -> ``CLOSED``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
+from acollect._lifecycle import CollectorState, Lifecycle
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect._validate import check_int, check_seconds
@@ -113,8 +118,7 @@ class InferenceServer:
         self._own_tasks = False
         self._scopes: list[anyio.CancelScope] = []
         self._thread_done = anyio.Event()
-        self._state = "new"
-        self._failure: BaseException | None = None
+        self._lifecycle = Lifecycle()  # the collectors' state machine: NEW, STARTING, RUNNING, BROKEN, CLOSED
 
     # -- life ----------------------------------------------------------------------------------
     @property
@@ -136,7 +140,7 @@ class InferenceServer:
     @property
     def running(self) -> bool:
         """Whether the server answers requests."""
-        return self._state == "running" and self._failure is None
+        return self._lifecycle.state is CollectorState.RUNNING
 
     def set_max_batch_size(self, value: int) -> None:
         """Changes ``max_batch_size`` (from the next forward pass on)."""
@@ -161,9 +165,9 @@ class InferenceServer:
         Args:
             tasks: the task group to run in (a collector's); ``None``: the server's own.
         """
-        if self._state != "new":
-            raise CollectorStateError(f"an inference server starts once (it is {self._state})")
-        self._state = "starting"
+        if self._lifecycle.state is not CollectorState.NEW:
+            raise CollectorStateError(f"an inference server starts once (it is {self._lifecycle.state.value})")
+        self._lifecycle.move(CollectorState.STARTING)
         module = await run_in_thread(lambda _stop: self._build(), name="inference-build")
         forward = Forward(module, self._device_of(module), self._exploration)
         if self._address_arg is not None:
@@ -176,7 +180,7 @@ class InferenceServer:
             await tasks.started()
             self._own_tasks = True
         self._tasks = tasks
-        self._state = "running"
+        self._lifecycle.setup_finished()
         self._scopes = [
             tasks.spawn(self._run_thread, name="inference-server"),
             tasks.spawn(self._deliver, name="inference-answers"),
@@ -210,10 +214,17 @@ class InferenceServer:
         Args:
             timeout: seconds to wait for the server thread (and the server's own tasks) to end.
         """
-        if self._state == "closed":
+        lifecycle = self._lifecycle
+        if lifecycle.closing:
             return
-        started = self._state == "running"
-        self._state = "closed"
+        started = lifecycle.set_up  # the thread runs (or ran, until a failure)
+        lifecycle.move(CollectorState.CLOSING)
+        try:
+            await self._close(timeout, started)
+        finally:
+            lifecycle.move(CollectorState.CLOSED)
+
+    async def _close(self, timeout: float, started: bool) -> None:
         with anyio.CancelScope(shield=True):
             for scope in self._scopes:
                 scope.cancel()
@@ -238,15 +249,18 @@ class InferenceServer:
             sock.close()
 
     def _fail(self, exc: BaseException) -> None:
-        self._failure = exc
+        if self._lifecycle.failure is None and not self._lifecycle.closing:
+            self._lifecycle.move(CollectorState.BROKEN, failure=exc)
         for event in self._events.values():
             event.set()
 
     def _check_running(self, what: str) -> None:
-        if self._failure is not None:
-            raise CollectorStateError(f"{what}: the inference server failed") from self._failure
-        if self._state != "running":
-            raise CollectorStateError(f"{what}: the inference server is not running (it is {self._state}; use "
+        failure = self._lifecycle.failure
+        if failure is not None:
+            raise CollectorStateError(f"{what}: the inference server failed") from failure
+        state = self._lifecycle.state
+        if state is not CollectorState.RUNNING:
+            raise CollectorStateError(f"{what}: the inference server is not running (it is {state.value}; use "
                                       "`async with InferenceServer(...)` or `await server.start()`)")  # fmt: skip
 
     # -- in-process clients ---------------------------------------------------------------------

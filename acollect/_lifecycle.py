@@ -1,0 +1,248 @@
+"""The collector lifecycle as one state machine: the states, the table of allowed moves, one way to move.
+
+Every change of a collector's state goes through :meth:`Lifecycle.move`, which checks it against
+:data:`TRANSITIONS` and raises :class:`IllegalTransition` (a bug in acollect, never a user error) on a
+move the table does not list. What the state depends on lives here too, nowhere else:
+
+* the failure that broke the collector (:attr:`Lifecycle.failure`, kept after the shutdown, so a
+  background failure can still be reported) and whether it was reported;
+* the pause count: a pause held while the collector is set up makes it ``PAUSED`` (the state is
+  derived from the count, never set beside it), and whether whatever collects was told so;
+* background mode (``start()`` was called).
+
+The table, rendered by :func:`transition_table_markdown`, is the one in ``docs/concepts.md``
+(a test regenerates it and fails if the page differs):
+
+>>> sorted(s.name for s in TRANSITIONS[CollectorState.NEW])
+['BROKEN', 'CLOSING', 'STARTING']
+>>> machine = Lifecycle()
+>>> machine.move(CollectorState.STARTING)
+>>> machine.hold_pause()
+>>> machine.setup_finished()
+>>> machine.state
+<CollectorState.PAUSED: 'paused'>
+>>> try:
+...     machine.move(CollectorState.NEW)
+... except IllegalTransition as exc:
+...     print(exc)  # doctest: +ELLIPSIS
+internal error: ... cannot move from PAUSED to NEW (allowed: BROKEN, CLOSING, RUNNING); this is a bug...
+"""
+
+from __future__ import annotations
+
+import enum
+
+import anyio
+
+__all__ = [
+    "TRANSITIONS",
+    "CollectorState",
+    "IllegalTransition",
+    "Lifecycle",
+    "transition_table_markdown",
+]
+
+
+class CollectorState(enum.Enum):
+    """Where a collector is in its life."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    BROKEN = "broken"
+
+
+_S = CollectorState
+
+#: What each state means (one line each; the Markdown table shows them).
+MEANINGS: dict[CollectorState, str] = {
+    _S.NEW: "built and checked; no env built, nothing running yet (also after a set-up that was cancelled or "
+    "failed: it was torn down, and the next call starts afresh)",
+    _S.STARTING: "set-up in progress (on `async with`, the first batch, `start()` or a weight push): envs, "
+    "policies and workers are being built",
+    _S.RUNNING: "set up: envs built, batches flowing",
+    _S.PAUSED: "set up, and a `pause()` block is held (by any task): nothing is collected",
+    _S.BROKEN: "something other than you broke it: a worker died or hung, an env or the policy raised, the "
+    "background task failed. Every call raises that failure until `async_shutdown()`",
+    _S.CLOSING: "`async_shutdown()` is stopping tasks, threads and workers",
+    _S.CLOSED: "everything the collector owned is released",
+}
+
+#: Every allowed move, state -> the states it may move to. Anything else is a bug.
+TRANSITIONS: dict[CollectorState, frozenset[CollectorState]] = {
+    _S.NEW: frozenset({_S.STARTING, _S.BROKEN, _S.CLOSING}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.NEW, _S.BROKEN, _S.CLOSING}),
+    _S.RUNNING: frozenset({_S.PAUSED, _S.BROKEN, _S.CLOSING}),
+    _S.PAUSED: frozenset({_S.RUNNING, _S.BROKEN, _S.CLOSING}),
+    _S.BROKEN: frozenset({_S.CLOSING}),
+    _S.CLOSING: frozenset({_S.CLOSED}),
+    _S.CLOSED: frozenset(),
+}
+
+#: Why each move happens (the Markdown table shows them).
+REASONS: dict[tuple[CollectorState, CollectorState], str] = {
+    (_S.NEW, _S.STARTING): "`async with`, the first batch, `start()` or a weight push begins the set-up",
+    (_S.NEW, _S.BROKEN): "the task of `start()` failed its set-up, torn down already",
+    (_S.NEW, _S.CLOSING): "`async_shutdown()`",
+    (_S.STARTING, _S.RUNNING): "set-up done, no pause held",
+    (_S.STARTING, _S.PAUSED): "set-up done while a pause is held",
+    (_S.STARTING, _S.NEW): "set-up cancelled or failed: torn down, usable again",
+    (_S.STARTING, _S.BROKEN): "a task or a worker failed during set-up",
+    (_S.STARTING, _S.CLOSING): "`async_shutdown()`, which cancels the set-up",
+    (_S.RUNNING, _S.PAUSED): "the first pause is entered",
+    (_S.RUNNING, _S.BROKEN): "a task, a worker, an env or the policy failed",
+    (_S.RUNNING, _S.CLOSING): "`async_shutdown()`",
+    (_S.PAUSED, _S.RUNNING): "the last pause is left",
+    (_S.PAUSED, _S.BROKEN): "a task or a worker failed",
+    (_S.PAUSED, _S.CLOSING): "`async_shutdown()`",
+    (_S.BROKEN, _S.CLOSING): "`async_shutdown()`",
+    (_S.CLOSING, _S.CLOSED): "everything released",
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the table does not allow: a bug in acollect, not in the caller's code."""
+
+
+def transition_table_markdown() -> str:
+    """Renders :data:`TRANSITIONS` (with what each state means and why each move happens) as Markdown."""
+    lines = ["| state | what it means | moves to: when |", "|---|---|---|"]
+    for state in CollectorState:
+        moves = "<br>".join(f"`{to.name}`: {REASONS[state, to]}" for to in CollectorState if to in TRANSITIONS[state])
+        lines.append(f"| `{state.name}` | {MEANINGS[state]} | {moves or 'none: final'} |")
+    return "\n".join(lines) + "\n"
+
+
+class Lifecycle:
+    """One collector's state and what it depends on; every change goes through :meth:`move`."""
+
+    __slots__ = ("_background", "_closed", "_failure", "_failure_reported", "_pause_applied", "_pauses",
+                 "_set_up", "_state")  # fmt: skip
+
+    def __init__(self) -> None:
+        self._state = CollectorState.NEW
+        self._failure: BaseException | None = None
+        self._failure_reported = False
+        self._set_up = False  # only read in BROKEN: whether it broke after its set-up finished
+        self._pauses = 0
+        self._pause_applied = False
+        self._background = False
+        self._closed = anyio.Event()
+
+    # -- the one transition function ---------------------------------------------------
+    def move(self, to: CollectorState, *, failure: BaseException | None = None) -> None:
+        """Moves to ``to``; raises :class:`IllegalTransition` if :data:`TRANSITIONS` does not allow it.
+
+        A move to ``BROKEN`` carries its failure (and only that move does).
+        """
+        allowed = TRANSITIONS[self._state]
+        if to not in allowed:
+            names = ", ".join(sorted(s.name for s in allowed)) or "none"
+            raise IllegalTransition(
+                f"internal error: the collector lifecycle cannot move from {self._state.name} to {to.name} "
+                f"(allowed: {names}); this is a bug in acollect"
+            )
+        if (to is CollectorState.BROKEN) != (failure is not None):
+            raise IllegalTransition(
+                f"internal error: a move to {to.name} with failure={failure!r} (a move to BROKEN, and only that "
+                "move, carries the failure); this is a bug in acollect"
+            )
+        if failure is not None:
+            self._failure = failure
+            self._set_up = self._state in (CollectorState.RUNNING, CollectorState.PAUSED)
+        self._state = to
+        if to is CollectorState.CLOSED:
+            self._closed.set()
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def state(self) -> CollectorState:
+        """The current state."""
+        return self._state
+
+    @property
+    def closing(self) -> bool:
+        """``CLOSING`` or ``CLOSED``: ``async_shutdown()`` was called."""
+        return self._state in (CollectorState.CLOSING, CollectorState.CLOSED)
+
+    @property
+    def set_up(self) -> bool:
+        """Whether the set-up finished (and was not torn down by a shutdown): what collects exists."""
+        if self._state is CollectorState.BROKEN:
+            return self._set_up
+        return self._state in (CollectorState.RUNNING, CollectorState.PAUSED)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What broke the collector (the first failure only), kept after the shutdown; ``None`` if nothing did."""
+        return self._failure
+
+    @property
+    def failure_reported(self) -> bool:
+        """Whether :attr:`failure` was raised to the user already."""
+        return self._failure_reported
+
+    def report_failure(self) -> BaseException:
+        """Returns :attr:`failure`, marked as reported (a failure is raised at least once, never lost)."""
+        assert self._failure is not None
+        self._failure_reported = True
+        return self._failure
+
+    async def wait_closed(self) -> None:
+        """Returns once the state is ``CLOSED``."""
+        await self._closed.wait()
+
+    # -- set-up ----------------------------------------------------------------------------
+    def setup_finished(self) -> None:
+        """The set-up ended well: ``RUNNING``, or ``PAUSED`` if a pause is held (or, if it broke meanwhile, noted)."""
+        if self._state is CollectorState.STARTING:
+            self.move(CollectorState.PAUSED if self._pauses else CollectorState.RUNNING)
+        elif self._state is CollectorState.BROKEN:
+            self._set_up = True
+
+    def setup_undone(self) -> None:
+        """The set-up was cancelled or failed and torn down: ``NEW`` again, unless it broke or closes meanwhile."""
+        if self._state is CollectorState.STARTING:
+            self.move(CollectorState.NEW)
+
+    # -- pauses ------------------------------------------------------------------------------
+    @property
+    def pauses(self) -> int:
+        """How many ``pause()`` blocks are held."""
+        return self._pauses
+
+    @property
+    def pause_applied(self) -> bool:
+        """Whether whatever collects was last told to pause (``True``) or to go on (``False``)."""
+        return self._pause_applied
+
+    def pause_was_applied(self, paused: bool) -> None:
+        """Notes that whatever collects was told to pause (``True``) or to go on (``False``)."""
+        self._pause_applied = paused
+
+    def hold_pause(self) -> None:
+        """One more pause held: a running collector is now ``PAUSED``."""
+        self._pauses += 1
+        if self._state is CollectorState.RUNNING:
+            self.move(CollectorState.PAUSED)
+
+    def release_pause(self) -> None:
+        """One pause fewer: when none is left, a paused collector is ``RUNNING`` again."""
+        assert self._pauses > 0
+        self._pauses -= 1
+        if self._pauses == 0 and self._state is CollectorState.PAUSED:
+            self.move(CollectorState.RUNNING)
+
+    # -- background mode ------------------------------------------------------------------------
+    @property
+    def background(self) -> bool:
+        """Whether ``start()`` was called (the collector then fills a replay buffer, never yields batches)."""
+        return self._background
+
+    def enter_background(self) -> None:
+        """``start()`` was called (once; the caller checks)."""
+        assert not self._background
+        self._background = True
