@@ -161,3 +161,26 @@ def test_every_multi_process_collector_has_one_mode(name: str) -> None:
     assert collector.sync is SYNC[name]
     frames = [c.frames_per_batch for c in collector._configs]
     assert frames == ([8 // len(frames)] * len(frames) if SYNC[name] else [8] * len(frames))
+
+
+def test_the_typed_options_are_generated_from_the_declarations() -> None:
+    # Each option is declared once (options.py); the TypedDicts mypy checks **options against are generated.
+    from pathlib import Path
+
+    import acollect.collectors.option_types as generated
+    from acollect.collectors.options import typed_options_source
+
+    assert Path(generated.__file__).read_text() == typed_options_source(), (
+        "acollect/collectors/option_types.py is stale: run "
+        "python -c 'from acollect.collectors.options import write_option_types; write_option_types()'"
+    )
+
+
+def test_every_option_has_a_doc_and_a_check_or_says_who_checks_it() -> None:
+    from dataclasses import fields
+
+    from acollect.collectors.options import WorkerSettings
+
+    for f in fields(WorkerSettings):
+        assert f.metadata.get("doc"), f"{f.name} has no doc"
+        assert f.metadata.get("check") is not None or "checked" in f.metadata["doc"], f"{f.name}: who checks it?"

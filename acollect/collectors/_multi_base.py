@@ -62,31 +62,13 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         :class:`~acollect.collectors.dispatch.FirstReady`) is how batches are taken from the workers.
         """
         self._dispatch = dispatch
-        settings = parse(options, WorkerSettings, owner=type(self))
+        self.settings = settings = parse(options, WorkerSettings, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
         fns = env_fns(create_env_fn_list, settings.num_workers)
-        self.settings = settings
-        check_env_args(fns, self.settings)
-        #: what was asked for; ``frames_per_batch`` is what each batch holds (see settle_frames_per_batch)
-        self.requested_frames_per_batch = self.frames_per_batch = settings.frames_per_batch
-        frames = self._settle_frames(configured_num_envs(fns, self.settings))
+        check_env_args(fns, settings)
+        frames = self._settled_frames(settings.frames_per_batch, configured_num_envs(fns, settings))
         super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
-        self.remote_workers = settings.remote_workers
-        self._server_keys = settings.keys
-        self.heartbeat_timeout = settings.heartbeat_timeout
-        self.startup_timeout = settings.startup_timeout
-        self.shutdown_timeout = self._shutdown_limit = settings.shutdown_timeout
-        self.max_worker_restarts = settings.max_worker_restarts
-        self.max_weight_update_interval = settings.max_weight_update_interval
-        self.update_after_each_batch = settings.update_after_each_batch
-        self.weight_sync_schemes = dict(settings.weight_sync_schemes)
-        self.postproc = settings.postproc
-        self.split_trajs = settings.split_trajs
-        self.address = settings.address
-        self.start_method = settings.start_method
-        self.launcher = settings.launcher
-        self.use_shared_memory = settings.use_shared_memory
-        self.copy_batches = settings.copy_batches
+        self._shutdown_limit = settings.shutdown_timeout
         self._policy_arg = policy
         self._storing_device = collector_storing_device(settings)
         self._build_configs(fns)
@@ -115,15 +97,20 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Lockstep: every batch is one requested from every worker; first-ready: each batch is one worker's.
         return self._dispatch.sync
 
-    def _settle_frames(self, n_envs: Sequence[int | None]) -> int:
-        """What each batch holds, once every worker's number of envs is known (else what is shown now)."""
+    def _settled_frames(self, shown: int, n_envs: Sequence[int | None]) -> int:
+        """What each batch holds, once every worker's number of envs is known (else ``shown``): pure, so the
+        constructor settles it before the base is built."""
         known = [n for n in n_envs if n is not None]
         if len(known) < len(n_envs):
-            return self.frames_per_batch
-        worker_frames = self._requested_worker_frames(len(n_envs))
-        return settle_frames_per_batch(
-            self.requested_frames_per_batch, self.frames_per_batch, worker_frames, known, stacked=self._stacked
-        )
+            return shown
+        requested = self.settings.frames_per_batch
+        worker_frames = self._dispatch.worker_frames(requested, len(n_envs))
+        return settle_frames_per_batch(requested, shown, worker_frames, known, stacked=self._dispatch.sync)
+
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
+        return self.settings.frames_per_batch
 
     @property
     def num_workers(self) -> int:
@@ -148,16 +135,16 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     async def _setup(self) -> None:
         pool = self._new_pool(
             self._configs,
-            start_method=self.start_method,
-            launcher=self.launcher,
-            address=self.address,
+            start_method=self.settings.start_method,
+            launcher=self.settings.launcher,
+            address=self.settings.address,
             credits=self._dispatch.credits,
             slots=self._dispatch.slots,
-            use_shared_memory=self.use_shared_memory,
-            heartbeat_timeout=self.heartbeat_timeout,
-            startup_timeout=self.startup_timeout,
-            max_restarts=self.max_worker_restarts,
-            keys=self._server_keys,
+            use_shared_memory=self.settings.use_shared_memory,
+            heartbeat_timeout=self.settings.heartbeat_timeout,
+            startup_timeout=self.settings.startup_timeout,
+            max_restarts=self.settings.max_worker_restarts,
+            keys=self.settings.keys,
             on_failure=self._fail,
         )
         pool.version = self._initial_version
@@ -167,7 +154,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         await pool.start(self._tasks)
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
-        frames = self._settle_frames([h.n_envs for h in pool.handles])
+        frames = self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles])
         if frames != self.frames_per_batch:
             self.frames_per_batch = frames
             check_total_frames(self.total_frames, frames)
@@ -180,11 +167,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
         pool = self._pool
         if pool is not None:
-            await pool.close(self.shutdown_timeout)
+            await pool.close(self._shutdown_limit)
         self._dispatch.reset()
-
-    def _set_shutdown_timeout(self, timeout: float) -> None:
-        self.shutdown_timeout = self._shutdown_limit = timeout
 
     @property
     def rejected_messages(self) -> int:
@@ -245,7 +229,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
                 batch = await anyio.to_thread.run_sync(self._hand_out, items)
         finally:
             for item in items:
-                await self._release(item, lend=self._dispatch.lends(item, copy_batches=self.copy_batches))
+                await self._release(item, lend=self._dispatch.lends(item, copy_batches=self.settings.copy_batches))
         return batch
 
     def _wants_next(self) -> bool:
@@ -253,9 +237,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         collector will push weights before it (a batch begun before a push is not handed out after it)."""
         if self.total_frames != -1 and self._frames + self.frames_per_batch >= self.total_frames:
             return False
-        if self.update_after_each_batch:
+        if self.settings.update_after_each_batch:
             return False
-        interval = self.max_weight_update_interval
+        interval = self.settings.max_weight_update_interval
         pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
         return not (pushes and self._batches + 1 - self._last_push >= interval)  # type: ignore[operator]
 
@@ -265,22 +249,22 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # and moves to another device stay in the thread.
         storing = self._storing_device
         return (
-            self.postproc is None
-            and not self.split_trajs
+            self.settings.postproc is None
+            and not self.settings.split_trajs
             and (storing is None or storing.type == "cpu")
             and sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES
         )
 
     def _hand_out(self, items: list[Received]) -> TensorDictBase:
-        return self._finish(self._dispatch.combine(items, copy_batches=self.copy_batches))
+        return self._finish(self._dispatch.combine(items, copy_batches=self.settings.copy_batches))
 
     async def _before_batch(self) -> None:
         await self._return_lent()
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
-        due = self.update_after_each_batch and self._batches > 0
-        interval = self.max_weight_update_interval
+        due = self.settings.update_after_each_batch and self._batches > 0
+        interval = self.settings.max_weight_update_interval
         if due or (interval is not None and self._batches - self._last_push >= interval):
             await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
 
@@ -336,10 +320,10 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         if self._storing_device is not None and self._storing_device.type != "cpu":
             batch = batch.to(self._storing_device, non_blocking=True)
-        if self.split_trajs:
+        if self.settings.split_trajs:
             batch = split_trajectories(batch)
-        if self.postproc is not None:
-            batch = self.postproc(batch)
+        if self.settings.postproc is not None:
+            batch = self.settings.postproc(batch)
         return batch
 
     # -- weights -------------------------------------------------------------------------
@@ -415,10 +399,10 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pool = self._require_pool()
         # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
         models = check_push(models, [pool.handles[i].weights_structure for i in ids])
-        version = await pool.push_weights(models, self.weight_sync_schemes, self._default_scheme, ids, limit)
+        version = await pool.push_weights(models, self.settings.weight_sync_schemes, self._default_scheme, ids, limit)
         self._last_push = self._batches
         return version
 
     def _default_scheme(self) -> WeightSyncScheme:
-        local = self.launcher.same_host and (self.address is None or self.address.startswith("ipc://"))
+        local = self.settings.launcher.same_host and (self.settings.address is None or self.settings.address.startswith("ipc://"))
         return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()

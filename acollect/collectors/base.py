@@ -276,7 +276,7 @@ class CollectorBase(ReportingMixin):
                 :class:`~acollect.errors.BackgroundCollectionError`, after everything is released.
         """
         if timeout is not None:
-            self._set_shutdown_timeout(check_seconds("timeout", timeout))
+            self._shutdown_limit = check_seconds("timeout", timeout)
         lifecycle = self._lifecycle
         if lifecycle.state is CollectorState.CLOSING:
             # Another task is closing: return when it is done (its every step has a deadline).
@@ -308,9 +308,6 @@ class CollectorBase(ReportingMixin):
                          _DRAIN_TIMEOUT)  # fmt: skip
         await self._teardown()
         await self._tasks.aclose(_DRAIN_TIMEOUT)
-
-    def _set_shutdown_timeout(self, timeout: float) -> None:
-        self._shutdown_limit = timeout
 
     # -- iteration ---------------------------------------------------------------------
     def __aiter__(self: _Collector) -> _Collector:

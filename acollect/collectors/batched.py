@@ -114,9 +114,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         super().__init__(create_env_fn, policy, rest, dispatch=FirstReady(credits))
         if isinstance(self.settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
-        if self._server_keys is not None:
+        if self.settings.keys is not None:
             raise ConfigurationError.bad_value(
-                "keys", self._server_keys, "None: the inference server does not encrypt its connections yet"
+                "keys", self.settings.keys, "None: the inference server does not encrypt its connections yet"
             )
 
     def _build_configs(self, fns: list[Any]) -> None:
@@ -125,11 +125,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
         self._configs = build_worker_configs(fns, None, settings, self._requested_worker_frames(len(fns)))
 
     def _server_address(self) -> str:
-        if self.address is not None and self.address.startswith("tcp://"):
-            return self.address.rsplit(":", 1)[0]  # the collector's host, a free port
-        if self.launcher.same_host:
+        if self.settings.address is not None and self.settings.address.startswith("tcp://"):
+            return self.settings.address.rsplit(":", 1)[0]  # the collector's host, a free port
+        if self.settings.launcher.same_host:
             return "ipc"
-        address = self.launcher.default_address()
+        address = self.settings.launcher.default_address()
         assert address is not None
         return address
 

@@ -36,7 +36,6 @@ from acollect.collectors.options import (
     parse,
     settle_frames_per_batch,
 )
-from acollect.devices import DeviceLike
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
@@ -106,31 +105,19 @@ class Collector(CollectorBase):
                 "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
             )
         check_env_arg(create_env_fn)  # an unregistered gymnasium id is known now, not when the env is built
-        #: what was asked for; ``frames_per_batch`` is what each batch holds (see settle_frames_per_batch)
-        self.requested_frames_per_batch = settings.frames_per_batch
         frames = settings.frames_per_batch
         n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
         if n_envs is not None:
             frames = settle_frames_per_batch(frames, frames, frames, [n_envs], stacked=False)
         super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
-        self._device_args: dict[str, DeviceLike] = {}
         for name in DEVICE_OPTIONS:
             value = getattr(settings, name)
             if isinstance(value, list):
                 raise ConfigurationError.bad_value(name, value, "one device (a list, one per worker, is for the "
                                                    "multi-process collectors)")  # fmt: skip
-            self._device_args[name] = value
         self.settings = settings
         self.create_env_fn = create_env_fn
-        self.env_kwargs = dict(settings.env_kwargs)
         self._policy_arg = policy
-        self.policy_factory = settings.policy_factory
-        self.max_frames_per_traj = settings.max_frames_per_traj
-        self.init_random_frames = settings.init_random_frames
-        self.reset_at_each_iter = settings.reset_at_each_iter
-        self.postproc = settings.postproc
-        self.split_trajs = settings.split_trajs
-        self.exploration_type = settings.exploration_type
         self._engine: RolloutEngine | None = None
         self._policy_version = 0
         self._weights = PolicyWeights()
@@ -140,18 +127,25 @@ class Collector(CollectorBase):
         self._episodes = EpisodeTracker()  # used by the collection thread only
 
     # -- building --------------------------------------------------------------------
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
+        return self.settings.frames_per_batch
+
     def _build_engine(self, _stop: threading.Event) -> RolloutEngine:
+        settings = self.settings
+        assert not isinstance(settings.policy_factory, str)  # refused at construction: no import paths in-process
         return build_engine(
             self.create_env_fn,
-            env_kwargs=self.env_kwargs,
+            env_kwargs=settings.env_kwargs,
             policy=self._policy_arg,
-            policy_factory=self.policy_factory,
-            devices=self._device_args,
-            frames_per_batch=self.requested_frames_per_batch,
-            max_frames_per_traj=self.max_frames_per_traj,
-            init_random_frames=self.init_random_frames,
-            reset_at_each_iter=self.reset_at_each_iter,
-            exploration_type=self.exploration_type,
+            policy_factory=settings.policy_factory,
+            devices={name: getattr(settings, name) for name in DEVICE_OPTIONS},
+            frames_per_batch=settings.frames_per_batch,
+            max_frames_per_traj=settings.max_frames_per_traj,
+            init_random_frames=settings.init_random_frames,
+            reset_at_each_iter=settings.reset_at_each_iter,
+            exploration_type=settings.exploration_type,
         )
 
     def _build_and_keep(self, stop: threading.Event, torch_threads: int) -> None:
@@ -198,10 +192,10 @@ class Collector(CollectorBase):
             version, frames = engine.policy_version, engine.frames_per_batch
             # Here, off the event loop and before postproc can change the layout.
             episodes = self._episodes.update(batch)
-        if self.split_trajs:
+        if self.settings.split_trajs:
             batch = split_trajectories(batch)
-        if self.postproc is not None:
-            batch = self.postproc(batch)
+        if self.settings.postproc is not None:
+            batch = self.settings.postproc(batch)
         return batch, version, frames, episodes
 
     async def _collect_batch(self) -> TensorDictBase:
@@ -281,7 +275,7 @@ class Collector(CollectorBase):
                 "update_policy_weights_() takes one source of weights: pass a policy or weights, not both"
             )
         source = given[0] if given else self._policy_arg
-        if self._engine is None and self.policy_factory is not None:
+        if self._engine is None and self.settings.policy_factory is not None:
             with self._call("update_policy_weights_()"):
                 await self._ensure_setup()  # only the factory's policy says what the weights must fit
         target = self._engine.policy.weights_module if self._engine is not None else None

@@ -1,12 +1,18 @@
-"""The collectors' options: their names and types for mypy, and their values checked once.
+"""The collectors' options, declared once: name, type, default, check and doc in one field each.
 
-A collector's constructor takes its options as ``**options: Unpack[WorkerOptions]``
-(or :class:`RolloutOptions` for the in-process :class:`~acollect.Collector`), so
-mypy checks each keyword's name and type where the collector is built. At run time
-:func:`parse` turns them, once, into a frozen :class:`RolloutSettings` or
-:class:`WorkerSettings` that holds every value checked (with the checks of
-:mod:`acollect._validate`) and every default filled in. A misspelt keyword is
-named, with the closest one the collector takes.
+:class:`RolloutSettings` (every collector) and :class:`WorkerSettings` (collectors with worker
+processes) declare each option with :func:`option`: its type (the field's annotation, or
+``accepts`` where callers may pass more than is kept), its default, its check (from
+:mod:`acollect._validate`) and a line of doc. Everything else is read from them:
+
+* :func:`parse` checks a collector's ``**options`` once and returns the frozen settings, every
+  default filled in; a misspelt keyword is named, with the closest one the collector takes;
+* :func:`check_option` checks one value (``collector_kwargs`` per worker) with the field's check;
+* the ``TypedDict`` s that type the constructors' ``**options`` for mypy
+  (:mod:`acollect.collectors.option_types`) are generated from the fields by
+  :func:`typed_options_source` (a test fails when the checked-in module is stale).
+
+Constructors keep the settings (``collector.settings``) and copy no field out of them.
 
 Examples:
     >>> from acollect.collectors.options import WorkerSettings, parse
@@ -25,16 +31,17 @@ import difflib
 import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from functools import cache
 from typing import Any, TypeVar
 
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
-from typing_extensions import Required, TypedDict
 
 from acollect._validate import check_bool, check_callable, check_choice, check_int, check_seconds
 from acollect._warnings import warn
-from acollect.devices import DeviceLike, check_device
+from acollect.collectors.option_types import ProcessOptions, RolloutOptions, WorkerOptions
+from acollect.devices import check_device
 from acollect.errors import ConfigurationError
 from acollect.launchers.registry import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
@@ -46,14 +53,18 @@ from acollect.worker.process import START_METHODS
 __all__ = [
     "PER_WORKER_OPTIONS",
     "ProcessOptions",
+    "ProcessSettings",
     "RolloutOptions",
     "RolloutSettings",
     "WorkerOptions",
     "WorkerSettings",
     "check_option",
     "check_policy_args",
+    "option",
     "parse",
     "settle_frames_per_batch",
+    "typed_options_source",
+    "write_option_types",
 ]
 
 #: Options ``collector_kwargs`` may set per worker.
@@ -63,56 +74,6 @@ PER_WORKER_OPTIONS = frozenset({
 })  # fmt: skip
 DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
 
-Devices = DeviceLike | Sequence[DeviceLike]
-"""One device, or (multi-process collectors) a list with one per worker."""
-
-
-class RolloutOptions(TypedDict, total=False):
-    """The keyword options every collector takes (documented in each collector's Args)."""
-
-    frames_per_batch: Required[int]
-    total_frames: int
-    policy_factory: Callable[[], PolicyLike] | str | None
-    device: Devices
-    env_device: Devices
-    policy_device: Devices
-    storing_device: Devices
-    max_frames_per_traj: int | None
-    init_random_frames: int | None
-    reset_at_each_iter: bool
-    postproc: Callable[[TensorDictBase], TensorDictBase] | None
-    split_trajs: bool
-    exploration_type: InteractionType | str | None
-    env_kwargs: Mapping[str, Any] | None
-    progress: bool | str
-
-
-class ProcessOptions(RolloutOptions, total=False):
-    """The options of collectors whose envs run in worker processes, but for ``num_workers``."""
-
-    collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
-    update_after_each_batch: bool
-    max_weight_update_interval: int | None
-    weight_sync_schemes: Mapping[str, WeightSyncScheme] | None
-    max_worker_restarts: int
-    heartbeat_timeout: float
-    startup_timeout: float
-    shutdown_timeout: float
-    address: str | None
-    start_method: str
-    launcher: Any
-    num_threads: int
-    use_shared_memory: bool | None
-    remote_workers: int
-    keys: ServerKeys | str | os.PathLike[str] | None
-    copy_batches: bool
-    filter_worker_warnings: bool
-
-
-class WorkerOptions(ProcessOptions, total=False):
-    """The options of the multi-process collectors."""
-
-    num_workers: int | None
 
 
 # -- one check per option --------------------------------------------------------------------
@@ -195,47 +156,13 @@ def _choice(*choices: Any) -> Callable[[str, Any], Any]:
     return lambda name, value: check_choice(name, value, choices)
 
 
-#: The check of each option: takes the name and the value given, returns the value kept.
-#: ``total_frames`` and ``progress`` are checked by :class:`~acollect.CollectorBase`, ``launcher`` with
-#: ``start_method`` and ``address``.
-_CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "frames_per_batch": _int(1),
-    "policy_factory": _policy_factory,
-    **dict.fromkeys(DEVICE_OPTIONS, _devices),
-    "max_frames_per_traj": _int(1, optional=True),
-    "init_random_frames": lambda name, value: check_int(name, value, minimum=0, optional=True) or 0,
-    "reset_at_each_iter": check_bool,
-    "postproc": _callable("a callable on TensorDicts"),
-    "split_trajs": check_bool,
-    "exploration_type": _exploration,
-    "env_kwargs": _env_kwargs,
-    "num_workers": _int(1, optional=True),
-    "collector_kwargs": _collector_kwargs,
-    "update_after_each_batch": check_bool,
-    "max_weight_update_interval": _int(1, optional=True),
-    "weight_sync_schemes": _schemes,
-    "max_worker_restarts": _int(0),
-    "heartbeat_timeout": check_seconds,
-    "startup_timeout": check_seconds,
-    "shutdown_timeout": check_seconds,
-    "address": _address,
-    "start_method": _choice(*START_METHODS),
-    "num_threads": _int(1),
-    "use_shared_memory": _choice(None, True, False),
-    "remote_workers": _int(0),
-    "keys": _keys,
-    "copy_batches": check_bool,
-    "filter_worker_warnings": check_bool,
-}
-
-
 def check_option(name: str, value: Any, *, label: str | None = None) -> Any:
     """Checks one option's value and returns the value kept.
 
     Raises:
         ConfigurationError: naming the option (or ``label``, such as ``"collector_kwargs[0]['device']"``).
     """
-    check = _CHECKS.get(name)
+    check = _checks().get(name)
     return check(label or name, value) if check is not None else value
 
 
@@ -300,26 +227,70 @@ def settle_frames_per_batch(
     return actual
 
 
-# -- the checked values ------------------------------------------------------------------------
+# -- the declarations --------------------------------------------------------------------------
+Check = Callable[[str, Any], Any]
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    doc: str,
+    check: Check | None = None,
+    accepts: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """Declares one option: a settings field with its default, its check, its doc and what callers pass.
+
+    Args:
+        default: the value kept when the option is not given (none: the option is required).
+        doc: one line for the generated ``TypedDict`` and for the docs.
+        check: ``check(name, value)`` returns the value kept, or raises ``ConfigurationError`` naming ``name``;
+            ``None``: checked elsewhere (said in ``doc``).
+        accepts: the type callers may pass, where it is wider than the field's (a key directory for keys).
+        factory: builds the default (for mutable ones).
+    """
+    metadata = {"doc": doc, "check": check, "accepts": accepts}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _init_random_frames(name: str, value: Any) -> int:
+    return check_int(name, value, minimum=0, optional=True) or 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class RolloutSettings:
-    """The checked :class:`RolloutOptions`, defaults filled in (see :class:`~acollect.Collector`)."""
+    """The options every collector takes, checked, defaults filled in (see :class:`~acollect.Collector`)."""
 
-    frames_per_batch: int
-    total_frames: int = -1
-    policy_factory: Callable[[], PolicyLike] | str | None = None
-    device: Any = None
-    env_device: Any = None
-    policy_device: Any = None
-    storing_device: Any = None
-    max_frames_per_traj: int | None = None
-    init_random_frames: int = 0
-    reset_at_each_iter: bool = False
-    postproc: Callable[[TensorDictBase], TensorDictBase] | None = None
-    split_trajs: bool = False
-    exploration_type: InteractionType | None = InteractionType.RANDOM
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    progress: bool | str = False
+    frames_per_batch: int = option(check=_int(1), doc="frames per batch (rounded up to a multiple of the envs)")
+    total_frames: int = option(-1, doc="frames to collect in all, -1 endless (checked by CollectorBase)")
+    policy_factory: Callable[[], PolicyLike] | str | None = option(
+        None, check=_policy_factory, doc="builds the policy where it runs (instead of a policy)"
+    )
+    device: Any = option(None, check=_devices, accepts="Devices", doc="env, policy and storing device at once")
+    env_device: Any = option(None, check=_devices, accepts="Devices", doc="where the env steps")
+    policy_device: Any = option(None, check=_devices, accepts="Devices", doc="where the policy runs")
+    storing_device: Any = option(None, check=_devices, accepts="Devices", doc="where batches are written")
+    max_frames_per_traj: int | None = option(None, check=_int(1, optional=True), doc="truncate longer episodes")
+    init_random_frames: int = option(
+        0, check=_init_random_frames, accepts="int | None", doc="act randomly until this many frames"
+    )
+    reset_at_each_iter: bool = option(False, check=check_bool, doc="reset every env at each batch")
+    postproc: Callable[[TensorDictBase], TensorDictBase] | None = option(
+        None, check=_callable("a callable on TensorDicts"), doc="applied to each batch before it is handed out"
+    )
+    split_trajs: bool = option(False, check=check_bool, doc="split batches into padded trajectories")
+    exploration_type: InteractionType | None = option(
+        InteractionType.RANDOM, check=_exploration, accepts="InteractionType | str | None",
+        doc="tensordict interaction type while collecting",
+    )  # fmt: skip
+    env_kwargs: Mapping[str, Any] = option(
+        check=_env_kwargs, factory=dict, accepts="Mapping[str, Any] | None", doc="keyword arguments of the env factory"
+    )
+    progress: bool | str = option(False, doc='a progress bar: True, "tqdm" or "log" (checked by CollectorBase)')
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -327,27 +298,38 @@ class RolloutSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerSettings(RolloutSettings):
-    """The checked :class:`WorkerOptions`, defaults filled in (see :class:`~acollect.MultiSyncCollector`)."""
+class ProcessSettings(RolloutSettings):
+    """The options of collectors whose envs run in worker processes, checked (but for ``num_workers``)."""
 
-    num_workers: int | None = None
-    collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
-    update_after_each_batch: bool = False
-    max_weight_update_interval: int | None = None
-    weight_sync_schemes: Mapping[str, WeightSyncScheme] = field(default_factory=dict)
-    max_worker_restarts: int = 0
-    heartbeat_timeout: float = 30.0
-    startup_timeout: float = 120.0
-    shutdown_timeout: float = 5.0
-    address: str | None = None
-    start_method: str = "spawn"
-    launcher: Any = "local"
-    num_threads: int = 1
-    use_shared_memory: bool | None = None
-    remote_workers: int = 0
-    keys: ServerKeys | None = None
-    copy_batches: bool = True
-    filter_worker_warnings: bool = True
+    collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = option(
+        None, check=_collector_kwargs, doc="options per worker: one dict for all, or a list of dicts"
+    )
+    update_after_each_batch: bool = option(False, check=check_bool, doc="push the policy's weights after each batch")
+    max_weight_update_interval: int | None = option(
+        None, check=_int(1, optional=True), doc="push the policy's weights at least every this many batches"
+    )
+    weight_sync_schemes: Mapping[str, WeightSyncScheme] = option(
+        check=_schemes, factory=dict, accepts="Mapping[str, WeightSyncScheme] | None",
+        doc="how each model's weights travel (model id -> scheme)",
+    )  # fmt: skip
+    max_worker_restarts: int = option(0, check=_int(0), doc="restarts allowed per worker before a failure is raised")
+    heartbeat_timeout: float = option(30.0, check=check_seconds, doc="seconds without progress before a worker hangs")
+    startup_timeout: float = option(120.0, check=check_seconds, doc="seconds a worker may take to start")
+    shutdown_timeout: float = option(5.0, check=check_seconds, doc="seconds async_shutdown() takes at most")
+    address: str | None = option(None, check=_address, doc="where workers connect: ipc:// or tcp:// (None: private)")
+    start_method: str = option("spawn", check=_choice(*START_METHODS), doc='"spawn" or "forkserver"')
+    launcher: Any = option("local", doc="where workers run: a launcher or its name (checked with start_method)")
+    num_threads: int = option(1, check=_int(1), doc="torch threads per worker")
+    use_shared_memory: bool | None = option(
+        None, check=_choice(None, True, False), doc="batches through /dev/shm slots (None: by size and address)"
+    )
+    remote_workers: int = option(0, check=_int(0), doc="workers started by hand that join over tcp")
+    keys: ServerKeys | None = option(
+        None, check=_keys, accepts="ServerKeys | str | os.PathLike[str] | None",
+        doc="CURVE keys: workers must authenticate (a key directory from `acollect keys`)",
+    )  # fmt: skip
+    copy_batches: bool = option(True, check=check_bool, doc="hand out copies (False: lend the shared memory)")
+    filter_worker_warnings: bool = option(True, check=check_bool, doc="silence Python warnings in the workers")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -360,6 +342,81 @@ class WorkerSettings(RolloutSettings):
                 "0 unless address='tcp://HOST:PORT' and keys=<directory from `acollect keys`> are given "
                 "(workers started by hand must connect to a known address and authenticate)",
             )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings(ProcessSettings):
+    """The options of the multi-process collectors, checked (see :class:`~acollect.MultiSyncCollector`)."""
+
+    num_workers: int | None = option(None, check=_int(1, optional=True), doc="worker processes (with one env factory)")
+
+
+@cache
+def _checks() -> dict[str, Check]:
+    """Each option's check, read from the declarations (collector_kwargs checks per-worker options with it)."""
+    return {f.name: f.metadata["check"] for f in fields(WorkerSettings) if f.metadata.get("check") is not None}
+
+
+#: The generated ``TypedDict`` s, in order: (name, settings class, base TypedDict or None).
+_TYPED: tuple[tuple[str, type[RolloutSettings], str | None, str], ...] = (
+    ("RolloutOptions", RolloutSettings, None, "The keyword options every collector takes."),
+    ("ProcessOptions", ProcessSettings, "RolloutOptions",
+     "The options of collectors whose envs run in worker processes, but for ``num_workers``."),
+    ("WorkerOptions", WorkerSettings, "ProcessOptions", "The options of the multi-process collectors."),
+)  # fmt: skip
+
+_TYPED_HEADER = '''"""The collectors' ``**options`` as ``TypedDict`` s, for mypy, generated from their declarations.
+
+Do not edit: each option is declared once, in :mod:`acollect.collectors.options`. After changing a
+declaration, regenerate this module:
+``python -c "from acollect.collectors.options import write_option_types; write_option_types()"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+from typing_extensions import Required, TypedDict
+
+from acollect.devices import DeviceLike
+from acollect.policy import PolicyLike
+from acollect.transport.auth import ServerKeys
+from acollect.transport.weight_sync import WeightSyncScheme
+
+__all__ = ["Devices", "ProcessOptions", "RolloutOptions", "WorkerOptions"]
+
+Devices = DeviceLike | Sequence[DeviceLike]
+"""One device, or (multi-process collectors) a list with one per worker."""
+'''
+
+
+def typed_options_source() -> str:
+    """The source of :mod:`acollect.collectors.option_types`, generated from the declarations above."""
+    parts = [_TYPED_HEADER]
+    for name, settings, base, doc in _TYPED:
+        own = {f.name for f in fields(settings)}
+        inherited = {f.name for f in fields(settings.__mro__[1])} if base is not None else set()
+        lines = [f"\n\nclass {name}({base or 'TypedDict'}, total=False):", f'    """{doc}"""']
+        for f in fields(settings):
+            if f.name not in own - inherited:
+                continue
+            kind = f.metadata.get("accepts") or str(f.type)
+            if f.default is MISSING and f.default_factory is MISSING:
+                kind = f"Required[{kind}]"
+            lines += ["", f"    #: {f.metadata['doc']}", f"    {f.name}: {kind}"]
+        parts.append("\n".join(lines) + "\n")
+    return "".join(parts)
+
+
+def write_option_types() -> None:
+    """Regenerates :mod:`acollect.collectors.option_types` from the declarations (after changing one)."""
+    from pathlib import Path
+
+    Path(__file__).with_name("option_types.py").write_text(typed_options_source())
 
 
 S = TypeVar("S", bound=RolloutSettings)
@@ -405,3 +462,4 @@ def _keywords_of(owner: Callable[..., Any] | None) -> list[str]:
     if isinstance(owner, type):
         params = params[1:]  # self
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+

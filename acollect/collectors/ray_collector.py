@@ -341,7 +341,7 @@ class RayCollector(MultiCollectorBase):
                 self._abandon_workers()
                 asyncio.run(self.async_shutdown(timeout))
             else:
-                limit = (timeout if timeout is not None else self.shutdown_timeout) + 10.0
+                limit = (timeout if timeout is not None else self.settings.shutdown_timeout) + 10.0
                 asyncio.run_coroutine_threadsafe(self.async_shutdown(timeout), loop).result(limit)
         finally:
             if shutdown_ray:

@@ -128,10 +128,10 @@ def test_the_mode_takes_its_own_option_only() -> None:
 def test_rpc_collector_maps_torchrl_arguments() -> None:
     sync = RPCCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, max_weight_update_interval=-1)
     assert isinstance(sync, MultiSyncCollector)
-    assert sync.max_weight_update_interval is None
+    assert sync.settings.max_weight_update_interval is None
     free = RPCCollector([CountingEnv] * 2, frames_per_batch=8, collector_class="SyncDataCollector", tcp_port=29556)
     assert isinstance(free, MultiAsyncCollector)
-    assert free.address == "tcp://127.0.0.1:29556"
+    assert free.settings.address == "tcp://127.0.0.1:29556"
     with pytest.raises(ConfigurationError, match="num_workers_per_collector"):
         RPCCollector([CountingEnv], frames_per_batch=8, num_workers_per_collector=2)
     with pytest.raises(ConfigurationError, match="collector_class"):

@@ -117,13 +117,13 @@ def test_ray_collector_maps_torchrl_arguments_without_starting_ray() -> None:
     assert sync.sync is True
     assert sync.num_workers == 4
     assert sync.num_collectors == 2
-    assert [sync.launcher.remote_config(i)["num_cpus"] for i in range(4)] == [1, 1, 2, 2]  # type: ignore[attr-defined]
-    assert sync.max_weight_update_interval is None
+    assert [sync.settings.launcher.remote_config(i)["num_cpus"] for i in range(4)] == [1, 1, 2, 2]  # type: ignore[attr-defined]
+    assert sync.settings.max_weight_update_interval is None
     assert sync.remote_collectors == []
     sync.add_collectors(CountingEnv, num_envs=1, remote_configs={"num_cpus": 3})
     assert sync.num_workers == 6
     assert sync.num_collectors == 3
-    assert sync.launcher.remote_config(5) == {"num_cpus": 3}  # type: ignore[attr-defined]
+    assert sync.settings.launcher.remote_config(5) == {"num_cpus": 3}  # type: ignore[attr-defined]
     unsync = RayCollector(CountingEnv, num_collectors=3, frames_per_batch=8)
     assert type(unsync) is RayCollector
     assert unsync.sync is False

@@ -63,7 +63,7 @@ async def test_sync_ray_collector_stacks_batches_pushes_weights_and_restarts_a_k
         assert len(set(traj)) == 2
         actors = collector.remote_collectors
         assert len(actors) == 2
-        assert collector.launcher.connect_address(collector.endpoint_address or "").startswith("tcp://")
+        assert collector.settings.launcher.connect_address(collector.endpoint_address or "").startswith("tcp://")
 
         assert await collector.update_policy_weights_(WeightProbe(1.0)) == 1
         batch = await anext(collector)

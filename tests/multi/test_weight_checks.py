@@ -86,7 +86,7 @@ async def test_a_push_that_does_not_fit_is_refused_at_once(
         started = time.monotonic()
         with pytest.raises(ConfigurationError) as info:
             await c.update_policy_weights_(weights)
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 5.0  # at once: no wait for acknowledgements (30 s), even when loaded
         for part in named:
             assert part in str(info.value)
         # nothing was sent: the workers collect on with version 0, and a push that fits still works
