@@ -248,8 +248,10 @@ class CollectorStats:
         episode_length_mean: mean length (steps) of the last 100 episodes.
         episode_length_last: length of the last episode that ended.
         policy_version: the collector's current policy version.
-        policy_lag: per worker, ``policy_version`` minus the version its last batch was collected with
-            (the in-process collector is worker 0).
+        policy_lag: per worker, ``policy_version`` minus the oldest version that chose an action in its last
+            batch (the smallest ``("collector", "policy_version")`` of its frames; the in-process collector is
+            worker 0). Workers that run the policy themselves apply weights at batch boundaries only, so every
+            frame of a batch has one version; with central inference a batch may span several.
         worker_frames_per_s: per worker, frames per second over the last 10 seconds.
         restarts: worker processes restarted after a crash or hang.
         dropped_batches: batches lost to worker restarts.

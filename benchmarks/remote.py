@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import functools
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -234,7 +235,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     single_thread_torch()
     keys = _keys()
     parts = {"throughput": throughput, "weights": weights, "fanin": fanin}
-    results = {name: parts[name](args, keys) for name in args.only}
+    try:
+        results = {name: parts[name](args, keys) for name in args.only}
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)  # secret keys: none left in the temporary directory
     payload = {"benchmark": "remote", "args": {k: str(v) for k, v in vars(args).items()}, "machine": machine_info(),
                "results": results}  # fmt: skip
     if args.json is not None:

@@ -121,4 +121,4 @@ async def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main, tyro.cli(Args))
+    anyio.run(main, tyro.cli(Args, description=__doc__.splitlines()[0]))

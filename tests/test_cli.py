@@ -55,6 +55,32 @@ def test_info_reports_this_machine() -> None:
     assert set(report["extras"]) >= {"progress", "torchrl", "ray", "submitit"}
 
 
+def test_info_lists_every_extra_of_the_project_with_its_packages() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    # A requirement's distribution name: what precedes its extras, version and markers.
+    declared = {name: {re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0] for req in reqs} for name, reqs in extras.items()}
+    report = collect_info()
+    assert {extra: set(packages) for extra, packages in report["extras"].items()} == declared
+    text = format_info(report)
+    for extra in declared:
+        assert re.search(rf"^extra \[{extra}\] ", text, flags=re.M), text
+
+
+def test_bench_help_shows_the_default_of_every_number() -> None:
+    env = {**os.environ, "COLUMNS": "400"}  # no help text wrapped across lines
+    proc = subprocess.run([sys.executable, "-m", "acollect", "bench", "--help"], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env=env, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    shown = " ".join(proc.stdout.split())
+    (subparsers,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    numbers = [a for a in subparsers.choices["bench"]._actions if a.type is int]
+    assert len(numbers) >= 8
+    for action in numbers:
+        flag = action.option_strings[0]
+        assert re.search(rf"{flag} {action.dest.upper()} [^()]*\(default: {action.default}\)", shown), (flag, shown)
+
+
 def test_info_text_has_one_line_per_fact() -> None:
     names = [line.split("  ")[0].strip() for line in format_info(collect_info()).splitlines()]
     for expected in ("acollect", "torch", "tensordict", "gymnasium", "pyzmq", "anyio", "cpu cores", "cuda",

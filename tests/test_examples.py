@@ -68,6 +68,10 @@ def test_example_help_shows_each_option_with_its_description_and_default(name: s
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     shown = " ".join(proc.stdout.replace("│", " ").split())  # the text without tyro's box or line breaks
+    module_doc = ast.get_docstring(ast.parse((EXAMPLES / name).read_text(encoding="utf-8")))
+    assert module_doc, f"{name} has no docstring"
+    summary = " ".join(module_doc.splitlines()[0].split())
+    assert summary in shown, f"{name} --help lacks its description {summary!r}:\n{proc.stdout}"
     for field, default, doc in fields:
         flag = "--" + field.replace("_", "-")
         # The flag (its metavar, or its --no- twin), then the field's docstring and its default.

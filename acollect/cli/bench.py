@@ -299,14 +299,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS),
                         help="workloads to run (default: all)")  # fmt: skip
-    parser.add_argument("--frames", type=int, default=40_960, help="timed CartPole frames per round")
-    parser.add_argument("--rounds", type=int, default=1, help="rounds per contender, run in turns")
-    parser.add_argument("--frames-per-batch", type=int, default=2048, help="CartPole frames per batch")
-    parser.add_argument("--num-envs", type=int, default=32, help="CartPole envs in all (split among workers)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (and independent loop processes)")
-    parser.add_argument("--pixel-frames", type=int, default=8192, help="timed pixel frames per round")
-    parser.add_argument("--pixel-envs", type=int, default=16, help="pixel envs in all (split among workers)")
-    parser.add_argument("--pixel-steps", type=int, default=32, help="steps per pixel batch (T)")
+    # Each number's default in its help, so `--help` says what a bare `acollect bench` runs.
+    numbers = [
+        ("--frames", 40_960, "timed CartPole frames per round"),
+        ("--rounds", 1, "rounds per contender, run in turns"),
+        ("--frames-per-batch", 2048, "CartPole frames per batch"),
+        ("--num-envs", 32, "CartPole envs in all, split among workers"),
+        ("--workers", 2, "worker processes, and independent loop processes"),
+        ("--pixel-frames", 8192, "timed pixel frames per round"),
+        ("--pixel-envs", 16, "pixel envs in all, split among workers"),
+        ("--pixel-steps", 32, "steps per pixel batch, T"),
+    ]
+    for flag, default, text in numbers:
+        parser.add_argument(flag, type=int, default=default, help=f"{text} (default: %(default)s)")
     parser.add_argument("--no-torchrl", action="store_true", help="skip torchrl's collectors even if installed")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
     parser.set_defaults(run=run)

@@ -40,13 +40,16 @@ _DEPENDENCIES = {
     "cloudpickle": "cloudpickle",
     "psutil": "psutil",
 }
-# Optional extra -> the distributions it brings.
+# Optional extra -> the distributions it brings: every extra of pyproject.toml (tests/test_cli.py checks it).
 _EXTRAS = {
     "progress": ["tqdm"],
     "torchrl": ["torchrl"],
     "ray": ["ray"],
     "submitit": ["submitit"],
+    "examples": ["tyro"],
     "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"],
+    "dev": ["pytest", "pytest-asyncio", "pytest-timeout", "trio", "hypothesis", "ruff", "mypy", "mkdocs",
+            "mkdocs-material", "mkdocstrings", "tyro", "tqdm"],
 }
 
 

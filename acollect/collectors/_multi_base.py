@@ -305,12 +305,19 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         """Counts ``item`` and gives its credit (and slot) back, or, with ``lend``, at the next batch."""
         header = item.header
         # The worker counted its episodes: statistics cost no message of their own.
-        self._record_worker(item.worker, item.data.numel(), int(header["policy_version"]),
+        self._record_worker(item.worker, item.data.numel(), self._batch_version(item),
                             EpisodeSummary.from_header(header.get("episodes")))  # fmt: skip
         if lend:
             self._lent.append(item)
         else:
             await self._give_back(item)
+
+    def _batch_version(self, item: Received) -> int:
+        """The oldest policy version that chose an action in ``item`` (what its policy lag is measured from).
+
+        A worker applies weights at batch boundaries only, so its header's version is every frame's.
+        """
+        return int(item.header["policy_version"])
 
     async def _give_back(self, item: Received) -> None:
         pool = self._require_pool()

@@ -189,9 +189,19 @@ class CollectorBase(ReportingMixin):
         err = self._failure
         assert err is not None
         self._failure_reported = True
+        raised = err
         if self._background:
-            raise BackgroundCollectionError(f"background collection failed: {type(err).__name__}: {err}") from err
-        raise err
+            raised = BackgroundCollectionError(f"background collection failed: {type(err).__name__}: {err}")
+            raised.__cause__ = err  # as `raise ... from err`
+        context, suppress = raised.__context__, raised.__suppress_context__
+        try:
+            raise raised
+        finally:
+            # Callers raise the failure where the failure's own cancellation of their call is being handled
+            # (the exit of the call's cancel scope), so the raise chained it to that internal CancelledError:
+            # the user would read "Cancelled via cancel scope ... During handling ..." before the real error.
+            # The failure keeps the chain it came with, and only that.
+            raised.__context__, raised.__suppress_context__ = context, suppress
 
     def _fail(self, exc: BaseException) -> None:
         """A background task or a worker failed: BROKEN now, and every waiting call wakes with it."""

@@ -38,7 +38,9 @@ from acollect.collectors.options import WorkerOptions
 from acollect.collectors.worker_configs import build_worker_configs
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.inference import InferenceServer
+from acollect.inference.client import VERSION_KEY
 from acollect.policy import PolicyLike
+from acollect.pool import Received
 from acollect.stats import CollectorStats
 
 __all__ = ["AsyncBatchedCollector"]
@@ -220,6 +222,14 @@ class AsyncBatchedCollector(MultiCollectorBase):
         return version
 
     # -- stats ---------------------------------------------------------------------------------
+    def _batch_version(self, item: Received) -> int:
+        # The server's weights change between two forward passes, mid-batch: each frame says which version chose
+        # its action, while the worker's own header version never moves (its policy has no weights).
+        versions = item.data.get(VERSION_KEY, None)
+        if versions is None or versions.numel() == 0:
+            return super()._batch_version(item)
+        return int(versions.min())
+
     def stats(self) -> CollectorStats:
         """As for every collector, plus ``inference``: the server's passes, batch sizes, fill rate and latency."""
         stats = super().stats()

@@ -20,14 +20,12 @@ public key the worker was given.
 
 Examples:
     >>> import tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> files = create_keys(d, workers=["alice"])
-    >>> sorted(p.name for p in files)
+    >>> with tempfile.TemporaryDirectory() as d:  # secret keys: removed with the directory
+    ...     files = create_keys(d, workers=["alice"])
+    ...     print(sorted(p.name for p in files))
+    ...     print(ServerKeys.load(d).authorized_dir.name, len(ClientKeys.load(d, "alice").server_public))
     ['alice.key', 'alice.key_secret', 'collector.key', 'collector.key_secret']
-    >>> ServerKeys.load(d).authorized_dir.name
-    'authorized'
-    >>> len(ClientKeys.load(d, "alice").server_public)
-    40
+    authorized 40
 """
 
 from __future__ import annotations

@@ -114,3 +114,28 @@ async def test_state_dict_carries_the_servers_weights_and_version_to_a_new_colle
             assert (batch["collector", "policy_version"] == 1).all()
             assert batch["action"].eq(1).all()
             assert second.policy_version == 1
+
+
+async def test_policy_lag_is_measured_from_the_oldest_version_that_acted_in_each_workers_last_batch(
+    start_method: str,
+) -> None:
+    from acollect.testing import WeightProbe
+
+    trained = TensorDictModule(WeightProbe(0.0), in_keys=["observation"], out_keys=["action"])
+    last: dict[int, torch.Tensor] = {}
+    with anyio.fail_after(90):
+        async with AsyncBatchedCollector(envs(), trained, frames_per_batch=18, total_frames=18 * 40, credits=1,
+                                         start_method=start_method) as collector:  # fmt: skip
+            async for batch in collector:
+                last[int(batch["collector", "worker_id"][0, 0])] = batch["collector", "policy_version"].clone()
+                if collector.policy_version < 6:
+                    await collector.update_policy_weights_()
+                # Until each worker's last batch was made by pushed weights only: then its lag is under the version.
+                elif len(last) == 2 and all(int(v.min()) > 0 for v in last.values()):
+                    break
+            else:
+                raise AssertionError("no batch of each worker was made by pushed weights only")
+            stats = collector.stats()
+    assert stats.policy_version == 6
+    assert stats.policy_lag == {w: 6 - int(versions.min()) for w, versions in sorted(last.items())}
+    assert all(lag < 6 for lag in stats.policy_lag.values())

@@ -8,12 +8,16 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 
 import anyio
 import psutil
 import pytest
+import torch
+from tensordict import TensorDictBase
 
 from acollect import (
+    GymEnv,
     MultiAsyncCollector,
     MultiSyncCollector,
     RemoteError,
@@ -80,6 +84,39 @@ async def test_exception_in_worker_env_becomes_remote_error(start_method: str) -
     assert "CrashingEnv crashed at step 3" in err.remote_traceback
     assert "_before_step" in err.remote_traceback  # the worker's own frames
     assert "Remote traceback (worker 1)" in str(err)
+
+
+def assert_no_internal_cancellation(err: BaseException) -> None:
+    """``err``'s chain and its printed traceback hold no cancellation of the collector's own."""
+    seen = err.__cause__ or err.__context__
+    while seen is not None:
+        assert not isinstance(seen, (anyio.get_cancelled_exc_class(), KeyboardInterrupt)), repr(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = "".join(traceback.format_exception(err))
+    assert "CancelledError" not in text, text
+    assert "Cancelled via cancel scope" not in text, text
+    assert "During handling of the above exception" not in text, text
+
+
+def writes_actions(td: TensorDictBase) -> TensorDictBase:
+    """A TensorDict policy that writes its choice under ``"actions"``, not ``"action"``."""
+    return td.set("actions", torch.zeros(td.batch_size[0], dtype=torch.long))
+
+
+@pytest.mark.parametrize("when", ["entry", "batch"])
+async def test_a_worker_error_is_raised_without_the_collectors_internal_cancellation(
+    start_method: str, when: str
+) -> None:
+    # A worker's failure cancels the call that waits for it; the error the user reads must not be
+    # chained to that cancellation (a page of anyio frames before the worker's own message).
+    if when == "entry":  # refused as the worker builds the policy: `async with` raises
+        envs, policy, match = [lambda: GymEnv("CartPole-v1", num_envs=2)] * 2, writes_actions, "did not write 'action'"
+    else:  # an env raising mid-batch: the batch's `anext` raises
+        envs, policy, match = [CountingEnv, lambda: CrashingEnv(crash_at_step=3)], None, "crashed at step 3"
+    with anyio.fail_after(60), pytest.raises(RemoteError, match=match) as info:
+        async with MultiSyncCollector(envs, policy, frames_per_batch=16, start_method=start_method) as collector:
+            await anext(collector)
+    assert_no_internal_cancellation(info.value)
 
 
 async def test_exception_while_building_the_env_is_a_remote_error(start_method: str) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import doctest
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from acollect import ConfigurationError
 from acollect.testing import wait_until
+from acollect.transport import auth
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
 from acollect.transport.endpoint import Endpoint, WorkerSocket
 
@@ -70,3 +73,12 @@ def test_key_files_and_errors(keys: Path) -> None:
     with pytest.raises(ConfigurationError, match="keys"):
         Endpoint("tcp://127.0.0.1:0", keys="not keys")  # type: ignore[arg-type]
     assert "secret" not in repr(ClientKeys.load(keys / "k", "good"))
+
+
+def test_the_modules_example_leaves_no_key_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The example writes secret keys: run where they would stay, and see that nothing does.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = doctest.testmod(auth, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0
+    assert result.failed == 0, result
+    assert list(tmp_path.iterdir()) == []
