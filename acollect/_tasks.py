@@ -35,6 +35,9 @@ __all__ = ["TaskOwner"]
 
 logger = logging.getLogger("acollect")
 
+#: Where a task's exception goes.
+Failed = Callable[[BaseException], None]
+
 
 def _current_backend() -> str:
     try:
@@ -101,7 +104,7 @@ class TaskOwner:
         self._host_ready = anyio.Event()
         self._release = anyio.Event()
         self._host_done = anyio.Event()
-        self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, str]] = []
+        self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, Failed, str]] = []
         self._closed = False
 
     @property
@@ -138,8 +141,8 @@ class TaskOwner:
             async with anyio.create_task_group() as group:
                 self._group = group
                 pending, self._pending = self._pending, []
-                for fn, args, scope, name in pending:
-                    group.start_soon(self._guard, fn, args, scope, name=f"{self.name}-{name}")
+                for fn, args, scope, on_failure, name in pending:
+                    group.start_soon(self._guard, fn, args, scope, on_failure, name=f"{self.name}-{name}")
                 self._host_ready.set()
                 await self._release.wait()
         except anyio.get_cancelled_exc_class():
@@ -152,18 +155,25 @@ class TaskOwner:
             self._host_done.set()
 
     # -- tasks -------------------------------------------------------------------------
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> anyio.CancelScope:
-        """Runs ``fn(*args)`` in the group; returns the cancel scope that stops it alone."""
+    def spawn(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str, on_failure: Failed | None = None
+    ) -> anyio.CancelScope:
+        """Runs ``fn(*args)`` in the group; returns the cancel scope that stops it alone.
+
+        ``on_failure``: where the task's exception goes instead of the owner's ``on_failure`` (a part
+        with a failure of its own, such as the worker pool, which reports to the collector in turn).
+        """
         if self._closed or (self._group is None and self._host is None):
             raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         self._running += 1
         self._idle = anyio.Event()
+        failed = on_failure if on_failure is not None else self._on_failure
         if self._group is None:  # the host task is starting: it spawns this once its group is open
-            self._pending.append((fn, args, scope, name))
+            self._pending.append((fn, args, scope, failed, name))
         else:
-            self._group.start_soon(self._guard, fn, args, scope, name=f"{self.name}-{name}")
+            self._group.start_soon(self._guard, fn, args, scope, failed, name=f"{self.name}-{name}")
         return scope
 
     async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> Any:
@@ -177,14 +187,16 @@ class TaskOwner:
         self._idle = anyio.Event()
         return await self._group.start(self._guard_started, fn, args, scope, name=f"{self.name}-{name}")
 
-    async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], scope: anyio.CancelScope) -> None:
+    async def _guard(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], scope: anyio.CancelScope, on_failure: Failed
+    ) -> None:
         try:
             with scope:
                 await fn(*args)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # never lost, never fatal to the siblings: the owner decides what it means
-            self._on_failure(exc)
+            on_failure(exc)
         finally:
             self._done(scope)
 
