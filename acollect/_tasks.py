@@ -6,7 +6,8 @@ in one anyio task group, and each runs in a cancel scope of its own so that
 :meth:`TaskOwner.aclose` can stop them all without cancelling anyone else. A task
 that fails never fails silently and never tears down its siblings or the caller:
 its exception goes to the ``on_failure`` callback (the collector moves to BROKEN
-and raises it at the next call).
+and raises it at the next call), or to the one it was spawned with (the worker
+pool's loops report to the pool, which breaks and reports to the collector).
 
 The group is held by a *host* task that the collector starts when it starts
 collecting (``async with``, the first batch, or ``start()``) and ends in
@@ -27,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 
 from acollect.errors import CollectorStateError
 
@@ -53,18 +54,6 @@ def _current_backend() -> str:
         except RuntimeError:
             pass
     raise CollectorStateError("a collector must be used from a running event loop (asyncio or trio)")
-
-
-class _Status:
-    """A task status that remembers whether ``started()`` was called."""
-
-    def __init__(self, inner: TaskStatus[Any]) -> None:
-        self._inner = inner
-        self.done = False
-
-    def started(self, value: Any = None) -> None:
-        self.done = True
-        self._inner.started(value)
 
 
 class TaskOwner:
@@ -176,17 +165,6 @@ class TaskOwner:
             self._group.start_soon(self._guard, fn, args, scope, failed, name=f"{self.name}-{name}")
         return scope
 
-    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> Any:
-        """Like :meth:`spawn`, but ``fn`` takes ``task_status`` and this returns once it called ``started()``."""
-        if not self.active:
-            raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
-        assert self._group is not None
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
-        self._running += 1
-        self._idle = anyio.Event()
-        return await self._group.start(self._guard_started, fn, args, scope, name=f"{self.name}-{name}")
-
     async def _guard(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], scope: anyio.CancelScope, on_failure: Failed
     ) -> None:
@@ -197,27 +175,6 @@ class TaskOwner:
             raise
         except Exception as exc:  # never lost, never fatal to the siblings: the owner decides what it means
             on_failure(exc)
-        finally:
-            self._done(scope)
-
-    async def _guard_started(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        scope: anyio.CancelScope,
-        *,
-        task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        status = _Status(task_status)
-        try:
-            with scope:
-                await fn(*args, task_status=status)
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:
-            if not status.done:
-                raise  # before started(): the caller of start() gets it, as a failed start
-            self._on_failure(exc)
         finally:
             self._done(scope)
 

@@ -113,10 +113,12 @@ class _DistPool(WorkerPool):
         wait_all(works, stop=stop, timeout=self.dist_options["timeout"], what=f"a batch from worker {handle.index}")
         return td
 
-    async def _dispatch(self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None) -> None:
-        if header["kind"] == P.BATCH and header.get("dist"):
-            td = await run_in_thread(partial(self._recv_batch, handle), name="dist-recv")
-        await super()._dispatch(handle, header, td)
+    async def _batch_data(
+        self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None
+    ) -> TensorDictBase | None:
+        if header.get("dist"):  # its tensors follow through the process group
+            return await run_in_thread(partial(self._recv_batch, handle), name="dist-recv")
+        return td
 
     async def send(
         self, handle: WorkerHandle, kind: str, fields: Mapping[str, Any] | None = None, td: TensorDictBase | None = None
