@@ -4,6 +4,9 @@ Every ``MONITOR_PERIOD`` seconds each worker is checked: a process that exited, 
 worker that did not start in time, a heartbeat gone stale, a batch announced but
 never delivered, or a collecting worker making no env step. The worker is then
 restarted (within ``max_restarts``) or the pool fails with an error naming it.
+:class:`Monitor` runs it, given the endpoint, the handles, where failures and
+counts go, and how the pool starts a worker in a slot (or frees one for a worker
+started by hand).
 
 The loop also sends the collector's own heartbeat, every ``heartbeat_interval``, to
 the workers that may have no parent process to watch (started by hand, or by an
