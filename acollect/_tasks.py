@@ -6,7 +6,8 @@ in one anyio task group, and each runs in a cancel scope of its own so that
 :meth:`TaskOwner.aclose` can stop them all without cancelling anyone else. A task
 that fails never fails silently and never tears down its siblings or the caller:
 its exception goes to the ``on_failure`` callback (the collector moves to BROKEN
-and raises it at the next call).
+and raises it at the next call), or to the one it was spawned with (the worker
+pool's loops report to the pool, which breaks and reports to the collector).
 
 The group is held by a *host* task that the collector starts when it starts
 collecting (``async with``, the first batch, or ``start()``) and ends in
@@ -27,13 +28,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 
 from acollect.errors import CollectorStateError
 
 __all__ = ["TaskOwner"]
 
 logger = logging.getLogger("acollect")
+
+#: Where a task's exception goes.
+Failed = Callable[[BaseException], None]
 
 
 def _current_backend() -> str:
@@ -50,18 +54,6 @@ def _current_backend() -> str:
         except RuntimeError:
             pass
     raise CollectorStateError("a collector must be used from a running event loop (asyncio or trio)")
-
-
-class _Status:
-    """A task status that remembers whether ``started()`` was called."""
-
-    def __init__(self, inner: TaskStatus[Any]) -> None:
-        self._inner = inner
-        self.done = False
-
-    def started(self, value: Any = None) -> None:
-        self.done = True
-        self._inner.started(value)
 
 
 class TaskOwner:
@@ -101,7 +93,7 @@ class TaskOwner:
         self._host_ready = anyio.Event()
         self._release = anyio.Event()
         self._host_done = anyio.Event()
-        self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, str]] = []
+        self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, Failed, str]] = []
         self._closed = False
 
     @property
@@ -138,8 +130,8 @@ class TaskOwner:
             async with anyio.create_task_group() as group:
                 self._group = group
                 pending, self._pending = self._pending, []
-                for fn, args, scope, name in pending:
-                    group.start_soon(self._guard, fn, args, scope, name=f"{self.name}-{name}")
+                for fn, args, scope, on_failure, name in pending:
+                    group.start_soon(self._guard, fn, args, scope, on_failure, name=f"{self.name}-{name}")
                 self._host_ready.set()
                 await self._release.wait()
         except anyio.get_cancelled_exc_class():
@@ -152,60 +144,37 @@ class TaskOwner:
             self._host_done.set()
 
     # -- tasks -------------------------------------------------------------------------
-    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> anyio.CancelScope:
-        """Runs ``fn(*args)`` in the group; returns the cancel scope that stops it alone."""
+    def spawn(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str, on_failure: Failed | None = None
+    ) -> anyio.CancelScope:
+        """Runs ``fn(*args)`` in the group; returns the cancel scope that stops it alone.
+
+        ``on_failure``: where the task's exception goes instead of the owner's ``on_failure`` (a part
+        with a failure of its own, such as the worker pool, which reports to the collector in turn).
+        """
         if self._closed or (self._group is None and self._host is None):
             raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         self._running += 1
         self._idle = anyio.Event()
+        failed = on_failure if on_failure is not None else self._on_failure
         if self._group is None:  # the host task is starting: it spawns this once its group is open
-            self._pending.append((fn, args, scope, name))
+            self._pending.append((fn, args, scope, failed, name))
         else:
-            self._group.start_soon(self._guard, fn, args, scope, name=f"{self.name}-{name}")
+            self._group.start_soon(self._guard, fn, args, scope, failed, name=f"{self.name}-{name}")
         return scope
 
-    async def start(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str) -> Any:
-        """Like :meth:`spawn`, but ``fn`` takes ``task_status`` and this returns once it called ``started()``."""
-        if not self.active:
-            raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
-        assert self._group is not None
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
-        self._running += 1
-        self._idle = anyio.Event()
-        return await self._group.start(self._guard_started, fn, args, scope, name=f"{self.name}-{name}")
-
-    async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], scope: anyio.CancelScope) -> None:
+    async def _guard(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], scope: anyio.CancelScope, on_failure: Failed
+    ) -> None:
         try:
             with scope:
                 await fn(*args)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:  # never lost, never fatal to the siblings: the owner decides what it means
-            self._on_failure(exc)
-        finally:
-            self._done(scope)
-
-    async def _guard_started(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        scope: anyio.CancelScope,
-        *,
-        task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        status = _Status(task_status)
-        try:
-            with scope:
-                await fn(*args, task_status=status)
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:
-            if not status.done:
-                raise  # before started(): the caller of start() gets it, as a failed start
-            self._on_failure(exc)
+            on_failure(exc)
         finally:
             self._done(scope)
 

@@ -7,7 +7,8 @@ heartbeats, batch headers, acknowledgements) stays on ZeroMQ, while the batch
 tensors go worker -> collector with point-to-point sends and weight pushes go
 collector -> workers with one broadcast, both through a torch.distributed process
 group in which the collector is rank 0 and worker ``i`` is rank ``i + 1``
-(:mod:`acollect.transport.torch_dist`). With ``backend="nccl"`` and CUDA batches,
+(:mod:`acollect.transport.torch_dist`; the pool that moves them is
+:class:`acollect.pool.distributed.DistPool`). With ``backend="nccl"`` and CUDA batches,
 a batch goes GPU to GPU without a host copy. Workers run wherever the launcher
 puts them; every rank must reach ``init_method``.
 
@@ -31,29 +32,21 @@ Examples:
 from __future__ import annotations
 
 import socket
-import threading
-from collections.abc import Mapping, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
-from acollect._tasks import TaskOwner
-from acollect._threads import run_in_thread
 from acollect._validate import check_int, check_seconds
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.dispatch import ModeOptions, dispatch_for
 from acollect.collectors.options import WorkerOptions
-from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
-from acollect.pool import WorkerHandle, WorkerPool
-from acollect.transport.torch_dist import check_backend, init_groups, wait_all
+from acollect.pool import WorkerPool
+from acollect.pool.distributed import DistPool
+from acollect.transport.torch_dist import check_backend
 from acollect.transport.weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
-from acollect.transport.wire import decode_tensordict
-from acollect.worker import protocol as P
 
 __all__ = ["DistributedCollector", "DistributedSyncCollector"]
 
@@ -62,92 +55,6 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-class _DistPool(WorkerPool):
-    """A worker pool whose batch tensors and weights travel through torch.distributed."""
-
-    def __init__(self, *args: Any, dist_options: dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.dist_options = dist_options
-        self.dist_ready = False
-        self._owns_group = False
-        self._weights_group: Any = None
-        self._broadcasts: list[Any] = []  # the last push's broadcast works (and their buffers)
-        self._broadcast_version = -1
-
-    def _wants_shm(self, nbytes: int) -> bool:
-        return False  # the tensors take the process group's road
-
-    async def start(self, owner: TaskOwner) -> None:
-        if dist.is_initialized():
-            raise CollectorStateError(
-                "torch.distributed is initialized in this process already (another distributed collector, or "
-                "your own process group): one distributed collector per process"
-            )
-        await super().start(owner)
-        o = self.dist_options
-        fields = {k: o[k] for k in ("backend", "init_method", "timeout")}
-        world_size = len(self.handles) + 1
-        for handle in self.handles:
-            await self.send(handle, P.DIST_INIT, {**fields, "rank": handle.index + 1, "world_size": world_size})
-        init = partial(init_groups, o["backend"], o["init_method"], 0, len(self.handles) + 1, o["timeout"])
-        # Ours from here on (start() refused a group that existed before): a start cancelled while the
-        # group forms still destroys it at close, or it would refuse every later distributed collector.
-        self._owns_group = True
-        self._weights_group = await run_in_thread(lambda _stop: init(), name="dist-init")
-        self.dist_ready = True
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda") if self.dist_options["backend"] == "nccl" else torch.device("cpu")
-
-    def _recv_batch(self, handle: WorkerHandle, stop: threading.Event) -> TensorDictBase:
-        assert handle.layout is not None
-        leaves = handle.layout["leaves"]
-        td: TensorDictBase = decode_tensordict(handle.layout, [bytearray(int(leaf["nbytes"])) for leaf in leaves])
-        if self.device.type != "cpu":
-            td = td.to(self.device)
-        tensors = [td.get(tuple(leaf["key"])) for leaf in leaves]
-        works = [dist.irecv(t, src=handle.index + 1, tag=i) for i, t in enumerate(tensors)]
-        wait_all(works, stop=stop, timeout=self.dist_options["timeout"], what=f"a batch from worker {handle.index}")
-        return td
-
-    async def _dispatch(self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None) -> None:
-        if header["kind"] == P.BATCH and header.get("dist"):
-            td = await run_in_thread(partial(self._recv_batch, handle), name="dist-recv")
-        await super()._dispatch(handle, header, td)
-
-    async def send(
-        self, handle: WorkerHandle, kind: str, fields: Mapping[str, Any] | None = None, td: TensorDictBase | None = None
-    ) -> None:
-        if kind != P.WEIGHTS or td is None or not self.dist_ready:
-            await super().send(handle, kind, fields, td)
-            return
-        fields = dict(fields or {})
-        version = int(fields["version"])
-        if version != self._broadcast_version:
-            # One broadcast per push, started with the first header: rank 0 sends while the
-            # workers, told by their header, receive; they acknowledge once they have it.
-            previous, self._broadcasts = self._broadcasts, []
-            timeout = self.dist_options["timeout"]
-            await run_in_thread(
-                lambda stop: wait_all([w for w, _ in previous], stop=stop, timeout=timeout, what="a weight broadcast"),
-                name="dist-weights",
-            )
-            for i in range(len(fields["models"])):
-                flat = td.get(f"m{i}").to(self.device)
-                self._broadcasts.append((dist.broadcast(flat, src=0, group=self._weights_group, async_op=True), flat))
-            self._broadcast_version = version
-        await super().send(handle, kind, {**fields, "dist": True})
-
-    async def close(self, limit: float) -> None:
-        await super().close(limit)
-        self._broadcasts = []
-        self.dist_ready = False
-        if self._owns_group and dist.is_initialized():
-            self._owns_group = False
-            dist.destroy_process_group()
 
 
 class DistributedCollector(MultiCollectorBase):
@@ -215,7 +122,7 @@ class DistributedCollector(MultiCollectorBase):
         super().__init__(create_env_fn, policy, opts, dispatch=dispatch)
 
     def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
-        return _DistPool(*args, dist_options=self._dist_options, **kwargs)
+        return DistPool(*args, dist_options=self._dist_options, **kwargs)
 
     def _default_scheme(self) -> WeightSyncScheme:
         return ZmqWeightSyncScheme()  # flat buffers, which the broadcast carries

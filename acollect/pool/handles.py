@@ -1,4 +1,4 @@
-"""What the collector knows about each worker, and what it received from one."""
+"""What the collector knows about each worker, what it received from one, and what every worker is told."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from acollect.transport.shm_ring import ShmSlotRing
 from acollect.weights import WeightStructure
 from acollect.worker import protocol as P
 
-__all__ = ["Received", "Rejected", "Retired", "WorkerHandle", "parse_identity"]
+__all__ = ["Orders", "Received", "Rejected", "Retired", "WorkerHandle", "parse_identity"]
 
 # ``w<index>.<generation>`` (control socket) or the same plus ``d`` (data socket): see worker_identity.
 _IDENTITY = re.compile(rb"w(\d{1,9})\.(\d{1,9})d?")
@@ -42,6 +42,14 @@ class Received:
     data: TensorDictBase
     in_slot: bool
     nbytes: int = 0  # the batch's tensor bytes (as the worker's hello layout says)
+
+
+@dataclass
+class Orders:
+    """What every worker is under, set by the collector's dispatch strategy and told again at each hello."""
+
+    paused: bool = False
+    running: bool = False  # ``run`` was sent (asynchronous collectors): workers collect on their credits
 
 
 @dataclass

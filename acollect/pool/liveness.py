@@ -4,6 +4,9 @@ Every ``MONITOR_PERIOD`` seconds each worker is checked: a process that exited, 
 worker that did not start in time, a heartbeat gone stale, a batch announced but
 never delivered, or a collecting worker making no env step. The worker is then
 restarted (within ``max_restarts``) or the pool fails with an error naming it.
+:class:`Monitor` runs it, given the endpoint, the handles, where failures and
+counts go, and how the pool starts a worker in a slot (or frees one for a worker
+started by hand).
 
 The loop also sends the collector's own heartbeat, every ``heartbeat_interval``, to
 the workers that may have no parent process to watch (started by hand, or by an
@@ -15,17 +18,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
 from acollect.errors import TransportError, WorkerCrashedError, WorkerError, WorkerTimeoutError
-from acollect.pool.base import PoolBase
-from acollect.pool.handles import Retired, WorkerHandle
+from acollect.pool.events import Counters, PoolEvents
+from acollect.pool.handles import Orders, Retired, WorkerHandle
+from acollect.transport.endpoint import Endpoint
 from acollect.transport.wire import pack_message
 from acollect.worker import protocol as P
 from acollect.worker.process import describe_exit
 
-__all__ = ["MONITOR_PERIOD", "UNREACHABLE_GRACE", "LivenessMixin"]
+__all__ = ["MONITOR_PERIOD", "UNREACHABLE_GRACE", "Monitor"]
 
 logger = logging.getLogger("acollect")
 
@@ -36,11 +41,62 @@ MONITOR_PERIOD = 0.1
 UNREACHABLE_GRACE = 1.0
 
 
-class LivenessMixin(PoolBase):
-    """The watching side of :class:`~acollect.pool.pool.WorkerPool` (mixed into it)."""
+class Monitor:
+    """The pool's liveness loop (:meth:`run`): finds dead, hung or silent workers; restarts them or fails the pool.
 
-    # -- liveness ------------------------------------------------------------------------
-    async def _monitor_loop(self) -> None:
+    Args:
+        endpoint: the pool's endpoint (the collector's heartbeats go through it).
+        handles: the pool's workers, by index.
+        events: where a failure goes and every check is told.
+        counters: where the batches a dead worker held are counted.
+        orders: the workers' orders (a running worker's batch in progress dies with it).
+        credits: see :class:`~acollect.pool.pool.WorkerPool` (with credits, late batches are counted as they come).
+        same_host: workers run on this host (each watches its parent process; no heartbeat is sent them).
+        heartbeat_timeout: seconds a worker may send no heartbeat, or make no progress while collecting.
+        startup_timeout: seconds a worker may take to say hello.
+        max_restarts: restarts allowed per worker before its death fails the pool.
+        spawn: starts a new process in a worker's slot (after its previous one is gone).
+        vacate: frees a slot of a worker started by hand, for the next one that joins.
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        handles: Sequence[WorkerHandle],
+        events: PoolEvents,
+        counters: Counters,
+        orders: Orders,
+        *,
+        credits: int | None,
+        same_host: bool,
+        heartbeat_timeout: float,
+        startup_timeout: float,
+        max_restarts: int,
+        spawn: Callable[[WorkerHandle], Awaitable[None]],
+        vacate: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.endpoint = endpoint
+        self.handles = handles
+        self.events = events
+        self.counters = counters
+        self.orders = orders
+        self.credits = credits
+        self.same_host = same_host
+        self.heartbeat_timeout = heartbeat_timeout
+        self.startup_timeout = startup_timeout
+        self.max_restarts = max_restarts
+        self._spawn = spawn
+        self._vacate = vacate
+        self.stopped = anyio.Event()  # set once run() ended, however
+
+    async def run(self) -> None:
+        """Checks every worker each ``MONITOR_PERIOD`` until cancelled."""
+        try:
+            await self._loop()
+        finally:
+            self.stopped.set()
+
+    async def _loop(self) -> None:
         beat = pack_message(P.HEARTBEAT)
         interval = min((h.config.heartbeat_interval for h in self.handles), default=1.0)
         next_beat = 0.0
@@ -52,7 +108,7 @@ class LivenessMixin(PoolBase):
                 await self._send_heartbeats(beat)
             for handle in self.handles:
                 remote = handle.config.remote  # started by hand: no process handle, liveness from heartbeats only
-                if (handle.process is None and not remote) or handle.stopping or self.failure is not None:
+                if (handle.process is None and not remote) or handle.stopping or self.events.failure is not None:
                     continue
                 code = handle.process.exitcode if handle.process is not None else None
                 if code is not None:
@@ -95,15 +151,15 @@ class LivenessMixin(PoolBase):
                         f"(heartbeat_timeout={self.heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip
-            self._notify()
+            self.events.notify()
 
     async def _send_heartbeats(self, beat: list[bytes]) -> None:
         """Tells each worker that may have no parent to watch that its collector lives (see acollect.worker.main)."""
         endpoint = self.endpoint
-        if endpoint is None or endpoint.closed:
+        if endpoint.closed:
             return
         for handle in self.handles:
-            if handle.ready and not handle.stopping and (handle.config.remote or not self.launcher.same_host):
+            if handle.ready and not handle.stopping and (handle.config.remote or not self.same_host):
                 try:
                     # Queued at once or skipped (timeout 0): this loop must never wait on one worker.
                     await endpoint.send(handle.identity, beat, timeout=0)
@@ -113,8 +169,8 @@ class LivenessMixin(PoolBase):
     async def _on_death(self, handle: WorkerHandle, error: WorkerError) -> None:
         process = handle.process
         if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
-            if handle.restarts >= self.max_restarts or self._closed:
-                self._fail(error)
+            if handle.restarts >= self.max_restarts or self.events.closed:
+                self.events.fail(error)
                 return
             handle.restarts += 1
             logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
@@ -122,9 +178,9 @@ class LivenessMixin(PoolBase):
             self._count_dropped(handle)
             self._vacate(handle)
             return
-        if handle.restarts >= self.max_restarts or self._closed:
+        if handle.restarts >= self.max_restarts or self.events.closed:
             process.kill()
-            self._fail(error)
+            self.events.fail(error)
             return
         handle.restarts += 1
         logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, self.max_restarts)
@@ -138,12 +194,12 @@ class LivenessMixin(PoolBase):
 
     def _count_dropped(self, handle: WorkerHandle) -> None:
         """Counts the batch a dead worker held, before its slot gets a new generation."""
-        in_progress = self.running and (handle.busy or handle.partial)
+        in_progress = self.orders.running and (handle.busy or handle.partial)
         if handle.outstanding or in_progress:
-            self.dropped_batches += 1
+            self.counters.dropped_batches += 1
         # A lockstep collector's late batch answers an outstanding request, counted just now. An
         # asynchronous one's batches that arrive after this are dropped too (its successor reuses their
-        # trajectory ids): each is counted as it comes (see ReceiveMixin), except the one in progress at
+        # trajectory ids): each is counted as it comes (see Receiver), except the one in progress at
         # its last heartbeat, counted here already.
         handle.retired = (
             Retired(handle.generation, handle.next_seq, handle.sent if in_progress else None)

@@ -1,13 +1,16 @@
-"""The collector's side of its worker processes: one endpoint, one task group, one handle per worker.
+"""The collector's side of its worker processes: one endpoint, one handle per worker, small parts that own their state.
 
 :class:`WorkerPool` starts workers (through a launcher), sends them commands and
-closes them within a deadline. Its jobs are split by module: what it knows of
-each worker (:mod:`~acollect.pool.handles`), the receive loop
-(:mod:`~acollect.pool.receive`), liveness and restarts
-(:mod:`~acollect.pool.liveness`) and weight pushes (:mod:`~acollect.pool.weights`).
-The two loops run in one anyio task group that :meth:`WorkerPool.start` opens
-inside the collector's own (:class:`~acollect._tasks.TaskOwner`); a loop that
-fails fails the pool, which reports to the collector (``on_failure``).
+closes them within a deadline. It is composed of parts, each given what it needs:
+what it knows of each worker (:class:`~acollect.pool.handles.WorkerHandle`), the
+orders every worker is under (:class:`~acollect.pool.handles.Orders`), its failure,
+wake-ups and counts (:mod:`~acollect.pool.events`), the receive loop
+(:class:`~acollect.pool.receive.Receiver`), the liveness loop and restarts
+(:class:`~acollect.pool.liveness.Monitor`) and weight pushes
+(:class:`~acollect.pool.weights.WeightPusher`). The two loops run in the collector's
+own task owner (:class:`~acollect._tasks.TaskOwner`), each in a cancel scope the
+pool stops at :meth:`WorkerPool.close`; a loop that raises fails the pool, which
+reports to the collector (``on_failure``).
 
 Whoever waits on the pool (:meth:`WorkerPool.wait_until`) wakes on every event
 and re-raises the pool's failure, so a dead worker never leaves the trainer
@@ -21,28 +24,28 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import anyio
-from anyio.abc import TaskStatus
 from tensordict import TensorDictBase
 
-from acollect._notify import Notifier
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect.errors import TransportError
 from acollect.launchers.base import LaunchedWorker, Launcher
 from acollect.launchers.local import LocalLauncher
-from acollect.pool.handles import Received, WorkerHandle
-from acollect.pool.liveness import LivenessMixin
-from acollect.pool.receive import ReceiveMixin
-from acollect.pool.weights import WeightsMixin
+from acollect.pool.events import Counters, PoolEvents
+from acollect.pool.handles import Orders, Received, WorkerHandle
+from acollect.pool.liveness import Monitor
+from acollect.pool.receive import Receiver
+from acollect.pool.weights import WeightPusher
 from acollect.transport.auth import ServerKeys
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.shm import shm_available
-from acollect.transport.weight_sync import WeightWriter
+from acollect.transport.shm_ring import ShmSlotRing
+from acollect.transport.weight_sync import WeightSyncScheme
 from acollect.transport.wire import pack_message
 from acollect.worker import protocol as P
 
@@ -65,7 +68,7 @@ def _launch(launcher: Launcher, config: P.WorkerConfig, handle: WorkerHandle, _s
     return process
 
 
-class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
+class WorkerPool:
     """Worker processes behind one endpoint.
 
     Args:
@@ -112,41 +115,65 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         self.startup_timeout = startup_timeout
         self.max_restarts = max_restarts
         self.endpoint: Endpoint | None = None
-        self.failure: BaseException | None = None
         self.ready_queue: deque[Received] = deque()
-        self.dropped_batches = 0
-        self.discarded_frames = 0  # stepped and given up on purpose (see Lockstep and the worker's reseed)
-        self.rejected_messages = 0  # not from a live worker, or replayed: logged and dropped
-        self.running = False  # ``run`` was sent (asynchronous collectors)
-        self.paused = False
-        self.version = 0
-        self._writers: dict[str, WeightWriter] = {}
-        self._last_weights: tuple[dict[str, Any], TensorDictBase | None] | None = None
-        self._weights_lock = anyio.Lock()
-        self._changes = Notifier()
-        self._on_failure = on_failure
-        self._stopping = anyio.Event()
-        self._run_done = anyio.Event()
-        self._running_loops = False
-        self._closed = False
+        self.events = PoolEvents(on_failure)
+        self.counters = Counters()
+        self.orders = Orders()
+        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=max_restarts)
+        self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
+
+    # -- what its parts hold -----------------------------------------------------------
+    @property
+    def failure(self) -> BaseException | None:
+        """The pool's failure (sticky until it is closed), or ``None``."""
+        return self.events.failure
+
+    @property
+    def dropped_batches(self) -> int:
+        return self.counters.dropped_batches
+
+    @property
+    def discarded_frames(self) -> int:
+        return self.counters.discarded_frames
+
+    @discarded_frames.setter
+    def discarded_frames(self, value: int) -> None:
+        self.counters.discarded_frames = value
+
+    @property
+    def rejected_messages(self) -> int:
+        return self.counters.rejected_messages
+
+    @property
+    def paused(self) -> bool:
+        return self.orders.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.orders.paused = value
+
+    @property
+    def running(self) -> bool:
+        """``run`` was sent (asynchronous collectors)."""
+        return self.orders.running
+
+    @running.setter
+    def running(self, value: bool) -> None:
+        self.orders.running = value
+
+    @property
+    def version(self) -> int:
+        """The policy version of the last weight push."""
+        return self.weights.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.weights.version = value
 
     # -- waiting ---------------------------------------------------------------------
-    def _notify(self) -> None:
-        self._changes.notify()
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.failure is None and not self._closed:
-            self.failure = exc
-            # Raised to the caller, who sees it: logging it too would print it twice.
-            logger.debug("worker pool failed: %s", exc)
-            if self._on_failure is not None:
-                self._on_failure(exc)
-        self._notify()
-
     def raise_failure(self) -> None:
         """Raises the pool's failure, if any."""
-        if self.failure is not None:
-            raise self.failure
+        self.events.raise_failure()
 
     async def wait_until(self, predicate: Callable[[], T], *, limit: float | None = None, what: str = "") -> T:
         """Waits until ``predicate()`` is truthy (re-checked on every event) and returns its value.
@@ -155,48 +182,11 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
             WorkerError: a worker failed meanwhile.
             TimeoutError: ``limit`` seconds passed first.
         """
-        deadline = None if limit is None else time.monotonic() + limit
-        while True:
-            self.raise_failure()
-            value = predicate()
-            if value:
-                return value
-            if deadline is None:
-                # The liveness loop notifies every MONITOR_PERIOD: a dead worker wakes this wait too.
-                await self._changes.wait()
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"timed out after {limit}s waiting for {what or 'the workers'}")
-            await self._changes.wait(remaining)
-
-    # -- the task group --------------------------------------------------------------
-    async def _run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The pool's one task group: the receive and liveness loops, until :meth:`close`."""
-        self._running_loops = True
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._guard, self._receive_loop, name="acollect-receiver")
-                group.start_soon(self._guard, self._monitor_loop, name="acollect-monitor")
-                task_status.started()
-                await self._stopping.wait()
-                group.cancel_scope.cancel()
-        finally:
-            self._run_done.set()
-
-    async def _guard(self, loop: Callable[[], Awaitable[None]]) -> None:
-        # A loop that raises (say an OSError while restarting a worker) must not end silently: dead
-        # workers would no longer be noticed. The pool fails instead, and the collector with it.
-        try:
-            await loop()
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:
-            self._fail(exc)
+        return await self.events.wait_until(predicate, limit=limit, what=what)
 
     # -- start -----------------------------------------------------------------------
     async def start(self, owner: TaskOwner) -> None:
-        """Binds the endpoint, opens the pool's task group in ``owner``, starts every worker, waits for each hello.
+        """Binds the endpoint, starts the pool's loops in ``owner``, starts every worker, waits for each hello.
 
         Safe to cancel at any point: whatever was started is known to :meth:`close`.
         """
@@ -206,14 +196,51 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
         else:
             await run_in_thread(lambda _stop: launcher.prepare(), name="launcher-prepare")
         address = self.address if self.address is not None else launcher.default_address()
-        self.endpoint = Endpoint(address, keys=self.keys)
-        await owner.start(self._run, name="pool")
+        endpoint = self.endpoint = Endpoint(address, keys=self.keys)
+        receiver = Receiver(
+            endpoint, self.handles, self.events, self.counters, self.ready_queue,
+            credits=self.credits, heartbeat_timeout=self.heartbeat_timeout, greet=self._greet,
+            batch_data=self._batch_data,
+        )  # fmt: skip
+        monitor = Monitor(
+            endpoint, self.handles, self.events, self.counters, self.orders,
+            credits=self.credits, same_host=launcher.same_host, heartbeat_timeout=self.heartbeat_timeout,
+            startup_timeout=self.startup_timeout, max_restarts=self.max_restarts, spawn=self._spawn,
+            vacate=self._vacate,
+        )  # fmt: skip
+        # A loop that raises (say an OSError while restarting a worker) must not end silently: dead
+        # workers would no longer be noticed. It fails the pool instead, and the collector with it.
+        for name, loop in (("receiver", receiver), ("monitor", monitor)):
+            scope = owner.spawn(loop.run, name=f"pool-{name}", on_failure=self.events.fail)
+            self._loops.append((scope, loop.stopped))
         for handle in self.handles:
             if handle.config.remote:
-                self._vacate(handle)  # started by hand: it joins (see _on_join)
+                self._vacate(handle)  # started by hand: it joins (see Receiver._on_join)
             else:
                 await self._spawn(handle)
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
+
+    async def _greet(self, handle: WorkerHandle) -> None:
+        """What a worker is told at its hello: its slots, the last weights, the orders, its outstanding request."""
+        assert handle.layout is not None
+        if not handle.config.remote and self._wants_shm(handle.batch_nbytes):  # a remote worker cannot map our memory
+            handle.ring = ShmSlotRing.create(handle.layout, self.slots or self.credits or 1)
+            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": handle.layout})
+        if self.weights.last is not None:
+            fields, td = self.weights.last
+            await self.send(handle, P.WEIGHTS, fields, td)
+        if self.orders.paused:  # before anything that sets it collecting
+            await self.send(handle, P.PAUSE)
+        if handle.outstanding:
+            await self.send(handle, P.COLLECT)  # the request its predecessor died on
+        if self.orders.running:
+            await self.send(handle, P.RUN, {"credits": self.credits or 1})
+
+    async def _batch_data(
+        self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None
+    ) -> TensorDictBase | None:
+        """A batch's tensors: those of its message (a pool moving them another way overrides this)."""
+        return td
 
     def _vacate(self, handle: WorkerHandle) -> None:
         # A slot for a worker started by hand: the next one to join gets it, under a new generation.
@@ -279,7 +306,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
                 logger.debug("worker %d cannot be reached (%s): left to the liveness loop", handle.index, exc)
                 handle.unreachable_since = time.monotonic()
             handle.ready = False  # nothing more is sent to this incarnation
-            self._notify()
+            self.events.notify()
 
     async def broadcast(self, kind: str, fields: Mapping[str, Any] | None = None) -> None:
         """Sends one command to every ready worker."""
@@ -287,19 +314,37 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
             if handle.ready:
                 await self.send(handle, kind, fields)
 
+    # -- weights -------------------------------------------------------------------------
+    async def push_weights(
+        self,
+        models: Mapping[str, TensorDictBase],
+        schemes: Mapping[str, WeightSyncScheme],
+        default_scheme: Callable[[], WeightSyncScheme],
+        worker_ids: Sequence[int],
+        limit: float,
+    ) -> int:
+        """Serializes ``models`` once, sends them to ``worker_ids``, waits for every ACK; returns the new version.
+
+        Raises:
+            WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
+        """
+        return await self.weights.push(models, schemes, default_scheme, worker_ids, limit)
+
     # -- shutdown ------------------------------------------------------------------------
     async def close(self, limit: float) -> None:
         """``stop``, then SIGTERM, then SIGKILL, all within ``limit`` seconds; releases everything. Idempotent."""
-        if self._closed:
+        if self.events.closed:
             return
-        self._closed = True
+        self.events.closed = True
         deadline = time.monotonic() + limit
         for handle in self.handles:
             handle.stopping = True
-        self._stopping.set()
-        if self._running_loops:
-            with anyio.move_on_after(max(1.0, 0.2 * limit)):
-                await self._run_done.wait()
+        for scope, _ in self._loops:
+            scope.cancel()
+        # A restart under way ends first (its launch is shielded): the process it starts is then known here.
+        with anyio.move_on_after(max(1.0, 0.2 * limit)):
+            for _, stopped in self._loops:
+                await stopped.wait()
         live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
         remote = [h for h in self.handles if h.process is None and h.joined]
         for handle in live:
@@ -338,10 +383,7 @@ class WorkerPool(ReceiveMixin, LivenessMixin, WeightsMixin):
             handle.ring, handle.retired_rings = None, []
             handle.inbox.clear()
         self.ready_queue.clear()
-        for writer in self._writers.values():
-            writer.close()
-        self._writers.clear()
-        self._last_weights = None
+        self.weights.close()
         if self.endpoint is not None:
             self.endpoint.close()
         self.launcher.close()

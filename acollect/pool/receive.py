@@ -1,7 +1,10 @@
 """The pool's receive loop: every message off the endpoint is checked and filed.
 
-Batches go to per-worker inboxes (lockstep collectors) or the first-ready queue;
-hellos, heartbeats, acknowledgements and errors update the worker's handle. Only a
+:class:`Receiver` is given the endpoint, the worker handles and what it reports to
+(the pool's :class:`~acollect.pool.events.PoolEvents` and
+:class:`~acollect.pool.events.Counters`). Batches go to per-worker inboxes (lockstep
+collectors) or the first-ready queue; hellos, heartbeats, acknowledgements and errors
+update the worker's handle, and a hello is answered by the pool's greeting. Only a
 live worker's own sockets can break the pool: anything else that reaches the
 endpoint (a stray or hostile peer, a replay) is dropped, logged and counted.
 """
@@ -11,25 +14,75 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import anyio
 from tensordict import TensorDictBase
 
 from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
-from acollect.pool.base import PoolBase
+from acollect.pool.events import Counters, PoolEvents
 from acollect.pool.handles import Received, Rejected, WorkerHandle, parse_identity
-from acollect.transport.shm_ring import ShmSlotRing
+from acollect.transport.endpoint import Endpoint
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
 from acollect.weights import decode_structure
 from acollect.worker import protocol as P
 
-__all__ = ["ReceiveMixin"]
+__all__ = ["Receiver"]
 
 logger = logging.getLogger("acollect")
 
+#: How a batch's tensors are had: from its message (``td``), or by another road (see acollect.pool.distributed).
+BatchData = Callable[[WorkerHandle, dict[str, Any], "TensorDictBase | None"], Awaitable["TensorDictBase | None"]]
 
-class ReceiveMixin(PoolBase):
-    """The receiving side of :class:`~acollect.pool.pool.WorkerPool` (mixed into it)."""
+
+class Receiver:
+    """The pool's receive loop (:meth:`run`): reads the endpoint, files what comes, reports what goes wrong.
+
+    Args:
+        endpoint: the pool's endpoint.
+        handles: the pool's workers, by index.
+        events: where a failure goes and every change is told.
+        counters: where dropped batches, discarded frames and rejected messages are counted.
+        ready_queue: where batches go first ready, first served (``credits`` set); else each worker's inbox.
+        credits: see :class:`~acollect.pool.pool.WorkerPool`.
+        heartbeat_timeout: told to a worker started by hand, with its config.
+        greet: answers a worker's hello (slots, weights, the orders, its outstanding request), once its
+            handle holds what the hello said.
+        batch_data: a batch's tensors (default: those of its message).
+    """
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        handles: Sequence[WorkerHandle],
+        events: PoolEvents,
+        counters: Counters,
+        ready_queue: deque[Received],
+        *,
+        credits: int | None,
+        heartbeat_timeout: float,
+        greet: Callable[[WorkerHandle], Awaitable[None]],
+        batch_data: BatchData | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.handles = handles
+        self.events = events
+        self.counters = counters
+        self.ready_queue = ready_queue
+        self.credits = credits
+        self.heartbeat_timeout = heartbeat_timeout
+        self._greet = greet
+        self._batch_data = batch_data
+        self.stopped = anyio.Event()  # set once run() ended, however
+
+    async def run(self) -> None:
+        """Receives until cancelled, or until the endpoint fails (the pool's failure)."""
+        try:
+            await self._loop()
+        finally:
+            self.stopped.set()
 
     async def _on_join(self, identity: bytes, header: dict[str, Any]) -> None:
         """A worker started by hand (``acollect worker``) asks for a config: give it a free remote slot."""
@@ -74,21 +127,9 @@ class ReceiveMixin(PoolBase):
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             handle.retired_rings.append(handle.ring)
             handle.ring = None
-        nbytes = handle.batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
-        if not handle.config.remote and self._wants_shm(nbytes):  # a remote worker cannot map our memory
-            handle.ring = ShmSlotRing.create(header["layout"], self.slots or self.credits or 1)
-            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": header["layout"]})
-        if self._last_weights is not None:
-            fields, td = self._last_weights
-            await self.send(handle, P.WEIGHTS, fields, td)
-        now = time.monotonic()
-        handle.last_beat = handle.last_progress = now
-        if self.paused:  # before anything that sets it collecting
-            await self.send(handle, P.PAUSE)
-        if handle.outstanding:
-            await self.send(handle, P.COLLECT)  # the request its predecessor died on
-        if self.running:
-            await self.send(handle, P.RUN, {"credits": self.credits or 1})
+        handle.batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        await self._greet(handle)
+        handle.last_beat = handle.last_progress = time.monotonic()
         handle.ready = True
 
     def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
@@ -112,15 +153,16 @@ class ReceiveMixin(PoolBase):
             return  # not a batch, or one received or counted already (a replay)
         retired.next_seq = seq + 1
         if seq != retired.counted_seq:
-            self.dropped_batches += 1
+            self.counters.dropped_batches += 1
             logger.info("dropped batch %d of worker %d's previous process: it arrived after its death", seq,
                         handle.index)  # fmt: skip
 
     def _reject(self, identity: bytes, reason: BaseException) -> None:
-        self.rejected_messages += 1
-        logger.warning("rejected a message from %r (%d so far): %s", identity[:64], self.rejected_messages, reason)
+        self.counters.rejected_messages += 1
+        logger.warning("rejected a message from %r (%d so far): %s", identity[:64], self.counters.rejected_messages,
+                       reason)  # fmt: skip
 
-    async def _receive_loop(self) -> None:
+    async def _loop(self) -> None:
         endpoint = self.endpoint
         assert endpoint is not None
         while True:
@@ -129,7 +171,7 @@ class ReceiveMixin(PoolBase):
             except TimeoutError:
                 continue
             except TransportError as exc:
-                self._fail(exc)
+                self.events.fail(exc)
                 return
             sender = self._sender(identity)
             if sender is not None and sender[1] < sender[0].generation:
@@ -160,15 +202,17 @@ class ReceiveMixin(PoolBase):
                 self._reject(identity, exc)
             except ProtocolError as exc:
                 if live:
-                    self._fail(exc)
+                    self.events.fail(exc)
                 else:
                     self._reject(identity, exc)
             except (TransportError, WorkerError, TimeoutError) as exc:
-                self._fail(exc)
-            self._notify()
+                self.events.fail(exc)
+            self.events.notify()
 
     async def _dispatch(self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None) -> None:
         kind = header["kind"]
+        if kind == P.BATCH and self._batch_data is not None:  # before anything else: its tensors are on their way
+            td = await self._batch_data(handle, header, td)
         now = time.monotonic()
         handle.last_beat = now
         if kind == P.HEARTBEAT:
@@ -181,7 +225,7 @@ class ReceiveMixin(PoolBase):
             # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
             discarded = int(header.get("discarded", 0))
             if discarded > handle.discarded_frames:
-                self.discarded_frames += discarded - handle.discarded_frames
+                self.counters.discarded_frames += discarded - handle.discarded_frames
                 handle.discarded_frames = discarded
             # Batches travel on another connection than heartbeats, so one may be overtaken; a batch
             # still missing a heartbeat_timeout later was lost (a dropped connection loses what it held).

@@ -1,34 +1,72 @@
-"""Weight pushes: serialize once, send to each targeted worker, wait for every acknowledgement."""
+"""Weight pushes: serialize once, send to each targeted worker, wait for every acknowledgement.
+
+:class:`WeightPusher` owns what pushes share: the writers (one per model), the last
+weights sent (a worker that says hello later gets them), the policy version and the
+lock that keeps two pushes from interleaving.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
+import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._threads import run_in_thread
 from acollect.errors import WeightSyncError
-from acollect.pool.base import PoolBase
+from acollect.pool.events import PoolEvents
+from acollect.pool.handles import WorkerHandle
 from acollect.pool.liveness import MONITOR_PERIOD
 from acollect.transport.weight_sync import WeightSyncScheme, WeightWriter
 from acollect.worker import protocol as P
 
-__all__ = ["WeightsMixin"]
+__all__ = ["Send", "WeightPusher"]
+
+#: How the pool sends one command to one worker (see :meth:`acollect.pool.pool.WorkerPool.send`).
+Send = Callable[[WorkerHandle, str, "Mapping[str, Any] | None", "TensorDictBase | None"], Awaitable[None]]
 
 
 def _write(writer: WeightWriter, params: TensorDictBase, _stop: object) -> tuple[dict[str, Any], torch.Tensor | None]:
     return writer.write(params)
 
 
-class WeightsMixin(PoolBase):
-    """The weight-pushing side of :class:`~acollect.pool.pool.WorkerPool` (mixed into it)."""
+class WeightPusher:
+    """Pushes weights to the pool's workers and waits for their acknowledgements.
 
-    # -- weights -------------------------------------------------------------------------
-    async def push_weights(
+    Args:
+        handles: the pool's workers, by index.
+        events: the pool's failure, and the changes a push waits on.
+        send: how one command reaches one worker.
+        max_restarts: restarts allowed per worker (with none, a push waits for live workers only).
+    """
+
+    def __init__(self, handles: Sequence[WorkerHandle], events: PoolEvents, send: Send, *, max_restarts: int) -> None:
+        self.handles = handles
+        self.events = events
+        self.max_restarts = max_restarts
+        self.version = 0
+        self._send = send
+        self._writers: dict[str, WeightWriter] = {}
+        self._last: tuple[dict[str, Any], TensorDictBase | None] | None = None
+        self._lock = anyio.Lock()
+
+    @property
+    def last(self) -> tuple[dict[str, Any], TensorDictBase | None] | None:
+        """The last push's message (fields and tensors), for a worker that says hello after it."""
+        return self._last
+
+    def close(self) -> None:
+        """Releases the writers and the last weights. Idempotent."""
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        self._last = None
+
+    async def push(
         self,
         models: Mapping[str, TensorDictBase],
         schemes: Mapping[str, WeightSyncScheme],
@@ -44,15 +82,15 @@ class WeightsMixin(PoolBase):
         Raises:
             WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
         """
-        async with self._weights_lock:
-            failed = getattr(self.failure, "worker_id", None)
+        async with self._lock:
+            failed = getattr(self.events.failure, "worker_id", None)
             # A pool broken by one worker still updates the others (they are alive and answer), so the
             # error below names exactly the workers without the weights; any other failure refuses at once.
-            if self.failure is not None and not isinstance(failed, int):
+            if self.events.failure is not None and not isinstance(failed, int):
                 raise WeightSyncError(
-                    f"cannot push weights: the collector is broken ({self.failure})",
+                    f"cannot push weights: the collector is broken ({self.events.failure})",
                     worker_ids=list(worker_ids),
-                ) from self.failure
+                ) from self.events.failure
             entries: list[dict[str, Any]] = []
             frames: dict[str, torch.Tensor] = {}
             for i, (model_id, params) in enumerate(models.items()):
@@ -68,19 +106,20 @@ class WeightsMixin(PoolBase):
             version = self.version
             fields = {"version": version, "models": entries}
             td = TensorDict(frames, batch_size=[]) if frames else None
-            self._last_weights = (fields, td)
+            self._last = (fields, td)
             targets = [self.handles[i] for i in worker_ids]
             for handle in targets:
                 if handle.ready:
-                    await self.send(handle, P.WEIGHTS, fields, td)
+                    await self._send(handle, P.WEIGHTS, fields, td)
 
             def missing() -> list[int]:
                 return [h.index for h in targets if h.acked_version < version]
 
             def dead() -> list[int]:
                 gone = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
-                if self.failure is not None and isinstance(getattr(self.failure, "worker_id", None), int):
-                    gone.append(self.failure.worker_id)  # type: ignore[attr-defined]
+                failed = getattr(self.events.failure, "worker_id", None)
+                if isinstance(failed, int):
+                    gone.append(failed)
                 return sorted(set(gone))
 
             deadline = time.monotonic() + limit
@@ -95,7 +134,7 @@ class WeightsMixin(PoolBase):
                         worker_ids=sorted(refused),
                     )
                 # Without restarts (or once the pool is broken) a dead worker never answers: wait for the live ones.
-                restarting = self.max_restarts and self.failure is None
+                restarting = self.max_restarts and self.events.failure is None
                 waiting = missing() if restarting else [i for i in missing() if i not in dead()]
                 remaining = deadline - time.monotonic()
                 if not waiting or remaining <= 0:
@@ -103,6 +142,6 @@ class WeightsMixin(PoolBase):
                     raise WeightSyncError(
                         f"weights version {version} were not acknowledged by workers {missing()} within {limit}s{why}",
                         worker_ids=missing(),
-                    ) from self.failure
-                await self._changes.wait(min(remaining, MONITOR_PERIOD))
+                    ) from self.events.failure
+                await self.events.wait(min(remaining, MONITOR_PERIOD))
             return version
