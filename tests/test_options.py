@@ -168,11 +168,11 @@ def test_the_typed_options_are_generated_from_the_declarations() -> None:
     from pathlib import Path
 
     import acollect.collectors.option_types as generated
-    from acollect.collectors.options import typed_options_source
+    from acollect.collectors.option_codegen import typed_options_source
 
     assert Path(generated.__file__).read_text() == typed_options_source(), (
         "acollect/collectors/option_types.py is stale: run "
-        "python -c 'from acollect.collectors.options import write_option_types; write_option_types()'"
+        "python -c 'from acollect.collectors.option_codegen import write_option_types; write_option_types()'"
     )
 
 

@@ -2,7 +2,7 @@
 
 Do not edit: each option is declared once, in :mod:`acollect.collectors.options`. After changing a
 declaration, regenerate this module:
-``python -c "from acollect.collectors.options import write_option_types; write_option_types()"``.
+``python -c "from acollect.collectors.option_codegen import write_option_types; write_option_types()"``.
 """
 
 from __future__ import annotations
