@@ -103,6 +103,7 @@ def test_info_says_which_start_methods_workers_use() -> None:
 
 
 # Four start-ups of worker or loop processes (spawn, each importing torch) make this the slowest test here.
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"

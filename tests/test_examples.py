@@ -81,7 +81,10 @@ def test_example_help_shows_each_option_with_its_description_and_default(name: s
         assert re.search(pattern, shown), f"{name} --help lacks {flag} {doc!r} (default: {default!r}):\n{proc.stdout}"
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# The Ray example starts a Ray cluster of its own (about 12 s): slow, run by CI.
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "ray_cluster.py" else n for n in sorted(CASES)]
+)
 def test_example_runs(name: str) -> None:
     if name in REQUIRES:
         pytest.importorskip(REQUIRES[name])

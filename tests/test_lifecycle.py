@@ -58,11 +58,20 @@ BACKENDS = ["asyncio", "trio"]
 KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector", "Distributed", "Batched"]
 
 
-def skip_slow_trio_twin(kind: str, backend: str) -> None:
-    """Scenarios that take seconds run for AsyncBatchedCollector under asyncio only: what it adds that differs
-    by backend (the inference server's hand-overs) runs under trio in every other scenario."""
-    if kind == "Batched" and backend == "trio":
-        pytest.skip("run under asyncio; the server's trio paths are covered by the faster scenarios")
+def matrix(*, slow_under_trio: tuple[str, ...] = ("Batched",)) -> list[Any]:
+    """Every collector kind under every backend, as ``(kind, backend)`` parameters.
+
+    A scenario that takes seconds is marked ``slow`` under trio for the kinds named (the README's
+    ``pytest`` leaves those out, CI runs them): the same rules under asyncio run every time, and what
+    differs by backend runs under trio in the faster scenarios.
+    """
+    return [
+        pytest.param(kind, backend, id=f"{kind}-{backend}",
+                     marks=[pytest.mark.slow] if backend == "trio" and kind in slow_under_trio else [])
+        for kind in KINDS
+        for backend in BACKENDS
+    ]  # fmt: skip
+
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,10 +104,8 @@ counting = functools.partial(CountingEnv, num_envs=2)
 slow = functools.partial(SlowEnv, 0.05, num_envs=2)  # 50 ms a step: a batch of 8 frames takes 200 ms
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix())
 def test_two_concurrent_shutdowns_both_return_when_everything_is_gone(kind: str, backend: str) -> None:
-    skip_slow_trio_twin(kind, backend)
     async def scenario() -> None:
         before = ResourceSnapshot.take()
         collector = make(kind, counting)
@@ -122,8 +129,7 @@ def test_two_concurrent_shutdowns_both_return_when_everything_is_gone(kind: str,
     run(backend, scenario)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=()))
 def test_shutdown_wakes_a_task_waiting_for_a_batch(kind: str, backend: str) -> None:
     async def scenario() -> None:
         collector = make(kind, slow, frames_per_batch=400)  # 10 s a batch: the waiter is mid-batch
@@ -148,8 +154,7 @@ def test_shutdown_wakes_a_task_waiting_for_a_batch(kind: str, backend: str) -> N
     run(backend, scenario)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=()))
 def test_two_consumers_are_served_in_turn(kind: str, backend: str) -> None:
     async def scenario() -> None:
         got: list[int] = []
@@ -176,10 +181,8 @@ def progress(collector: CollectorBase, rb: ReplayBuffer) -> tuple[int, ...]:
     return (len(rb), *(handle.last_steps for handle in (pool.handles if pool is not None else [])))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=tuple(KINDS)))
 def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
-    skip_slow_trio_twin(kind, backend)
     async def scenario() -> None:
         rb = ReplayBuffer(1_000_000)
         held = [0]
@@ -224,10 +227,8 @@ def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
     run(backend, scenario)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix())
 def test_cancelled_first_batch_leaves_nothing_and_the_collector_usable(kind: str, backend: str) -> None:
-    skip_slow_trio_twin(kind, backend)
     async def scenario() -> None:
         # Several delays, so one of them lands in the middle of the set-up (workers starting).
         for delay in (0.02, 0.15, 0.4):
@@ -244,8 +245,7 @@ def test_cancelled_first_batch_leaves_nothing_and_the_collector_usable(kind: str
     run(backend, scenario)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=()))
 def test_weight_push_during_iteration_lands_at_a_batch_boundary(kind: str, backend: str) -> None:
     async def scenario() -> None:
         with anyio.fail_after(60):
@@ -279,8 +279,7 @@ def test_weight_push_during_iteration_lands_at_a_batch_boundary(kind: str, backe
     run(backend, scenario)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=()))
 def test_a_failure_breaks_the_collector_until_shutdown(kind: str, backend: str) -> None:
     async def scenario() -> None:
         collector = make(kind, functools.partial(CrashingEnv, crash_at_step=3, num_envs=2))
@@ -315,10 +314,8 @@ def test_iterating_a_background_collector_is_refused_at_once(backend: str) -> No
     run(backend, scenario)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "backend"), matrix())
 def test_shutdown_from_another_task_ends_a_set_up_in_progress(kind: str, backend: str) -> None:
-    skip_slow_trio_twin(kind, backend)
     async def scenario() -> None:
         # Workers that take seconds to say hello: the shutdown lands while `async with` is setting up.
         env = functools.partial(SlowEnv, 0.0, num_envs=2, reset_time=3.0)

@@ -141,6 +141,7 @@ def test_blocking_shutdown_after_the_event_loop_ended_ends_the_actors() -> None:
     assert all(_dead(a) for a in actors)
 
 
+@pytest.mark.slow  # starts and stops a Ray of its own (about 20 s)
 def test_shutdown_ray_ends_the_ray_the_collector_started() -> None:
     import anyio
 

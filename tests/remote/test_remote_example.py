@@ -23,6 +23,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow  # the example end to end: a trainer and two workers, each a fresh interpreter
 def test_remote_workers_example(tmp_path: Path) -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
     trainer = re.search(r"```python\n(.*?)```", text, re.S)

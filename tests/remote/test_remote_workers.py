@@ -55,6 +55,7 @@ def keydirs(tmp_path: Path) -> tuple[Path, Path]:
     return good, bad
 
 
+@pytest.mark.slow  # three fresh interpreters, one of which waits to be refused
 async def test_two_remote_workers_and_a_refused_intruder(keydirs: tuple[Path, Path]) -> None:
     good, bad = keydirs
     address = f"tcp://127.0.0.1:{_free_port()}"
