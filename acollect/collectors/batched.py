@@ -78,6 +78,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         **options: the options of :class:`~acollect.MultiAsyncCollector` (``frames_per_batch``,
             ``total_frames``, ``num_workers``, ``env_device``, ``storing_device``, ``env_kwargs``, launchers,
             timeouts, ``copy_batches``, ``postproc``, ...), checked as there. ``policy_device`` means ``device``.
+            ``keys`` guards the inference server's connections as well as the endpoint's (the same key pair and
+            allow-list), and a forward pass running longer than ``heartbeat_timeout`` breaks the collector with a
+            :class:`~acollect.errors.PolicyError` saying the server is hung.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
