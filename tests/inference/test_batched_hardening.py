@@ -72,3 +72,23 @@ async def test_a_forward_pass_that_hangs_breaks_the_collector_naming_the_server(
                 pass
         assert collector.state is CollectorState.BROKEN
         await collector.async_shutdown()
+
+
+def test_no_secret_key_for_the_inference_server_is_sent_to_a_worker_started_by_hand() -> None:
+    import zmq
+
+    from acollect.transport.auth import ClientKeys
+    from acollect.worker import protocol as P
+    from acollect.worker.config_codec import encode_config
+
+    public, secret = zmq.curve_keypair()
+    config = P.WorkerConfig(
+        index=0, generation=1, n_workers=1, address="tcp://127.0.0.1:1", parent_pid=0,
+        create_env_fn="acollect.testing:CountingEnv",
+        inference={"address": "tcp://127.0.0.1:2", "keys": ClientKeys(public, secret, public)},
+    )  # fmt: skip
+    fields, payload = encode_config(config, allow_pickle=False)
+    assert payload is None
+    assert fields["plain"]["inference"] == {"address": "tcp://127.0.0.1:2"}  # the worker uses its own keys
+    assert config.inference is not None
+    assert "keys" in config.inference  # the collector's copy is left alone
