@@ -36,7 +36,7 @@ from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.dispatch import FirstReady
 from acollect.collectors.options import WorkerOptions
 from acollect.collectors.worker_configs import build_worker_configs
-from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.errors import CollectorStateError, ConfigurationError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY
 from acollect.policy import PolicyLike
@@ -78,6 +78,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         **options: the options of :class:`~acollect.MultiAsyncCollector` (``frames_per_batch``,
             ``total_frames``, ``num_workers``, ``env_device``, ``storing_device``, ``env_kwargs``, launchers,
             timeouts, ``copy_batches``, ``postproc``, ...), checked as there. ``policy_device`` means ``device``.
+            ``keys`` guards the inference server's connections as well as the endpoint's (the same key pair and
+            allow-list), and a forward pass running longer than ``heartbeat_timeout`` breaks the collector with a
+            :class:`~acollect.errors.PolicyError` saying the server is hung.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -111,13 +114,10 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if "storing_device" not in rest:
             rest["storing_device"] = "cpu"  # batches come from the workers' envs, not from the inference device
         self._server: InferenceServer | None = None
+        self._server_rejected = 0
         super().__init__(create_env_fn, policy, rest, dispatch=FirstReady(credits))
         if isinstance(self.settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
-        if self.settings.keys is not None:
-            raise ConfigurationError.bad_value(
-                "keys", self.settings.keys, "None: the inference server does not encrypt its connections yet"
-            )
 
     def _build_configs(self, fns: list[Any]) -> None:
         # The workers get no policy: theirs is the server, which builds the policy (factory included) here.
@@ -144,12 +144,17 @@ class AsyncBatchedCollector(MultiCollectorBase):
             device=self.device,
             exploration_type=self.settings.exploration_type,
             address=self._server_address(),
+            keys=self.settings.keys,
+            # A forward pass that never returns is the server's hang, reported as such, not as hung workers.
+            hang_timeout=self.settings.heartbeat_timeout,
         )
         server.version = self._initial_version
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
         await server.start(self._tasks)
         for config in self._configs:
             config.inference = {"address": server.address}
+            if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
+                config.inference["keys"] = server.local_client_keys()
         server.expect_sources(self.num_workers)
         await super()._setup()
         if self.max_batch_size is None:
@@ -164,6 +169,24 @@ class AsyncBatchedCollector(MultiCollectorBase):
             if server is not None:
                 self._initial_version = server.version
                 await server.async_shutdown()
+                self._server_rejected += server.rejected_peers
+
+    def _fail(self, exc: BaseException) -> None:
+        # Workers waiting for actions make no env step: while a forward pass hangs, the pool's liveness check may
+        # see them hung before the server's own check fires. The server is what hangs: say so.
+        server = self._server
+        if isinstance(exc, WorkerTimeoutError) and server is not None:
+            hung = server.hung_error(timeout=self.settings.heartbeat_timeout / 2)
+            if hung is not None:
+                exc = hung
+        super()._fail(exc)
+
+    @property
+    def rejected_peers(self) -> int:
+        """Connection attempts refused by the CURVE keys, at the collector's endpoint and at its inference server
+        (a key not on the allow-list, no CURVE, a wrong collector key). ``0`` without ``keys``."""
+        server = self._server
+        return super().rejected_peers + self._server_rejected + (server.rejected_peers if server is not None else 0)
 
     @property
     def server(self) -> InferenceServer:

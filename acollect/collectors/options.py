@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
@@ -46,7 +45,7 @@ from acollect.errors import ConfigurationError
 from acollect.launchers.registry import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.rollout import frames_per_batch_for
-from acollect.transport.auth import ServerKeys
+from acollect.transport.auth import ServerKeys, as_server_keys
 from acollect.transport.weight_sync import WeightSyncScheme
 from acollect.worker.process import START_METHODS
 
@@ -135,11 +134,7 @@ def _address(name: str, value: Any) -> str | None:
 
 
 def _keys(name: str, value: Any) -> ServerKeys | None:
-    if value is None or isinstance(value, ServerKeys):
-        return value
-    if isinstance(value, (str, os.PathLike)):
-        return ServerKeys.load(value)
-    raise ConfigurationError.bad_value(name, value, "None, a key directory (`acollect keys DIR`) or a ServerKeys")
+    return as_server_keys(name, value)
 
 
 def _int(minimum: int, *, optional: bool = False) -> Callable[[str, Any], Any]:

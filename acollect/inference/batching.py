@@ -194,6 +194,10 @@ class InferenceStats:
         latency_ms_p99: the 99th percentile of the same.
         forward_ms_mean: time of one forward pass, outputs split included (milliseconds).
         policy_version: the version of the weights the next pass runs with.
+        dropped_requests: requests from worker connections that were not well-formed, dropped unanswered
+            (logged at most once a minute per peer, with the count since the last line).
+        rejected_peers: connection attempts refused by the server's CURVE keys (``keys=``): a key not on the
+            allow-list, no CURVE, a wrong server key; each attempt of a peer that keeps retrying counts.
     """
 
     passes: int = 0
@@ -205,6 +209,8 @@ class InferenceStats:
     latency_ms_p99: float | None = None
     forward_ms_mean: float | None = None
     policy_version: int = 0
+    dropped_requests: int = 0
+    rejected_peers: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (for loggers)."""
@@ -221,6 +227,7 @@ class StatsRecorder:
         self.rows = 0
         self.forward_s = 0.0
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self.dropped_requests = 0
 
     def record(self, requests: Sequence[Request], started: float, ended: float) -> None:
         self.passes += 1
@@ -229,7 +236,7 @@ class StatsRecorder:
         self.forward_s += ended - started
         self.latencies.extend(ended - r.arrived for r in requests)
 
-    def snapshot(self, version: int) -> InferenceStats:
+    def snapshot(self, version: int, rejected_peers: int = 0) -> InferenceStats:
         latencies = sorted(self.latencies)
         mean_batch = self.rows / self.passes if self.passes else 0.0
         return InferenceStats(
@@ -242,4 +249,6 @@ class StatsRecorder:
             latency_ms_p99=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
             forward_ms_mean=1000 * self.forward_s / self.passes if self.passes else None,
             policy_version=version,
+            dropped_requests=self.dropped_requests,
+            rejected_peers=rejected_peers,
         )

@@ -18,6 +18,7 @@ from acollect.errors import TransportError
 from acollect.inference import protocol as P
 from acollect.inference.codec import Encoder, LayoutCache, encode
 from acollect.policy import NestedKey, PolicyAdapter
+from acollect.transport.auth import ClientKeys
 from acollect.transport.worker_socket import WorkerSocket
 
 __all__ = ["VERSION_KEY", "RemotePolicy"]
@@ -39,6 +40,11 @@ class RemotePolicy(PolicyAdapter):
             (the worker's pause and stop); the late answer is recognised and dropped.
         interrupted: the exception to raise then (the rollout engine's ``RolloutInterrupted``).
         timeout: seconds a step may wait for its answer before :class:`~acollect.errors.TransportError`.
+        keys: connect as a CURVE client with this key pair, to a server started with ``keys=`` (which must hold
+            the secret half of ``keys.server_public``, and accept ``keys.public``).
+
+    Raises:
+        ConfigurationError: a bad argument (named).
     """
 
     def __init__(
@@ -49,8 +55,9 @@ class RemotePolicy(PolicyAdapter):
         interrupt: threading.Event | None = None,
         interrupted: type[BaseException] = InterruptedError,
         timeout: float = 60.0,
+        keys: ClientKeys | None = None,
     ) -> None:
-        self._sock = WorkerSocket(address, identity, hwm=4)
+        self._sock = WorkerSocket(address, identity, hwm=4, keys=keys)
         self._interrupt = interrupt
         self._interrupted = interrupted
         self._timeout = timeout

@@ -11,6 +11,7 @@ polled by a :class:`~acollect.transport.server_socket.Waiter`; the event loop aw
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import threading
 import time
@@ -20,15 +21,73 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect.errors import ProtocolError
+from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import protocol as P
 from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
 from acollect.inference.codec import Encoder, LayoutCache
 from acollect.transport.server_socket import ServerSocket, Waiter
 
-__all__ = ["Mailbox", "ServerLoop", "Ticket"]
+__all__ = ["DropReport", "Mailbox", "ServerLoop", "Ticket"]
 
 _IDLE_POLL_MS = 50  # how often an idle server thread looks at its stop event
+_REPORT_EVERY = 60.0  # seconds between two log lines about one peer's malformed requests
+_MAX_PEERS = 1024  # peers whose malformed requests are reported apart; the rest share one line
+_OTHER_PEERS = b""  # the key of the rest (never a ROUTER route: those are not empty)
+
+
+class DropReport:
+    """Logs dropped malformed requests at most once per ``every`` seconds per peer, with the count since.
+
+    Anyone who reaches a server's port can send garbage: one line per message would let them flood the log.
+    The first one from a peer is logged at once; later ones are counted, and the next line (once ``every``
+    seconds have passed, at that peer's next malformed request) says how many. At most ``max_peers`` peers
+    are reported apart (then those silent for ``every`` seconds are forgotten, or the newcomers share one line).
+
+    Examples:
+        >>> report = DropReport(every=60.0)
+        >>> [report.dropped(b"peer", now=t) for t in (0.0, 1.0, 2.0, 61.0, 62.0)]
+        [1, None, None, 3, None]
+    """
+
+    def __init__(self, every: float = _REPORT_EVERY, max_peers: int = _MAX_PEERS) -> None:
+        self.every = every
+        self.max_peers = max_peers
+        self._peers: dict[bytes, list[float]] = {}  # route -> [time of its last line, drops since]
+
+    def dropped(self, route: bytes, *, now: float) -> int | None:
+        """Counts one drop from ``route``; returns the count to log now (``None``: not yet)."""
+        peer = self._peers.get(route)
+        if peer is None:
+            if len(self._peers) >= self.max_peers:
+                self._peers = {r: p for r, p in self._peers.items() if now - p[0] < self.every}
+            if len(self._peers) >= self.max_peers:
+                route = _OTHER_PEERS
+                peer = self._peers.get(route)
+            if peer is None:
+                peer = self._peers[route] = [-math.inf, 0.0]
+        peer[1] += 1
+        if now - peer[0] < self.every:
+            return None
+        count = int(peer[1])
+        peer[0], peer[1] = now, 0.0
+        return count
+
+    def log(self, route: bytes, error: BaseException, *, now: float) -> None:
+        """Counts one drop from ``route`` and logs it if its line is due."""
+        count = self.dropped(route, now=now)
+        if count is None:
+            return
+        who = "other peers" if route not in self._peers else repr(route[:64])
+        if count == 1:
+            P.logger.warning(
+                "inference server: dropped a malformed request from %s: %s (further ones are counted in "
+                "stats().dropped_requests and logged at most once every %gs)", who, error, self.every
+            )  # fmt: skip
+        else:
+            P.logger.warning(
+                "inference server: dropped %d malformed requests from %s since the last report; the last one: %s",
+                count, who, error,
+            )  # fmt: skip
 
 
 class Ticket:
@@ -101,6 +160,10 @@ class ServerLoop:
         self.version = 0
         self._layouts = LayoutCache(P.TO_SERVER)
         self._encoder = Encoder()
+        self._drops = DropReport()
+        #: when the forward pass in progress started (``time.monotonic()``; ``None``: none runs). Read by the
+        #: event loop's liveness check: a pass that never returns shows as a hung server, not as hung clients.
+        self.pass_started: float | None = None
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
@@ -128,6 +191,17 @@ class ServerLoop:
             if stop.is_set():
                 self._close_socket()
 
+    def hung_error(self, limit: float, where: str = "") -> PolicyError | None:
+        """The error of a hung server if the pass in progress has run longer than ``limit`` seconds, else ``None``."""
+        started = self.pass_started
+        ran = time.monotonic() - started if started is not None else 0.0
+        if started is None or ran <= limit:
+            return None
+        return PolicyError(
+            f"the inference server{where} is hung: a forward pass has run for {ran:.1f}s (timeout {limit:g}s): "
+            "the policy's forward has not returned"
+        )
+
     def _take_requests(self) -> None:
         with contextlib.suppress(BlockingIOError):
             self.mail.wake_r.recv(4096)
@@ -145,7 +219,8 @@ class ServerLoop:
             try:
                 message = self._layouts.decode(frames)
             except ProtocolError as exc:
-                P.logger.warning("inference server: dropped a malformed request from %r: %s", route, exc)
+                self.recorder.dropped_requests += 1
+                self._drops.log(route, exc, now=time.monotonic())
                 continue
             self.batcher.add(Request(message.leaves, message.rows, route=route, seq=message.seq, source=route))
 
@@ -166,15 +241,17 @@ class ServerLoop:
             self.mail.answer(ticket)
 
     def _run(self, requests: list[Request]) -> None:
-        started = time.monotonic()
+        started = self.pass_started = time.monotonic()
         try:
             self.forward(requests, self.version)
         except BaseException as exc:
+            self.pass_started = None
             for request in requests:  # the callers of this pass get the policy's own error
                 if request.route is None:
                     request.error = exc
                     self.mail.answer(request)
             raise
+        self.pass_started = None
         self.recorder.record(requests, started, time.monotonic())
         for request in requests:
             if request.route is None:

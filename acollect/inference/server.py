@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,11 +34,12 @@ from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect._validate import check_int, check_seconds
 from acollect.devices import DeviceLike
-from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.errors import CollectorStateError, ConfigurationError, PolicyError
 from acollect.inference.batching import Batcher, Forward, InferenceStats, Request, StatsRecorder
 from acollect.inference.codec import leaves_of
 from acollect.inference.loop import Mailbox, ServerLoop, Ticket
 from acollect.policy import PolicyLike, parse_exploration_type
+from acollect.transport.auth import ClientKeys, ServerKeys, as_server_keys
 from acollect.transport.server_socket import ServerSocket
 from acollect.weights import as_weights, check_weights, structure_of
 
@@ -60,6 +62,13 @@ class InferenceServer:
         exploration_type: tensordict interaction type set around each forward pass (``"random"`` by default).
         address: ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` to serve worker processes on as well
             (``"ipc"`` or ``"tcp://<host>"`` pick a private path or a free port; ``None``: this process only).
+        keys: CURVE keys, as a collector's ``keys=``: a key directory written by ``acollect keys`` or a
+            ``ServerKeys``. Every connection to ``address`` is then encrypted, and only clients holding a key
+            on the allow-list (or one from :meth:`local_client_keys`) are served; the others are refused and
+            counted in :attr:`rejected_peers`. Needs an ``address``.
+        hang_timeout: seconds a forward pass may run before the server counts as hung: it then fails (its
+            callers, and a collector it serves, get a :class:`~acollect.errors.PolicyError` saying so).
+            ``None``: no limit.
 
     Examples:
         >>> import anyio, torch
@@ -85,6 +94,8 @@ class InferenceServer:
         device: DeviceLike = None,
         exploration_type: InteractionType | str | None = InteractionType.RANDOM,
         address: str | None = None,
+        keys: ServerKeys | str | os.PathLike[str] | None = None,
+        hang_timeout: float | None = None,
     ) -> None:
         if (policy is None) == (policy_factory is None):
             raise ConfigurationError.bad_value(
@@ -103,6 +114,12 @@ class InferenceServer:
                 "address", address, "None, 'ipc', 'ipc://<path>' or 'tcp://<host>[:<port>]'"
             )
         self._address_arg = address
+        self._keys = as_server_keys("keys", keys)
+        if self._keys is not None and address is None:
+            raise ConfigurationError.bad_value(
+                "keys", keys, "None when address is None (keys guard the connections of worker processes)"
+            )
+        self.hang_timeout = check_seconds("hang_timeout", hang_timeout, optional=True)
         self._policy_arg = policy
         self._policy_factory = policy_factory
         self._exploration = parse_exploration_type(exploration_type)
@@ -113,6 +130,7 @@ class InferenceServer:
         self._mail = Mailbox()
         self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
         self._sock: ServerSocket | None = None
+        self._bound: ServerSocket | None = None  # the socket bound, kept after close for its counts
         self._address: str | None = None
         self._tasks: TaskOwner | None = None
         self._own_tasks = False
@@ -125,6 +143,37 @@ class InferenceServer:
     def address(self) -> str | None:
         """Where worker processes connect (the real path or port), once started with an ``address``."""
         return self._address
+
+    @property
+    def secure(self) -> bool:
+        """Whether connections to :attr:`address` are encrypted and authenticated (``keys=``)."""
+        return self._keys is not None
+
+    @property
+    def rejected_peers(self) -> int:
+        """Connection attempts refused by the server's CURVE keys (a key not on the allow-list, no CURVE, a
+        wrong server key); each attempt of a peer that keeps retrying counts. ``0`` without ``keys``."""
+        bound = self._bound
+        return bound.rejected_connections if bound is not None else 0
+
+    def local_client_keys(self) -> ClientKeys:
+        """A fresh key pair the server accepts, for worker processes its owner starts (handed over privately).
+
+        Raises:
+            CollectorStateError: the server has no keys, or is not bound (started) yet.
+        """
+        sock = self._sock
+        if self._keys is None or sock is None:
+            raise CollectorStateError("local_client_keys() needs a started inference server with keys")
+        return sock.local_client_keys()
+
+    def hung_error(self, timeout: float | None = None) -> PolicyError | None:
+        """The error of a hung server (a :class:`~acollect.errors.PolicyError` naming it, how long the pass has run
+        and the timeout) if a forward pass has run longer than ``timeout`` (default ``hang_timeout``), else ``None``."""
+        limit = self.hang_timeout if timeout is None else timeout
+        if limit is None or self._loop is None:
+            return None
+        return self._loop.hung_error(limit, f" at {self._address}" if self._address is not None else "")
 
     @property
     def version(self) -> int:
@@ -185,6 +234,8 @@ class InferenceServer:
             tasks.spawn(self._run_thread, name="inference-server"),
             tasks.spawn(self._deliver, name="inference-answers"),
         ]
+        if self.hang_timeout is not None:
+            self._scopes.append(tasks.spawn(self._watch, self.hang_timeout, name="inference-liveness"))
 
     def _build(self) -> Any:
         module = self._policy_factory() if self._policy_factory is not None else copy.deepcopy(self._policy_arg)
@@ -205,7 +256,9 @@ class InferenceServer:
     def _bind(self, address: str) -> None:
         # Many workers each keep one request in flight: the queue bound is generous, the heartbeats a
         # worker's own (a worker that vanished is noticed alike from either side).
-        self._sock = ServerSocket(address, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0)
+        self._sock = self._bound = ServerSocket(
+            address, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0, keys=self._keys
+        )
         self._address = self._sock.address
 
     async def async_shutdown(self, timeout: float = _CLOSE_TIMEOUT) -> None:
@@ -349,7 +402,17 @@ class InferenceServer:
 
     def stats(self) -> InferenceStats:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
-        return self._recorder.snapshot(self.version)
+        return self._recorder.snapshot(self.version, self.rejected_peers)
+
+    async def _watch(self, timeout: float) -> None:
+        """Fails the server once a forward pass has run longer than ``timeout``: callers learn the server is
+        hung, rather than waiting for ever (or blaming the clients that wait on it)."""
+        period = min(1.0, timeout / 4)
+        while True:
+            await anyio.sleep(period)
+            error = self.hung_error()
+            if error is not None:
+                raise error
 
     async def _deliver(self) -> None:
         """Wakes the tasks whose requests the server thread answered."""

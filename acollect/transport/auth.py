@@ -43,7 +43,15 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from acollect.errors import ConfigurationError
 
-__all__ = ["COLLECTOR_KEY_NAME", "AllowList", "ClientKeys", "ServerKeys", "create_keys", "curve_available"]
+__all__ = [
+    "COLLECTOR_KEY_NAME",
+    "AllowList",
+    "ClientKeys",
+    "ServerKeys",
+    "as_server_keys",
+    "create_keys",
+    "curve_available",
+]
 
 #: The base name of the collector's key files in a key directory.
 COLLECTOR_KEY_NAME = "collector"
@@ -149,6 +157,19 @@ class ServerKeys:
 
     def __repr__(self) -> str:  # never print a secret
         return f"ServerKeys(public={self.public.decode()!r}, authorized_dir={str(self.authorized_dir)!r})"
+
+
+def as_server_keys(name: str, value: object) -> ServerKeys | None:
+    """``value`` as server keys: ``None``, a ``ServerKeys``, or a key directory (``acollect keys DIR``), loaded.
+
+    Raises:
+        ConfigurationError: anything else (named ``name``), or a directory without the collector's keys.
+    """
+    if value is None or isinstance(value, ServerKeys):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return ServerKeys.load(value)
+    raise ConfigurationError.bad_value(name, value, "None, a key directory (`acollect keys DIR`) or a ServerKeys")
 
 
 @dataclass(frozen=True)

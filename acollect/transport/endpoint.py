@@ -39,16 +39,19 @@ import zmq
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
-from acollect.transport.sockets import check_address, check_options, check_timeout, configure, has_message
+from acollect.transport.sockets import (
+    RefusalMonitor,
+    check_address,
+    check_options,
+    check_timeout,
+    configure,
+    has_message,
+)
 
 # The blocking side lives in worker_socket.py; importable from here too, where it always was.
 from acollect.transport.worker_socket import WorkerSocket as WorkerSocket
 
 __all__ = ["Endpoint", "WorkerSocket"]
-
-_REFUSED_EVENTS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
 
 # The longest a task waits on the socket's descriptor before it looks at zmq.EVENTS again.
 _POLL_INTERVAL = 0.05
@@ -104,8 +107,7 @@ class Endpoint:
             raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
         self._tmpdir: str | None = None
         self._allow: AllowList | None = None
-        self._monitor: zmq.Socket[Any] | None = None
-        self._rejected = 0
+        self._monitor: RefusalMonitor | None = None
         self._server_public = b""
         self._address = ""
         if address is None:
@@ -148,14 +150,7 @@ class Endpoint:
         keys.apply(self._sock)
         self._server_public = keys.public
         self._allow = AllowList(self._ctx, keys.authorized_dir)
-        # Handshake failures never reach the ZAP handler when a peer speaks no CURVE or has
-        # the wrong collector key; the socket monitor sees those too. A PAIR socket in the same
-        # context reads it without the event loop.
-        monitor_address = f"inproc://acollect-monitor-{id(self)}"
-        self._sock.monitor(monitor_address, _REFUSED_EVENTS)
-        self._monitor = self._ctx.socket(zmq.PAIR)
-        self._monitor.setsockopt(zmq.LINGER, 0)
-        self._monitor.connect(monitor_address)
+        self._monitor = RefusalMonitor(self._ctx, self._sock, "endpoint")
 
     def local_client_keys(self) -> ClientKeys:
         """A fresh key pair this endpoint accepts, for workers it starts itself (handed over privately).
@@ -178,17 +173,7 @@ class Endpoint:
     def rejected_connections(self) -> int:
         """Connection attempts refused so far: keys not on the allow-list, peers without CURVE or
         with a wrong collector key (a peer that keeps retrying counts once per attempt)."""
-        monitor = self._monitor
-        if monitor is not None:
-            try:
-                while True:
-                    monitor.recv_multipart(zmq.NOBLOCK)
-                    self._rejected += 1
-            except zmq.Again:
-                pass
-            except zmq.ZMQError:
-                pass  # closed meanwhile: the count so far stands
-        return self._rejected
+        return self._monitor.count if self._monitor is not None else 0
 
     @property
     def rejected_keys(self) -> dict[str, int]:
@@ -361,10 +346,7 @@ class Endpoint:
                 anyio.notify_closing(self._fd)
             self._wake()
             if self._monitor is not None:
-                _ = self.rejected_connections  # keep the count readable after close
-                sock.disable_monitor()
-                self._monitor.close(linger=0)
-                self._monitor = None
+                self._monitor.close()  # the count stays readable after close
             sock.close(linger=0)
             if self._allow is not None:
                 self._allow.stop()

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import zmq
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport.sockets import check_address, configure
+from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
+from acollect.transport.sockets import RefusalMonitor, check_address, configure
 
 __all__ = ["ServerSocket", "Waiter"]
 
@@ -36,9 +38,13 @@ class ServerSocket:
         hwm: the most messages queued per client in each direction.
         heartbeat_ivl: seconds between ZMTP heartbeats.
         heartbeat_timeout: seconds without traffic before ZeroMQ drops a connection.
+        keys: make this a CURVE server, as a collector's endpoint with keys: every connection is encrypted,
+            and only clients whose public key is in ``keys.authorized_dir`` (or given by
+            :meth:`local_client_keys`) get in. Refused handshakes are counted in :attr:`rejected_connections`.
 
     Raises:
-        ConfigurationError: ``address`` is malformed, or this process cannot bind it.
+        ConfigurationError: ``address`` is malformed or this process cannot bind it, or ``keys`` is not a
+            ``ServerKeys``.
 
     Examples:
         >>> from acollect.transport.worker_socket import WorkerSocket
@@ -59,10 +65,24 @@ class ServerSocket:
     """
 
     def __init__(
-        self, address: str, *, hwm: int = 1024, heartbeat_ivl: float = 1.0, heartbeat_timeout: float = 10.0
+        self,
+        address: str,
+        *,
+        hwm: int = 1024,
+        heartbeat_ivl: float = 1.0,
+        heartbeat_timeout: float = 10.0,
+        keys: ServerKeys | None = None,
     ) -> None:
+        if keys is not None and not isinstance(keys, ServerKeys):
+            raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
         self._tmpdir: str | None = None
         self._address = address
+        self._keys = keys
+        self._allow: AllowList | None = None
+        self._monitor: RefusalMonitor | None = None
+        # The monitor is read by whoever asks for the count (the event loop) and closed by the socket's
+        # owner (the server thread): never both at once.
+        self._monitor_lock = threading.Lock()
         if address == "ipc":
             self._tmpdir = tempfile.mkdtemp(prefix="acollect-server-")
             address = f"ipc://{self._tmpdir}/server.sock"
@@ -76,6 +96,10 @@ class ServerSocket:
                 self._sock, hwm=hwm, heartbeat_ivl=heartbeat_ivl, heartbeat_timeout=heartbeat_timeout,
                 max_message_bytes=None,
             )  # fmt: skip
+            if keys is not None:
+                keys.apply(self._sock)
+                self._allow = AllowList(self._ctx, keys.authorized_dir)
+                self._monitor = RefusalMonitor(self._ctx, self._sock, "server")
             self._sock.bind(address)
             self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
@@ -94,6 +118,35 @@ class ServerSocket:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._sock is None
+
+    @property
+    def secure(self) -> bool:
+        """Whether this socket encrypts and authenticates with CURVE keys."""
+        return self._keys is not None
+
+    @property
+    def rejected_connections(self) -> int:
+        """Connection attempts refused so far: keys not on the allow-list, peers without CURVE or with a wrong
+        server key (a peer that keeps retrying counts once per attempt). Readable after close, from any thread."""
+        with self._monitor_lock:
+            return self._monitor.count if self._monitor is not None else 0
+
+    @property
+    def rejected_keys(self) -> dict[str, int]:
+        """Public keys (z85) refused by the allow-list and how often each was."""
+        return self._allow.rejected_keys if self._allow is not None else {}
+
+    def local_client_keys(self) -> ClientKeys:
+        """A fresh key pair this socket accepts, for clients its owner starts itself (handed over privately).
+
+        Raises:
+            TransportError: the socket has no keys, or is closed.
+        """
+        if self._allow is None or self._keys is None or self._sock is None:
+            raise TransportError("local_client_keys() needs an open server socket with keys")
+        public, secret = zmq.curve_keypair()
+        self._allow.allow(public)
+        return ClientKeys(public, secret, self._keys.public)
 
     def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:
@@ -138,9 +191,14 @@ class ServerSocket:
 
     def close(self) -> None:
         """Closes the socket (queued answers are dropped) and removes its private ipc directory. Idempotent."""
+        with self._monitor_lock:
+            if self._monitor is not None:
+                self._monitor.close()  # the count stays readable
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close(linger=0)
+        if self._allow is not None:
+            self._allow.stop()
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             ctx.term()

@@ -17,6 +17,7 @@ import zmq
 from acollect.errors import ConfigurationError
 
 __all__ = [
+    "RefusalMonitor",
     "check_address",
     "check_options",
     "check_positive_int",
@@ -62,6 +63,57 @@ def configure(
     sock.setsockopt(zmq.HEARTBEAT_TTL, round(heartbeat_timeout * 1000))
     if max_message_bytes is not None:
         sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+
+
+#: the socket monitor events of a refused handshake (a key not on the allow-list, no CURVE, a wrong server key)
+REFUSED_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+class RefusalMonitor:
+    """Counts the handshakes a keyed (CURVE server) socket refused, from its socket monitor.
+
+    Handshake failures never reach the ZAP handler when a peer speaks no CURVE or has the wrong server key;
+    the socket monitor sees those too. A PAIR socket in the same context reads it, without the event loop.
+    Call :meth:`close` from the thread that owns ``sock``, before closing it; :attr:`count` may be read from
+    any one thread at a time (the caller serialises it with :meth:`close`).
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any], name: str) -> None:
+        address = f"inproc://acollect-monitor-{name}-{id(self)}"
+        sock.monitor(address, REFUSED_EVENTS)
+        self._monitored: zmq.Socket[Any] | None = sock
+        self._pair: zmq.Socket[Any] | None = ctx.socket(zmq.PAIR)
+        self._pair.setsockopt(zmq.LINGER, 0)
+        self._pair.connect(address)
+        self._count = 0
+
+    @property
+    def count(self) -> int:
+        """Refused handshakes so far (each attempt of a peer that keeps retrying counts); kept after close."""
+        pair = self._pair
+        if pair is not None:
+            try:
+                while True:
+                    pair.recv_multipart(zmq.NOBLOCK)
+                    self._count += 1
+            except zmq.Again:
+                pass
+            except zmq.ZMQError:
+                pass  # closed meanwhile: the count so far stands
+        return self._count
+
+    def close(self) -> None:
+        """Stops monitoring (idempotent); the count stays readable."""
+        if self._pair is None:
+            return
+        _ = self.count
+        sock, self._monitored = self._monitored, None
+        if sock is not None and not sock.closed:
+            sock.disable_monitor()
+        self._pair.close(linger=0)
+        self._pair = None
 
 
 def has_message(sock: zmq.Socket[Any]) -> bool:

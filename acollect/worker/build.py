@@ -31,8 +31,15 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
     policy = config.policy
     if config.inference is not None:
         identity = P.worker_identity(config.index, config.generation) + b"i"
+        # A worker started by hand proves itself with its own keys, to the inference server as to the collector
+        # (both read the same allow-list); a worker the collector started got a key pair of its own for it.
+        keys = config.keys if config.remote else config.inference.get("keys")
         policy = RemotePolicy(
-            config.inference["address"], identity, interrupt=interrupt, interrupted=rollout.RolloutInterrupted
+            config.inference["address"],
+            identity,
+            interrupt=interrupt,
+            interrupted=rollout.RolloutInterrupted,
+            keys=keys,
         )
     # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
     try:

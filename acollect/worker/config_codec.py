@@ -72,6 +72,9 @@ def resolve_import_path(value: Any) -> Any:
 def encode_config(config: P.WorkerConfig, *, allow_pickle: bool) -> tuple[dict[str, Any], TensorDict | None]:
     """The ``config`` message for ``config``: ``plain`` header fields if msgpack can carry them, else a
     ``pickled`` flag and the pickle as a raw ``uint8`` frame (a policy may weigh megabytes)."""
+    if config.inference is not None and "keys" in config.inference:
+        # No secret key on the wire: a worker started by hand uses its own keys for the inference server too.
+        config = dataclasses.replace(config, inference={k: v for k, v in config.inference.items() if k != "keys"})
     plain = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _LOCAL_FIELDS}
     plain["devices"] = {k: (None if v is None else str(v)) for k, v in plain["devices"].items()}
     try:

@@ -169,6 +169,7 @@ class WorkerConfig:
     frames: int = 0
     remote: bool = False
     keys: Any = None
-    #: central inference: ``{"address": ...}`` of the inference server that chooses this worker's actions
-    #: (the worker then gets no policy of its own)
+    #: central inference: ``{"address": ..., "keys": ...}`` of the inference server that chooses this worker's
+    #: actions (the worker then gets no policy of its own); ``keys``, a ``ClientKeys`` the server accepts, when
+    #: it has keys (never sent to a worker started by hand: that one uses its own ``keys``)
     inference: dict[str, Any] | None = None
