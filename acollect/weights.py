@@ -23,7 +23,7 @@ version it was collected with.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -157,7 +157,7 @@ class WeightUpdate:
             raise ConfigurationError.bad_value("weights_dict", weights_dict, "a non-empty dict model id -> weights")
         if not isinstance(model_id, str) or not model_id:
             raise ConfigurationError.bad_value("model_id", model_id, "a non-empty str such as 'policy'")
-        if worker_ids is not None and (isinstance(worker_ids, (str, bytes)) or not isinstance(worker_ids, Sequence)):
+        if worker_ids is not None and (isinstance(worker_ids, (str, bytes)) or not isinstance(worker_ids, Iterable)):
             raise ConfigurationError.bad_value("worker_ids", worker_ids, "None (every worker) or a list of worker ids")
         ids = None if worker_ids is None else tuple(check_int("worker_ids", wid) for wid in worker_ids)
         dict_ = weights_dict if isinstance(weights_dict, Mapping) else None
