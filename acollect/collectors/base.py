@@ -423,7 +423,7 @@ class CollectorBase(ReportingMixin):
             policy: keyword form for a module.
             weights: keyword form for weights.
             weights_dict: several models at once, ``{model_id: module or weights}``: one version, one message per
-                worker, applied together (worker processes only).
+                worker, applied together (models other than ``"policy"``: worker processes only).
             model_id: what the weights are for in a worker: ``"policy"``, a path such as ``"policy.actor"``, or
                 ``"env.<attribute>"`` (other than ``"policy"``: worker processes only).
             worker_ids: the workers to update (default: all; worker processes only, not torch.distributed).
