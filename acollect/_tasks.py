@@ -32,7 +32,7 @@ from anyio.abc import TaskGroup
 
 from acollect.errors import CollectorStateError
 
-__all__ = ["TaskOwner"]
+__all__ = ["BackgroundRun", "CallScope", "TaskOwner"]
 
 logger = logging.getLogger("acollect")
 
@@ -206,3 +206,23 @@ class TaskOwner:
                 self._release.set()
                 with anyio.move_on_after(timeout):
                     await self._host_done.wait()
+
+
+class CallScope:
+    """One public call in flight: its cancel scope, and whether a failure (not only a shutdown) ends it."""
+
+    __slots__ = ("interrupt_on_failure", "scope")
+
+    def __init__(self, interrupt_on_failure: bool) -> None:
+        self.scope = anyio.CancelScope()
+        self.interrupt_on_failure = interrupt_on_failure
+
+
+class BackgroundRun:
+    """The task ``start()`` spawned: whether it is alive, and whether a batch of it is in flight."""
+
+    __slots__ = ("alive", "busy")
+
+    def __init__(self) -> None:
+        self.alive = False
+        self.busy = False

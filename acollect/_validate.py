@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
+from acollect._warnings import warn
 from acollect.errors import ConfigurationError
 
-__all__ = ["check_bool", "check_callable", "check_choice", "check_int", "check_seconds"]
+__all__ = ["check_bool", "check_callable", "check_choice", "check_int", "check_seconds", "check_total_frames"]
 
 T = TypeVar("T")
 
@@ -92,3 +93,18 @@ def check_choice(name: str, value: T, choices: tuple[Any, ...]) -> T:
     if value not in choices:
         raise ConfigurationError.bad_value(name, value, f"one of {choices}")
     return value
+
+
+def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
+    """Validates ``total_frames`` (``-1`` means endless) and warns when it is not a multiple of the batch."""
+    if isinstance(total_frames, bool) or not isinstance(total_frames, int) or (
+        total_frames <= 0 and total_frames != -1
+    ):
+        raise ConfigurationError.bad_value("total_frames", total_frames, "a positive int, or -1 for endless collection")
+    if total_frames > 0 and total_frames % frames_per_batch:
+        # Attributed to the user's line, however many acollect frames lie between (see acollect._warnings).
+        warn(
+            f"total_frames={total_frames} is not a multiple of frames_per_batch={frames_per_batch}: the last "
+            f"batch ends past it, at {math.ceil(total_frames / frames_per_batch) * frames_per_batch} frames."
+        )
+    return total_frames

@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, EmptyBufferError
 
-__all__ = ["EmptyBufferError", "ReplayBuffer"]
+__all__ = ["EmptyBufferError", "ReplayBuffer", "SupportsExtend"]
 
 NestedKey = str | tuple[str, ...]
 
@@ -235,3 +235,10 @@ class ReplayBuffer:
                     tuple(src.shape[1:]),
                     f"{tuple(dest.shape[1:])} as in the first batch",
                 )
+
+
+class SupportsExtend(Protocol):
+    """Anything a background collector can fill: ``acollect.ReplayBuffer``, torchrl's ``ReplayBuffer``..."""
+
+    def extend(self, data: TensorDictBase, /) -> Any:
+        """Adds a batch of transitions."""

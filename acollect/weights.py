@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._validate import check_int, check_seconds
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
@@ -37,11 +39,13 @@ if TYPE_CHECKING:
 __all__ = [
     "PolicyWeights",
     "WeightStructure",
+    "WeightUpdate",
     "as_weights",
     "check_push",
     "check_weights",
     "decode_structure",
     "encode_structure",
+    "one_source",
     "structure_of",
     "weights_of",
 ]
@@ -119,6 +123,61 @@ def as_weights(source: object, name: str = "policy_or_weights") -> TensorDictBas
         except (KeyError, ValueError, RuntimeError) as exc:  # a key nested under another tensor's key
             raise ConfigurationError.bad_value(name, _dotted(key), f"weights with consistent keys ({exc})") from exc
     return out
+
+
+def one_source(**given: object) -> object:
+    """The value of the one argument given (``None`` if none): more than one is refused, in this one place.
+
+    ``update_policy_weights_`` of every collector (:class:`~acollect.collectors.base.CollectorBase`) and of the
+    inference server takes its weights through here.
+    """
+    named = [name for name, value in given.items() if value is not None]
+    if len(named) > 1:
+        got = " and ".join(name if name == "policy_or_weights" else f"{name}=" for name in named)
+        raise ConfigurationError(f"update_policy_weights_() takes one source of weights, got {got}")
+    return given[named[0]] if named else None
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The arguments of one ``update_policy_weights_()`` call, checked (by :meth:`of`); a collector's hook gets it."""
+
+    source: object  # a module or weights; None: the policy given at construction (or weights_dict holds them)
+    weights_dict: Mapping[str, object] | None
+    model_id: str
+    worker_ids: tuple[int, ...] | None  # in range of the collector's workers: the collector checks that
+    timeout: float
+
+    @classmethod
+    def of(cls, policy_or_weights: object, *, policy: object, weights: object, weights_dict: object,
+           model_id: object, worker_ids: object, timeout: object) -> WeightUpdate:  # fmt: skip
+        given = {"policy_or_weights": policy_or_weights, "policy": policy, "weights": weights}
+        source = one_source(**given, weights_dict=weights_dict)
+        if weights_dict is not None and (not isinstance(weights_dict, Mapping) or not weights_dict):
+            raise ConfigurationError.bad_value("weights_dict", weights_dict, "a non-empty dict model id -> weights")
+        if not isinstance(model_id, str) or not model_id:
+            raise ConfigurationError.bad_value("model_id", model_id, "a non-empty str such as 'policy'")
+        if worker_ids is not None and (isinstance(worker_ids, (str, bytes)) or not isinstance(worker_ids, Iterable)):
+            raise ConfigurationError.bad_value("worker_ids", worker_ids, "None (every worker) or a list of worker ids")
+        ids = None if worker_ids is None else tuple(check_int("worker_ids", wid) for wid in worker_ids)
+        dict_ = weights_dict if isinstance(weights_dict, Mapping) else None
+        return cls(None if dict_ else source, dict_, model_id, ids, check_seconds("timeout", timeout))
+
+    def models(self, default: object) -> dict[str, tuple[str, object]]:
+        """model id -> (the argument it came from, for errors; module or weights), ``default`` if none given."""
+        if self.weights_dict is not None:
+            return {str(k): (f"weights_dict[{k!r}]", v) for k, v in self.weights_dict.items()}
+        return {self.model_id: ("policy_or_weights", default if self.source is None else self.source)}
+
+    def policy_only(self, default: object, why: str) -> object:
+        """The source for a collector with one policy and no workers to pick from (``why`` says so)."""
+        if self.worker_ids is not None:
+            raise ConfigurationError.bad_value("worker_ids", list(self.worker_ids), f"None: {why}")
+        models = self.models(default)
+        if set(models) != {"policy"}:
+            name = "weights_dict" if self.weights_dict is not None else "model_id"
+            raise ConfigurationError.bad_value(name, sorted(models), f"'policy' only: {why}")
+        return models["policy"][1]
 
 
 def structure_of(source: object) -> WeightStructure:

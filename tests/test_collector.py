@@ -429,6 +429,26 @@ async def test_a_push_that_does_not_fit_is_refused_at_once(weights: dict[str, to
         assert version_and_action(await anext(c)) == ([1], [1])
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"weights": {"head.logits": torch.ones(2)}, "policy": NestedArgmax()}, r"got policy= and weights="),
+        ({"worker_ids": [0]}, r"worker_ids.*in-process collector"),
+        ({"model_id": "policy.head"}, r"model_id.*'policy' only"),
+        ({"weights_dict": {"policy.head": {"logits": torch.ones(2)}}}, r"weights_dict.*'policy' only"),
+        ({"timeout": 0}, r"timeout"),
+    ],
+    ids=["two-sources", "worker_ids", "model_id", "weights_dict", "timeout"],
+)
+async def test_a_push_the_in_process_collector_cannot_honour_is_refused(kwargs: dict, match: str) -> None:
+    async with Collector(lambda: CountingEnv(num_envs=2), policy_factory=NestedArgmax, frames_per_batch=8) as c:
+        await anext(c)
+        with pytest.raises(ConfigurationError, match=match):
+            await c.update_policy_weights_(**kwargs)
+        assert c.policy_version == 0
+        assert await c.update_policy_weights_(weights={"head.logits": torch.tensor([0.0, 1.0])}, timeout=5) == 1
+
+
 async def test_weights_of_a_tensordict_modules_inner_module_are_mapped() -> None:
     policy = TensorDictModule(NestedArgmax(), in_keys=["observation"], out_keys=["action"])
     async with Collector(lambda: CountingEnv(num_envs=2), policy, frames_per_batch=8) as c:

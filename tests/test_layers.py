@@ -19,9 +19,10 @@ below it)::
     compat
     cli, testing, __main__, and the package itself (acollect/__init__.py only re-exports)
 
-Besides the imports between layers, two rules hold one place each: only ``CollectorBase`` defines
-``async_shutdown`` (the rules of shutting down live there once), and only ``acollect/transport/``
-imports ``zmq`` (ZeroMQ's errors become ``TransportError`` at that one boundary).
+Besides the imports between layers, three rules hold one place each: only ``CollectorBase`` defines
+``async_shutdown`` (the rules of shutting down live there once) and ``update_policy_weights_`` (one
+signature, one check that a single source of weights was given, one message), and only
+``acollect/transport/`` imports ``zmq`` (ZeroMQ's errors become ``TransportError`` at that one boundary).
 
 Exceptions are listed below, each with the reason and what removes it: tighten them as they go.
 """
@@ -338,3 +339,62 @@ def test_only_the_transport_imports_zmq() -> None:
         if any(m.split(".")[0] == "zmq" for _, m in _imports_of(ast.parse(path.read_text(encoding="utf-8"))))
     }
     assert "acollect.transport.endpoint" in transport  # the parser sees `import zmq`
+
+
+# Classes besides CollectorBase that may define update_policy_weights_: class name -> why.
+WEIGHT_UPDATERS_ALLOWED: dict[str, str] = {
+    "InferenceServer": (
+        "not a collector: it holds one policy, so it takes the base's first three parameters only (checked below), "
+        "and refuses more than one of them through the same acollect.weights.one_source"
+    ),
+}
+
+
+def _method(node: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    found = [i for i in node.body if isinstance(i, (ast.FunctionDef, ast.AsyncFunctionDef)) and i.name == name]
+    assert len(found) == 1, f"{node.name} defines {name} {len(found)} times"
+    return found[0]
+
+
+def _parameters(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, str, str]]:
+    """(kind, name, default) of each parameter, as written: what a caller of the method may pass."""
+    args = func.args
+    out = [("positional", a.arg, "") for a in [*args.posonlyargs, *args.args]]
+    for arg, default in zip(reversed(args.args), reversed(args.defaults), strict=False):
+        index = out.index(("positional", arg.arg, ""))
+        out[index] = ("positional", arg.arg, ast.unparse(default))
+    for arg, kw_default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        out.append(("keyword", arg.arg, "" if kw_default is None else ast.unparse(kw_default)))
+    if args.vararg or args.kwarg:
+        out.append(("variadic", "*args/**kwargs", ""))
+    return out
+
+
+def test_only_the_base_defines_update_policy_weights() -> None:
+    # One signature, every keyword documented once, and the arguments checked once in CollectorBase; a collector
+    # puts the weights in place in its _update_policy_weights hook (given an acollect.weights.WeightUpdate).
+    definers = {node.name: node for _, node in _classes() if _defines(node, "update_policy_weights_")}
+    assert "CollectorBase" in definers, "CollectorBase.update_policy_weights_ is gone: the test looks at nothing"
+    found = sorted(set(definers) - {"CollectorBase", *WEIGHT_UPDATERS_ALLOWED})
+    assert not found, (
+        "classes defining update_policy_weights_ (implement _update_policy_weights instead): " + ", ".join(found)
+    )
+    stale = sorted(set(WEIGHT_UPDATERS_ALLOWED) - set(definers))
+    assert not stale, f"remove these from WEIGHT_UPDATERS_ALLOWED, they define no update_policy_weights_: {stale}"
+    base = _parameters(_method(definers["CollectorBase"], "update_policy_weights_"))
+    assert [p[1] for p in base[:4]] == ["self", "policy_or_weights", "policy", "weights"]
+    for name in WEIGHT_UPDATERS_ALLOWED:
+        own = _parameters(_method(definers[name], "update_policy_weights_"))
+        assert own == base[: len(own)], f"{name}.update_policy_weights_ differs from CollectorBase's: {own}"
+
+
+def test_one_source_of_weights_is_checked_in_one_place() -> None:
+    phrase = "one source of weights"
+    found = sorted(
+        f"{name}:{lineno}"
+        for name, path in MODULES.items()
+        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if phrase in line
+    )
+    assert len(found) == 1, f"{phrase!r} should appear once in acollect/ (acollect.weights.one_source), found {found}"
+    assert found[0].startswith("acollect.weights:")

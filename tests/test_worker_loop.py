@@ -24,7 +24,7 @@ from tensordict import TensorDict, TensorDictBase
 from acollect.errors import ProtocolError
 from acollect.testing import CountingEnv, SlowEnv, WeightProbe, assert_counting_batch, no_leaks
 from acollect.transport.endpoint import Endpoint
-from acollect.transport.weights import flatten_params
+from acollect.transport.weight_sync import flatten_params
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
 from acollect.worker import protocol as P
 from acollect.worker.main import run_worker

@@ -16,9 +16,9 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect._validate import check_int, check_seconds
+from acollect._validate import check_int, check_total_frames
 from acollect.collectors._multi_state import MultiStateMixin
-from acollect.collectors.base import CollectorBase, check_total_frames
+from acollect.collectors.base import CollectorBase
 from acollect.collectors.dispatch import Dispatch
 from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
 from acollect.collectors.worker_configs import (
@@ -28,14 +28,14 @@ from acollect.collectors.worker_configs import (
     configured_num_envs,
     env_fns,
 )
-from acollect.errors import CollectorStateError, ConfigurationError
+from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
-from acollect.weights import as_weights, check_push
+from acollect.weights import WeightUpdate, as_weights, check_push
 from acollect.worker import protocol as P
 
 __all__ = ["INLINE_HAND_OUT_BYTES", "MultiCollectorBase"]
@@ -332,40 +332,11 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         """Version of the last weights pushed (every batch carries the version it was collected with)."""
         return self._pool.version if self._pool is not None else self._initial_version
 
-    async def update_policy_weights_(
-        self,
-        policy_or_weights: torch.nn.Module | TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-        *,
-        policy: torch.nn.Module | None = None,
-        weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-        weights_dict: Mapping[str, Any] | None = None,
-        model_id: str = "policy",
-        worker_ids: Sequence[int] | None = None,
-        timeout: float = 30.0,
-    ) -> int:
-        """Pushes new weights to the workers and returns once every targeted worker has them.
+    async def _update_policy_weights(self, update: WeightUpdate) -> int:
+        """Checks the weights against every targeted worker's policy, pushes them and waits for each acknowledgement.
 
-        The weights are serialized once (a flat buffer, or a shared-memory segment for local workers) and
-        applied by each worker at its next batch boundary, so no batch mixes two versions.
-
-        Args:
-            policy_or_weights: an ``nn.Module``, a TensorDict of weights or a state dict; nothing re-sends
-                the weights of the ``policy`` given at construction.
-            policy: keyword form for a module.
-            weights: keyword form for weights.
-            weights_dict: several models at once, ``{model_id: module or weights}``, updated atomically (one
-                version, one message per worker).
-            model_id: which model these weights are for: ``"policy"``, or a path such as ``"policy.actor"``.
-            worker_ids: the workers to update (default: all).
-            timeout: seconds to wait for the acknowledgements.
-
-        Returns:
-            The new policy version.
-
-        Raises:
-            WeightSyncError: workers that did not acknowledge in time, or refused the weights (named in the error).
-            ConfigurationError: no weights, weights that do not fit the workers' policy (nothing is sent; the
-                message names the keys and shapes), or bad ``worker_ids``.
+        Serialized once (a flat buffer, or a shared-memory segment for local workers) and applied by each worker at
+        its next batch boundary.
         """
         # Allowed on a collector broken by one worker (while the caller iterates): the live ones still get
         # the weights, and the WeightSyncError names exactly the workers that did not.
@@ -373,27 +344,14 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             self._lifecycle.background
         )
         self._check_usable("update_policy_weights_()", allow_broken=one_worker)
-        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
-        if len(given) > 1 or (given and weights_dict is not None):
-            raise ConfigurationError(
-                "update_policy_weights_() takes one source of weights: a policy, weights, or weights_dict"
-            )
-        if weights_dict is not None:
-            if not isinstance(weights_dict, Mapping) or not weights_dict:
-                raise ConfigurationError.bad_value("weights_dict", weights_dict, "a non-empty dict model id -> weights")
-            models = {str(k): _params_of(f"weights_dict[{k!r}]", v) for k, v in weights_dict.items()}
-        else:
-            source = given[0] if given else self._policy_arg
-            if not isinstance(model_id, str) or not model_id:
-                raise ConfigurationError.bad_value("model_id", model_id, "a non-empty str such as 'policy'")
-            models = {model_id: _params_of("policy_or_weights", source)}
-        ids = list(range(self.num_workers)) if worker_ids is None else list(worker_ids)
+        sources = update.models(self._policy_arg)
+        models = {model_id: _params_of(arg, source) for model_id, (arg, source) in sources.items()}
+        ids = list(range(self.num_workers)) if update.worker_ids is None else list(update.worker_ids)
         for wid in ids:
             check_int("worker_ids", wid, maximum=self.num_workers - 1)
-        limit = check_seconds("timeout", timeout)
         with self._call("update_policy_weights_()", interrupt_on_failure=False):
             await self._ensure_setup()
-            return await self._push(models, ids, limit)
+            return await self._push(models, ids, update.timeout)
 
     async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
         pool = self._require_pool()

@@ -41,18 +41,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
 
 from acollect._lifecycle import CollectorState, Lifecycle
 from acollect._notify import Notifier
-from acollect._tasks import TaskOwner
-from acollect._validate import check_seconds
-from acollect._warnings import warn
+from acollect._tasks import BackgroundRun, CallScope, TaskOwner
+from acollect._validate import check_seconds, check_total_frames
 from acollect.collectors._reporting import ReportingMixin
 from acollect.errors import (
     BackgroundCollectionError,
@@ -60,6 +59,13 @@ from acollect.errors import (
     CollectorStateError,
     ConfigurationError,
 )
+from acollect.replay_buffer import SupportsExtend
+from acollect.weights import WeightUpdate
+
+if TYPE_CHECKING:
+    import torch
+
+    from acollect.weights import Weights
 
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 
@@ -70,48 +76,6 @@ _Collector = TypeVar("_Collector", bound="CollectorBase")
 #: Seconds async_shutdown() waits for cancelled calls and tasks to leave before tearing down under them.
 #: A collection thread notices its stop event within one env step, so this is only reached by a hung env.
 _DRAIN_TIMEOUT = 10.0
-
-
-class SupportsExtend(Protocol):
-    """Anything a background collector can fill: ``acollect.ReplayBuffer``, torchrl's ``ReplayBuffer``..."""
-
-    def extend(self, data: TensorDictBase, /) -> Any:
-        """Adds a batch of transitions."""
-
-
-def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
-    """Validates ``total_frames`` (``-1`` means endless) and warns when it is not a multiple of the batch."""
-    if isinstance(total_frames, bool) or not isinstance(total_frames, int) or (
-        total_frames <= 0 and total_frames != -1
-    ):
-        raise ConfigurationError.bad_value("total_frames", total_frames, "a positive int, or -1 for endless collection")
-    if total_frames > 0 and total_frames % frames_per_batch:
-        # Attributed to the user's line, however many acollect frames lie between (see acollect._warnings).
-        warn(
-            f"total_frames={total_frames} is not a multiple of frames_per_batch={frames_per_batch}: the last "
-            f"batch ends past it, at {math.ceil(total_frames / frames_per_batch) * frames_per_batch} frames."
-        )
-    return total_frames
-
-
-class _Call:
-    """One public call in flight: its cancel scope, and whether a failure (not only a shutdown) ends it."""
-
-    __slots__ = ("interrupt_on_failure", "scope")
-
-    def __init__(self, interrupt_on_failure: bool) -> None:
-        self.scope = anyio.CancelScope()
-        self.interrupt_on_failure = interrupt_on_failure
-
-
-class _BackgroundRun:
-    """The task ``start()`` spawned: whether it is alive, and whether a batch of it is in flight."""
-
-    __slots__ = ("alive", "busy")
-
-    def __init__(self) -> None:
-        self.alive = False
-        self.busy = False
 
 
 class CollectorBase(ReportingMixin):
@@ -129,12 +93,12 @@ class CollectorBase(ReportingMixin):
         self._frames = 0
         self._batches = 0
         self._tasks = TaskOwner(type(self).__name__, on_failure=self._fail)
-        self._calls: set[_Call] = set()
+        self._calls: set[CallScope] = set()
         self._changes = Notifier()  # calls leaving, pauses ending, the background batch handed over
         self._setup_lock = anyio.Lock()
         self._consumer_lock = anyio.Lock()
         self._pause_lock = anyio.Lock()
-        self._run = _BackgroundRun()
+        self._run = BackgroundRun()
         self._shutdown_limit = 30.0
 
     # -- subclass hooks ----------------------------------------------------------------
@@ -150,6 +114,10 @@ class CollectorBase(ReportingMixin):
 
     async def _apply_pause(self, paused: bool) -> None:
         """Tells whatever collects to stop (``True``) or go on (``False``); called with the pause lock held."""
+
+    async def _update_policy_weights(self, update: WeightUpdate) -> int:
+        """Puts the weights of a checked :meth:`update_policy_weights_` call in place; returns the new version."""
+        raise NotImplementedError
 
     # -- state -----------------------------------------------------------------------
     @property
@@ -211,7 +179,7 @@ class CollectorBase(ReportingMixin):
     def _call(self, action: str, *, interrupt_on_failure: bool = True) -> Iterator[None]:
         """Runs a public call so that ``async_shutdown()`` (and a failure) wakes it wherever it waits."""
         self._check_usable(action, allow_broken=not interrupt_on_failure)
-        call = _Call(interrupt_on_failure)
+        call = CallScope(interrupt_on_failure)
         self._calls.add(call)
         try:
             with call.scope:
@@ -430,6 +398,47 @@ class CollectorBase(ReportingMixin):
             if lifecycle.state in (CollectorState.RUNNING, CollectorState.PAUSED) and wanted != lifecycle.pause_applied:
                 await self._apply_pause(wanted)
                 lifecycle.pause_was_applied(wanted)
+
+    # -- weights -----------------------------------------------------------------------
+    async def update_policy_weights_(
+        self,
+        policy_or_weights: torch.nn.Module | Weights | None = None,
+        *,
+        policy: torch.nn.Module | None = None,
+        weights: Weights | None = None,
+        weights_dict: Mapping[str, torch.nn.Module | Weights] | None = None,
+        model_id: str = "policy",
+        worker_ids: Sequence[int] | None = None,
+        timeout: float = 30.0,
+    ) -> int:
+        """Hands new weights to the policy that collects; returns the new version once every target has them.
+
+        They apply at the next batch boundary (between two forward passes for a policy in an inference server),
+        so no batch mixes two versions, and every frame carries ``("collector", "policy_version")``. Give at
+        most one of ``policy_or_weights``, ``policy``, ``weights`` and ``weights_dict``.
+
+        Args:
+            policy_or_weights: an ``nn.Module``, a TensorDict of weights (``TensorDict.from_module`` layout) or a
+                state dict; none given: the weights of the ``policy`` given at construction.
+            policy: keyword form for a module.
+            weights: keyword form for weights.
+            weights_dict: several models at once, ``{model_id: module or weights}``: one version, one message per
+                worker, applied together (models other than ``"policy"``: worker processes only).
+            model_id: what the weights are for in a worker: ``"policy"``, a path such as ``"policy.actor"``, or
+                ``"env.<attribute>"`` (other than ``"policy"``: worker processes only).
+            worker_ids: the workers to update (default: all; worker processes only, not torch.distributed).
+            timeout: seconds to wait for the workers' acknowledgements.
+
+        Raises:
+            ConfigurationError: more than one source, weights that do not fit the policy (nothing changed; the
+                message names the keys and shapes), or an argument this collector cannot honour.
+            WeightSyncError: workers that did not acknowledge in time, or refused the weights (named in the error).
+        """
+        update = WeightUpdate.of(
+            policy_or_weights, policy=policy, weights=weights, weights_dict=weights_dict, model_id=model_id,
+            worker_ids=worker_ids, timeout=timeout,
+        )  # fmt: skip
+        return await self._update_policy_weights(update)
 
     # -- repr --------------------------------------------------------------------------
     def __repr__(self) -> str:

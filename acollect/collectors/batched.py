@@ -27,7 +27,6 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
@@ -42,6 +41,7 @@ from acollect.inference.client import VERSION_KEY
 from acollect.policy import PolicyLike
 from acollect.pool import Received
 from acollect.stats import CollectorStats
+from acollect.weights import WeightUpdate
 
 __all__ = ["AsyncBatchedCollector"]
 
@@ -201,31 +201,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
         """Version of the weights the server's next forward pass runs with."""
         return self._server.version if self._server is not None else self._initial_version
 
-    async def update_policy_weights_(  # type: ignore[override]
-        self,
-        policy_or_weights: torch.nn.Module | TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-        *,
-        policy: torch.nn.Module | None = None,
-        weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-    ) -> int:
-        """Copies new weights into the server's policy between two forward passes; returns the new version.
-
-        Every action chosen afterwards carries the new ``("collector", "policy_version")``. Passing nothing
-        copies the weights of the ``policy`` given at construction (the one you train).
-
-        Args:
-            policy_or_weights: an ``nn.Module``, a TensorDict of weights or a state dict.
-            policy: keyword form for a module.
-            weights: keyword form for weights.
-
-        Raises:
-            ConfigurationError: the weights do not fit the policy (nothing changed).
-        """
+    async def _update_policy_weights(self, update: WeightUpdate) -> int:
+        """Copies the weights into the server's policy between two forward passes; every action chosen afterwards
+        carries the new ``("collector", "policy_version")``."""
         self._check_usable("update_policy_weights_()")
-        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
-        if len(given) > 1:
-            raise ConfigurationError("update_policy_weights_() takes one source of weights: a policy or weights")
-        source: Any = given[0] if given else self._policy_arg
+        source: Any = update.policy_only(self._policy_arg, "the policy runs in the collector's inference server")
         with self._call("update_policy_weights_()"):
             await self._ensure_setup()
             return await self.server.update_policy_weights_(source)

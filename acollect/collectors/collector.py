@@ -26,8 +26,8 @@ from tensordict import TensorDict, TensorDictBase
 from typing_extensions import Unpack
 
 from acollect._threads import run_in_thread
-from acollect._validate import check_int
-from acollect.collectors.base import CollectorBase, check_total_frames
+from acollect._validate import check_int, check_total_frames
+from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
     RolloutOptions,
@@ -42,7 +42,7 @@ from acollect.policy import PolicyLike
 from acollect.rollout import RolloutEngine, build_engine
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
-from acollect.weights import PolicyWeights, structure_of, weights_of
+from acollect.weights import PolicyWeights, WeightUpdate, structure_of, weights_of
 
 __all__ = ["Collector"]
 
@@ -223,31 +223,8 @@ class Collector(CollectorBase):
         """Version of the weights the next batch is collected with."""
         return self._weights.version
 
-    async def update_policy_weights_(
-        self,
-        policy_or_weights: torch.nn.Module | TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-        *,
-        policy: torch.nn.Module | None = None,
-        weights: TensorDictBase | Mapping[str, torch.Tensor] | None = None,
-    ) -> int:
-        """Hands new policy weights to the collector; they apply from the next batch on.
-
-        Every batch collected afterwards carries the new ``("collector", "policy_version")``; no batch
-        mixes two versions. Passing nothing re-syncs from the policy given at construction (useful when
-        the collector runs a copy of it on another device).
-
-        Args:
-            policy_or_weights: an ``nn.Module`` (its parameters and buffers are copied), a TensorDict of
-                weights (``TensorDict.from_module`` layout) or a state dict.
-            policy: keyword form for a module.
-            weights: keyword form for weights.
-
-        Returns:
-            The new policy version (what every batch collected with these weights carries).
-
-        Raises:
-            ConfigurationError: the weights do not fit the policy (the message names the keys and shapes);
-                nothing changed, the collector goes on with the weights it had.
+    async def _update_policy_weights(self, update: WeightUpdate) -> int:
+        """Stages the weights; the rollout thread applies them before its next batch, or at once if it is idle.
 
         Examples:
             >>> import anyio, torch
@@ -269,12 +246,7 @@ class Collector(CollectorBase):
             [1]
         """
         self._check_usable("update_policy_weights_()")
-        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
-        if len(given) > 1:
-            raise ConfigurationError(
-                "update_policy_weights_() takes one source of weights: pass a policy or weights, not both"
-            )
-        source = given[0] if given else self._policy_arg
+        source = update.policy_only(self._policy_arg, "an in-process collector runs one policy, in no worker process")
         if self._engine is None and self.settings.policy_factory is not None:
             with self._call("update_policy_weights_()"):
                 await self._ensure_setup()  # only the factory's policy says what the weights must fit

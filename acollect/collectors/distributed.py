@@ -31,8 +31,8 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import socket
-from collections.abc import Sequence
 from typing import Any
 
 from typing_extensions import Unpack
@@ -47,6 +47,7 @@ from acollect.pool import WorkerPool
 from acollect.pool.distributed import DistPool
 from acollect.transport.torch_dist import check_backend
 from acollect.transport.weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
+from acollect.weights import WeightUpdate
 
 __all__ = ["DistributedCollector", "DistributedSyncCollector"]
 
@@ -127,13 +128,13 @@ class DistributedCollector(MultiCollectorBase):
     def _default_scheme(self) -> WeightSyncScheme:
         return ZmqWeightSyncScheme()  # flat buffers, which the broadcast carries
 
-    async def update_policy_weights_(self, *args: Any, worker_ids: Sequence[int] | None = None, **kwargs: Any) -> int:
-        """As :meth:`acollect.MultiSyncCollector.update_policy_weights_`, for every worker at once."""
-        if worker_ids is not None and sorted(set(worker_ids)) != list(range(self.num_workers)):
+    async def _update_policy_weights(self, update: WeightUpdate) -> int:
+        # A broadcast reaches every worker of the process group: worker_ids may only name them all.
+        if update.worker_ids is not None and sorted(set(update.worker_ids)) != list(range(self.num_workers)):
             raise ConfigurationError.bad_value(
-                "worker_ids", worker_ids, "None: a weight broadcast reaches every worker of the process group"
+                "worker_ids", list(update.worker_ids), "None: a broadcast reaches every worker of the process group"
             )
-        return await super().update_policy_weights_(*args, **kwargs)
+        return await super()._update_policy_weights(dataclasses.replace(update, worker_ids=None))
 
 
 class DistributedSyncCollector(DistributedCollector):

@@ -41,7 +41,7 @@ from acollect.inference.loop import Mailbox, ServerLoop, Ticket
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.transport.auth import ClientKeys, ServerKeys, as_server_keys
 from acollect.transport.server_socket import ServerSocket
-from acollect.weights import as_weights, check_weights, structure_of
+from acollect.weights import as_weights, check_weights, one_source, structure_of
 
 __all__ = ["InferenceServer"]
 
@@ -375,10 +375,8 @@ class InferenceServer:
         Raises:
             ConfigurationError: the weights do not fit the server's policy (nothing changed).
         """
-        given = [x for x in (policy_or_weights, policy, weights) if x is not None]
-        if len(given) > 1:
-            raise ConfigurationError("update_policy_weights_() takes one source of weights: a policy or weights")
-        source = given[0] if given else self._policy_arg
+        source = one_source(policy_or_weights=policy_or_weights, policy=policy, weights=weights)
+        source = self._policy_arg if source is None else source
         self._check_running("update_policy_weights_()")
         assert self._loop is not None
         checked = check_weights(as_weights(source), structure_of(self._loop.forward.module), what="the server's policy")

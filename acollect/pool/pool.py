@@ -7,7 +7,7 @@ orders every worker is under (:class:`~acollect.pool.handles.Orders`), its failu
 wake-ups and counts (:mod:`~acollect.pool.events`), the receive loop
 (:class:`~acollect.pool.receive.Receiver`), the liveness loop and restarts
 (:class:`~acollect.pool.liveness.Monitor`) and weight pushes
-(:class:`~acollect.pool.weights.WeightPusher`). The two loops run in the collector's
+(:class:`~acollect.pool.weight_push.WeightPusher`). The two loops run in the collector's
 own task owner (:class:`~acollect._tasks.TaskOwner`), each in a cancel scope the
 pool stops at :meth:`WorkerPool.close`; a loop that raises fails the pool, which
 reports to the collector (``on_failure``).
@@ -40,7 +40,7 @@ from acollect.pool.events import Counters, PoolEvents
 from acollect.pool.handles import Orders, Received, WorkerHandle
 from acollect.pool.liveness import Monitor
 from acollect.pool.receive import Receiver
-from acollect.pool.weights import WeightPusher
+from acollect.pool.weight_push import WeightPusher
 from acollect.transport.auth import ServerKeys
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.shm import shm_available

@@ -20,8 +20,8 @@ from acollect.transport.shm import ShmTensorDictSlot as ShmTensorDictSlot
 from acollect.transport.shm import cleanup_stale as cleanup_stale
 from acollect.transport.shm import shm_available as shm_available
 from acollect.transport.shm_ring import ShmSlotRing as ShmSlotRing
-from acollect.transport.weights import flatten_params as flatten_params
-from acollect.transport.weights import unflatten_into as unflatten_into
+from acollect.transport.weight_sync import flatten_params as flatten_params
+from acollect.transport.weight_sync import unflatten_into as unflatten_into
 from acollect.transport.wire import PROTOCOL_VERSION as PROTOCOL_VERSION
 from acollect.transport.wire import decode_tensordict as decode_tensordict
 from acollect.transport.wire import encode_tensordict as encode_tensordict

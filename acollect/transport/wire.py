@@ -8,7 +8,7 @@ tensors of whitelisted dtypes and bounded sizes, and every malformed message
 raises :class:`~acollect.errors.ProtocolError` with a reason.
 
 The layout those frames follow, and its checks, are :mod:`acollect.transport.layout`'s.
-Weights have their own flat format (:mod:`acollect.transport.weights`).
+Weights have their own flat format (:mod:`acollect.transport.weight_sync`).
 """
 
 from __future__ import annotations

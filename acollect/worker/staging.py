@@ -7,6 +7,12 @@ afresh (:data:`~acollect.worker.protocol.RESETS`) is counted, and each batch car
 began after, so the collector can tell a batch that began before a reseed from one that began after
 it. A batch a pause left half-way is finished before anything else applies, except a reseed or a
 state restore, which give it up (its frames counted in the heartbeat's ``discarded``).
+
+A weight push arrives as frames, as a shared-memory segment written once for every local worker, or
+(``DistributedCollector``) as a torch.distributed broadcast; whatever the road,
+:func:`~acollect.transport.weight_sync.read_weights` finds its buffers and :func:`plan_weights` checks
+every model against this worker's own policy before anything is kept, so a push that does not fit
+changes nothing: the worker refuses it and goes on collecting.
 """
 
 from __future__ import annotations
@@ -15,16 +21,24 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ProtocolError
 from acollect.rollout import RolloutEngine
 from acollect.transport.shm import ShmSegment
-from acollect.transport.weights import copy_planned
+from acollect.transport.weight_sync import Staged, WeightPlan, copy_planned, plan_unflatten, read_weights
 from acollect.worker import protocol as P
-from acollect.worker.weights import plan_weights, read_weights
+from acollect.worker.build import resolve_model
 
-__all__ = ["StagingMixin"]
+__all__ = ["StagingMixin", "plan_weights"]
+
+
+def plan_weights(engine: RolloutEngine | None, weights: Staged) -> list[WeightPlan]:
+    """Checks every model before any is copied, so a bad push changes nothing."""
+    if engine is None:
+        raise ProtocolError("this worker has no policy to load weights into")
+    targets = {model_id: TensorDict.from_module(resolve_model(engine, model_id)) for model_id in weights}
+    return [plan_unflatten(layout, flat, targets[model_id]) for model_id, (layout, flat) in weights.items()]
 
 
 class StagingMixin:

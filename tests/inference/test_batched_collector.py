@@ -139,3 +139,22 @@ async def test_policy_lag_is_measured_from_the_oldest_version_that_acted_in_each
     assert stats.policy_version == 6
     assert stats.policy_lag == {w: 6 - int(versions.min()) for w, versions in sorted(last.items())}
     assert all(lag < 6 for lag in stats.policy_lag.values())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"worker_ids": [0]}, r"worker_ids.*inference server"),
+        ({"model_id": "policy.module"}, r"model_id.*'policy' only"),
+        ({"policy": policy(), "weights_dict": {"policy": policy()}}, r"got policy= and weights_dict="),
+    ],
+    ids=["worker_ids", "model_id", "two-sources"],
+)
+async def test_what_the_server_cannot_honour_is_refused_before_anything_starts(kwargs: dict, match: str) -> None:
+    collector = AsyncBatchedCollector(envs(), policy(), frames_per_batch=18)
+    try:
+        with pytest.raises(ConfigurationError, match=match):
+            await collector.update_policy_weights_(**kwargs)
+        assert collector.state is CollectorState.NEW
+    finally:
+        await collector.async_shutdown()

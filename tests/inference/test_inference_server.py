@@ -91,6 +91,8 @@ async def test_a_weight_update_reaches_the_next_pass_and_the_callers_policy_is_l
         assert (await server.infer(obs([1.0])))["action"].item() == 1.0
         with pytest.raises(ConfigurationError, match="weight"):
             await server.update_policy_weights_(weights={"nope": torch.zeros(3)})
+        with pytest.raises(ConfigurationError, match="one source of weights, got policy_or_weights and weights="):
+            await server.update_policy_weights_(trained, weights={"bias": torch.tensor(0.0)})  # as every collector
         assert (server.version, server.stats().policy_version) == (2, 2)
 
 

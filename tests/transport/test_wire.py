@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tensordict import NonTensorData, TensorDict
 
 from acollect.errors import ConfigurationError, ProtocolError
-from acollect.transport.weights import flatten_params, unflatten_into
+from acollect.transport.weight_sync import flatten_params, unflatten_into
 from acollect.transport.wire import (
     PROTOCOL_VERSION,
     decode_tensordict,
