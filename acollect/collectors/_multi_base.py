@@ -21,13 +21,7 @@ from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.dispatch import Dispatch
 from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
-from acollect.collectors.worker_configs import (
-    build_worker_configs,
-    check_env_args,
-    collector_storing_device,
-    configured_num_envs,
-    env_fns,
-)
+from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool
@@ -64,14 +58,13 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._dispatch = dispatch
         self.settings = settings = parse(options, WorkerSettings, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
-        fns = env_fns(create_env_fn_list, settings.num_workers)
-        check_env_args(fns, settings)
-        frames = self._settled_frames(settings.frames_per_batch, configured_num_envs(fns, settings))
-        super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
-        self._shutdown_limit = settings.shutdown_timeout
         self._policy_arg = policy
+        plan = self._plan(create_env_fn_list)
+        super().__init__(frames_per_batch=plan.frames_per_batch, total_frames=settings.total_frames,
+                         progress=settings.progress)  # fmt: skip
+        self._configs = plan.configs
+        self._shutdown_limit = settings.shutdown_timeout
         self._storing_device = collector_storing_device(settings)
-        self._build_configs(fns)
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         self._pending_seed: int | None = None
@@ -82,24 +75,19 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # copy_batches=False: the batch handed out last, whose slot goes back to its worker at the next batch.
         self._lent: list[Received] = []
 
-    def _build_configs(self, fns: list[Any]) -> None:
-        """(Re)builds one worker config per env factory (before the workers start)."""
-        frames = self._requested_worker_frames(len(fns))
-        self._configs = build_worker_configs(fns, self._policy_arg, self.settings, frames)
+    def _plan(self, create_env_fn_list: Any) -> WorkerPlan:
+        """The workers' configs and what each batch holds, from the env factories and the settings."""
+        policy, settings = self._worker_policy()
+        return plan_workers(create_env_fn_list, policy, settings,
+                            worker_frames=self._dispatch.worker_frames, stacked=self._dispatch.sync)  # fmt: skip
 
-    def _requested_worker_frames(self, n_workers: int) -> int:
-        # Workers are asked their share of what was *requested*, each rounding it up to its own envs: asking
-        # a share of an already rounded total would round twice when workers have different numbers of envs.
-        return self._dispatch.worker_frames(self.requested_frames_per_batch, n_workers)
-
-    @property
-    def _stacked(self) -> bool:
-        # Lockstep: every batch is one requested from every worker; first-ready: each batch is one worker's.
-        return self._dispatch.sync
+    def _worker_policy(self) -> tuple[PolicyLike, WorkerSettings]:
+        """What the workers run, and the settings their configs are built from (central inference: none)."""
+        return self._policy_arg, self.settings
 
     def _settled_frames(self, shown: int, n_envs: Sequence[int | None]) -> int:
-        """What each batch holds, once every worker's number of envs is known (else ``shown``): pure, so the
-        constructor settles it before the base is built."""
+        """What each batch holds once the started workers said their number of envs (else ``shown``); the
+        constructor settled it from the arguments already where they said it (:func:`plan_workers`)."""
         known = [n for n in n_envs if n is not None]
         if len(known) < len(n_envs):
             return shown

@@ -33,8 +33,7 @@ from typing_extensions import Unpack
 from acollect._validate import check_int, check_seconds
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.dispatch import FirstReady
-from acollect.collectors.options import WorkerOptions
-from acollect.collectors.worker_configs import build_worker_configs
+from acollect.collectors.options import WorkerOptions, WorkerSettings
 from acollect.errors import CollectorStateError, ConfigurationError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY
@@ -119,10 +118,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if isinstance(self.settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
 
-    def _build_configs(self, fns: list[Any]) -> None:
+    def _worker_policy(self) -> tuple[Any, WorkerSettings]:
         # The workers get no policy: theirs is the server, which builds the policy (factory included) here.
-        settings = dataclasses.replace(self.settings, policy_factory=None)
-        self._configs = build_worker_configs(fns, None, settings, self._requested_worker_frames(len(fns)))
+        return None, dataclasses.replace(self.settings, policy_factory=None)
 
     def _server_address(self) -> str:
         if self.settings.address is not None and self.settings.address.startswith("tcp://"):

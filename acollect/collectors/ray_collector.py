@@ -269,7 +269,7 @@ class RayCollector(MultiCollectorBase):
         assert isinstance(new, dict)
         old = self._ray_launcher.remote_configs
         fns = [*self._env_fn_list, *[create_env_fn] * (num_envs * k)]
-        self._build_configs(fns)  # checks the new factories (and per-worker device lists) before changing anything
+        self._configs = self._plan(fns).configs  # checks the new factories (and device lists) before changing anything
         listed = old if isinstance(old, list) else [dict(old)] * len(self._env_fn_list)
         self._ray_launcher.remote_configs = [*listed, *[dict(new)] * (num_envs * k)]
         self._env_fn_list = fns

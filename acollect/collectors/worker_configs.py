@@ -9,13 +9,14 @@ moved to the collector's side of the wire (see :func:`collector_storing_device`)
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from acollect._validate import check_int
-from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option
+from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option, settle_frames_per_batch
 from acollect.devices import check_device
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
@@ -24,11 +25,13 @@ from acollect.worker import protocol as P
 from acollect.worker.config_codec import is_import_path
 
 __all__ = [
+    "WorkerPlan",
     "build_worker_configs",
     "check_env_args",
     "collector_storing_device",
     "configured_num_envs",
     "env_fns",
+    "plan_workers",
 ]
 
 
@@ -150,3 +153,47 @@ def configured_num_envs(fns: list[Any], settings: WorkerSettings) -> list[int | 
         env_kwargs = per_worker.get("env_kwargs", settings.env_kwargs) or {}
         counts.append(None if is_import_path(fn) else known_num_envs(fn, env_kwargs))
     return counts
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """What a multi-process collector's arguments say about its workers, before any of them starts."""
+
+    fns: list[Any]  # one env factory per worker
+    configs: list[P.WorkerConfig]  # one config per worker
+    frames_per_batch: int  # what each batch holds: settled where every worker's number of envs is known
+
+
+def plan_workers(
+    create_env_fn_list: Any,
+    policy: PolicyLike,
+    settings: WorkerSettings,
+    *,
+    worker_frames: Callable[[int, int], int],
+    stacked: bool,
+) -> WorkerPlan:
+    """The one step from a collector's checked settings to its workers' configs (see docs/architecture.md).
+
+    Args:
+        create_env_fn_list: the env factories given (a list, or one factory for ``num_workers`` workers).
+        policy: what the workers run (``None`` where they run none: central inference).
+        settings: the collector's checked settings.
+        worker_frames: ``(frames_per_batch, n_workers)`` -> frames each worker collects per batch it sends.
+        stacked: a batch holds every worker's frames (lockstep), else one worker's.
+
+    Raises:
+        ConfigurationError: a bad env factory, gymnasium id or per-worker option, named.
+    """
+    fns = env_fns(create_env_fn_list, settings.num_workers)
+    check_env_args(fns, settings)
+    requested = settings.frames_per_batch
+    # Workers are asked their share of what was *requested*, each rounding it up to its own envs: asking a
+    # share of an already rounded total would round twice when workers have different numbers of envs.
+    per_worker = worker_frames(requested, len(fns))
+    configs = build_worker_configs(fns, policy, settings, per_worker)
+    counts = configured_num_envs(fns, settings)
+    frames = requested
+    if None not in counts:
+        known = [n for n in counts if n is not None]
+        frames = settle_frames_per_batch(requested, requested, per_worker, known, stacked=stacked)
+    return WorkerPlan(fns, configs, frames)
