@@ -247,9 +247,8 @@ def test_a_set_stop_event_interrupts_before_any_step(make_engine: Callable[..., 
     assert engine.frames == 0
 
 
-def test_stop_mid_batch_keeps_the_steps_and_the_next_collect_continues(
-    make_engine: Callable[..., RolloutEngine],
-) -> None:
+def stopped_at_step_3(make_engine: Callable[..., RolloutEngine]) -> tuple[CountingEnv, RolloutEngine, threading.Event]:
+    """An engine whose first batch (10 steps of 2 envs) a stop event interrupted after its third step."""
     stop = threading.Event()
     calls = 0
 
@@ -264,10 +263,17 @@ def test_stop_mid_batch_keeps_the_steps_and_the_next_collect_continues(
     engine = make_engine(env, policy, frames_per_batch=20)
     with pytest.raises(RolloutInterrupted):
         engine.collect(stop)
+    stop.clear()
+    return env, engine, stop
+
+
+def test_stop_mid_batch_keeps_the_steps_and_the_next_collect_continues(
+    make_engine: Callable[..., RolloutEngine],
+) -> None:
+    env, engine, stop = stopped_at_step_3(make_engine)
     assert engine.steps == env.step_count == 3  # the step in progress finished; no further one began
     assert engine.frames == 0
     assert engine.in_batch
-    stop.clear()
     out = engine.allocate()  # continued in other buffers (a worker's slot): the steps taken come along
     batch = engine.collect(stop, out=out)
     assert batch is out
@@ -281,24 +287,10 @@ def test_stop_mid_batch_keeps_the_steps_and_the_next_collect_continues(
 
 
 def test_a_reseed_gives_up_a_held_batch_and_counts_its_frames(make_engine: Callable[..., RolloutEngine]) -> None:
-    stop = threading.Event()
-    calls = 0
-
-    def policy(td: TensorDictBase) -> TensorDictBase:
-        nonlocal calls
-        calls += 1
-        if calls == 4:
-            stop.set()
-        return td.set("action", torch.zeros(td.batch_size[0], dtype=torch.int64))
-
-    env = CountingEnv(num_envs=2, episode_length=100)
-    engine = make_engine(env, policy, frames_per_batch=20)
-    with pytest.raises(RolloutInterrupted):
-        engine.collect(stop)
+    _, engine, stop = stopped_at_step_3(make_engine)
     engine.seed(7)
     assert not engine.in_batch
     assert engine.discarded_frames == 3 * 2
-    stop.clear()
     batch = engine.collect(stop)
     assert obs(batch)[0][0] == 2 * RESET_JUMP + 3  # a fresh reset, after the 3 steps given up
     assert_counting_batch(batch)
