@@ -23,7 +23,7 @@ from acollect import (
     PolicyError,
     ReplayBuffer,
 )
-from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, our_threads, wait_until
+from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, SlowEnv, our_threads, wait_until
 
 
 class AlwaysZero(torch.nn.Module):
@@ -608,3 +608,19 @@ async def test_iterating_after_exhaustion_stops_again() -> None:
     async with Collector(CountingEnv, None, frames_per_batch=4, total_frames=8) as c:
         assert len([b async for b in c]) == 2
         assert [b async for b in c] == []
+
+
+async def test_a_cancelled_batch_is_finished_by_the_next_call_no_step_is_lost() -> None:
+    # The steps a cancelled call had taken are kept: the next batch continues them, contiguous with the
+    # batch before, and nothing is counted as discarded.
+    env = functools.partial(SlowEnv, 0.005, num_envs=2, episode_length=10**6)
+    async with Collector(env, frames_per_batch=80) as collector:  # 40 steps a batch: 0.2 s
+        first = await anext(collector)
+        with anyio.move_on_after(0.08) as scope:
+            await anext(collector)
+        assert scope.cancelled_caught
+        second = await anext(collector)
+        stats = collector.stats()
+    assert torch.equal(second["observation"][:, 0], first["next", "observation"][:, -1])
+    assert (second["observation"][:, 1:] - second["observation"][:, :-1]).eq(1).all()
+    assert stats.discarded_frames == 0
