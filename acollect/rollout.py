@@ -277,6 +277,9 @@ class RolloutEngine:
         batch.set("next", nxt)
         batch.set((_COLLECTOR, "traj_ids"), torch.empty((E, T), dtype=torch.int64, device=dev))
         batch.set((_COLLECTOR, "policy_version"), torch.empty((E, T), dtype=torch.int64, device=dev))
+        # Named here, not only once filled: the layout a worker announces (and its shared-memory slots are built
+        # from) carries the names, so a batch read from a slot is named as one sent whole.
+        batch.names = [None, "time"]
         return batch
 
     def collect(self, stop: threading.Event | None = None, *, out: TensorDict | None = None) -> TensorDict:
