@@ -191,6 +191,7 @@ class InferenceStats:
         mean_batch_size: rows per forward pass.
         fill_rate: ``mean_batch_size / max_batch_size``: how full the passes were.
         latency_ms_mean: from a request's arrival to its answer, over the last 1024 requests (milliseconds).
+        latency_ms_p50: the median of the same: the server's part of a typical round trip.
         latency_ms_p99: the 99th percentile of the same.
         forward_ms_mean: time of one forward pass, outputs split included (milliseconds).
         policy_version: the version of the weights the next pass runs with.
@@ -206,6 +207,7 @@ class InferenceStats:
     mean_batch_size: float = 0.0
     fill_rate: float = 0.0
     latency_ms_mean: float | None = None
+    latency_ms_p50: float | None = None
     latency_ms_p99: float | None = None
     forward_ms_mean: float | None = None
     policy_version: int = 0
@@ -246,6 +248,7 @@ class StatsRecorder:
             mean_batch_size=mean_batch,
             fill_rate=mean_batch / self.max_batch_size if self.max_batch_size else 0.0,
             latency_ms_mean=1000 * sum(latencies) / len(latencies) if latencies else None,
+            latency_ms_p50=1000 * latencies[len(latencies) // 2] if latencies else None,
             latency_ms_p99=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
             forward_ms_mean=1000 * self.forward_s / self.passes if self.passes else None,
             policy_version=version,
