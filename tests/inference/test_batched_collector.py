@@ -143,7 +143,8 @@ async def test_policy_lag_is_measured_from_the_oldest_version_that_acted_in_each
 
 @pytest.mark.parametrize("frames_per_batch", [18, 8 * 256])  # a small batch sent whole, a large one through slots
 async def test_batches_are_named_none_time_as_every_other_collectors(start_method: str, frames_per_batch: int) -> None:
-    make = [functools.partial(CountingEnv, num_envs=8 if frames_per_batch > 18 else 3, start=1000 * k) for k in range(2)]
+    n_envs = 8 if frames_per_batch > 18 else 3
+    make = [functools.partial(CountingEnv, num_envs=n_envs, start=1000 * k) for k in range(2)]
     kwargs = {"frames_per_batch": frames_per_batch, "total_frames": 2 * frames_per_batch, "start_method": start_method}
     with anyio.fail_after(90):
         for cls in (MultiAsyncCollector, AsyncBatchedCollector):
