@@ -152,7 +152,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
         await server.start(self._tasks)
         for config in self._configs:
-            config.inference = {"address": server.address}
+            config.inference = {"address": server.address, "slots": server.slot_address}
             if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
                 config.inference["keys"] = server.local_client_keys()
         server.expect_sources(self.num_workers)

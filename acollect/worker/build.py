@@ -40,6 +40,7 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
             interrupt=interrupt,
             interrupted=rollout.RolloutInterrupted,
             keys=keys,
+            slots=config.inference.get("slots"),
         )
     # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
     try:

@@ -55,6 +55,7 @@ async def test_same_layout_as_multi_async_every_step_once_and_each_env_acted_on_
     assert stats.inference["rows"] >= 18 * 6
     assert stats.inference["passes"] > 0
     assert 0 < stats.inference["fill_rate"] <= 1
+    assert stats.inference["slot_requests"] > 0, "same-host workers step through shared-memory slots"
 
 
 async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_traceback(start_method: str) -> None:
