@@ -47,6 +47,8 @@ class RemotePolicy(PolicyAdapter):
             the secret half of ``keys.server_public``, and accept ``keys.public``).
         slots: the server's :attr:`~acollect.inference.InferenceServer.slot_address`: after the first step,
             steps go through a shared-memory slot (if this process can reach it: the same host).
+        source: the name the server counts this client's slot requests under when it asks whether every source
+            waits (default ``identity``): a worker's two env groups share one.
 
     Raises:
         ConfigurationError: a bad argument (named).
@@ -62,9 +64,11 @@ class RemotePolicy(PolicyAdapter):
         timeout: float = 60.0,
         keys: ClientKeys | None = None,
         slots: str | None = None,
+        source: bytes | None = None,
     ) -> None:
         self._sock = WorkerSocket(address, identity, hwm=4, keys=keys)
-        self._identity = identity
+        self._source = source if source is not None else identity
+        self._pending: TensorDictBase | None = None  # a request sent as a message (None: through the slot)
         self._slot_path = slots  # tried once, after the first answer (which tells the actions' layout)
         self._link: SlotLink | None = None
         self._interrupt = interrupt
@@ -77,15 +81,41 @@ class RemotePolicy(PolicyAdapter):
         self.version = 0
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        self.submit(td)
+        return self.receive()
+
+    def submit(self, td: TensorDictBase) -> None:
+        """Sends the observations of ``td`` (a step's first half): :meth:`receive` waits for their actions.
+
+        A worker that double-buffers submits one env group's observations, steps the other group meanwhile,
+        then receives.
+        """
         self._seq += 1
-        seq = self._seq
         link = self._link
         if link is not None:
             leaves = leaves_of(td)
             if link.fits(leaves):
-                return self._through_slot(link, seq, leaves)
-        frames = encode(P.REQUEST, seq, 0, td, self._encoder)
+                link.request(self._seq, leaves)
+                self._pending = None
+                return
+        frames = encode(P.REQUEST, self._seq, 0, td, self._encoder)
         self._sock.send(frames, timeout=_SEND_TIMEOUT, copy=P.copy_frames(frames))
+        self._pending = td
+
+    def receive(self) -> dict[NestedKey, torch.Tensor]:
+        """The policy's outputs for the observations last submitted (blocking).
+
+        Raises:
+            TransportError: no answer within ``timeout``.
+            BaseException: ``interrupted`` once ``interrupt`` is set (the late answer is dropped when it comes).
+        """
+        seq, td, link = self._seq, self._pending, self._link
+        if td is None and link is not None:
+            version = link.wait(seq, poll=_POLL, timeout=self._timeout, interrupt=self._interrupt)
+            if version is None:
+                raise self._interrupted
+            self.version = version
+            return self._result(link.act, link.rows, version)  # views of the slot: read before the next step
         waited = 0.0
         while True:
             if self._interrupt is not None and self._interrupt.is_set():
@@ -100,20 +130,12 @@ class RemotePolicy(PolicyAdapter):
             if reply.seq != seq:
                 continue  # the answer to a step abandoned earlier
             self.version = reply.version
-            if self._slot_path is not None and link is None:
+            if self._slot_path is not None and link is None and td is not None:
                 path, self._slot_path = self._slot_path, None
                 rows = int(td.batch_size[0]) if td.batch_dims else 0
                 if rows == reply.rows and rows > 0:
-                    self._link = SlotLink.open(path, self._identity, rows, leaves_of(td), reply.leaves)
+                    self._link = SlotLink.open(path, self._source, rows, leaves_of(td), reply.leaves)
             return self._result(reply.leaves, reply.rows, reply.version)
-
-    def _through_slot(self, link: SlotLink, seq: int, leaves: dict) -> dict[NestedKey, torch.Tensor]:
-        link.request(seq, leaves)
-        version = link.wait(seq, poll=_POLL, timeout=self._timeout, interrupt=self._interrupt)
-        if version is None:
-            raise self._interrupted
-        self.version = version
-        return self._result(link.act, link.rows, version)  # views of the slot: read before the next step
 
     def _result(self, leaves: dict, rows: int, version: int) -> dict[NestedKey, torch.Tensor]:
         result: dict[NestedKey, torch.Tensor] = {(k[0] if len(k) == 1 else k): v for k, v in leaves.items()}
