@@ -35,6 +35,7 @@ __all__ = [
     "PolicyAdapter",
     "RandomPolicy",
     "TensorDictPolicy",
+    "check_policy_outputs",
     "parse_exploration_type",
     "wrap_policy",
 ]
@@ -239,3 +240,36 @@ def place_policy(policy: torch.nn.Module, device: torch.device) -> torch.nn.Modu
         if tensor.device != device:
             return copy.deepcopy(policy).to(device)
     return policy
+
+
+def check_policy_outputs(outputs: dict[NestedKey, torch.Tensor], n_envs: int, action_spec: TensorSpec) -> None:
+    """Raises :class:`~acollect.errors.PolicyError` naming what is wrong with a policy's first outputs."""
+    if "action" not in outputs:
+        raise PolicyError(
+            f"the policy did not write 'action' (it wrote {sorted(map(str, outputs))}): a policy must "
+            "write the action it takes under the key 'action'."
+        )
+    expected = (n_envs, *action_spec.shape)
+    action = outputs["action"]
+    if tuple(action.shape) != expected:
+        raise PolicyError(
+            f"the policy wrote an 'action' of shape {tuple(action.shape)}: expected {expected} "
+            f"([n_envs, *action_spec.shape] for {action_spec})."
+        )
+    spec = action_spec
+    if not spec.dtype.is_floating_point:
+        # Once, here: a discrete action out of range is a policy bug (a float one may be clipped by the env,
+        # and is then the env's business). Later steps rely on the env's own check (see GymEnv).
+        rows = torch.nonzero(spec.outside(action.detach())).flatten().tolist()
+        if rows:
+            raise PolicyError(
+                f"the policy wrote an 'action' outside the action space: {action[rows[0]].tolist()!r} for env "
+                f"{rows[0]}{f' (and {len(rows) - 1} more)' if len(rows) > 1 else ''}; expected values in "
+                f"action_spec {spec}."
+            )
+    for key, value in outputs.items():
+        if value.shape[:1] != (n_envs,):
+            raise PolicyError(
+                f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of "
+                f"{n_envs} (one entry per env)."
+            )

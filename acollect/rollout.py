@@ -1,31 +1,27 @@
 """The one synchronous rollout engine.
 
-:class:`RolloutEngine` drives a batched env with a policy and fills
-preallocated ``[n_envs, T]`` buffers. It is plain blocking code: the
-in-process :class:`~acollect.Collector` runs it in a thread so the event loop
-never blocks, and every worker process runs the same engine.
+:class:`RolloutEngine` drives a batched env with a policy and fills preallocated ``[n_envs, T]`` buffers. It is
+plain blocking code: the in-process :class:`~acollect.Collector` runs it in a thread so the event loop never
+blocks, and every worker process runs the same engine (two, interleaved by :meth:`RolloutEngine.stepper`, in a
+double-buffered worker of central inference).
 
-The hot loop allocates no TensorDict per step: the env writes into two
-TensorDicts allocated once (``root``: what the next step starts from;
-``next``: the result of the step), and the engine copies their leaves into
-per-step views of the batch buffers.
+The hot loop allocates no TensorDict per step: the env writes into two TensorDicts allocated once (``root``: what
+the next step starts from; ``next``: the result of the step), and the engine copies their leaves into per-step
+views of the batch buffers.
 
-Output layout (TorchRL's), batch dims ``[n_envs, T]`` with dim names
-``[None, "time"]``:
+Output layout (TorchRL's), batch dims ``[n_envs, T]`` with dim names ``[None, "time"]``:
 
-* root: observation keys, policy outputs (``"action"``, ...), and the done
-  flags as they stood before the step;
-* ``("next", ...)``: observation keys, ``"reward"``, ``"done"``,
-  ``"terminated"``, ``"truncated"``;
-* ``("collector", "traj_ids")``: a new id at each episode start, continuing
-  across batches; ``("collector", "policy_version")``.
+* root: observation keys, policy outputs (``"action"``, ...), and the done flags as they stood before the step;
+* ``("next", ...)``: observation keys, ``"reward"``, ``"done"``, ``"terminated"``, ``"truncated"``;
+* ``("collector", "traj_ids")``: a new id at each episode start, continuing across batches;
+  ``("collector", "policy_version")``.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,8 +34,15 @@ from acollect._time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices, resolve_devices
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
-from acollect.errors import ConfigurationError, PolicyError
-from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, place_policy, wrap_policy
+from acollect.policy import (
+    ModulePolicy,
+    NestedKey,
+    PolicyAdapter,
+    RandomPolicy,
+    check_policy_outputs,
+    place_policy,
+    wrap_policy,
+)
 
 __all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "exploration", "frames_per_batch_for"]
 
@@ -138,6 +141,8 @@ class RolloutEngine:
         self.policy_version = 0
         #: env steps taken so far (workers report it in heartbeats: a hung env stops it)
         self.steps = 0
+        #: :meth:`steps` yields between a step's ``policy.submit`` and ``policy.receive`` (double buffering)
+        self.pipelined = False
         self._next_traj_counter = 0
 
         self._root = env.make_root()
@@ -173,41 +178,10 @@ class RolloutEngine:
         self.env.reset_into(self._root)
         with torch.inference_mode(), exploration(self.exploration_type):
             outputs = self.policy(self._policy_input())
-        self._check_outputs(outputs)
+        check_policy_outputs(outputs, self.n_envs, self.env.action_spec)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
         # A policy answered by an inference server says, per step, which weights chose the action.
         self._versions_from_policy = (_COLLECTOR, "policy_version") in self._out_specs
-
-    def _check_outputs(self, outputs: dict[NestedKey, torch.Tensor]) -> None:
-        if "action" not in outputs:
-            raise PolicyError(
-                f"the policy did not write 'action' (it wrote {sorted(map(str, outputs))}): a policy must "
-                "write the action it takes under the key 'action'."
-            )
-        expected = (self.n_envs, *self.env.action_spec.shape)
-        action = outputs["action"]
-        if tuple(action.shape) != expected:
-            raise PolicyError(
-                f"the policy wrote an 'action' of shape {tuple(action.shape)}: expected {expected} "
-                f"([n_envs, *action_spec.shape] for {self.env.action_spec})."
-            )
-        spec = self.env.action_spec
-        if not spec.dtype.is_floating_point:
-            # Once, here: a discrete action out of range is a policy bug (a float one may be clipped by the env,
-            # and is then the env's business). Later steps rely on the env's own check (see GymEnv).
-            rows = torch.nonzero(spec.outside(action.detach())).flatten().tolist()
-            if rows:
-                raise PolicyError(
-                    f"the policy wrote an 'action' outside the action space: {action[rows[0]].tolist()!r} for env "
-                    f"{rows[0]}{f' (and {len(rows) - 1} more)' if len(rows) > 1 else ''}; expected values in "
-                    f"action_spec {spec}."
-                )
-        for key, value in outputs.items():
-            if value.shape[:1] != (self.n_envs,):
-                raise PolicyError(
-                    f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of "
-                    f"{self.n_envs} (one entry per env)."
-                )
 
     # -- state ---------------------------------------------------------------------
     def seed(self, seed: int) -> None:
@@ -277,6 +251,9 @@ class RolloutEngine:
         batch.set("next", nxt)
         batch.set((_COLLECTOR, "traj_ids"), torch.empty((E, T), dtype=torch.int64, device=dev))
         batch.set((_COLLECTOR, "policy_version"), torch.empty((E, T), dtype=torch.int64, device=dev))
+        # Named here, not only once filled: the layout a worker announces (and its shared-memory slots are built
+        # from) carries the names, so a batch read from a slot is named as one sent whole.
+        batch.names = [None, "time"]
         return batch
 
     def collect(self, stop: threading.Event | None = None, *, out: TensorDict | None = None) -> TensorDict:
@@ -292,6 +269,21 @@ class RolloutEngine:
         Returns:
             A fresh TensorDict ``[n_envs, T]`` that the caller owns, or ``out``.
         """
+        steps = self.stepper(stop, out=out)
+        with torch.inference_mode(), exploration(self.exploration_type):
+            try:
+                while True:
+                    next(steps)
+            except StopIteration as finished:
+                return finished.value
+
+    def stepper(
+        self, stop: threading.Event | None = None, *, out: TensorDict | None = None
+    ) -> Generator[None, None, TensorDict]:
+        """:meth:`collect` as a generator, for a caller that interleaves two engines (and holds inference mode
+        and the exploration type around it): with :attr:`pipelined`, it yields between sending a step's
+        observations (``policy.submit``) and waiting for the actions (``policy.receive``). Returns the batch.
+        """
         start = 0
         if self._partial is not None:
             batch, start = self._partial
@@ -303,10 +295,11 @@ class RolloutEngine:
             # Buffers are allocated outside inference mode so that batches can feed autograd later; the
             # steps run inside it, which spares the policy's forward all autograd bookkeeping.
             batch = self._allocate() if out is None else out
-        with torch.inference_mode(), exploration(self.exploration_type):
-            return self._collect(batch, stop, start)
+        return self._steps(batch, stop, start)
 
-    def _collect(self, batch: TensorDict, stop: threading.Event | None, start: int) -> TensorDict:
+    def _steps(
+        self, batch: TensorDict, stop: threading.Event | None, start: int
+    ) -> Generator[None, None, TensorDict]:
         root, nxt, env = self._root, self._next, self.env
         if start == 0:
             if self._needs_reset or self.reset_at_each_iter:
@@ -337,6 +330,14 @@ class RolloutEngine:
             root_copies.copy(t)
             if self.frames + t * n < random_until:
                 outputs = self._random(None)
+            elif self.pipelined:
+                policy.submit(self._policy_input())  # type: ignore[attr-defined]
+                try:
+                    yield  # the other env group steps while the server runs this one's pass
+                    outputs = policy.receive()  # type: ignore[attr-defined]
+                except (GeneratorExit, RolloutInterrupted):
+                    self._partial = (batch, t)  # step t not taken: continued later (its late answer dropped)
+                    raise
             else:
                 outputs = policy(self._policy_input())
             for out_key, buffer, buffer_np in out_slots:
@@ -386,13 +387,6 @@ class RolloutEngine:
     def output_keys(self) -> list[NestedKey]:
         """The policy's output keys, as learnt from the probe call."""
         return list(self._out_specs)
-
-
-def check_frames_per_batch(frames_per_batch: object) -> int:
-    """Validates ``frames_per_batch``."""
-    if isinstance(frames_per_batch, bool) or not isinstance(frames_per_batch, int) or frames_per_batch <= 0:
-        raise ConfigurationError.bad_value("frames_per_batch", frames_per_batch, "a positive int")
-    return frames_per_batch
 
 
 def build_engine(

@@ -166,7 +166,7 @@ def main() -> None:
     print(
         f"\nAsyncBatchedCollector / MultiAsyncCollector: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
         f"{server['mean_batch_size']:.1f} (fill {server['fill_rate']:.0%}), "
-        f"latency p99 {server['latency_ms_p99']:.2f} ms"
+        f"latency p50 {server['latency_ms_p50']:.3f} ms, p99 {server['latency_ms_p99']:.2f} ms"
     )
     if args.json:
         write_json(args.json, {"benchmark": "central_inference", "args": vars(args), "machine": machine_info(),

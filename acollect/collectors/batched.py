@@ -24,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -74,6 +75,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
             0.002). A pass runs at once when every worker is waiting.
         device (device | None): where the policy runs (default: where its parameters are).
         credits (int): batches each worker may collect ahead of the trainer (default 2).
+        double_buffer (bool | None): each worker steps half its envs while the other half waits for its actions
+            (two env groups, built from the env factory with ``num_envs // 2`` and the rest), hiding the round trip
+            to the server. It pays where a core is free for the server while every worker steps: ``None`` (the
+            default) turns it on when this machine has more cores than ``num_workers + 1``. Applies where
+            ``env_kwargs`` has ``num_envs >= 2`` and ``init_random_frames`` is 0; batches keep their layout.
         **options: the options of :class:`~acollect.MultiAsyncCollector` (``frames_per_batch``,
             ``total_frames``, ``num_workers``, ``env_device``, ``storing_device``, ``env_kwargs``, launchers,
             timeouts, ``copy_batches``, ``postproc``, ...), checked as there. ``policy_device`` means ``device``.
@@ -93,10 +99,14 @@ class AsyncBatchedCollector(MultiCollectorBase):
         max_batch_size: int | None = None,
         max_wait: float = 0.002,
         credits: int = 2,
+        double_buffer: bool | None = None,
         **options: Unpack[WorkerOptions],
     ) -> None:
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1, optional=True)
         self.max_wait = check_seconds("max_wait", max_wait, allow_zero=True)
+        if double_buffer is not None and not isinstance(double_buffer, bool):
+            raise ConfigurationError.bad_value("double_buffer", double_buffer, "True, False or None (where it pays)")
+        self.double_buffer = double_buffer
         rest: dict[str, Any] = dict(options)
         device, policy_device = rest.pop("device", None), rest.pop("policy_device", None)
         if device is not None and policy_device is not None:
@@ -150,7 +160,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
         await server.start(self._tasks)
         for config in self._configs:
-            config.inference = {"address": server.address}
+            config.inference = {
+                "address": server.address, "slots": server.slot_address, "double_buffer": self._double_buffers()
+            }
             if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
                 config.inference["keys"] = server.local_client_keys()
         server.expect_sources(self.num_workers)
@@ -158,6 +170,12 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if self.max_batch_size is None:
             assert self._pool is not None
             server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
+
+    def _double_buffers(self) -> bool:
+        if self.double_buffer is not None:
+            return self.double_buffer
+        # Double buffering keeps every worker stepping: it pays only where the server's passes get a core of their own.
+        return len(os.sched_getaffinity(0)) > self.num_workers + 1 if hasattr(os, "sched_getaffinity") else False
 
     async def _teardown(self) -> None:
         try:

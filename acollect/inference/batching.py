@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,6 +52,8 @@ class Request:
     error: BaseException | None = None
     #: set by the awaiting task (from its event loop) when it stops waiting: the reply is dropped
     abandoned: bool = False
+    #: answers a request that came through a shared-memory slot (writes its actions there and wakes its worker)
+    answer: Callable[[Request], None] | None = None
 
 
 class Batcher:
@@ -188,9 +190,11 @@ class InferenceStats:
         passes: forward passes run.
         requests: requests answered.
         rows: observations answered (frames, for a collector).
+        slot_requests: requests that came through shared-memory slots (same-host workers), not as messages.
         mean_batch_size: rows per forward pass.
         fill_rate: ``mean_batch_size / max_batch_size``: how full the passes were.
         latency_ms_mean: from a request's arrival to its answer, over the last 1024 requests (milliseconds).
+        latency_ms_p50: the median of the same: the server's part of a typical round trip.
         latency_ms_p99: the 99th percentile of the same.
         forward_ms_mean: time of one forward pass, outputs split included (milliseconds).
         policy_version: the version of the weights the next pass runs with.
@@ -203,9 +207,11 @@ class InferenceStats:
     passes: int = 0
     requests: int = 0
     rows: int = 0
+    slot_requests: int = 0
     mean_batch_size: float = 0.0
     fill_rate: float = 0.0
     latency_ms_mean: float | None = None
+    latency_ms_p50: float | None = None
     latency_ms_p99: float | None = None
     forward_ms_mean: float | None = None
     policy_version: int = 0
@@ -225,6 +231,7 @@ class StatsRecorder:
         self.passes = 0
         self.requests = 0
         self.rows = 0
+        self.slot_requests = 0
         self.forward_s = 0.0
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self.dropped_requests = 0
@@ -233,6 +240,7 @@ class StatsRecorder:
         self.passes += 1
         self.requests += len(requests)
         self.rows += sum(r.rows for r in requests)
+        self.slot_requests += sum(1 for r in requests if r.answer is not None)
         self.forward_s += ended - started
         self.latencies.extend(ended - r.arrived for r in requests)
 
@@ -243,9 +251,11 @@ class StatsRecorder:
             passes=self.passes,
             requests=self.requests,
             rows=self.rows,
+            slot_requests=self.slot_requests,
             mean_batch_size=mean_batch,
             fill_rate=mean_batch / self.max_batch_size if self.max_batch_size else 0.0,
             latency_ms_mean=1000 * sum(latencies) / len(latencies) if latencies else None,
+            latency_ms_p50=1000 * latencies[len(latencies) // 2] if latencies else None,
             latency_ms_p99=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
             forward_ms_mean=1000 * self.forward_s / self.passes if self.passes else None,
             policy_version=version,

@@ -2,7 +2,9 @@
 
 :class:`RemotePolicy` is a :class:`~acollect.policy.PolicyAdapter` like any other, so a worker's
 rollout engine runs unchanged: at each step it sends the observations to the server (raw tensor
-frames over a ZeroMQ DEALER socket) and waits for the outputs. The reply's weight version is
+frames over a ZeroMQ DEALER socket) and waits for the outputs; on the server's host, after the first step,
+through a shared-memory slot instead (:mod:`acollect.inference.slots`: no encoding, a wake-up of 8 bytes).
+The reply's weight version is
 written, per step, under ``("collector", "policy_version")``, so every frame says which weights
 chose its action.
 """
@@ -16,7 +18,8 @@ from tensordict import TensorDictBase
 
 from acollect.errors import TransportError
 from acollect.inference import protocol as P
-from acollect.inference.codec import Encoder, LayoutCache, encode
+from acollect.inference.codec import Encoder, LayoutCache, encode, leaves_of
+from acollect.inference.slots import SlotLink
 from acollect.policy import NestedKey, PolicyAdapter
 from acollect.transport.auth import ClientKeys
 from acollect.transport.worker_socket import WorkerSocket
@@ -42,6 +45,10 @@ class RemotePolicy(PolicyAdapter):
         timeout: seconds a step may wait for its answer before :class:`~acollect.errors.TransportError`.
         keys: connect as a CURVE client with this key pair, to a server started with ``keys=`` (which must hold
             the secret half of ``keys.server_public``, and accept ``keys.public``).
+        slots: the server's :attr:`~acollect.inference.InferenceServer.slot_address`: after the first step,
+            steps go through a shared-memory slot (if this process can reach it: the same host).
+        source: the name the server counts this client's slot requests under when it asks whether every source
+            waits (default ``identity``): a worker's two env groups share one.
 
     Raises:
         ConfigurationError: a bad argument (named).
@@ -56,8 +63,14 @@ class RemotePolicy(PolicyAdapter):
         interrupted: type[BaseException] = InterruptedError,
         timeout: float = 60.0,
         keys: ClientKeys | None = None,
+        slots: str | None = None,
+        source: bytes | None = None,
     ) -> None:
         self._sock = WorkerSocket(address, identity, hwm=4, keys=keys)
+        self._source = source if source is not None else identity
+        self._pending: TensorDictBase | None = None  # a request sent as a message (None: through the slot)
+        self._slot_path = slots  # tried once, after the first answer (which tells the actions' layout)
+        self._link: SlotLink | None = None
         self._interrupt = interrupt
         self._interrupted = interrupted
         self._timeout = timeout
@@ -68,10 +81,41 @@ class RemotePolicy(PolicyAdapter):
         self.version = 0
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        self.submit(td)
+        return self.receive()
+
+    def submit(self, td: TensorDictBase) -> None:
+        """Sends the observations of ``td`` (a step's first half): :meth:`receive` waits for their actions.
+
+        A worker that double-buffers submits one env group's observations, steps the other group meanwhile,
+        then receives.
+        """
         self._seq += 1
-        seq = self._seq
-        frames = encode(P.REQUEST, seq, 0, td, self._encoder)
+        link = self._link
+        if link is not None:
+            leaves = leaves_of(td)
+            if link.fits(leaves):
+                link.request(self._seq, leaves)
+                self._pending = None
+                return
+        frames = encode(P.REQUEST, self._seq, 0, td, self._encoder)
         self._sock.send(frames, timeout=_SEND_TIMEOUT, copy=P.copy_frames(frames))
+        self._pending = td
+
+    def receive(self) -> dict[NestedKey, torch.Tensor]:
+        """The policy's outputs for the observations last submitted (blocking).
+
+        Raises:
+            TransportError: no answer within ``timeout``.
+            BaseException: ``interrupted`` once ``interrupt`` is set (the late answer is dropped when it comes).
+        """
+        seq, td, link = self._seq, self._pending, self._link
+        if td is None and link is not None:
+            version = link.wait(seq, poll=_POLL, timeout=self._timeout, interrupt=self._interrupt)
+            if version is None:
+                raise self._interrupted
+            self.version = version
+            return self._result(link.act, link.rows, version)  # views of the slot: read before the next step
         waited = 0.0
         while True:
             if self._interrupt is not None and self._interrupt.is_set():
@@ -86,10 +130,21 @@ class RemotePolicy(PolicyAdapter):
             if reply.seq != seq:
                 continue  # the answer to a step abandoned earlier
             self.version = reply.version
-            result: dict[NestedKey, torch.Tensor] = {(k[0] if len(k) == 1 else k): v for k, v in reply.leaves.items()}
-            result[VERSION_KEY] = torch.full((reply.rows,), reply.version, dtype=torch.int64)
-            return result
+            if self._slot_path is not None and link is None and td is not None:
+                path, self._slot_path = self._slot_path, None
+                rows = int(td.batch_size[0]) if td.batch_dims else 0
+                if rows == reply.rows and rows > 0:
+                    self._link = SlotLink.open(path, self._source, rows, leaves_of(td), reply.leaves)
+            return self._result(reply.leaves, reply.rows, reply.version)
+
+    def _result(self, leaves: dict, rows: int, version: int) -> dict[NestedKey, torch.Tensor]:
+        result: dict[NestedKey, torch.Tensor] = {(k[0] if len(k) == 1 else k): v for k, v in leaves.items()}
+        result[VERSION_KEY] = torch.full((rows,), version, dtype=torch.int64)
+        return result
 
     def close(self) -> None:
-        """Closes the connection (idempotent)."""
+        """Closes the connection and the slot (idempotent)."""
+        link, self._link = self._link, None
+        if link is not None:
+            link.close()
         self._sock.close()

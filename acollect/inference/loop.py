@@ -25,6 +25,7 @@ from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import protocol as P
 from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
 from acollect.inference.codec import Encoder, LayoutCache
+from acollect.inference.slot_hub import SlotHub
 from acollect.transport.server_socket import ServerSocket, Waiter
 
 __all__ = ["DropReport", "Mailbox", "ServerLoop", "Ticket"]
@@ -139,6 +140,8 @@ class ServerLoop:
         sock: the ROUTER socket worker processes send to (``None``: in-process clients only); the thread
             owns it while it runs.
         close_socket: called when the thread ends because it was told to stop.
+        hub: the shared-memory slots of same-host workers (``None``: messages only); the thread owns it while it
+            runs, and ``close_socket`` closes it.
     """
 
     def __init__(
@@ -149,25 +152,31 @@ class ServerLoop:
         recorder: StatsRecorder,
         sock: ServerSocket | None,
         close_socket: Callable[[], None],
+        hub: SlotHub | None = None,
     ) -> None:
         self.mail = mailbox
         self.batcher = batcher
         self.forward = forward
         self.recorder = recorder
         self.sock = sock
+        self.hub = hub
         self._close_socket = close_socket
         #: version of the weights the next forward pass runs with
         self.version = 0
         self._layouts = LayoutCache(P.TO_SERVER)
         self._encoder = Encoder()
         self._drops = DropReport()
+        if hub is not None:
+            hub.on_malformed = self._dropped
         #: when the forward pass in progress started (``time.monotonic()``; ``None``: none runs). Read by the
         #: event loop's liveness check: a pass that never returns shows as a hung server, not as hung clients.
         self.pass_started: float | None = None
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
-        waiter = Waiter([self.mail.wake_r.fileno()], self.sock)
+        waiter = Waiter([self.mail.wake_r.fileno(), *(self.hub.fds() if self.hub is not None else ())], self.sock)
+        if self.hub is not None:
+            self.hub.on_fds = waiter.watch
         batcher = self.batcher
         try:
             while not stop.is_set():
@@ -210,6 +219,8 @@ class ServerLoop:
             request = inbox.popleft()
             if not request.abandoned:
                 self.batcher.add(request)
+        if self.hub is not None:
+            self.hub.take(self.batcher)
         sock = self.sock
         while sock is not None:
             received = sock.recv_nowait()
@@ -219,10 +230,13 @@ class ServerLoop:
             try:
                 message = self._layouts.decode(frames)
             except ProtocolError as exc:
-                self.recorder.dropped_requests += 1
-                self._drops.log(route, exc, now=time.monotonic())
+                self._dropped(route, exc)
                 continue
             self.batcher.add(Request(message.leaves, message.rows, route=route, seq=message.seq, source=route))
+
+    def _dropped(self, route: bytes, error: BaseException) -> None:
+        self.recorder.dropped_requests += 1
+        self._drops.log(route, error, now=time.monotonic())
 
     def _apply_weights(self) -> None:
         tickets = self.mail.tickets
@@ -247,14 +261,16 @@ class ServerLoop:
         except BaseException as exc:
             self.pass_started = None
             for request in requests:  # the callers of this pass get the policy's own error
-                if request.route is None:
+                if request.route is None and request.answer is None:
                     request.error = exc
                     self.mail.answer(request)
             raise
         self.pass_started = None
         self.recorder.record(requests, started, time.monotonic())
         for request in requests:
-            if request.route is None:
+            if request.answer is not None:
+                request.answer(request)
+            elif request.route is None:
                 self.mail.answer(request)
             else:
                 self._reply(request)
@@ -270,7 +286,7 @@ class ServerLoop:
     def _answer_all(self, error: BaseException | None) -> None:
         """Answers every request still waiting (with ``error``, or with nothing: the server closed)."""
         for request in [*self.batcher.drain(), *self.mail.inbox]:
-            if request.route is None:
+            if request.route is None and request.answer is None:
                 request.error = error
                 self.mail.answer(request)
         self.mail.inbox.clear()

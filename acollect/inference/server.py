@@ -1,8 +1,8 @@
 """The inference server: one batched forward pass for many clients, in a thread of its own.
 
-Clients are env worker processes (a :class:`~acollect.inference.client.RemotePolicy` connected over
-ZeroMQ: observations and actions travel as raw tensor frames, never pickled) and async code in this
-process (:meth:`InferenceServer.infer`). The server thread gathers their requests
+Clients are env worker processes (a :class:`~acollect.inference.client.RemotePolicy`: raw tensor frames over
+ZeroMQ, never pickled, or on this host shared-memory slots, :mod:`acollect.inference.slots`) and async code in
+this process (:meth:`InferenceServer.infer`). The server thread gathers their requests
 (:class:`~acollect.inference.batching.Batcher`), concatenates them, runs the policy once on its device
 and scatters the outputs back. The event loop never waits on a forward pass: it only hands requests to
 the thread (a byte on a socket pair wakes it) and is woken by one when answers are ready.
@@ -38,9 +38,11 @@ from acollect.errors import CollectorStateError, ConfigurationError, PolicyError
 from acollect.inference.batching import Batcher, Forward, InferenceStats, Request, StatsRecorder
 from acollect.inference.codec import leaves_of
 from acollect.inference.loop import Mailbox, ServerLoop, Ticket
+from acollect.inference.slot_hub import SlotHub
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.transport.auth import ClientKeys, ServerKeys, as_server_keys
 from acollect.transport.server_socket import ServerSocket
+from acollect.transport.shm import shm_available
 from acollect.weights import as_weights, check_weights, one_source, structure_of
 
 __all__ = ["InferenceServer"]
@@ -69,6 +71,7 @@ class InferenceServer:
         hang_timeout: seconds a forward pass may run before the server counts as hung: it then fails (its
             callers, and a collector it serves, get a :class:`~acollect.errors.PolicyError` saying so).
             ``None``: no limit.
+        slots: same-host workers (``"ipc"`` address, no ``keys``) step through shared memory, not messages.
 
     Examples:
         >>> import anyio, torch
@@ -96,6 +99,7 @@ class InferenceServer:
         address: str | None = None,
         keys: ServerKeys | str | os.PathLike[str] | None = None,
         hang_timeout: float | None = None,
+        slots: bool = True,
     ) -> None:
         if (policy is None) == (policy_factory is None):
             raise ConfigurationError.bad_value(
@@ -130,6 +134,8 @@ class InferenceServer:
         self._mail = Mailbox()
         self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
         self._sock: ServerSocket | None = None
+        self._slots = bool(slots)
+        self._hub: SlotHub | None = None  # same-host workers' shared-memory slots (owned like the socket)
         self._bound: ServerSocket | None = None  # the socket bound, kept after close for its counts
         self._address: str | None = None
         self._tasks: TaskOwner | None = None
@@ -143,6 +149,10 @@ class InferenceServer:
     def address(self) -> str | None:
         """Where worker processes connect (the real path or port), once started with an ``address``."""
         return self._address
+
+    @property
+    def slot_address(self) -> str | None:
+        return self._hub.path if self._hub is not None else None  # same-host workers' slots (None: messages only)
 
     @property
     def secure(self) -> bool:
@@ -221,7 +231,8 @@ class InferenceServer:
         forward = Forward(module, self._device_of(module), self._exploration)
         if self._address_arg is not None:
             self._bind(self._address_arg)
-        self._loop = ServerLoop(self._mail, self.batcher, forward, self._recorder, self._sock, self._close_socket)
+        self._loop = ServerLoop(self._mail, self.batcher, forward, self._recorder, self._sock, self._close_socket,
+                                self._hub)  # fmt: skip
         self._loop.version = self._initial_version
         if tasks is None:
             tasks = TaskOwner("InferenceServer", on_failure=self._fail)
@@ -260,6 +271,8 @@ class InferenceServer:
             address, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0, keys=self._keys
         )
         self._address = self._sock.address
+        if self._slots and self._keys is None and address.startswith("ipc") and shm_available():
+            self._hub = SlotHub()
 
     async def async_shutdown(self, timeout: float = _CLOSE_TIMEOUT) -> None:
         """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent.
@@ -297,6 +310,9 @@ class InferenceServer:
         await self.async_shutdown(timeout)
 
     def _close_socket(self) -> None:
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            hub.close()
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()

@@ -14,6 +14,7 @@ encoding, no allocation beyond ZeroMQ's frames). ZeroMQ errors become
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -230,6 +231,14 @@ class Waiter:
             self._poller.register(fd, zmq.POLLIN)
         if sock is not None:
             self._poller.register(sock._socket(), zmq.POLLIN)
+
+    def watch(self, added: Sequence[int], removed: Sequence[int]) -> None:
+        """Starts watching the descriptors ``added`` and stops watching ``removed`` (connections that come and go)."""
+        for fd in removed:
+            with contextlib.suppress(KeyError):
+                self._poller.unregister(fd)
+        for fd in added:
+            self._poller.register(fd, zmq.POLLIN)
 
     def wait(self, timeout_ms: int) -> bool:
         """Waits up to ``timeout_ms`` milliseconds; ``True`` if something became readable.

@@ -8,7 +8,7 @@ runs, and the modules a weight push may name (:func:`resolve_model`).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -18,6 +18,7 @@ from acollect.policy import parse_exploration_type
 from acollect.rollout import RolloutEngine
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
+from acollect.worker.pair import EnginePair
 
 __all__ = ["build_engine", "resolve_model"]
 
@@ -27,46 +28,92 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
 
     With ``config.inference``, the policy is a :class:`~acollect.inference.client.RemotePolicy` asking the
     collector's inference server; ``interrupt`` (the worker's pause and stop) abandons a step waiting on it.
+    With ``config.inference["double_buffer"]`` and ``num_envs >= 2`` in ``env_kwargs``, the envs are built
+    as two groups, one stepping while the other waits for its actions (:class:`~acollect.worker.pair.EnginePair`).
     """
-    policy = config.policy
-    if config.inference is not None:
-        identity = P.worker_identity(config.index, config.generation) + b"i"
-        # A worker started by hand proves itself with its own keys, to the inference server as to the collector
-        # (both read the same allow-list); a worker the collector started got a key pair of its own for it.
-        keys = config.keys if config.remote else config.inference.get("keys")
-        policy = RemotePolicy(
-            config.inference["address"],
-            identity,
-            interrupt=interrupt,
-            interrupted=rollout.RolloutInterrupted,
-            keys=keys,
-        )
-    # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
-    try:
-        engine = _build(config, policy)
-    except BaseException:
-        if isinstance(policy, RemotePolicy):
-            policy.close()
-        raise
+    groups = _groups(config)
+    if groups is None:
+        engine = _engine(config, interrupt, config.env_kwargs, b"", 0, 1)
+    else:
+        # Each group takes as many steps per batch as one env of num_envs would: the batch is theirs side by side.
+        steps = rollout.frames_per_batch_for(config.frames_per_batch, sum(groups)) // sum(groups)
+        first = _engine(config, interrupt, {**config.env_kwargs, "num_envs": groups[0]}, b"", 0, 2, groups[0] * steps)
+        try:
+            second = _engine(
+                config, interrupt, {**config.env_kwargs, "num_envs": groups[1]}, b"2", 1, 2, groups[1] * steps
+            )
+        except BaseException:
+            first.close()
+            raise
+        # Typed as one engine: a pair has every part of the engine's interface a worker uses (collect, allocate,
+        # counters, seed, restart, policy, env), and the workers' weight plans never target it (its policy is remote).
+        engine = cast(RolloutEngine, EnginePair(first, second))
     engine.next_traj_counter = config.next_traj_counter
     engine.frames = config.frames
     return engine
 
 
-def _build(config: P.WorkerConfig, policy: Any) -> RolloutEngine:
+def _groups(config: P.WorkerConfig) -> tuple[int, int] | None:
+    """The sizes of the two env groups of a double-buffered worker (``None``: one group)."""
+    n_envs = config.env_kwargs.get("num_envs")
+    if config.inference is None or not config.inference.get("double_buffer") or config.init_random_frames:
+        return None
+    if type(n_envs) is not int or n_envs < 2:
+        return None
+    return n_envs // 2, n_envs - n_envs // 2
+
+
+def _engine(
+    config: P.WorkerConfig,
+    interrupt: threading.Event | None,
+    env_kwargs: dict[str, Any],
+    suffix: bytes,
+    group: int,
+    groups: int,
+    frames_per_batch: int | None = None,
+) -> RolloutEngine:
+    policy = config.policy
+    if config.inference is not None:
+        source = P.worker_identity(config.index, config.generation) + b"i"
+        # A worker started by hand proves itself with its own keys, to the inference server as to the collector
+        # (both read the same allow-list); a worker the collector started got a key pair of its own for it.
+        keys = config.keys if config.remote else config.inference.get("keys")
+        policy = RemotePolicy(
+            config.inference["address"],
+            source + suffix,
+            interrupt=interrupt,
+            interrupted=rollout.RolloutInterrupted,
+            keys=keys,
+            slots=config.inference.get("slots"),
+            source=source,  # a worker's groups count as one source: the server need not wait for both
+        )
+    # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
+    try:
+        # Trajectory ids: worker k's group g takes offset k + g * n_workers, stride groups * n_workers.
+        offset, stride = config.index + group * config.n_workers, groups * config.n_workers
+        return _build(config, policy, env_kwargs, offset, stride, frames_per_batch or config.frames_per_batch)
+    except BaseException:
+        if isinstance(policy, RemotePolicy):
+            policy.close()
+        raise
+
+
+def _build(
+    config: P.WorkerConfig, policy: Any, env_kwargs: dict[str, Any], offset: int, stride: int, frames_per_batch: int
+) -> RolloutEngine:
     return rollout.build_engine(
         resolve_import_path(config.create_env_fn),
-        env_kwargs=config.env_kwargs,
+        env_kwargs=env_kwargs,
         policy=policy,
         policy_factory=resolve_import_path(config.policy_factory),
         devices=config.devices,
-        frames_per_batch=config.frames_per_batch,
+        frames_per_batch=frames_per_batch,
         max_frames_per_traj=config.max_frames_per_traj,
         init_random_frames=config.init_random_frames,
         reset_at_each_iter=config.reset_at_each_iter,
         exploration_type=parse_exploration_type(config.exploration_type),
-        traj_id_offset=config.index,
-        traj_id_stride=config.n_workers,
+        traj_id_offset=offset,
+        traj_id_stride=stride,
     )
 
 

@@ -55,6 +55,7 @@ async def test_same_layout_as_multi_async_every_step_once_and_each_env_acted_on_
     assert stats.inference["rows"] >= 18 * 6
     assert stats.inference["passes"] > 0
     assert 0 < stats.inference["fill_rate"] <= 1
+    assert stats.inference["slot_requests"] > 0, "same-host workers step through shared-memory slots"
 
 
 async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_traceback(start_method: str) -> None:
@@ -158,3 +159,16 @@ async def test_what_the_server_cannot_honour_is_refused_before_anything_starts(k
         assert collector.state is CollectorState.NEW
     finally:
         await collector.async_shutdown()
+
+
+@pytest.mark.parametrize("frames_per_batch", [18, 8 * 256])  # a small batch sent whole, a large one through slots
+async def test_batches_are_named_none_time_as_every_other_collectors(start_method: str, frames_per_batch: int) -> None:
+    n_envs = 8 if frames_per_batch > 18 else 3
+    make = [functools.partial(CountingEnv, num_envs=n_envs, start=1000 * k) for k in range(2)]
+    kwargs = {"frames_per_batch": frames_per_batch, "total_frames": 2 * frames_per_batch, "start_method": start_method}
+    with anyio.fail_after(90):
+        for cls in (MultiAsyncCollector, AsyncBatchedCollector):
+            async with cls(make, policy(), **kwargs) as collector:
+                async for batch in collector:
+                    assert batch.names == [None, "time"], cls.__name__
+                    assert batch["next"].names == [None, "time"], cls.__name__

@@ -73,6 +73,8 @@ def test_concurrent_callers_share_passes_and_each_gets_its_own_answer(backend: s
         assert (stats.requests, stats.rows) == (13, 25)
         assert stats.passes < 13, "concurrent requests must share forward passes"
         assert stats.latency_ms_p99 is not None
+        assert stats.latency_ms_p50 is not None
+        assert 0 <= stats.latency_ms_p50 <= stats.latency_ms_p99
         assert stats.mean_batch_size > 1
 
     anyio.run(main, backend=backend)

@@ -1,0 +1,83 @@
+"""Double-buffered workers: two env groups per worker, one stepping while the other waits for its actions."""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+import torch
+from tensordict.nn import TensorDictModule
+
+from acollect import AsyncBatchedCollector, MultiAsyncCollector
+from acollect.testing import CountingEnv, WeightProbe, assert_counting_batch
+
+
+class Parity(torch.nn.Module):
+    """Acts the parity of the observation: an action given to the wrong env shows, half the time."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation[..., 0].long() % 2
+
+
+def envs() -> list[functools.partial[CountingEnv]]:
+    return [functools.partial(CountingEnv, episode_length=4 + k, start=1000 * k) for k in range(2)]
+
+
+def layout(batch: object) -> dict[object, tuple[tuple[int, ...], torch.dtype]]:
+    return {k: (tuple(v.shape), v.dtype) for k, v in batch.items(include_nested=True, leaves_only=True)}  # type: ignore[attr-defined]
+
+
+KWARGS = {"frames_per_batch": 40, "env_kwargs": {"num_envs": 5}}  # groups of 2 and 3 envs, 8 steps a batch
+
+
+async def test_double_buffered_batches_keep_the_layout_every_step_once_and_each_env_its_own_actions(
+    start_method: str,
+) -> None:
+    policy = TensorDictModule(Parity(), in_keys=["observation"], out_keys=["action"])
+    kwargs = {**KWARGS, "total_frames": 40 * 8, "start_method": start_method}
+    with anyio.fail_after(90):
+        async with MultiAsyncCollector(envs(), policy, **kwargs) as reference:
+            expected = layout(await anext(reference))
+        async with AsyncBatchedCollector(envs(), policy, double_buffer=True, max_wait=0.01, **kwargs) as collector:
+            batches = [batch async for batch in collector]
+            stats = collector.stats().inference
+    assert len(batches) == 8
+    owners: dict[int, int] = {}
+    for batch in batches:
+        assert layout(batch) == expected
+        assert batch.names == [None, "time"]
+        assert_counting_batch(batch)  # no step lost, repeated or taken from another env
+        assert (batch["action"] == batch["observation"][..., 0].long() % 2).all(), "an env got another's action"
+        worker = int(batch["collector", "worker_id"][0, 0])
+        for traj in batch["collector", "traj_ids"].unique().tolist():
+            assert owners.setdefault(traj, worker) == worker, f"trajectory id {traj} of two workers"
+    assert stats is not None
+    assert stats["slot_requests"] > 0
+    assert stats["rows"] / stats["requests"] < 3, "each request holds one group's envs (2 or 3), not all 5"
+
+
+async def test_double_buffered_frames_say_which_weights_chose_them_and_a_pause_keeps_every_step(
+    start_method: str,
+) -> None:
+    trained = TensorDictModule(WeightProbe(0.0), in_keys=["observation"], out_keys=["action"])
+    kwargs = {**KWARGS, "total_frames": -1, "start_method": start_method}
+    batches = []
+    with anyio.fail_after(90):
+        async with AsyncBatchedCollector(envs(), trained, double_buffer=True, credits=1, **kwargs) as collector:
+            async for batch in collector:
+                batches.append(batch.clone())
+                if len(batches) == 3:
+                    with torch.no_grad():
+                        trained.module.w.fill_(1.0)
+                    assert await collector.update_policy_weights_() == 1
+                if len(batches) == 5:
+                    async with collector.pause():
+                        await anyio.sleep(0.2)
+                if len(batches) == 10:
+                    break
+    for batch in batches:
+        version = batch["collector", "policy_version"]
+        assert (batch["action"] == (version > 0).long()).all(), "each frame's version is the one that chose it"
+        assert (version.diff(dim=1) >= 0).all(), "versions step up along time, never down"
+        assert_counting_batch(batch)
+    assert int(batches[-1]["collector", "policy_version"].min()) == 1
