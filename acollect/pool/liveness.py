@@ -36,8 +36,8 @@ logger = logging.getLogger("acollect")
 
 #: Seconds between two liveness checks: a dead worker is noticed within about this.
 MONITOR_PERIOD = 0.1
-#: Seconds a worker that could not be sent to may take to show an exit code (a process killed a moment
-#: ago is reported with its signal); past that it counts as dead all the same, and is restarted.
+#: Seconds a local worker that could not be sent to may take to show an exit code (a process killed a
+#: moment ago is reported with its signal); past that it counts as dead all the same, and is restarted.
 UNREACHABLE_GRACE = 1.0
 
 
@@ -88,6 +88,9 @@ class Monitor:
         self._spawn = spawn
         self._vacate = vacate
         self.stopped = anyio.Event()  # set once run() ended, however
+        # A local process's exit code shows within milliseconds of its death; an engine (Ray, submitit) learns
+        # of one later, and says why (a job's state): it gets up to heartbeat_timeout to tell.
+        self.unreachable_grace = UNREACHABLE_GRACE if same_host else max(UNREACHABLE_GRACE, heartbeat_timeout)
 
     async def run(self) -> None:
         """Checks every worker each ``MONITOR_PERIOD`` until cancelled."""
@@ -117,10 +120,10 @@ class Monitor:
                         worker_id=handle.index,
                         exitcode=code,
                     ))  # fmt: skip
-                elif handle.unreachable_since is not None and now - handle.unreachable_since > UNREACHABLE_GRACE:
+                elif handle.unreachable_since is not None and now - handle.unreachable_since > self.unreachable_grace:
                     await self._on_death(handle, WorkerCrashedError(
                         f"worker {handle.index} ({handle.where}) cannot be reached: its connection to the "
-                        f"collector is gone (a message to it could not be delivered {UNREACHABLE_GRACE:g}s ago)",
+                        f"collector is gone (a message to it failed {now - handle.unreachable_since:.1f}s ago)",
                         worker_id=handle.index,
                     ))  # fmt: skip
                 elif not handle.ready and handle.unreachable_since is None:
