@@ -32,6 +32,7 @@ from tensordict import TensorDict, TensorDictBase
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
+    from acollect.async_rollout import AsyncRollout
     from acollect.rollout import RolloutEngine
 
 __all__ = [
@@ -349,7 +350,7 @@ class PolicyWeights:
                 self.version += 1
             return self.version
 
-    def apply_pending(self, engine: RolloutEngine) -> None:
+    def apply_pending(self, engine: RolloutEngine | AsyncRollout) -> None:
         """Copies staged weights into the engine's policy and stamps the version. Call between batches.
 
         Nothing changes while the engine holds a batch an interruption left half-way: one version chooses
