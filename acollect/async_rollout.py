@@ -262,9 +262,7 @@ class AsyncRollout:
         await self.ensure_running(spawn)
         await self._ring.ready.wait()
         batch, released = self._ring.hand_out()
-        for i in released:  # their next row just became free
-            self._go[i] = anyio.Event()
-            self._ready.append(i)
+        self._ready.extend(released)  # their next row just became free
         self._wake.set()
         self.frames += self.frames_per_batch
         if self.devices.storing.type != "cpu":
@@ -319,8 +317,8 @@ class AsyncRollout:
             self._advance(i)
 
     def _advance(self, i: int) -> None:
+        self._go[i] = anyio.Event()  # a parked env waits on it too, until the batch is handed out
         if self._ring.advance(i):
-            self._go[i] = anyio.Event()
             self._ready.append(i)
             self._wake.set()
         self._in_flight -= 1

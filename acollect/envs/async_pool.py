@@ -138,10 +138,14 @@ class AsyncEnvPool(EnvBase):
         """Env ``i``'s action out of a ``[n, ...]`` array, as the env receives it."""
         return int(actions[i]) if self.int_actions else actions[i].copy()
 
-    async def aclose_envs(self, timeout: float = ACLOSE_TIMEOUT) -> None:
-        """Awaits every env's ``aclose()`` concurrently, each under ``timeout``; once. Shielded."""
+    async def aclose_envs(self, timeout: float | None = None) -> None:
+        """Awaits every env's ``aclose()`` concurrently, each under ``timeout`` (:data:`ACLOSE_TIMEOUT`); once.
+
+        Shielded: a cancelled caller still closes every env.
+        """
         if self._envs_closed:
             return
+        timeout = ACLOSE_TIMEOUT if timeout is None else timeout
         self._envs_closed = True
 
         async def close_one(i: int, env: AsyncEnv) -> None:
