@@ -322,3 +322,20 @@ def test_the_blocking_api_and_worker_collectors_step_the_pool_in_lockstep() -> N
         assert len(batches) == 2
 
     anyio.run(main)
+
+
+def test_a_restored_state_continues_counters_and_trajectory_ids() -> None:
+    async def main() -> None:
+        async with Collector(pool(2, episode_length=3), WeightProbe(0.0), frames_per_batch=8) as c:
+            await anext(c)
+            await c.update_policy_weights_(WeightProbe(1.0))
+            state = c.state_dict()
+        async with Collector(pool(2, episode_length=3), WeightProbe(0.0), frames_per_batch=8) as resumed:
+            resumed.load_state_dict(state)
+            batch = await anext(resumed)
+            assert resumed.frames == 16
+            assert batch["collector", "traj_ids"].min() >= state["next_traj_counter"]
+            assert (batch["action"] == 1).all(), "the restored weights chose the actions"
+            assert (batch["collector", "policy_version"] == 1).all()
+
+    anyio.run(main)
