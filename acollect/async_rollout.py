@@ -131,7 +131,7 @@ class AsyncRollout:
         self._needs_restart = True
         n = self.n_envs
         self._root = env.make_root()
-        self._obs_keys: list[tuple[str, ...]] = env.observation_spec.leaf_keys()
+        self._obs_keys: list[tuple[str, ...]] = [leaf.key for leaf in env.leaves]  # the order the env writes
         self._root_np = [self._root.get(leaf.key).numpy() for leaf in env.leaves]
         self._extra_inputs = not isinstance(policy, (ModulePolicy, RandomPolicy))
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] | None = None

@@ -339,3 +339,34 @@ def test_a_restored_state_continues_counters_and_trajectory_ids() -> None:
             assert (batch["collector", "policy_version"] == 1).all()
 
     anyio.run(main)
+
+
+class DictEnv(AsyncEnv):
+    """Dict observations (keys out of alphabetical order) and MultiDiscrete actions."""
+
+    observation_space = gym.spaces.Dict(
+        {"z": gym.spaces.Box(-1e6, 1e6, (2,), np.float64), "a": gym.spaces.Discrete(5)}
+    )
+    action_space = gym.spaces.MultiDiscrete([3, 4])
+
+    async def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        self.n = 0
+        return {"z": np.zeros(2), "a": 0}, {}
+
+    async def step(self, action: Any) -> Any:
+        assert isinstance(action, np.ndarray)
+        assert action.shape == (2,)
+        self.n += 1
+        return {"z": np.full(2, float(self.n)), "a": self.n % 5}, 0.5, False, False, {}
+
+
+def test_dict_observations_and_array_actions() -> None:
+    async def main() -> None:
+        async with Collector(lambda: AsyncEnvPool(DictEnv, 2), None, frames_per_batch=8) as c:
+            batch = await anext(c)
+            assert batch["next", "z"].dtype == torch.float64
+            assert batch["next", "z"][0, :, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+            assert batch["next", "a"][0].tolist() == [1, 2, 3, 4]
+            assert batch["action"].shape == (2, 4, 2)
+
+    anyio.run(main)
