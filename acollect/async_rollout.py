@@ -74,6 +74,8 @@ class AsyncRollout:
         init_random_frames: act randomly until this many frames were stepped.
         exploration_type: tensordict interaction type set while the policy runs.
         weights: staged weights (``acollect.weights.PolicyWeights``), applied between passes.
+        traj_id_offset: first trajectory id; with ``traj_id_stride`` it makes ids unique across workers.
+        traj_id_stride: step between consecutive trajectory ids.
 
     Examples:
         >>> import anyio
@@ -108,6 +110,8 @@ class AsyncRollout:
         init_random_frames: int = 0,
         exploration_type: InteractionType | None = InteractionType.RANDOM,
         weights: Any = None,
+        traj_id_offset: int = 0,
+        traj_id_stride: int = 1,
     ) -> None:
         self.env, self.policy, self.devices = env, policy, devices
         self.n_envs = env.num_envs
@@ -126,6 +130,7 @@ class AsyncRollout:
         #: whether passes run in a thread (decided by timing the first passes)
         self.policy_in_thread = False
         self._next_traj_counter = 0
+        self._traj_id_offset, self._traj_id_stride = traj_id_offset, traj_id_stride
         self._generator = torch.Generator()
         self._seed: int | None = None
         self._needs_restart = True
@@ -174,7 +179,14 @@ class AsyncRollout:
 
     def _new_traj_id(self) -> int:
         self._next_traj_counter += 1
-        return self._next_traj_counter - 1
+        return self._traj_id_offset + self._traj_id_stride * (self._next_traj_counter - 1)
+
+    def empty_batch(self) -> TensorDict:
+        """A batch of zeros with the layout :meth:`collect` hands out (after :meth:`ensure_running`)."""
+        assert self._ring.buffer is not None
+        batch = self._ring.buffer[:, : self.time_steps].clone().zero_()
+        batch.names = [None, "time"]
+        return batch
 
     # -- start, stop ---------------------------------------------------------------------------
     async def ensure_running(self, spawn: Spawn) -> None:

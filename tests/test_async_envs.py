@@ -307,7 +307,7 @@ def test_a_big_policy_runs_in_a_thread_and_a_small_one_inline() -> None:
     anyio.run(main)
 
 
-def test_the_blocking_api_and_worker_collectors_step_the_pool_in_lockstep() -> None:
+def test_the_blocking_api_steps_the_pool_in_lockstep() -> None:
     env = AsyncEnvPool(AsyncCountingEnv, 2)
     root = env.reset(seed=3)
     out = env.step(root.set("action", torch.ones(2, dtype=torch.int64)))
@@ -316,12 +316,33 @@ def test_the_blocking_api_and_worker_collectors_step_the_pool_in_lockstep() -> N
     env.close()
     assert all(e.closed for e in env.envs)  # type: ignore[attr-defined]
 
+
+def test_worker_collectors_run_each_pool_on_the_workers_own_loop() -> None:
+    # Env 0 of each pool takes 40 ms a step, the others 1 ms: in lockstep a batch of 8 steps per env would
+    # take 8 x 40 ms; with each env a task, the fast envs' rows fill meanwhile and run ahead.
+    slow_first = functools.partial(AsyncEnvPool, SlowFirst, 4)
+
     async def main() -> None:
-        async with MultiSyncCollector([pool(2)] * 2, None, frames_per_batch=16, total_frames=32) as c:
+        async with MultiSyncCollector([slow_first] * 2, WeightProbe(1.0), frames_per_batch=64,
+                                      total_frames=192) as c:  # fmt: skip
             batches = [batch async for batch in c]
-        assert len(batches) == 2
+        for batch in batches:
+            assert batch.batch_size == (2, 4, 8)
+            assert (batch["action"] == 1).all()
+            obs = batch["next", "observation"][..., 0]
+            assert (obs[..., 1:] - obs[..., :-1] == 1).all(), "each row: one env's consecutive steps"
+        ids = torch.stack([b["collector", "traj_ids"] for b in batches])
+        assert set(ids[:, 0].unique().tolist()).isdisjoint(ids[:, 1].unique().tolist()), "ids unique across workers"
 
     anyio.run(main)
+
+
+class SlowFirst(AsyncCountingEnv):
+    made = 0
+
+    def __init__(self) -> None:
+        SlowFirst.made += 1
+        super().__init__(episode_length=1000, step_time=0.04 if SlowFirst.made % 4 == 1 else 0.001)
 
 
 def test_a_restored_state_continues_counters_and_trajectory_ids() -> None:

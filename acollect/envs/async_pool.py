@@ -1,13 +1,11 @@
 """AsyncEnvPool: many coroutine envs as one acollect env.
 
-The in-process :class:`~acollect.Collector` recognises an :class:`AsyncEnvPool`
-and steps it on the caller's event loop, each env as its own task (see
-:mod:`acollect.async_rollout`): no thread, no process. Everywhere else (a
-worker process of ``MultiSyncCollector`` and the other worker collectors, or
-plain code calling :meth:`~acollect.envs.EnvBase.step`), the pool is an
-ordinary blocking acollect env that runs its envs on a private event loop of
-its own, all of them concurrently within each step (``asyncio.gather``
-lockstep).
+The in-process :class:`~acollect.Collector` and every worker process recognise an
+:class:`AsyncEnvPool` and step it on an event loop, each env as its own task (see
+:mod:`acollect.async_rollout`): no thread, no process per env. Called from plain code
+(:meth:`~acollect.envs.EnvBase.reset`, :meth:`~acollect.envs.EnvBase.step`), the pool is an
+ordinary blocking acollect env that runs its envs on a private event loop of its own, all of them
+concurrently within each step (``asyncio.gather`` lockstep).
 
 The pool also owns the envs' calls: :meth:`AsyncEnvPool.call_step` and
 :meth:`AsyncEnvPool.call_reset` apply ``step_timeout`` and turn whatever an

@@ -1,20 +1,25 @@
 """A worker's rollout engine, built from its :class:`~acollect.worker.protocol.WorkerConfig`.
 
 The env, the policy (sent whole, or built in the worker by ``policy_factory``), the devices and
-the :class:`~acollect.rollout.RolloutEngine` that drives them: what :mod:`acollect.worker.main`
+the :class:`~acollect.rollout.RolloutEngine` that drives them (for an
+:class:`~acollect.envs.AsyncEnvPool`, a :class:`~acollect.loop_rollout.LoopRollout`): what :mod:`acollect.worker.main`
 runs, and the modules a weight push may name (:func:`resolve_model`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from acollect import rollout
+from acollect.async_rollout import AsyncRollout
+from acollect.envs import AsyncEnvPool, make_env
+from acollect.errors import ConfigurationError
 from acollect.inference.client import RemotePolicy
-from acollect.policy import parse_exploration_type
+from acollect.loop_rollout import LoopRollout
+from acollect.policy import build_policy, parse_exploration_type
 from acollect.rollout import RolloutEngine
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
@@ -54,9 +59,12 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
 
 
 def _build(config: P.WorkerConfig, policy: Any) -> RolloutEngine:
+    env = make_env(resolve_import_path(config.create_env_fn), **config.env_kwargs)
+    if isinstance(env, AsyncEnvPool):
+        return _build_looped(config, policy, env)
     return rollout.build_engine(
-        resolve_import_path(config.create_env_fn),
-        env_kwargs=config.env_kwargs,
+        env,
+        env_kwargs={},
         policy=policy,
         policy_factory=resolve_import_path(config.policy_factory),
         devices=config.devices,
@@ -68,6 +76,34 @@ def _build(config: P.WorkerConfig, policy: Any) -> RolloutEngine:
         traj_id_offset=config.index,
         traj_id_stride=config.n_workers,
     )
+
+
+def _build_looped(config: P.WorkerConfig, policy: Any, env: AsyncEnvPool) -> RolloutEngine:
+    """Coroutine envs: each env a task on an event loop of this worker's (see :mod:`acollect.loop_rollout`)."""
+    try:
+        if config.reset_at_each_iter:
+            raise ConfigurationError.bad_value(
+                "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the next batch)"
+            )
+        adapter, devices = build_policy(
+            env, policy=policy, policy_factory=resolve_import_path(config.policy_factory), devices=config.devices
+        )
+        engine = AsyncRollout(
+            env,
+            adapter,
+            frames_per_batch=config.frames_per_batch,
+            devices=devices,
+            max_frames_per_traj=config.max_frames_per_traj,
+            init_random_frames=config.init_random_frames,
+            exploration_type=parse_exploration_type(config.exploration_type),
+            traj_id_offset=config.index,
+            traj_id_stride=config.n_workers,
+        )
+    except BaseException:
+        env.close()
+        raise
+    # The worker drives it through RolloutEngine's surface, which LoopRollout has (duck-typed).
+    return cast(RolloutEngine, LoopRollout(engine))
 
 
 def resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:
