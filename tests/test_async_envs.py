@@ -19,7 +19,7 @@ import torch
 from acollect import Collector, CollectorState, MultiSyncCollector, ReplayBuffer
 from acollect.envs import AsyncEnv, AsyncEnvPool
 from acollect.envs import async_pool as async_pool_module
-from acollect.errors import ConfigurationError, EnvError
+from acollect.errors import ConfigurationError, EnvError, RemoteError
 from acollect.testing import AsyncCountingEnv, WeightProbe, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -389,5 +389,19 @@ def test_dict_observations_and_array_actions() -> None:
             assert batch["next", "z"][0, :, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
             assert batch["next", "a"][0].tolist() == [1, 2, 3, 4]
             assert batch["action"].shape == (2, 4, 2)
+
+    anyio.run(main)
+
+
+def test_a_coroutine_env_failing_in_a_worker_is_reported_with_its_index() -> None:
+    crashing = functools.partial(AsyncEnvPool, functools.partial(AsyncCountingEnv, crash_at_step=3), 2)
+
+    async def main() -> None:
+        collector = MultiSyncCollector([crashing] * 2, None, frames_per_batch=64)
+        with anyio.fail_after(60), pytest.raises(RemoteError, match=r"env \d \(AsyncCountingEnv\)\.step raised"):
+            async for _ in collector:
+                pass
+        assert collector.state is CollectorState.BROKEN
+        await collector.async_shutdown()
 
     anyio.run(main)
