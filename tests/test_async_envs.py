@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from acollect import Collector, CollectorState, MultiSyncCollector, ReplayBuffer
-from acollect.envs import AsyncEnv, AsyncEnvPool
+from acollect.envs import AsyncEnv, AsyncEnvPool, make_env
 from acollect.envs import async_pool as async_pool_module
 from acollect.errors import ConfigurationError, EnvError, RemoteError
 from acollect.testing import AsyncCountingEnv, WeightProbe, wait_until
@@ -152,6 +152,8 @@ def test_envs_that_are_not_coroutine_envs_are_refused_by_name() -> None:
         AsyncEnvPool(lambda: gym.make("CartPole-v1").unwrapped, 2)
     with pytest.raises(ConfigurationError, match="num_envs"):
         AsyncEnvPool(AsyncCountingEnv, 0)
+    with pytest.raises(ConfigurationError, match=r"returned a coroutine env \(AsyncCountingEnv\): wrap it in a pool"):
+        make_env(AsyncCountingEnv)
     with pytest.raises(ConfigurationError, match="step_timeout"):
         AsyncEnvPool(AsyncCountingEnv, 2, step_timeout=-1)
 
