@@ -7,6 +7,7 @@ sampling a categorical action, one torch thread.
 
 Contenders, ``--rounds`` rounds of ``--seconds`` each, in turns:
 
+* ``baseline`` (lag only): the ticker alone on the loop, what the machine's other jobs cost it;
 * ``acollect``: ``Collector(lambda: AsyncEnvPool(LatencyEnv, num_envs=256), policy, frames_per_batch=4096)``,
   every env a task on the loop, the policy over the envs waiting; a 1 ms ticker task records how late the
   loop wakes it (the lag any other task of the trainer sees) while batches are collected;
@@ -138,6 +139,12 @@ async def mixed_latency(args: argparse.Namespace) -> dict[str, Any]:
     policy, ticker = Policy(), Ticker()
     envs = [LatencyEnv() for _ in range(args.envs)]
     rounds: list[dict[str, Any]] = []
+    baseline = Ticker()
+    async with anyio.create_task_group() as tg:  # the loop's lag with nothing else on it: the machine's share
+        tg.start_soon(baseline.run)
+        baseline.on = True
+        await anyio.sleep(args.seconds)
+        tg.cancel_scope.cancel()
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker.run)
         async with Collector(lambda: AsyncEnvPool(LatencyEnv, num_envs=args.envs), policy,
@@ -163,6 +170,7 @@ async def mixed_latency(args: argparse.Namespace) -> dict[str, Any]:
         "lag_p99_ms": p99(ticker.late_ms),
         "lag_median_ms": statistics.median(ticker.late_ms) if ticker.late_ms else float("nan"),
         "lag_max_ms": max(ticker.late_ms, default=float("nan")),
+        "lag_baseline_p99_ms": p99(baseline.late_ms),
         "policy_in_thread": in_thread,
         "rounds": rounds,
     }
@@ -206,7 +214,8 @@ def main() -> None:
     many = anyio.run(many_envs, args)
     print(f"{args.envs} envs, 1-30 ms (5% at 100 ms): acollect {mixed['acollect_fps']:,.0f} frames/s = "
           f"{mixed['vs_bound']:.2f}x the bound ({mixed['bound_fps']:,.0f}), {mixed['vs_gather']:.2f}x the gather "
-          f"loop ({mixed['gather_fps']:,.0f}); loop lag p99 {mixed['lag_p99_ms']:.2f} ms")  # fmt: skip
+          f"loop ({mixed['gather_fps']:,.0f}); loop lag p99 {mixed['lag_p99_ms']:.2f} ms "
+          f"(the ticker alone: {mixed['lag_baseline_p99_ms']:.2f} ms)")  # fmt: skip
     print(f"{args.many_envs} envs at {args.many_latency * 1e3:.0f} ms: {many['acollect_fps']:,.0f} frames/s = "
           f"{many['vs_bound']:.2f}x the bound; {many['cpu_us_per_step']:.1f} us CPU per step; "
           f"{many['memory_per_env_kb']:.1f} KiB per env")  # fmt: skip
