@@ -19,15 +19,19 @@ module path never touches a TensorDict, which keeps the hot loop lean.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 
+from acollect.devices import Devices, resolve_devices
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import TensorSpec
+
+if TYPE_CHECKING:
+    from acollect.envs.base import EnvBase
 
 __all__ = [
     "CallablePolicy",
@@ -35,6 +39,7 @@ __all__ = [
     "PolicyAdapter",
     "RandomPolicy",
     "TensorDictPolicy",
+    "build_policy",
     "check_policy_outputs",
     "parse_exploration_type",
     "wrap_policy",
@@ -273,3 +278,24 @@ def check_policy_outputs(outputs: dict[NestedKey, torch.Tensor], n_envs: int, ac
                 f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of "
                 f"{n_envs} (one entry per env)."
             )
+
+
+def build_policy(
+    env: EnvBase, *, policy: Any, policy_factory: Callable[[], Any] | None, devices: Mapping[str, Any]
+) -> tuple[PolicyAdapter, Devices]:
+    """Builds the policy (given, or built by ``policy_factory``) for ``env``, resolves the devices, wraps it.
+
+    The one place a policy is placed and wrapped: :func:`build_engine` and the coroutine-env engine call it.
+    """
+    if policy_factory is not None:
+        policy = policy_factory()
+    resolved = resolve_devices(**devices, env_default=env.device, policy=policy)
+    if isinstance(policy, torch.nn.Module):
+        policy = place_policy(policy, resolved.policy)
+    adapter = wrap_policy(
+        policy,
+        observation_keys=env.observation_spec.leaf_keys(),
+        action_spec=env.action_spec,
+        batch_size=env.batch_size,
+    )
+    return adapter, resolved

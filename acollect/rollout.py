@@ -31,18 +31,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
 from acollect._time_slices import TimeSlices, numpy_view, write_output
-from acollect.devices import Devices, resolve_devices
+from acollect.devices import Devices
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
-from acollect.policy import (
-    ModulePolicy,
-    NestedKey,
-    PolicyAdapter,
-    RandomPolicy,
-    check_policy_outputs,
-    place_policy,
-    wrap_policy,
-)
+from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, build_policy, check_policy_outputs
 
 __all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "exploration", "frames_per_batch_for"]
 
@@ -412,17 +404,7 @@ def build_engine(
     """
     env = make_env(create_env_fn, **env_kwargs)
     try:
-        if policy_factory is not None:
-            policy = policy_factory()
-        resolved = resolve_devices(**devices, env_default=env.device, policy=policy)
-        if isinstance(policy, torch.nn.Module):
-            policy = place_policy(policy, resolved.policy)
-        adapter = wrap_policy(
-            policy,
-            observation_keys=env.observation_spec.leaf_keys(),
-            action_spec=env.action_spec,
-            batch_size=env.batch_size,
-        )
+        adapter, resolved = build_policy(env, policy=policy, policy_factory=policy_factory, devices=devices)
         return RolloutEngine(
             env,
             adapter,

@@ -34,6 +34,7 @@ from acollect._validate import check_int, check_seconds
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
+    from acollect.async_rollout import AsyncRollout
     from acollect.rollout import RolloutEngine
 
 __all__ = [
@@ -408,7 +409,7 @@ class PolicyWeights:
                 self.version += 1
             return self.version
 
-    def apply_pending(self, engine: RolloutEngine) -> None:
+    def apply_pending(self, engine: RolloutEngine | AsyncRollout) -> None:
         """Copies staged weights into the engine's policy and stamps the version. Call between batches.
 
         Nothing changes while the engine holds a batch an interruption left half-way: one version chooses

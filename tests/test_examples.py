@@ -16,6 +16,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # Each example with arguments that keep it to a few seconds, and a line its output must contain.
 CASES = {
+    "async_envs.py": (["--iterations", "2", "--frames-per-batch", "512", "--num-envs", "8"], "done:"),
     "quickstart.py": (["--total-frames", "4096", "--frames-per-batch", "1024", "--num-envs", "4"], "frames/s"),
     "background_buffer.py": (["--train-steps", "100", "--frames-per-batch", "128"], "done:"),
     "central_inference.py": (
@@ -32,7 +33,7 @@ CASES = {
 }
 
 # Examples that need an optional extra: skipped (not failed) where it is not installed.
-REQUIRES = {"ray_cluster.py": "ray"}
+REQUIRES = {"ray_cluster.py": "ray", "async_envs.py": "aiohttp"}
 # Examples that start third-party daemons (Ray's GCS, raylet, dashboard), which would inherit
 # PYTHONWARNINGS and die on their own deprecation warnings: warnings are errors in the example's
 # process only (``-W error``).

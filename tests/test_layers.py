@@ -41,7 +41,7 @@ PACKAGE = ROOT / "acollect"
 LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
-    {"rollout", "_time_slices", "weights"},
+    {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "loop_rollout"},
     {"transport"},
     {"inference"},
     {"worker"},

@@ -6,8 +6,10 @@ overlap that hangs fails the test instead of the suite. After each scenario, not
 worker process, no shared-memory segment, no acollect thread.
 
 Collector classes: in-process, MultiSync, MultiAsync, AsyncCollector, DistributedCollector (a real gloo
-process group) and AsyncBatchedCollector (env workers, the policy in this process's inference
-server); RayCollector needs asyncio and a Ray cluster, and is checked in ``tests/launchers``.
+process group), AsyncBatchedCollector (env workers, the policy in this process's inference
+server) and the in-process collector over coroutine envs (``AsyncEnvs``: an ``AsyncEnvPool`` of
+``AsyncCountingEnv``, each env a task on the loop); RayCollector needs asyncio and a Ray cluster, and
+is checked in ``tests/launchers``.
 
 The rules (``docs/concepts.md``, "Calling from several tasks"):
 
@@ -41,8 +43,10 @@ from acollect import (
     ReplayBuffer,
 )
 from acollect.collectors.base import CollectorBase
-from acollect.errors import ClosedCollectorError, CollectorStateError, RemoteError, WorkerError
+from acollect.envs import AsyncEnvPool
+from acollect.errors import ClosedCollectorError, CollectorStateError, EnvError, RemoteError, WorkerError
 from acollect.testing import (
+    AsyncCountingEnv,
     CountingEnv,
     CrashingEnv,
     ResourceSnapshot,
@@ -55,7 +59,7 @@ from acollect.testing import (
 
 START_METHOD = os.environ.get("ACOLLECT_TEST_START_METHOD", "forkserver")
 BACKENDS = ["asyncio", "trio"]
-KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector", "Distributed", "Batched"]
+KINDS = ["Collector", "MultiSync", "MultiAsync", "AsyncCollector", "Distributed", "Batched", "AsyncEnvs"]
 
 
 def matrix(*, slow_under_trio: tuple[str, ...] = ("Batched",)) -> list[Any]:
@@ -81,6 +85,8 @@ def make(kind: str, env: Callable[[], Any], policy: Any = None, **kwargs: Any) -
     kwargs.setdefault("frames_per_batch", 8)
     if kind == "Collector":
         return Collector(env, policy, **kwargs)
+    if kind == "AsyncEnvs":
+        return Collector(coroutine_twin(env), policy, **kwargs)
     workers = {"start_method": START_METHOD, "shutdown_timeout": 5.0}
     if kind == "MultiSync":
         return MultiSyncCollector([env] * 2, policy, **workers, **kwargs)
@@ -91,6 +97,21 @@ def make(kind: str, env: Callable[[], Any], policy: Any = None, **kwargs: Any) -
     if kind == "Batched":  # central inference: a policy is required (None would mean random actions)
         return AsyncBatchedCollector([env] * 2, policy if policy is not None else WeightProbe(0.0), **workers, **kwargs)
     return AsyncCollector(env, policy, **workers, **kwargs)
+
+
+def coroutine_twin(env: Any) -> Callable[[], AsyncEnvPool]:
+    """The same scenario's envs as coroutine envs: a pool of ``AsyncCountingEnv`` (slow, crashing alike)."""
+    assert isinstance(env, functools.partial), env
+    keywords = dict(env.keywords)
+    num_envs = keywords.pop("num_envs", 1)
+    twin: dict[str, Any] = {}
+    if env.func is SlowEnv:
+        twin = {"step_time": env.args[0], "reset_time": keywords.pop("reset_time", 0.0)}
+    elif env.func is CrashingEnv:
+        twin = {"crash_at_step": keywords.pop("crash_at_step")}
+    else:
+        assert env.func is CountingEnv, env
+    return functools.partial(AsyncEnvPool, functools.partial(AsyncCountingEnv, **twin), num_envs)
 
 
 def run(backend: str, scenario: Callable[[], Awaitable[None]], *, leak_timeout: float = 5.0) -> None:
@@ -200,7 +221,7 @@ def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
             left[i].set()
 
         # 10 ms a step, 100 steps a batch, 0.5 s heartbeats: a worker that was not paused shows it.
-        extra = {} if kind == "Collector" else {"heartbeat_timeout": 2.0}
+        extra = {} if kind in ("Collector", "AsyncEnvs") else {"heartbeat_timeout": 2.0}
         env = functools.partial(SlowEnv, 0.01, num_envs=2)
         with anyio.fail_after(60):
             async with make(kind, env, frames_per_batch=200, **extra) as collector:
@@ -261,7 +282,7 @@ def test_weight_push_during_iteration_lands_at_a_batch_boundary(kind: str, backe
                 assert pushed == [1], "update_policy_weights_ returns the new version"
                 for _ in range(6):  # MultiAsync may hand out batches collected ahead, before the push
                     batch = await anext(collector)
-                    if kind == "Batched":  # the version is per step: the weights that chose each action
+                    if kind in ("Batched", "AsyncEnvs"):  # the version is per step: the weights that chose each action
                         version = batch["collector", "policy_version"]
                         assert (batch["action"] == version).all(), "an action not chosen by its version's weights"
                         assert (version.diff(dim=-1) >= 0).all(), "versions go back in time"
@@ -283,7 +304,7 @@ def test_weight_push_during_iteration_lands_at_a_batch_boundary(kind: str, backe
 def test_a_failure_breaks_the_collector_until_shutdown(kind: str, backend: str) -> None:
     async def scenario() -> None:
         collector = make(kind, functools.partial(CrashingEnv, crash_at_step=3, num_envs=2))
-        expected: Any = RuntimeError if kind == "Collector" else (RemoteError, WorkerError)
+        expected: Any = {"Collector": RuntimeError, "AsyncEnvs": EnvError}.get(kind, (RemoteError, WorkerError))
         with anyio.fail_after(60):
             with pytest.raises(expected):
                 async for _ in collector:

@@ -1,7 +1,9 @@
 """The in-process collector: one env (batched), one policy, one rollout engine.
 
 Env stepping runs in a thread owned by the collector for the length of each
-batch, so the event loop stays responsive while frames are collected.
+batch, so the event loop stays responsive while frames are collected. A pool of
+coroutine envs (:class:`~acollect.envs.AsyncEnvPool`) is stepped on the event
+loop itself instead, each env as a task (:mod:`acollect.async_rollout`).
 
 Examples:
     >>> import anyio
@@ -27,6 +29,7 @@ from typing_extensions import Unpack
 
 from acollect._threads import run_in_thread
 from acollect._validate import check_int, check_total_frames
+from acollect.async_rollout import AsyncRollout
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
@@ -36,9 +39,10 @@ from acollect.collectors.options import (
     parse,
     settle_frames_per_batch,
 )
-from acollect.envs.factory import check_env_arg, known_num_envs
+from acollect.envs.async_pool import AsyncEnvPool
+from acollect.envs.factory import check_env_arg, known_num_envs, make_env
 from acollect.errors import ConfigurationError
-from acollect.policy import PolicyLike
+from acollect.policy import PolicyLike, build_policy
 from acollect.rollout import RolloutEngine, build_engine
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
@@ -118,7 +122,7 @@ class Collector(CollectorBase):
         self.settings = settings
         self.create_env_fn = create_env_fn
         self._policy_arg = policy
-        self._engine: RolloutEngine | None = None
+        self._engine: RolloutEngine | AsyncRollout | None = None
         self._policy_version = 0
         self._weights = PolicyWeights()
         self._seed: int | None = None
@@ -132,15 +136,32 @@ class Collector(CollectorBase):
         """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
         return self.settings.frames_per_batch
 
-    def _build_engine(self, _stop: threading.Event) -> RolloutEngine:
+    def _build_engine(self, _stop: threading.Event) -> RolloutEngine | AsyncRollout:
         settings = self.settings
         assert not isinstance(settings.policy_factory, str)  # refused at construction: no import paths in-process
+        devices = {name: getattr(settings, name) for name in DEVICE_OPTIONS}
+        env = make_env(self.create_env_fn, **settings.env_kwargs)
+        if isinstance(env, AsyncEnvPool):  # coroutine envs: stepped on the event loop, see _setup
+            try:
+                if settings.reset_at_each_iter:
+                    raise ConfigurationError.bad_value(
+                        "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the "
+                        "next batch: call set_seed() to start afresh)")  # fmt: skip
+                adapter, resolved = build_policy(env, policy=self._policy_arg, policy_factory=settings.policy_factory,
+                                                 devices=devices)  # fmt: skip
+                return AsyncRollout(env, adapter, frames_per_batch=settings.frames_per_batch, devices=resolved,
+                                    max_frames_per_traj=settings.max_frames_per_traj,
+                                    init_random_frames=settings.init_random_frames,
+                                    exploration_type=settings.exploration_type, weights=self._weights)  # fmt: skip
+            except BaseException:
+                env.close()
+                raise
         return build_engine(
-            self.create_env_fn,
-            env_kwargs=settings.env_kwargs,
+            env,
+            env_kwargs={},
             policy=self._policy_arg,
             policy_factory=settings.policy_factory,
-            devices={name: getattr(settings, name) for name in DEVICE_OPTIONS},
+            devices=devices,
             frames_per_batch=settings.frames_per_batch,
             max_frames_per_traj=settings.max_frames_per_traj,
             init_random_frames=settings.init_random_frames,
@@ -158,6 +179,8 @@ class Collector(CollectorBase):
         threads = torch.get_num_threads()
         await run_in_thread(lambda stop: self._build_and_keep(stop, threads), name="build-env")
         assert self._engine is not None
+        if isinstance(self._engine, AsyncRollout):  # resets every env, probes the policy, starts the env tasks
+            await self._engine.ensure_running(self._tasks.spawn)
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
         requested, shown = self.requested_frames_per_batch, self.frames_per_batch
         actual = settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
@@ -170,7 +193,9 @@ class Collector(CollectorBase):
 
     async def _teardown(self) -> None:
         engine, self._engine = self._engine, None
-        if engine is not None:
+        if isinstance(engine, AsyncRollout):
+            await engine.aclose()
+        elif engine is not None:
             await run_in_thread(lambda _stop: engine.close(), name="close-env")
 
     # -- collecting ----------------------------------------------------------------------
@@ -178,7 +203,7 @@ class Collector(CollectorBase):
         self, stop: threading.Event, torch_threads: int
     ) -> tuple[TensorDictBase, int, int, EpisodeSummary]:
         engine = self._engine
-        assert engine is not None
+        assert isinstance(engine, RolloutEngine)
         # A fresh thread does not follow the caller's torch.set_num_threads(): its ops would start a pool of
         # OpenMP threads that spin on the other cores (a fifth more CPU per batch, or worse, with one thread asked).
         torch.set_num_threads(torch_threads)
@@ -199,12 +224,32 @@ class Collector(CollectorBase):
         return batch, version, frames, episodes
 
     async def _collect_batch(self) -> TensorDictBase:
+        if isinstance(self._engine, AsyncRollout):
+            return await self._collect_on_loop(self._engine)
         threads = torch.get_num_threads()
         batch, version, frames, episodes = await run_in_thread(
             lambda stop: self._collect_in_thread(stop, threads), name="rollout"
         )
         self._record_worker(0, frames, version, episodes)
         return batch
+
+    async def _collect_on_loop(self, engine: AsyncRollout) -> TensorDictBase:
+        if self._seed is not None:
+            torch.manual_seed(self._seed)
+            engine.seed(self._seed)
+            self._seed = None
+        batch: TensorDictBase = await engine.collect(self._tasks.spawn)
+        episodes = self._episodes.update(batch)
+        if self.settings.split_trajs:
+            batch = split_trajectories(batch)
+        if self.settings.postproc is not None:
+            batch = self.settings.postproc(batch)
+        self._record_worker(0, engine.frames_per_batch, engine.policy_version, episodes)
+        return batch
+
+    async def _apply_pause(self, paused: bool) -> None:
+        if isinstance(self._engine, AsyncRollout):  # threads stop by themselves: only coroutine envs are told
+            await self._engine.set_paused(paused)
 
     def _worker_counters(self) -> tuple[int, int, int]:
         engine = self._engine

@@ -1,5 +1,7 @@
-"""Environments: the batched env protocol, its adapters (gymnasium, TorchRL) and ``make_env``."""
+"""Environments: the batched env protocol, its adapters (gymnasium, TorchRL, coroutine envs) and ``make_env``."""
 
+from acollect.envs.async_env import AsyncEnv as AsyncEnv
+from acollect.envs.async_pool import AsyncEnvPool as AsyncEnvPool
 from acollect.envs.base import DONE_KEYS as DONE_KEYS
 from acollect.envs.base import EnvBase as EnvBase
 from acollect.envs.factory import make_env as make_env
@@ -11,6 +13,8 @@ from acollect.envs.torchrl import is_torchrl_env as is_torchrl_env
 
 __all__ = [
     "DONE_KEYS",
+    "AsyncEnv",
+    "AsyncEnvPool",
     "EnvBase",
     "GymEnv",
     "TorchRLActionSpec",

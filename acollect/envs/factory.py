@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
+from acollect.envs.async_env import AsyncEnv
 from acollect.envs.base import EnvBase
 from acollect.envs.gym import GymEnv, check_env_id
 from acollect.envs.torchrl import TorchRLEnvAdapter, is_torchrl_env
@@ -59,6 +60,11 @@ def make_env(create_env_fn: Any, **env_kwargs: Any) -> EnvBase:
     if callable(create_env_fn):
         made = create_env_fn(**env_kwargs)
         env = _wrap(made, {})
+        if isinstance(made, AsyncEnv):
+            raise ConfigurationError(
+                f"create_env_fn={create_env_fn!r} returned a coroutine env ({type(made).__name__}): wrap it in a pool, "
+                f"create_env_fn=lambda: AsyncEnvPool({type(made).__name__}, num_envs=...)"
+            )
         if env is None:
             raise ConfigurationError(
                 f"create_env_fn={create_env_fn!r} returned {made!r}: expected it to return {_EXPECTED}."

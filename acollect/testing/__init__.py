@@ -1,5 +1,6 @@
 """Helpers for testing code that drives collectors: the ones acollect's own tests use.
 
+* coroutine envs (:mod:`acollect.testing.async_envs`): :class:`AsyncCountingEnv`;
 * envs (:mod:`acollect.testing.envs`): :class:`CountingEnv` (a counter as
   observation, so gaps, repeats and transitions that did not happen show),
   :class:`CrashingEnv`, :class:`SlowEnv`, :class:`PixelEnv`,
@@ -28,6 +29,7 @@ Examples:
     [1]
 """
 
+from acollect.testing.async_envs import AsyncCountingEnv as AsyncCountingEnv
 from acollect.testing.envs import ENV_STRIDE as ENV_STRIDE
 from acollect.testing.envs import RESET_JUMP as RESET_JUMP
 from acollect.testing.envs import CountingEnv as CountingEnv
@@ -51,6 +53,7 @@ from acollect.testing.policies import WeightProbe as WeightProbe
 __all__ = [
     "ENV_STRIDE",
     "RESET_JUMP",
+    "AsyncCountingEnv",
     "CountingEnv",
     "CountingGymEnv",
     "CrashingEnv",

@@ -1,7 +1,8 @@
 """A worker's rollout engine, built from its :class:`~acollect.worker.protocol.WorkerConfig`.
 
 The env, the policy (sent whole, or built in the worker by ``policy_factory``), the devices and
-the :class:`~acollect.rollout.RolloutEngine` that drives them: what :mod:`acollect.worker.main`
+the :class:`~acollect.rollout.RolloutEngine` that drives them (for an
+:class:`~acollect.envs.AsyncEnvPool`, a :class:`~acollect.loop_rollout.LoopRollout`): what :mod:`acollect.worker.main`
 runs, and the modules a weight push may name (:func:`resolve_model`).
 """
 
@@ -13,8 +14,12 @@ from typing import Any, cast
 import torch
 
 from acollect import rollout
+from acollect.async_rollout import AsyncRollout
+from acollect.envs import AsyncEnvPool, make_env
+from acollect.errors import ConfigurationError
 from acollect.inference.client import RemotePolicy
-from acollect.policy import parse_exploration_type
+from acollect.loop_rollout import LoopRollout
+from acollect.policy import build_policy, parse_exploration_type
 from acollect.rollout import RolloutEngine
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
@@ -101,9 +106,12 @@ def _engine(
 def _build(
     config: P.WorkerConfig, policy: Any, env_kwargs: dict[str, Any], offset: int, stride: int, frames_per_batch: int
 ) -> RolloutEngine:
+    env = make_env(resolve_import_path(config.create_env_fn), **env_kwargs)
+    if isinstance(env, AsyncEnvPool):
+        return _build_looped(config, policy, env, offset, stride, frames_per_batch)
     return rollout.build_engine(
-        resolve_import_path(config.create_env_fn),
-        env_kwargs=env_kwargs,
+        env,
+        env_kwargs={},
         policy=policy,
         policy_factory=resolve_import_path(config.policy_factory),
         devices=config.devices,
@@ -115,6 +123,36 @@ def _build(
         traj_id_offset=offset,
         traj_id_stride=stride,
     )
+
+
+def _build_looped(
+    config: P.WorkerConfig, policy: Any, env: AsyncEnvPool, offset: int, stride: int, frames_per_batch: int
+) -> RolloutEngine:
+    """Coroutine envs: each env a task on an event loop of this worker's (see :mod:`acollect.loop_rollout`)."""
+    try:
+        if config.reset_at_each_iter:
+            raise ConfigurationError.bad_value(
+                "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the next batch)"
+            )
+        adapter, devices = build_policy(
+            env, policy=policy, policy_factory=resolve_import_path(config.policy_factory), devices=config.devices
+        )
+        engine = AsyncRollout(
+            env,
+            adapter,
+            frames_per_batch=frames_per_batch,
+            devices=devices,
+            max_frames_per_traj=config.max_frames_per_traj,
+            init_random_frames=config.init_random_frames,
+            exploration_type=parse_exploration_type(config.exploration_type),
+            traj_id_offset=offset,
+            traj_id_stride=stride,
+        )
+    except BaseException:
+        env.close()
+        raise
+    # The worker drives it through RolloutEngine's surface, which LoopRollout has (duck-typed).
+    return cast(RolloutEngine, LoopRollout(engine))
 
 
 def resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:

@@ -1,0 +1,231 @@
+"""AsyncEnvPool: many coroutine envs as one acollect env.
+
+The in-process :class:`~acollect.Collector` and every worker process recognise an
+:class:`AsyncEnvPool` and step it on an event loop, each env as its own task (see
+:mod:`acollect.async_rollout`): no thread, no process per env. Called from plain code
+(:meth:`~acollect.envs.EnvBase.reset`, :meth:`~acollect.envs.EnvBase.step`), the pool is an
+ordinary blocking acollect env that runs its envs on a private event loop of its own, all of them
+concurrently within each step (``asyncio.gather`` lockstep).
+
+The pool also owns the envs' calls: :meth:`AsyncEnvPool.call_step` and
+:meth:`AsyncEnvPool.call_reset` apply ``step_timeout`` and turn whatever an
+env raises into an :class:`~acollect.errors.EnvError` naming its index,
+chained to the env's own exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import torch
+from gymnasium import spaces
+from tensordict import TensorDictBase
+
+from acollect._validate import check_int, check_seconds
+from acollect.envs.async_env import AsyncEnv, StepChecker, check_async_env
+from acollect.envs.base import DONE_KEYS, EnvBase
+from acollect.envs.gym_spaces import observation_layout, space_to_spec
+from acollect.errors import ConfigurationError, EnvError
+
+__all__ = ["AsyncEnvPool"]
+
+logger = logging.getLogger(__name__)
+
+#: seconds each env's ``aclose()`` may take at shutdown
+ACLOSE_TIMEOUT = 5.0
+
+
+class AsyncEnvPool(EnvBase):
+    """``num_envs`` coroutine envs (:class:`~acollect.envs.AsyncEnv`) stepped as one acollect env.
+
+    Args:
+        make_env: a zero-argument callable (usually the env class) building one :class:`AsyncEnv`;
+            it is called ``num_envs`` times, here, so keep constructors cheap and open connections in
+            the first ``reset``.
+        num_envs: how many envs run concurrently.
+
+    Keyword Args:
+        step_timeout (float | None): seconds each ``step`` (and ``reset``) may take; a longer one is an
+            :class:`~acollect.errors.EnvError` naming the env. ``None``: no limit.
+        categorical_action_encoding (bool): ``Discrete`` actions as an index (default) or one-hot.
+
+    Raises:
+        ConfigurationError: ``make_env`` does not build an ``AsyncEnv`` whose ``reset``/``step`` are
+            coroutines, the envs' spaces differ, or an argument is out of range.
+
+    Examples:
+        >>> import torch
+        >>> from acollect.testing import AsyncCountingEnv
+        >>> pool = AsyncEnvPool(AsyncCountingEnv, num_envs=3)
+        >>> root = pool.reset()  # blocking use: a private event loop steps the envs together
+        >>> pool.step(root.set("action", torch.zeros(3, dtype=torch.int64)))["observation"].squeeze(-1).tolist()
+        [1.0, 1.0, 1.0]
+        >>> pool.close()
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[], AsyncEnv],
+        num_envs: int,
+        *,
+        step_timeout: float | None = None,
+        categorical_action_encoding: bool = True,
+    ) -> None:
+        if not callable(make_env):
+            raise ConfigurationError.bad_value("make_env", make_env, "a zero-argument callable building an AsyncEnv")
+        n = check_int("num_envs", num_envs, minimum=1)
+        check_seconds("step_timeout", step_timeout, optional=True)
+        self.step_timeout = None if step_timeout is None else float(step_timeout)
+        made_by = f"make_env={getattr(make_env, '__qualname__', make_env)!r}"
+        self.envs: list[AsyncEnv] = [check_async_env(make_env(), made_by) for _ in range(n)]
+        first = self.envs[0]
+        for i, env in enumerate(self.envs[1:], 1):
+            if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                raise ConfigurationError(
+                    f"env {i} has spaces {env.observation_space} / {env.action_space} where env 0 has "
+                    f"{first.observation_space} / {first.action_space}: every env of a pool must share them"
+                )
+        self.batch_size = torch.Size([n])
+        self.observation_spec, self.leaves = observation_layout(first.observation_space, self.device)
+        self.action_spec = space_to_spec(first.action_space, categorical=categorical_action_encoding)
+        #: Discrete actions reach the envs as Python ints (JSON-friendly); the others as numpy arrays
+        self.int_actions = isinstance(first.action_space, spaces.Discrete) and categorical_action_encoding
+        leaf_specs = [self.observation_spec[leaf.key] for leaf in self.leaves]
+        self.checker = StepChecker(
+            self.leaves,
+            [tuple(spec.shape) for spec in leaf_specs],
+            [torch.empty(0, dtype=spec.dtype).numpy().dtype for spec in leaf_specs],
+            [type(env).__name__ for env in self.envs],
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._envs_closed = False
+
+    # -- the envs' calls: deadlines and errors -------------------------------------------
+    async def call_step(self, i: int, action: Any) -> Any:
+        """Awaits env ``i``'s ``step(action)`` under ``step_timeout``; errors become :class:`EnvError`."""
+        env = self.envs[i]
+        try:
+            if self.step_timeout is None:
+                return await env.step(action)
+            with anyio.move_on_after(self.step_timeout) as scope:
+                return await env.step(action)
+        except Exception as exc:
+            raise EnvError(f"env {i} ({type(env).__name__}).step raised {type(exc).__name__}: {exc}") from exc
+        assert scope.cancelled_caught
+        raise EnvError(f"env {i} ({type(env).__name__}).step took longer than step_timeout={self.step_timeout}s")
+
+    async def call_reset(self, i: int, seed: int | None = None) -> Any:
+        """Awaits env ``i``'s ``reset(seed=seed)``; returns the checked observation."""
+        env = self.envs[i]
+        try:
+            with anyio.move_on_after(self.step_timeout if self.step_timeout is not None else float("inf")) as scope:
+                return self.checker.split_reset(i, await env.reset(seed=seed))
+        except EnvError:
+            raise
+        except Exception as exc:
+            raise EnvError(f"env {i} ({type(env).__name__}).reset raised {type(exc).__name__}: {exc}") from exc
+        assert scope.cancelled_caught
+        raise EnvError(f"env {i} ({type(env).__name__}).reset took longer than step_timeout={self.step_timeout}s")
+
+    def action_for(self, i: int, actions: np.ndarray) -> Any:
+        """Env ``i``'s action out of a ``[n, ...]`` array, as the env receives it."""
+        return int(actions[i]) if self.int_actions else actions[i].copy()
+
+    async def aclose_envs(self, timeout: float | None = None) -> None:
+        """Awaits every env's ``aclose()`` concurrently, each under ``timeout`` (:data:`ACLOSE_TIMEOUT`); once.
+
+        Shielded: a cancelled caller still closes every env.
+        """
+        if self._envs_closed:
+            return
+        timeout = ACLOSE_TIMEOUT if timeout is None else timeout
+        self._envs_closed = True
+
+        async def close_one(i: int, env: AsyncEnv) -> None:
+            with anyio.move_on_after(timeout) as scope:
+                try:
+                    await env.aclose()
+                except Exception as exc:  # one env's failed clean-up must not keep the others open
+                    logger.warning("env %d (%s).aclose() raised %s: %s", i, type(env).__name__,
+                                   type(exc).__name__, exc)  # fmt: skip
+            if scope.cancelled_caught:
+                logger.warning("env %d (%s).aclose() took longer than %.1fs", i, type(env).__name__, timeout)
+
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for i, env in enumerate(self.envs):
+                    tg.start_soon(close_one, i, env)
+
+    # -- the blocking EnvBase API: lockstep on a private loop ------------------------------------
+    def _run(self, coro_fn: Callable[[], Any]) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise EnvError(
+                "AsyncEnvPool's blocking methods were called on a running event loop: the in-process Collector "
+                "steps a pool on its loop by itself; elsewhere call them from plain (non-async) code"
+            )
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro_fn())
+
+    def _views(self, td: TensorDictBase) -> list[np.ndarray]:
+        return [td.get(leaf.key).numpy() for leaf in self.leaves]
+
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        self._check_open()
+        rows = range(self.num_envs) if mask is None else np.flatnonzero(mask.reshape(-1).cpu().numpy()).tolist()
+        views = self._views(out)
+
+        async def reset_all() -> list[Any]:
+            return await asyncio.gather(*(self.call_reset(i, None if seed is None else seed + i) for i in rows))
+
+        for i, obs in zip(rows, self._run(reset_all), strict=True):
+            self.checker.write_obs(i, "reset", obs, views, i)
+            for key in DONE_KEYS:
+                out.get(key)[i] = False
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        self._check_open()
+        actions = action.detach().cpu().numpy()
+        next_views, root_views = self._views(next_out), self._views(root_out)
+        reward = next_out.get("reward").numpy().reshape(-1)
+        flags = {key: next_out.get(key).numpy().reshape(-1) for key in DONE_KEYS}
+        checker = self.checker
+
+        async def step_one(i: int) -> None:
+            obs, reward[i], term, trunc = checker.split_step(i, await self.call_step(i, self.action_for(i, actions)))
+            checker.write_obs(i, "step", obs, next_views, i)
+            flags["terminated"][i], flags["truncated"][i], flags["done"][i] = term, trunc, term or trunc
+            if term or trunc:
+                obs = await self.call_reset(i)
+            checker.write_obs(i, "step", obs, root_views, i)
+
+        async def step_all() -> None:
+            await asyncio.gather(*(step_one(i) for i in range(self.num_envs)))
+
+        self._run(step_all)
+        for key in DONE_KEYS:
+            root_out.get(key).zero_()
+
+    def _close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            try:
+                loop.run_until_complete(self.aclose_envs())
+            finally:
+                loop.close()
+        elif not self._envs_closed:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # never used, or used by a collector that did not close the envs: close them now
+                asyncio.run(self.aclose_envs())
+            else:
+                logger.warning("AsyncEnvPool.close() on a running loop: await pool.aclose_envs() first")

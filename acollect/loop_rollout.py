@@ -1,0 +1,180 @@
+"""Coroutine envs driven from blocking code: :class:`LoopRollout`, one batch at a time on a loop of its own.
+
+A worker process (``MultiSyncCollector`` and the other worker collectors) runs plain blocking code
+around a :class:`~acollect.rollout.RolloutEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
+it runs a :class:`LoopRollout` instead: the same surface (``collect(stop, out=)``, ``allocate()``,
+the counters, ``seed``/``restart``), over an :class:`~acollect.async_rollout.AsyncRollout` on an
+event loop the worker owns. Each ``collect`` runs that loop until the batch is complete, so the
+worker's envs follow the same batching rule as in the in-process ``Collector``; between batches the
+loop stands still (and so do the envs). Setting ``stop`` ends ``collect`` with
+:class:`~acollect.rollout.RolloutInterrupted` within a few milliseconds, losing nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import anyio
+from tensordict import TensorDict
+
+from acollect._tasks import TaskOwner
+from acollect.async_rollout import AsyncRollout
+from acollect.envs.async_pool import AsyncEnvPool
+from acollect.policy import PolicyAdapter
+from acollect.rollout import RolloutInterrupted
+
+__all__ = ["LoopRollout"]
+
+#: how often a running ``collect`` looks at its stop event
+_STOP_POLL_SECONDS = 0.005
+
+
+class LoopRollout:
+    """An :class:`AsyncRollout` with :class:`~acollect.rollout.RolloutEngine`'s blocking surface.
+
+    Examples:
+        >>> from acollect.devices import resolve_devices
+        >>> from acollect.policy import RandomPolicy
+        >>> from acollect.testing import AsyncCountingEnv
+        >>> pool = AsyncEnvPool(AsyncCountingEnv, num_envs=2)
+        >>> engine = LoopRollout(AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), frames_per_batch=8,
+        ...                                   devices=resolve_devices()))
+        >>> engine.collect()["next", "observation"][1, :, 0].tolist()
+        [1.0, 2.0, 3.0, 4.0]
+        >>> engine.close()
+    """
+
+    def __init__(self, rollout: AsyncRollout) -> None:
+        self.rollout = rollout
+        self._loop = asyncio.new_event_loop()
+        self._tasks: TaskOwner | None = None
+        self._failure: BaseException | None = None
+
+    # -- RolloutEngine's surface ---------------------------------------------------------
+    @property
+    def env(self) -> AsyncEnvPool:
+        return self.rollout.env
+
+    @property
+    def policy(self) -> PolicyAdapter:
+        return self.rollout.policy
+
+    @property
+    def n_envs(self) -> int:
+        return self.rollout.n_envs
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.rollout.frames_per_batch
+
+    @property
+    def steps(self) -> int:
+        return self.rollout.steps
+
+    @property
+    def discarded_frames(self) -> int:
+        return self.rollout.discarded_frames
+
+    @property
+    def in_batch(self) -> bool:
+        """Never: the loop stands still between calls, and weights may be applied then."""
+        return False
+
+    @property
+    def frames(self) -> int:
+        return self.rollout.frames
+
+    @frames.setter
+    def frames(self, value: int) -> None:
+        self.rollout.frames = value
+
+    @property
+    def policy_version(self) -> int:
+        return self.rollout.policy_version
+
+    @policy_version.setter
+    def policy_version(self, value: int) -> None:
+        self.rollout.policy_version = value
+
+    @property
+    def next_traj_counter(self) -> int:
+        return self.rollout.next_traj_counter
+
+    @next_traj_counter.setter
+    def next_traj_counter(self, value: int) -> None:
+        self.rollout.next_traj_counter = value
+
+    def seed(self, seed: int) -> None:
+        self.rollout.seed(seed)
+
+    def restart(self) -> None:
+        self.rollout.restart()
+
+    # -- running the loop -------------------------------------------------------------------
+    def _failed(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+
+    async def _start(self) -> TaskOwner:
+        if self._tasks is None:
+            self._tasks = TaskOwner("worker-async-envs", on_failure=self._failed)
+            self._tasks.ensure_group()
+            await self._tasks.started()
+        await self.rollout.ensure_running(self._tasks.spawn)
+        return self._tasks
+
+    def allocate(self) -> TensorDict:
+        """Empty buffers with the layout of one batch (resets the envs and probes the policy first)."""
+        self._loop.run_until_complete(self._start())
+        return self.rollout.empty_batch()
+
+    def collect(self, stop: threading.Event | None = None, *, out: TensorDict | None = None) -> TensorDict:
+        """Runs the loop until a batch is complete; ``stop`` interrupts it (nothing is lost)."""
+        batch = self._loop.run_until_complete(self._collect(stop))
+        if out is None:
+            return batch
+        out.copy_(batch)
+        out.names = [None, "time"]
+        return out
+
+    async def _collect(self, stop: threading.Event | None) -> TensorDict:
+        tasks = await self._start()
+        taken: list[TensorDict] = []
+        async with anyio.create_task_group() as tg:
+
+            async def take() -> None:
+                taken.append(await self.rollout.collect(tasks.spawn))
+                tg.cancel_scope.cancel()
+
+            async def watch() -> None:
+                # ``stop`` is a threading.Event set by another thread: nothing on this loop wakes for it.
+                while True:
+                    if self._failure is not None or (stop is not None and stop.is_set()):
+                        break
+                    await anyio.sleep(_STOP_POLL_SECONDS)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(take)
+            tg.start_soon(watch)
+        if taken:
+            return taken[0]
+        if self._failure is not None:
+            raise self._failure
+        raise RolloutInterrupted
+
+    def close(self) -> None:
+        """Stops the env tasks, awaits every env's ``aclose()``, closes the policy and the loop; idempotent."""
+        if self._loop.is_closed():
+            return
+
+        async def close_all() -> None:
+            await self.rollout.aclose()
+            if self._tasks is not None:
+                await self._tasks.aclose(5.0)
+
+        try:
+            self._loop.run_until_complete(close_all())
+        finally:
+            self._loop.close()
+
