@@ -46,10 +46,10 @@ _EXTRAS = {
     "torchrl": ["torchrl"],
     "ray": ["ray"],
     "submitit": ["submitit"],
-    "examples": ["tyro"],
+    "examples": ["tyro", "aiohttp"],
     "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"],
     "dev": ["pytest", "pytest-asyncio", "pytest-timeout", "trio", "hypothesis", "ruff", "mypy", "mkdocs",
-            "mkdocs-material", "mkdocstrings", "tyro", "tqdm"],
+            "mkdocs-material", "mkdocstrings", "tyro", "tqdm", "aiohttp"],
 }
 
 
