@@ -11,7 +11,9 @@ Contenders, each for ``--seconds`` per round, rounds in turns:
 
 * ``baseline``: the ticker and the sampler alone, on a buffer filled beforehand (the floor);
 * ``Collector``: in-process, ``GymEnv("CartPole-v1", num_envs=8)``, 2048 frames per batch;
-* ``MultiSyncCollector``: 2 workers x 16 envs, 2048 frames per batch.
+* ``MultiSyncCollector``: 2 workers x 16 envs, 2048 frames per batch (on 2 cores, the workers and the
+  trainer share them);
+* ``MultiSyncCollector-1``: 1 worker x 16 envs, 2048 frames per batch (a core left to the trainer).
 
 The policy is the reference MLP in a ``TensorDictModule``. The goal is a p99 lateness of at most
 2 ms, and no garbage collection of acollect's making over 10 ms.
@@ -112,7 +114,7 @@ def _collector(kind: str, args: argparse.Namespace) -> Any:
             total_frames=-1,
         )  # fmt: skip
     return MultiSyncCollector(
-        functools.partial(GymEnv, ENV_ID, num_envs=16), policy, num_workers=2,
+        functools.partial(GymEnv, ENV_ID, num_envs=16), policy, num_workers=1 if kind.endswith("-1") else 2,
         frames_per_batch=args.frames_per_batch, total_frames=-1,
     )  # fmt: skip
 
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     single_thread_torch()
     machine = machine_info()
-    kinds = ("baseline", "Collector", "MultiSyncCollector")
+    kinds = ("baseline", "Collector", "MultiSyncCollector", "MultiSyncCollector-1")
     rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for r in range(args.rounds):
         for kind in kinds:
