@@ -27,6 +27,8 @@ errors pass through untouched::
 
 from __future__ import annotations
 
+import signal
+
 __all__ = [
     "AcollectError",
     "BackgroundCollectionError",
@@ -35,6 +37,7 @@ __all__ = [
     "ConfigurationError",
     "EmptyBufferError",
     "EnvError",
+    "InferenceServerError",
     "PolicyError",
     "ProtocolError",
     "RemoteError",
@@ -43,6 +46,7 @@ __all__ = [
     "WorkerCrashedError",
     "WorkerError",
     "WorkerTimeoutError",
+    "describe_exit",
 ]
 
 
@@ -87,6 +91,38 @@ class EnvError(AcollectError):
 
 class PolicyError(AcollectError):
     """A policy broke its contract (did not write ``"action"``, wrong shape, ...)."""
+
+
+class InferenceServerError(PolicyError):
+    """An inference server process failed: its policy raised, or the process died.
+
+    Attributes:
+        pid: the server process's id.
+        exitcode: its exit code once known (negative: killed by that signal number), else ``None``.
+        type_name: the qualified name of the exception raised there (``""`` if it died without one).
+        remote_traceback: the traceback formatted there (``""`` if none).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pid: int | None = None,
+        exitcode: int | None = None,
+        type_name: str = "",
+        remote_traceback: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.exitcode = exitcode
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        if self.remote_traceback:
+            return f"{base}\n\nTraceback in the inference server process (pid {self.pid}):\n{self.remote_traceback}"
+        return base
 
 
 class WorkerError(AcollectError):
@@ -166,3 +202,23 @@ class TransportError(AcollectError):
 
 class ProtocolError(TransportError):
     """A message was malformed, replayed, oversized or of another protocol version."""
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Says how a process ended.
+
+    Examples:
+        >>> describe_exit(-9)
+        'killed by signal 9 (SIGKILL)'
+        >>> describe_exit(1)
+        'exit code 1'
+    """
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-exitcode} ({name})"
+    return f"exit code {exitcode}"

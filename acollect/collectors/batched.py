@@ -3,8 +3,9 @@
 The workers are the same processes as :class:`~acollect.MultiAsyncCollector`'s (same launchers, same
 rollout engine, same batch layout, crash and hang detection, credits), except that their policy is a
 :class:`~acollect.inference.client.RemotePolicy`: at every step each worker sends its observations to
-an :class:`~acollect.InferenceServer` in this process, which runs one forward pass over the observations
-of every waiting worker, on the trainer's device, in a thread of its own. Weight updates are one copy
+an :class:`~acollect.InferenceServer`, which runs one forward pass over the observations of every waiting
+worker, on the trainer's device, in a process of its own (or, with ``server="thread"``, a thread of the
+trainer's). Weight updates are one copy
 into the server's inference copy of the policy, between two forward passes.
 
 Examples:
@@ -35,9 +36,10 @@ from acollect._validate import check_int, check_seconds
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.dispatch import FirstReady
 from acollect.collectors.options import WorkerOptions, WorkerSettings
-from acollect.errors import CollectorStateError, ConfigurationError, WorkerTimeoutError
+from acollect.errors import CollectorStateError, ConfigurationError, WorkerError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY
+from acollect.inference.server import MODES
 from acollect.policy import PolicyLike
 from acollect.pool import Received
 from acollect.stats import CollectorStats
@@ -47,7 +49,7 @@ __all__ = ["AsyncBatchedCollector"]
 
 
 class AsyncBatchedCollector(MultiCollectorBase):
-    """Env worker processes and one batched forward pass in this process: central inference.
+    """Env worker processes and one batched forward pass in an inference server process: central inference.
 
     Each worker steps its envs and sends their observations to the collector's
     :class:`~acollect.InferenceServer`, which runs the policy once on the observations of all waiting workers
@@ -68,7 +70,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             :meth:`update_policy_weights_` copies its weights into the server's copy.
 
     Keyword Args:
-        policy_factory (callable | None): builds the server's policy in this process instead of ``policy``.
+        policy_factory (callable | None): builds the server's policy instead of ``policy`` (in the server process).
         max_batch_size (int | None): the most observations in one forward pass (default: every env of every
             worker).
         max_wait (float): seconds a waiting observation may wait for others to join its forward pass (default
@@ -80,6 +82,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
             to the server. It pays where a core is free for the server while every worker steps: ``None`` (the
             default) turns it on when this machine has more cores than ``num_workers + 1``. Applies where
             ``env_kwargs`` has ``num_envs >= 2`` and ``init_random_frames`` is 0; batches keep their layout.
+        server (str): where the inference server's loop runs: ``"process"`` (default), a process of its own, owned
+            like a worker (its crash or hang breaks the collector within about a second, with its exit code or
+            traceback), so that no step waits for the trainer's GIL; ``"thread"``, a thread of this process: no
+            process to start, but every pass shares the trainer's GIL (the trainer's Python code and the
+            workers' steps wait for each other).
         **options: the options of :class:`~acollect.MultiAsyncCollector` (``frames_per_batch``,
             ``total_frames``, ``num_workers``, ``env_device``, ``storing_device``, ``env_kwargs``, launchers,
             timeouts, ``copy_batches``, ``postproc``, ...), checked as there. ``policy_device`` means ``device``.
@@ -100,6 +107,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         max_wait: float = 0.002,
         credits: int = 2,
         double_buffer: bool | None = None,
+        server: str = "process",
         **options: Unpack[WorkerOptions],
     ) -> None:
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1, optional=True)
@@ -107,6 +115,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if double_buffer is not None and not isinstance(double_buffer, bool):
             raise ConfigurationError.bad_value("double_buffer", double_buffer, "True, False or None (where it pays)")
         self.double_buffer = double_buffer
+        if server not in MODES:
+            raise ConfigurationError.bad_value("server", server, f"one of {MODES}")
+        self.server_mode = server
         rest: dict[str, Any] = dict(options)
         device, policy_device = rest.pop("device", None), rest.pop("policy_device", None)
         if device is not None and policy_device is not None:
@@ -155,6 +166,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             keys=self.settings.keys,
             # A forward pass that never returns is the server's hang, reported as such, not as hung workers.
             hang_timeout=self.settings.heartbeat_timeout,
+            mode=self.server_mode,
         )
         server.version = self._initial_version
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
@@ -166,6 +178,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
                 config.inference["keys"] = server.local_client_keys()
         server.expect_sources(self.num_workers)
+        await server.flush()  # the server process holds the workers' keys before any worker connects
         await super()._setup()
         if self.max_batch_size is None:
             assert self._pool is not None
@@ -195,7 +208,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
             hung = server.hung_error(timeout=self.settings.heartbeat_timeout / 2)
             if hung is not None:
                 exc = hung
-        super()._fail(exc)
+        # A server process that died closes every worker's connection: report its end, not theirs.
+        ended = server.failure_now() if server is not None and isinstance(exc, WorkerError) else None
+        super()._fail(ended if ended is not None else exc)
 
     @property
     def rejected_peers(self) -> int:

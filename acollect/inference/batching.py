@@ -11,12 +11,14 @@ Plain synchronous code, run by the server's own thread (see :mod:`acollect.infer
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
@@ -25,7 +27,7 @@ from acollect.errors import PolicyError
 from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect.rollout import exploration
 
-__all__ = ["Batcher", "Forward", "InferenceStats", "Request", "StatsRecorder"]
+__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Request", "StatsRecorder"]
 
 _DONE_KEYS = ("done", "terminated", "truncated")
 _LATENCY_WINDOW = 1024
@@ -223,42 +225,109 @@ class InferenceStats:
         return asdict(self)
 
 
-class StatsRecorder:
-    """Counts passes, rows and latencies (written by the server thread, read by anyone: plain ints and a deque)."""
+#: the fields of a stats board, by index; the latency ring follows them
+_BOARD_FIELDS = (
+    "passes", "requests", "rows", "slot_requests", "forward_s", "dropped_requests", "version", "pass_started",
+    "latency_count", "rejected_peers",
+)  # fmt: skip
+_FIELD = {name: i for i, name in enumerate(_BOARD_FIELDS)}
+#: float64 entries of a board: the fields, then the last ``_LATENCY_WINDOW`` latencies (a ring)
+BOARD_SIZE = len(_BOARD_FIELDS) + _LATENCY_WINDOW
 
-    def __init__(self, max_batch_size: int) -> None:
+
+def _board_field(name: str) -> Any:
+    index = _FIELD[name]
+
+    def get(self: StatsRecorder) -> float:
+        return float(self.board[index])
+
+    def set_(self: StatsRecorder, value: float) -> None:
+        self.board[index] = value
+
+    return property(get, set_)
+
+
+class StatsRecorder:
+    """Counts passes, rows and latencies, and says which pass runs: written by the server's loop, read by anyone.
+
+    Everything lives in one float64 array, the *board*: a plain array for a server thread, or one mapped from
+    shared memory, so that the trainer reads the figures (and the start of a hung pass) of a server process
+    without asking it. Aligned 8-byte writes are atomic here: a reader sees each figure whole.
+
+    Args:
+        max_batch_size: for the fill rate.
+        board: ``BOARD_SIZE`` float64 entries to keep the figures in (``None``: a fresh private array).
+
+    Examples:
+        >>> rec = StatsRecorder(8)
+        >>> rec.record([Request({}, 4, arrived=0.0)], started=0.0, ended=0.002)
+        >>> snap = rec.snapshot()
+        >>> snap.passes, snap.rows, snap.fill_rate, round(snap.latency_ms_p50, 3)
+        (1, 4, 0.5, 2.0)
+    """
+
+    passes = _board_field("passes")
+    requests = _board_field("requests")
+    rows = _board_field("rows")
+    slot_requests = _board_field("slot_requests")
+    forward_s = _board_field("forward_s")
+    dropped_requests = _board_field("dropped_requests")
+    version = _board_field("version")
+    rejected_peers = _board_field("rejected_peers")
+
+    def __init__(self, max_batch_size: int, board: np.ndarray | None = None) -> None:
         self.max_batch_size = max_batch_size
-        self.passes = 0
-        self.requests = 0
-        self.rows = 0
-        self.slot_requests = 0
-        self.forward_s = 0.0
-        self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
-        self.dropped_requests = 0
+        if board is None:
+            board = np.zeros(BOARD_SIZE, dtype=np.float64)
+        if board.dtype != np.float64 or board.shape != (BOARD_SIZE,):
+            raise ValueError(f"a stats board is {BOARD_SIZE} float64 entries, got {board.dtype} {board.shape}")
+        self.board = board
+        self.board[_FIELD["pass_started"]] = math.nan
+
+    @property
+    def pass_started(self) -> float | None:
+        """When the forward pass in progress started (``time.monotonic()``, the same clock in every process of
+        this host); ``None`` while none runs."""
+        value = float(self.board[_FIELD["pass_started"]])
+        return None if math.isnan(value) else value
+
+    @pass_started.setter
+    def pass_started(self, value: float | None) -> None:
+        self.board[_FIELD["pass_started"]] = math.nan if value is None else value
 
     def record(self, requests: Sequence[Request], started: float, ended: float) -> None:
-        self.passes += 1
-        self.requests += len(requests)
-        self.rows += sum(r.rows for r in requests)
-        self.slot_requests += sum(1 for r in requests if r.answer is not None)
-        self.forward_s += ended - started
-        self.latencies.extend(ended - r.arrived for r in requests)
+        board = self.board
+        board[_FIELD["passes"]] += 1
+        board[_FIELD["requests"]] += len(requests)
+        board[_FIELD["rows"]] += sum(r.rows for r in requests)
+        board[_FIELD["slot_requests"]] += sum(1 for r in requests if r.answer is not None)
+        board[_FIELD["forward_s"]] += ended - started
+        ring = len(_BOARD_FIELDS)
+        count = int(board[_FIELD["latency_count"]])
+        for request in requests:
+            board[ring + count % _LATENCY_WINDOW] = ended - request.arrived
+            count += 1
+        board[_FIELD["latency_count"]] = count
 
-    def snapshot(self, version: int, rejected_peers: int = 0) -> InferenceStats:
-        latencies = sorted(self.latencies)
-        mean_batch = self.rows / self.passes if self.passes else 0.0
+    def snapshot(self, rejected_peers: int | None = None) -> InferenceStats:
+        board = self.board.copy()  # one read: the figures of one moment (up to a pass in progress)
+        passes, rows = int(board[_FIELD["passes"]]), int(board[_FIELD["rows"]])
+        count = min(int(board[_FIELD["latency_count"]]), _LATENCY_WINDOW)
+        ring = len(_BOARD_FIELDS)
+        latencies = sorted(board[ring : ring + count].tolist())
+        mean_batch = rows / passes if passes else 0.0
         return InferenceStats(
-            passes=self.passes,
-            requests=self.requests,
-            rows=self.rows,
-            slot_requests=self.slot_requests,
+            passes=passes,
+            requests=int(board[_FIELD["requests"]]),
+            rows=rows,
+            slot_requests=int(board[_FIELD["slot_requests"]]),
             mean_batch_size=mean_batch,
             fill_rate=mean_batch / self.max_batch_size if self.max_batch_size else 0.0,
             latency_ms_mean=1000 * sum(latencies) / len(latencies) if latencies else None,
             latency_ms_p50=1000 * latencies[len(latencies) // 2] if latencies else None,
             latency_ms_p99=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
-            forward_ms_mean=1000 * self.forward_s / self.passes if self.passes else None,
-            policy_version=version,
-            dropped_requests=self.dropped_requests,
-            rejected_peers=rejected_peers,
+            forward_ms_mean=1000 * float(board[_FIELD["forward_s"]]) / passes if passes else None,
+            policy_version=int(board[_FIELD["version"]]),
+            dropped_requests=int(board[_FIELD["dropped_requests"]]),
+            rejected_peers=int(board[_FIELD["rejected_peers"]]) if rejected_peers is None else rejected_peers,
         )

@@ -113,6 +113,15 @@ class Mailbox:
         for sock in (self.wake_r, self.wake_w, self.done_r, self.done_w):
             sock.setblocking(False)
 
+    def fileno(self) -> int:
+        """The descriptor the server's loop waits on for its mail."""
+        return self.wake_r.fileno()
+
+    def receive(self) -> None:
+        """Takes what woke the server's loop (here: the wake-up bytes; the requests are in the deques)."""
+        with contextlib.suppress(BlockingIOError):
+            self.wake_r.recv(4096)
+
     def poke(self) -> None:
         """Wakes the server thread (from the event loop)."""
         with contextlib.suppress(BlockingIOError, OSError):  # a full pair already holds a wake-up
@@ -161,20 +170,35 @@ class ServerLoop:
         self.sock = sock
         self.hub = hub
         self._close_socket = close_socket
-        #: version of the weights the next forward pass runs with
-        self.version = 0
         self._layouts = LayoutCache(P.TO_SERVER)
         self._encoder = Encoder()
         self._drops = DropReport()
         if hub is not None:
             hub.on_malformed = self._dropped
-        #: when the forward pass in progress started (``time.monotonic()``; ``None``: none runs). Read by the
-        #: event loop's liveness check: a pass that never returns shows as a hung server, not as hung clients.
-        self.pass_started: float | None = None
+
+    @property
+    def version(self) -> int:
+        """Version of the weights the next forward pass runs with (kept on the stats board)."""
+        return int(self.recorder.version)
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.recorder.version = value
+
+    @property
+    def pass_started(self) -> float | None:
+        """When the forward pass in progress started (``None``: none runs), on the stats board: the liveness check
+        reads it, from the event loop or from another process; a pass that never returns shows as a hung server,
+        not as hung clients."""
+        return self.recorder.pass_started
+
+    @pass_started.setter
+    def pass_started(self, value: float | None) -> None:
+        self.recorder.pass_started = value
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
-        waiter = Waiter([self.mail.wake_r.fileno(), *(self.hub.fds() if self.hub is not None else ())], self.sock)
+        waiter = Waiter([self.mail.fileno(), *(self.hub.fds() if self.hub is not None else ())], self.sock)
         if self.hub is not None:
             self.hub.on_fds = waiter.watch
         batcher = self.batcher
@@ -212,8 +236,7 @@ class ServerLoop:
         )
 
     def _take_requests(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            self.mail.wake_r.recv(4096)
+        self.mail.receive()
         inbox = self.mail.inbox
         while inbox:
             request = inbox.popleft()

@@ -1,11 +1,19 @@
-"""The inference server: one batched forward pass for many clients, in a thread of its own.
+"""The inference server: one batched forward pass for many clients, in a process of its own by default.
 
-Clients are env worker processes (a :class:`~acollect.inference.client.RemotePolicy`: raw tensor frames over
-ZeroMQ, never pickled, or on this host shared-memory slots, :mod:`acollect.inference.slots`) and async code in
-this process (:meth:`InferenceServer.infer`). The server thread gathers their requests
-(:class:`~acollect.inference.batching.Batcher`), concatenates them, runs the policy once on its device
-and scatters the outputs back. The event loop never waits on a forward pass: it only hands requests to
-the thread (a byte on a socket pair wakes it) and is woken by one when answers are ready.
+Clients are env worker processes (a :class:`~acollect.inference.client.RemotePolicy`: on this host,
+shared-memory slots, :mod:`acollect.inference.slots`; from other hosts, raw tensor frames over ZeroMQ, never
+pickled) and async code in this process (:meth:`InferenceServer.infer`). The server's loop gathers their requests
+(:class:`~acollect.inference.batching.Batcher`), concatenates them, runs the policy once on its device and
+scatters the outputs back.
+
+Where the loop runs (``mode``):
+
+* ``"process"`` (the default, :mod:`acollect.inference.process_engine`): a process of its own, owned like a
+  worker. Workers reach it directly, so no step waits for the trainer's GIL, and the trainer's Python code
+  never waits for the server's. The trainer reads its figures from shared memory and sends weights through
+  shared memory; its crash or hang breaks its owner within about a second, with its exit code or traceback.
+* ``"thread"`` (:mod:`acollect.inference.thread_engine`): a thread of this process. Nothing to start and no copy
+  of the trainer's own requests, but every forward pass and every step's bookkeeping shares the trainer's GIL.
 
 Weights: the server runs its own *inference copy* of the policy. :meth:`InferenceServer.update_policy_weights_`
 copies new weights into it between two forward passes, so training never races inference on the same
@@ -18,9 +26,8 @@ task of its own fails (the failure kept, and raised from every later call), ``CL
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,33 +38,36 @@ from tensordict.nn import InteractionType
 
 from acollect._lifecycle import CollectorState, Lifecycle
 from acollect._tasks import TaskOwner
-from acollect._threads import run_in_thread
 from acollect._validate import check_int, check_seconds
 from acollect.devices import DeviceLike
 from acollect.errors import CollectorStateError, ConfigurationError, PolicyError
-from acollect.inference.batching import Batcher, Forward, InferenceStats, Request, StatsRecorder
+from acollect.inference.batching import InferenceStats, Request, StatsRecorder
+from acollect.inference.build import ServerSpec
 from acollect.inference.codec import leaves_of
-from acollect.inference.loop import Mailbox, ServerLoop, Ticket
-from acollect.inference.slot_hub import SlotHub
+from acollect.inference.loop import Ticket
+from acollect.inference.process_engine import ProcessEngine
+from acollect.inference.thread_engine import ThreadEngine
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.transport.auth import ClientKeys, ServerKeys, as_server_keys
-from acollect.transport.server_socket import ServerSocket
-from acollect.transport.shm import shm_available
-from acollect.weights import as_weights, check_weights, one_source, structure_of
+from acollect.weights import as_weights, check_weights, one_source
 
 __all__ = ["InferenceServer"]
 
 _CLOSE_TIMEOUT = 10.0
 
+#: where the server's loop runs
+MODES = ("process", "thread")
+
 
 class InferenceServer:
-    """Batches the observations of many clients into one forward pass of a policy, in its own thread.
+    """Batches the observations of many clients into one forward pass of a policy, in a process of its own.
 
     Args:
         policy: the policy (a ``TensorDictModule``, an ``nn.Module`` taking the observation, or a callable on
-            TensorDicts). The server runs a copy of it (``copy.deepcopy``, moved to ``device``); the original
-            stays the caller's, to train.
-        policy_factory: a zero-argument callable building the server's policy instead of ``policy``.
+            TensorDicts). The server runs a copy of it (sent to the server process with cloudpickle, or
+            ``copy.deepcopy`` in thread mode; moved to ``device``); the original stays the caller's, to train.
+        policy_factory: a zero-argument callable building the server's policy instead of ``policy`` (called in the
+            server process).
         max_batch_size: the most observations in one forward pass.
         max_wait: seconds the oldest waiting request may wait for more to join it before the pass runs anyway.
         device: where the policy runs (``None``: where its parameters are, else the CPU).
@@ -72,6 +82,10 @@ class InferenceServer:
             callers, and a collector it serves, get a :class:`~acollect.errors.PolicyError` saying so).
             ``None``: no limit.
         slots: same-host workers (``"ipc"`` address, no ``keys``) step through shared memory, not messages.
+        mode: ``"process"`` (default): the server's loop runs in a process of its own, with its own GIL (it costs
+            a process start, about a second, and a copy of each :meth:`infer` call's tensors); ``"thread"``: in a
+            thread of this process, sharing the trainer's GIL (see the module's notes).
+        num_threads: torch threads of the server process (default: this process's ``torch.get_num_threads()``).
 
     Examples:
         >>> import anyio, torch
@@ -100,6 +114,8 @@ class InferenceServer:
         keys: ServerKeys | str | os.PathLike[str] | None = None,
         hang_timeout: float | None = None,
         slots: bool = True,
+        mode: str = "process",
+        num_threads: int | None = None,
     ) -> None:
         if (policy is None) == (policy_factory is None):
             raise ConfigurationError.bad_value(
@@ -117,42 +133,47 @@ class InferenceServer:
             raise ConfigurationError.bad_value(
                 "address", address, "None, 'ipc', 'ipc://<path>' or 'tcp://<host>[:<port>]'"
             )
-        self._address_arg = address
         self._keys = as_server_keys("keys", keys)
         if self._keys is not None and address is None:
             raise ConfigurationError.bad_value(
                 "keys", keys, "None when address is None (keys guard the connections of worker processes)"
             )
+        if mode not in MODES:
+            raise ConfigurationError.bad_value("mode", mode, f"one of {MODES}")
+        self.mode = mode
+        threads = check_int("num_threads", num_threads, minimum=1, optional=True)
         self.hang_timeout = check_seconds("hang_timeout", hang_timeout, optional=True)
         self._policy_arg = policy
-        self._policy_factory = policy_factory
-        self._exploration = parse_exploration_type(exploration_type)
-        self.batcher = Batcher(self.max_batch_size, self.max_wait)
-        self._recorder = StatsRecorder(self.max_batch_size)
+        self._spec = ServerSpec(
+            policy=policy, policy_factory=policy_factory, max_batch_size=self.max_batch_size, max_wait=self.max_wait,
+            device=self.device, exploration=parse_exploration_type(exploration_type), address=address,
+            keys=self._keys, slots=bool(slots), num_threads=threads or torch.get_num_threads(),
+        )  # fmt: skip
         self._initial_version = 0
-        self._loop: ServerLoop | None = None
-        self._mail = Mailbox()
+        self._sources: int | None = None
+        self._engine: ThreadEngine | ProcessEngine | None = None
         self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
-        self._sock: ServerSocket | None = None
-        self._slots = bool(slots)
-        self._hub: SlotHub | None = None  # same-host workers' shared-memory slots (owned like the socket)
-        self._bound: ServerSocket | None = None  # the socket bound, kept after close for its counts
-        self._address: str | None = None
+        self._weights_lock = anyio.Lock()  # one update at a time: versions in call order, one staging area
         self._tasks: TaskOwner | None = None
         self._own_tasks = False
         self._scopes: list[anyio.CancelScope] = []
-        self._thread_done = anyio.Event()
         self._lifecycle = Lifecycle()  # the collectors' state machine: NEW, STARTING, RUNNING, BROKEN, CLOSED
 
     # -- life ----------------------------------------------------------------------------------
     @property
     def address(self) -> str | None:
         """Where worker processes connect (the real path or port), once started with an ``address``."""
-        return self._address
+        return self._engine.address if self._engine is not None else None
 
     @property
     def slot_address(self) -> str | None:
-        return self._hub.path if self._hub is not None else None  # same-host workers' slots (None: messages only)
+        """Where same-host workers hand over their shared-memory slots (``None``: messages only)."""
+        return self._engine.slot_address if self._engine is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        """The server process's id (``mode="process"``, once started); ``None`` in thread mode."""
+        return self._engine.pid if isinstance(self._engine, ProcessEngine) else None
 
     @property
     def secure(self) -> bool:
@@ -163,38 +184,62 @@ class InferenceServer:
     def rejected_peers(self) -> int:
         """Connection attempts refused by the server's CURVE keys (a key not on the allow-list, no CURVE, a
         wrong server key); each attempt of a peer that keeps retrying counts. ``0`` without ``keys``."""
-        bound = self._bound
-        return bound.rejected_connections if bound is not None else 0
+        return self._engine.rejected_peers if self._engine is not None else 0
 
     def local_client_keys(self) -> ClientKeys:
         """A fresh key pair the server accepts, for worker processes its owner starts (handed over privately).
 
+        In process mode the server takes the key from its next order on: ``await`` :meth:`flush` before a client
+        connects with it.
+
         Raises:
-            CollectorStateError: the server has no keys, or is not bound (started) yet.
+            CollectorStateError: the server has no keys, or is not started yet.
         """
-        sock = self._sock
-        if self._keys is None or sock is None:
+        engine = self._engine
+        if self._keys is None or engine is None or not self._lifecycle.set_up:
             raise CollectorStateError("local_client_keys() needs a started inference server with keys")
-        return sock.local_client_keys()
+        return engine.local_client_keys(self._keys.public)
+
+    async def flush(self) -> None:
+        """Returns once the server has taken every order given before (keys, batch sizes, sources)."""
+        self._check_running("flush()")
+        assert self._engine is not None
+        await self._engine.flush()
 
     def hung_error(self, timeout: float | None = None) -> PolicyError | None:
         """The error of a hung server (a :class:`~acollect.errors.PolicyError` naming it, how long the pass has run
         and the timeout) if a forward pass has run longer than ``timeout`` (default ``hang_timeout``), else ``None``."""
         limit = self.hang_timeout if timeout is None else timeout
-        if limit is None or self._loop is None:
+        engine = self._engine
+        if limit is None or engine is None:
             return None
-        return self._loop.hung_error(limit, f" at {self._address}" if self._address is not None else "")
+        started = engine.recorder.pass_started
+        ran = time.monotonic() - started if started is not None else 0.0
+        if started is None or ran <= limit:
+            return None
+        where = f" at {engine.address}" if engine.address is not None else ""
+        return PolicyError(
+            f"the inference server{where} is hung: a forward pass has run for {ran:.1f}s (timeout {limit:g}s): "
+            "the policy's forward has not returned"
+        )
+
+    def failure_now(self) -> PolicyError | None:
+        """The server's own end if it has ended (a server process that died or failed), else ``None``: what a
+        collector reports instead of its workers' view of it (they only see their connection close)."""
+        engine = self._engine
+        return engine.failure_now() if engine is not None else None
 
     @property
     def version(self) -> int:
         """Version of the weights the next forward pass runs with."""
-        return self._loop.version if self._loop is not None else self._initial_version
+        engine = self._engine
+        return int(engine.recorder.version) if engine is not None else self._initial_version
 
     @version.setter
     def version(self, value: int) -> None:
         self._initial_version = check_int("version", value)
-        if self._loop is not None:
-            self._loop.version = self._initial_version
+        if self._engine is not None:  # the board: the server's loop reads it at its next pass, in any process
+            self._engine.recorder.version = self._initial_version
 
     @property
     def running(self) -> bool:
@@ -203,13 +248,15 @@ class InferenceServer:
 
     def set_max_batch_size(self, value: int) -> None:
         """Changes ``max_batch_size`` (from the next forward pass on)."""
-        self.max_batch_size = self.batcher.max_batch_size = self._recorder.max_batch_size = check_int(
-            "max_batch_size", value, minimum=1
-        )
+        self.max_batch_size = self._spec.max_batch_size = check_int("max_batch_size", value, minimum=1)
+        if self._engine is not None:
+            self._engine.configure(max_batch_size=self.max_batch_size)
 
     def expect_sources(self, sources: int | None) -> None:
         """Runs a pass as soon as this many distinct remote clients (worker processes) all wait."""
-        self.batcher.sources = sources
+        self._sources = sources
+        if self._engine is not None:
+            self._engine.configure(sources=sources)
 
     async def __aenter__(self) -> InferenceServer:
         await self.start()
@@ -219,7 +266,7 @@ class InferenceServer:
         await self.async_shutdown()
 
     async def start(self, tasks: TaskOwner | None = None) -> None:
-        """Builds the inference copy of the policy, binds ``address`` and starts the server thread.
+        """Builds the inference copy of the policy, binds ``address`` and starts serving (a process or a thread).
 
         Args:
             tasks: the task group to run in (a collector's); ``None``: the server's own.
@@ -227,95 +274,54 @@ class InferenceServer:
         if self._lifecycle.state is not CollectorState.NEW:
             raise CollectorStateError(f"an inference server starts once (it is {self._lifecycle.state.value})")
         self._lifecycle.move(CollectorState.STARTING)
-        module = await run_in_thread(lambda _stop: self._build(), name="inference-build")
-        forward = Forward(module, self._device_of(module), self._exploration)
-        if self._address_arg is not None:
-            self._bind(self._address_arg)
-        self._loop = ServerLoop(self._mail, self.batcher, forward, self._recorder, self._sock, self._close_socket,
-                                self._hub)  # fmt: skip
-        self._loop.version = self._initial_version
+        engine = self._engine = (ThreadEngine if self.mode == "thread" else ProcessEngine)(
+            self._spec, self._initial_version
+        )
         if tasks is None:
             tasks = TaskOwner("InferenceServer", on_failure=self._fail)
             tasks.ensure_group()
             await tasks.started()
             self._own_tasks = True
         self._tasks = tasks
+        self._scopes = await engine.start(tasks, self._answered)
+        if self._sources is not None:
+            engine.configure(sources=self._sources)
         self._lifecycle.setup_finished()
-        self._scopes = [
-            tasks.spawn(self._run_thread, name="inference-server"),
-            tasks.spawn(self._deliver, name="inference-answers"),
-        ]
         if self.hang_timeout is not None:
             self._scopes.append(tasks.spawn(self._watch, self.hang_timeout, name="inference-liveness"))
 
-    def _build(self) -> Any:
-        module = self._policy_factory() if self._policy_factory is not None else copy.deepcopy(self._policy_arg)
-        if isinstance(module, torch.nn.Module):
-            if self.device is not None:
-                module = module.to(self.device)
-            module.eval()
-        return module
-
-    def _device_of(self, module: Any) -> torch.device:
-        if self.device is not None:
-            return self.device
-        if isinstance(module, torch.nn.Module):
-            for tensor in (*module.parameters(), *module.buffers()):
-                return tensor.device
-        return torch.device("cpu")
-
-    def _bind(self, address: str) -> None:
-        # Many workers each keep one request in flight: the queue bound is generous, the heartbeats a
-        # worker's own (a worker that vanished is noticed alike from either side).
-        self._sock = self._bound = ServerSocket(
-            address, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0, keys=self._keys
-        )
-        self._address = self._sock.address
-        if self._slots and self._keys is None and address.startswith("ipc") and shm_available():
-            self._hub = SlotHub()
+    def _answered(self, item: Request | Ticket) -> None:
+        event = self._events.get(item)
+        if event is not None:
+            event.set()
 
     async def async_shutdown(self, timeout: float = _CLOSE_TIMEOUT) -> None:
-        """Stops the server thread, answers every waiting caller with an error and frees the sockets. Idempotent.
+        """Stops serving, answers every waiting caller with an error and frees the sockets (and the server process:
+        asked to stop, killed after ``timeout``). Idempotent.
 
         Args:
-            timeout: seconds to wait for the server thread (and the server's own tasks) to end.
+            timeout: seconds to wait for the server (and the server's own tasks) to end.
         """
         lifecycle = self._lifecycle
         if lifecycle.closing:
             return
-        started = lifecycle.set_up  # the thread runs (or ran, until a failure)
         lifecycle.move(CollectorState.CLOSING)
         try:
-            await self._close(timeout, started)
+            with anyio.CancelScope(shield=True):
+                for scope in self._scopes:
+                    scope.cancel()
+                if self._engine is not None:
+                    await self._engine.close(timeout)
+                if self._own_tasks and self._tasks is not None:
+                    await self._tasks.aclose(timeout)
+                for event in self._events.values():
+                    event.set()  # their requests have no outputs: the callers raise that the server closed
         finally:
             lifecycle.move(CollectorState.CLOSED)
-
-    async def _close(self, timeout: float, started: bool) -> None:
-        with anyio.CancelScope(shield=True):
-            for scope in self._scopes:
-                scope.cancel()
-            if started:
-                with anyio.move_on_after(timeout):
-                    await self._thread_done.wait()
-            if self._own_tasks and self._tasks is not None:
-                await self._tasks.aclose(timeout)
-        for event in self._events.values():
-            event.set()  # their requests have no outputs: the callers raise that the server closed
-        if (self._sock is not None and self._thread_done.is_set()) or not started:
-            self._close_socket()
-        self._mail.close()
 
     async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
         """An alias of :meth:`async_shutdown`, for code that closes async resources with ``aclose()``."""
         await self.async_shutdown(timeout)
-
-    def _close_socket(self) -> None:
-        hub, self._hub = self._hub, None
-        if hub is not None:
-            hub.close()
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
 
     def _fail(self, exc: BaseException) -> None:
         if self._lifecycle.failure is None and not self._lifecycle.closing:
@@ -352,9 +358,9 @@ class InferenceServer:
         single = td.batch_dims == 0
         batched = td.unsqueeze(0) if single else td
         request = Request(leaves_of(batched), int(batched.batch_size[0]))
+        assert self._engine is not None
         event = self._events[request] = anyio.Event()
-        self._mail.inbox.append(request)
-        self._mail.poke()
+        self._engine.submit(request)
         try:
             await event.wait()
         except BaseException:
@@ -394,19 +400,21 @@ class InferenceServer:
         source = one_source(policy_or_weights=policy_or_weights, policy=policy, weights=weights)
         source = self._policy_arg if source is None else source
         self._check_running("update_policy_weights_()")
-        assert self._loop is not None
-        checked = check_weights(as_weights(source), structure_of(self._loop.forward.module), what="the server's policy")
-        ticket = Ticket(checked)
-        event = self._events[ticket] = anyio.Event()
-        self._mail.tickets.append(ticket)
-        self._mail.poke()
-        try:
-            await event.wait()
-        except BaseException:
-            ticket.abandoned = True
-            raise
-        finally:
-            del self._events[ticket]
+        engine = self._engine
+        assert engine is not None
+        checked = check_weights(as_weights(source), engine.structure, what="the server's policy")
+        async with self._weights_lock:
+            self._check_running("update_policy_weights_()")
+            ticket = Ticket(checked)
+            event = self._events[ticket] = anyio.Event()
+            try:
+                await engine.submit_weights(ticket)
+                await event.wait()
+            except BaseException:
+                ticket.abandoned = True
+                raise
+            finally:
+                del self._events[ticket]
         if ticket.error is not None:
             raise ticket.error
         if not ticket.version:
@@ -416,7 +424,10 @@ class InferenceServer:
 
     def stats(self) -> InferenceStats:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
-        return self._recorder.snapshot(self.version, self.rejected_peers)
+        engine = self._engine
+        if engine is None:
+            return StatsRecorder(self.max_batch_size).snapshot(0)
+        return engine.recorder.snapshot(engine.rejected_peers)
 
     async def _watch(self, timeout: float) -> None:
         """Fails the server once a forward pass has run longer than ``timeout``: callers learn the server is
@@ -427,21 +438,3 @@ class InferenceServer:
             error = self.hung_error()
             if error is not None:
                 raise error
-
-    async def _deliver(self) -> None:
-        """Wakes the tasks whose requests the server thread answered."""
-        while True:
-            await anyio.wait_readable(self._mail.done_r)
-            with contextlib.suppress(BlockingIOError):
-                self._mail.done_r.recv(4096)
-            while self._mail.answered:
-                event = self._events.get(self._mail.answered.popleft())
-                if event is not None:
-                    event.set()
-
-    async def _run_thread(self) -> None:
-        assert self._loop is not None
-        try:
-            await run_in_thread(self._loop.serve, name="inference-server")
-        finally:
-            self._thread_done.set()

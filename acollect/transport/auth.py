@@ -194,6 +194,13 @@ class ClientKeys:
         assert secret is not None
         return cls(public, secret, server_public)
 
+    @classmethod
+    def fresh(cls, server_public: bytes) -> ClientKeys:
+        """A new key pair (in memory, never written) for a client of the server whose public key is given."""
+        _require_curve()
+        public, secret = zmq.curve_keypair()
+        return cls(public, secret, server_public)
+
     def apply(self, sock: zmq.Socket[Any]) -> None:
         """Makes ``sock`` a CURVE client of the collector (call before ``connect``)."""
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)

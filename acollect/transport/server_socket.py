@@ -143,11 +143,21 @@ class ServerSocket:
         Raises:
             TransportError: the socket has no keys, or is closed.
         """
-        if self._allow is None or self._keys is None or self._sock is None:
+        if self._keys is None:
             raise TransportError("local_client_keys() needs an open server socket with keys")
-        public, secret = zmq.curve_keypair()
+        keys = ClientKeys.fresh(self._keys.public)
+        self.allow(keys.public)
+        return keys
+
+    def allow(self, public: bytes) -> None:
+        """Accepts the client holding the secret half of ``public`` from now on (an in-memory allow-list entry).
+
+        Raises:
+            TransportError: the socket has no keys, or is closed.
+        """
+        if self._allow is None or self._sock is None:
+            raise TransportError("allow() needs an open server socket with keys")
         self._allow.allow(public)
-        return ClientKeys(public, secret, self._keys.public)
 
     def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:

@@ -21,14 +21,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import signal
 import subprocess
 import sys
 from typing import Any
 
 import cloudpickle
 
-from acollect.errors import ConfigurationError
+from acollect.errors import ConfigurationError, describe_exit
 from acollect.worker.protocol import WorkerConfig
 
 __all__ = ["START_METHODS", "WorkerProcess", "describe_exit", "start_worker"]
@@ -64,26 +63,6 @@ def _forkserver_entry(data: bytes) -> None:
     path, payload = pickle.loads(data)
     sys.path[:0] = [p for p in path if p not in sys.path]
     _run_payload(payload)
-
-
-def describe_exit(exitcode: int | None) -> str:
-    """Says how a process ended.
-
-    Examples:
-        >>> describe_exit(-9)
-        'killed by signal 9 (SIGKILL)'
-        >>> describe_exit(1)
-        'exit code 1'
-    """
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = "unknown signal"
-        return f"killed by signal {-exitcode} ({name})"
-    return f"exit code {exitcode}"
 
 
 class WorkerProcess:

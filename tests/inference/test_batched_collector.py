@@ -10,6 +10,7 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, CollectorState, ConfigurationError, MultiAsyncCollector
+from acollect.errors import InferenceServerError
 from acollect.testing import CountingEnv, assert_counting_batch
 
 
@@ -58,7 +59,10 @@ async def test_same_layout_as_multi_async_every_step_once_and_each_env_acted_on_
     assert stats.inference["slot_requests"] > 0, "same-host workers step through shared-memory slots"
 
 
-async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_traceback(start_method: str) -> None:
+@pytest.mark.parametrize("server", ["process", "thread"])
+async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_traceback(
+    start_method: str, server: str
+) -> None:
     class Broken(torch.nn.Module):
         calls = 0
 
@@ -68,14 +72,24 @@ async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_
                 raise ValueError("the policy broke")
             return torch.zeros(observation.shape[0], dtype=torch.long)
 
-    collector = AsyncBatchedCollector(envs(), Broken(), frames_per_batch=18, start_method=start_method)
+    collector = AsyncBatchedCollector(envs(), Broken(), frames_per_batch=18, start_method=start_method, server=server)
     with anyio.fail_after(60):
-        with pytest.raises(ValueError, match="the policy broke") as info:
-            async for _ in collector:
-                pass
-        assert any(entry.name == "forward" for entry in info.traceback)
-        assert collector.state is CollectorState.BROKEN
-        await collector.async_shutdown()
+        try:
+            if server == "thread":  # the policy's own exception, raised in this process
+                with pytest.raises(ValueError, match="the policy broke") as info:
+                    async for _ in collector:
+                        pass
+                assert any(entry.name == "forward" for entry in info.traceback)
+            else:  # the server process's report: the type, the message and the traceback from there
+                with pytest.raises(InferenceServerError, match="the policy broke") as failed:
+                    async for _ in collector:
+                        pass
+                assert failed.value.type_name == "builtins.ValueError"
+                assert "in forward" in failed.value.remote_traceback
+                assert failed.value.pid is not None
+            assert collector.state is CollectorState.BROKEN
+        finally:
+            await collector.async_shutdown()
 
 
 def test_bad_arguments_are_named() -> None:

@@ -9,8 +9,9 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from acollect import ConfigurationError, InferenceServer
-from acollect.errors import CollectorStateError
+from acollect.errors import CollectorStateError, InferenceServerError
 from acollect.inference.batching import Batcher, Request
+from acollect.testing import wait_until
 
 
 class Doubler(torch.nn.Module):
@@ -98,19 +99,36 @@ async def test_a_weight_update_reaches_the_next_pass_and_the_callers_policy_is_l
         assert (server.version, server.stats().policy_version) == (2, 2)
 
 
-async def test_a_policy_that_raises_fails_its_callers_with_the_traceback_and_later_calls() -> None:
-    class Broken(torch.nn.Module):
-        def forward(self, observation: torch.Tensor) -> torch.Tensor:
-            raise ValueError("bad policy")
+class Broken(torch.nn.Module):
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        raise ValueError("bad policy")
 
+
+async def test_a_policy_that_raises_fails_its_callers_with_the_traceback_and_later_calls() -> None:
     with anyio.fail_after(30):
-        async with InferenceServer(Broken(), max_wait=0.0) as server:
+        async with InferenceServer(Broken(), max_wait=0.0, mode="thread") as server:
             with pytest.raises(ValueError, match="bad policy") as info:
                 await server.infer(obs([1.0]))
             assert any(frame.name == "forward" for frame in info.traceback)  # the policy's own frame
             await anyio.sleep(0.05)
             with pytest.raises(CollectorStateError, match="failed"):
                 await server.infer(obs([1.0]))
+
+
+async def test_a_policy_that_raises_in_the_server_process_fails_its_callers_with_the_remote_traceback() -> None:
+    with anyio.fail_after(30):
+        async with InferenceServer(Broken(), max_wait=0.0) as server:
+            with pytest.raises(InferenceServerError, match="bad policy") as info:
+                await server.infer(obs([1.0]))
+            assert info.value.pid == server.pid
+            # The process's own report follows the answer: its type and traceback, the policy's frame in it.
+            await wait_until(lambda: not server.running, timeout=5)
+            with pytest.raises(CollectorStateError, match="failed") as later:
+                await server.infer(obs([1.0]))
+            cause = later.value.__cause__
+            assert isinstance(cause, InferenceServerError)
+            assert cause.type_name == "builtins.ValueError"
+            assert "in forward" in cause.remote_traceback
 
 
 async def test_closing_answers_a_waiting_caller() -> None:

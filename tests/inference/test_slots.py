@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import msgpack
@@ -22,19 +23,36 @@ pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 
 
 class Gated(torch.nn.Module):
-    """action = observation + bias, except that an observation of 99 waits for ``gate`` first."""
+    """action = observation + bias, except that an observation of 99 waits for the gate first.
 
-    def __init__(self) -> None:
+    The gate and the sign that a pass entered it are files, so that the module works in a server process too.
+    """
+
+    def __init__(self, folder: Path) -> None:
         super().__init__()
         self.bias = torch.nn.Parameter(torch.zeros(()))
-        self.gate = threading.Event()
-        self.entered = threading.Event()
+        self.gate_file = str(folder / "gate")
+        self.entered_file = str(folder / "entered")
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         if bool((observation == 99).any()):
-            self.entered.set()
-            assert self.gate.wait(20)
+            Path(self.entered_file).touch()
+            deadline = time.monotonic() + 20
+            while not os.path.exists(self.gate_file):
+                assert time.monotonic() < deadline, "the gate never opened"
+                time.sleep(0.005)
         return observation.clone() + self.bias
+
+    def open_gate(self) -> None:
+        Path(self.gate_file).touch()
+
+    def wait_entered(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.entered_file):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
 
 def served(net: Gated) -> TensorDictModule:
@@ -51,10 +69,13 @@ def segments() -> set[str]:
     return {name for name in os.listdir(SHM_DIR) if name.startswith(f"{SHM_PREFIX}{os.getpid()}-")}
 
 
-async def test_same_host_steps_go_through_a_slot_and_answer_each_step_with_its_own_actions_and_version() -> None:
-    net = Gated()
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_same_host_steps_go_through_a_slot_and_answer_each_step_with_its_own_actions_and_version(
+    mode: str, tmp_path: Path
+) -> None:
+    net = Gated(tmp_path)
     before = segments()
-    async with InferenceServer(policy_factory=lambda: served(net), address="ipc", max_wait=0) as server:
+    async with InferenceServer(policy_factory=lambda: served(net), address="ipc", max_wait=0, mode=mode) as server:
         assert server.slot_address is not None
         client = RemotePolicy(server.address, b"w0", slots=server.slot_address)
         try:
@@ -76,9 +97,12 @@ async def test_same_host_steps_go_through_a_slot_and_answer_each_step_with_its_o
     assert segments() == before
 
 
-async def test_a_late_answer_to_an_abandoned_step_never_lands_in_the_next_step_of_the_reused_slot() -> None:
-    net = Gated()
-    async with InferenceServer(policy_factory=lambda: served(net), address="ipc", max_wait=0) as server:
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_a_late_answer_to_an_abandoned_step_never_lands_in_the_next_step_of_the_reused_slot(
+    mode: str, tmp_path: Path
+) -> None:
+    net = Gated(tmp_path)
+    async with InferenceServer(policy_factory=lambda: served(net), address="ipc", max_wait=0, mode=mode) as server:
         interrupt = threading.Event()
         client = RemotePolicy(server.address, b"w0", slots=server.slot_address, interrupt=interrupt)
         try:
@@ -91,14 +115,14 @@ async def test_a_late_answer_to_an_abandoned_step_never_lands_in_the_next_step_o
 
             thread = threading.Thread(target=abandoned)
             thread.start()
-            assert await anyio.to_thread.run_sync(net.entered.wait, 20)
+            assert await anyio.to_thread.run_sync(net.wait_entered, 20)
             interrupt.set()  # a pause: the step gives up while the server still runs its pass
             await anyio.to_thread.run_sync(thread.join, 20)
             interrupt.clear()
 
             def release_later() -> None:
                 time.sleep(0.2)
-                net.gate.set()  # the abandoned pass ends now, and its answer arrives first
+                net.open_gate()  # the abandoned pass ends now, and its answer arrives first
 
             threading.Thread(target=release_later).start()
             out = await anyio.to_thread.run_sync(client, step(5.0))
@@ -107,12 +131,12 @@ async def test_a_late_answer_to_an_abandoned_step_never_lands_in_the_next_step_o
             assert out["action"].flatten().tolist() == [6.0] * 3
             assert server.stats().slot_requests >= 3
         finally:
-            net.gate.set()
+            net.open_gate()
             client.close()
 
 
-async def test_a_malformed_hello_is_dropped_and_counted_and_the_server_keeps_answering() -> None:
-    net = Gated()
+async def test_a_malformed_hello_is_dropped_and_counted_and_the_server_keeps_answering(tmp_path: Path) -> None:
+    net = Gated(tmp_path)
     async with InferenceServer(policy_factory=lambda: served(net), address="ipc", max_wait=0) as server:
         assert server.slot_address is not None
         path = server.slot_address
