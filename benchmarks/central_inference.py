@@ -11,6 +11,9 @@ torch thread per worker (and in this process, where the inference server runs):
 * ``cnn``: 84x84x4 uint8 pixels (acollect.testing.PixelEnv, no step cost) and a small CNN (Nature DQN
   layout: 32 8x8/4, 64 4x4/2, 64 3x3/1, 512): the pixel policy of Atari agents.
 
+Each ``--servers`` mode is a contender of its own: ``process`` (the default server, a process of its own) and
+``thread`` (a thread of the trainer, sharing its GIL).
+
 With ``--device cuda`` the server runs the policy on the GPU while MultiAsyncCollector's workers run it on
 their CPU: the point of central inference.
 
@@ -41,7 +44,10 @@ from acollect.testing import PixelEnv
 
 WORKLOADS = ("cartpole", "mlp-large", "cnn")
 MULTI = "MultiAsyncCollector (policy in every worker)"
-BATCHED = "AsyncBatchedCollector (inference server)"
+BATCHED = {
+    "process": "AsyncBatchedCollector (server process)",
+    "thread": "AsyncBatchedCollector (server thread)",
+}
 
 
 class Categorical(nn.Module):
@@ -114,6 +120,7 @@ async def _turn(collector: Any, pids: list[int], batches: int) -> tuple[int, flo
 
 
 async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict[str, float]]:
+    """Every contender started once, then turns in rotation; returns the turns, each server's stats, start-ups."""
     env, extra = env_args(args.workload, args.envs)
     common: dict[str, Any] = {
         "frames_per_batch": args.frames_per_batch,
@@ -127,19 +134,23 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
     async with AsyncExitStack() as stack:
         multi, multi_pids, multi_start = await _enter(stack, MultiAsyncCollector(env, policy_for(args.workload),
                                                                                   **common))  # fmt: skip
-        batched, batched_pids, batched_start = await _enter(
-            stack, AsyncBatchedCollector(env, policy_for(args.workload), device=args.device, **common)
-        )
-        runs = [(MULTI, multi, multi_pids), (BATCHED, batched, batched_pids)]
+        runs = [(MULTI, multi, multi_pids)]
+        startup = {MULTI: multi_start}
+        for mode in args.servers:
+            batched, batched_pids, startup[BATCHED[mode]] = await _enter(
+                stack, AsyncBatchedCollector(env, policy_for(args.workload), device=args.device, server=mode, **common)
+            )
+            runs.append((BATCHED[mode], batched, batched_pids))
         for index in range(args.turns):
             line = []
-            for name, collector, pids in runs[index % 2 :] + runs[: index % 2]:
+            shift = index % len(runs)
+            for name, collector, pids in runs[shift:] + runs[:shift]:
                 frames, wall, cpu = await _turn(collector, pids, args.turn_batches)
                 turns.add(name, frames, wall, cpu)
                 line.append(f"{name} {frames / wall:,.0f}")
             print(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s", flush=True)
-        server = batched.stats().inference
-    return turns, server, {MULTI: multi_start, BATCHED: batched_start}
+        servers = {name: collector.stats().inference for name, collector, _ in runs[1:]}
+    return turns, servers, startup
 
 
 def main() -> None:
@@ -151,26 +162,35 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6, help="turns of each contender (alternating)")
     parser.add_argument("--turn-batches", type=int, default=None, help="timed batches per turn")
     parser.add_argument("--device", default=None, help="the inference server's device (e.g. cuda)")
+    parser.add_argument("--servers", default="process,thread",
+                        help="AsyncBatchedCollector contenders, by where the server runs (comma-separated)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    args.servers = [mode.strip() for mode in args.servers.split(",") if mode.strip()]
+    if not args.servers or any(mode not in BATCHED for mode in args.servers):
+        parser.error(f"--servers: a comma-separated list of {sorted(BATCHED)}, got {args.servers}")
     heavy = args.workload != "cartpole"
     args.frames_per_batch = args.frames_per_batch or args.envs * (16 if heavy else 64)
     args.turn_batches = args.turn_batches or (4 if heavy else 8)
     single_thread_torch()
-    turns, server, startup = asyncio.run(measure(args))
+    turns, servers, startup = asyncio.run(measure(args))
     rates = turns.rates()
-    for name in (MULTI, BATCHED):
+    for name in (MULTI, *servers):
         print(f"{name:<48} {rates[name]['wall']:>9,.0f} frames/s wall  {rates[name]['cpu']:>9,.0f} frames per CPU-s")
-    wall = rates[BATCHED]["wall"] / rates[MULTI]["wall"]
-    cpu = rates[BATCHED]["cpu"] / rates[MULTI]["cpu"]
-    print(
-        f"\nAsyncBatchedCollector / MultiAsyncCollector: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
-        f"{server['mean_batch_size']:.1f} (fill {server['fill_rate']:.0%}), "
-        f"latency p50 {server['latency_ms_p50']:.3f} ms, p99 {server['latency_ms_p99']:.2f} ms"
-    )
+    ratios = {}
+    print()
+    for name, server in servers.items():
+        wall = rates[name]["wall"] / rates[MULTI]["wall"]
+        cpu = rates[name]["cpu"] / rates[MULTI]["cpu"]
+        ratios[name] = {"wall": wall, "cpu": cpu}
+        print(
+            f"{name} / MultiAsyncCollector: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
+            f"{server['mean_batch_size']:.1f} (fill {server['fill_rate']:.0%}), "
+            f"latency p50 {server['latency_ms_p50']:.3f} ms, p99 {server['latency_ms_p99']:.2f} ms"
+        )
     if args.json:
         write_json(args.json, {"benchmark": "central_inference", "args": vars(args), "machine": machine_info(),
-                               "turns": turns.as_dict(), "ratio_wall": wall, "ratio_cpu": cpu, "server": server,
+                               "turns": turns.as_dict(), "ratios": ratios, "servers": servers,
                                "startup_s": startup})  # fmt: skip
 
 

@@ -197,7 +197,8 @@ class AsyncBatchedCollector(MultiCollectorBase):
             server, self._server = self._server, None
             if server is not None:
                 self._initial_version = server.version
-                await server.async_shutdown()
+                # A broken collector's server has nothing to finish (it may be the hung part): no grace.
+                await server.async_shutdown(0.0 if self._lifecycle.failure is not None else 10.0)
                 self._server_rejected += server.rejected_peers
 
     def _fail(self, exc: BaseException) -> None:

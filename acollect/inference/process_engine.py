@@ -227,12 +227,24 @@ class ProcessEngine:
                                     exitcode=code, pid=self.pid)  # fmt: skip
 
     def failure_now(self) -> InferenceServerError | None:
-        """The process's end, if it has ended (a failure it reported, or its exit code); else ``None``."""
-        if self._failure is not None:
-            return self._failure
-        if self._popen is not None and not self._closed_by_us and self.exitcode() is not None:
-            return self.death_error()
-        return None
+        """The process's end, if it has ended (a failure it reported, or its exit code); else ``None``.
+
+        Reads what the control socket holds first: a worker that lost its connection to a dying server may report
+        before this side's reader has run, and the process's own word (a traceback, an exit code) comes first.
+        """
+        if self._failure is None and self._sock is not None and not self._closed_by_us:
+            alive = control.read_available(self._sock, self._reader)
+            with contextlib.suppress(InferenceServerError):  # a "failed" message: kept in self._failure
+                for message in self._reader.messages():
+                    self._handle(message)
+            if self._failure is None and not alive:
+                # Its sockets are closed: it is exiting, and its exit code shows within milliseconds.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    if self._popen is not None:
+                        self._popen.wait(timeout=_EXIT_GRACE)
+                self._failure = self.death_error()
+                self._answer_all(self._failure)
+        return self._failure
 
     def _release_staging(self) -> None:
         staged, self._staged = self._staged, None

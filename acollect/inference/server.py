@@ -305,13 +305,15 @@ class InferenceServer:
         lifecycle = self._lifecycle
         if lifecycle.closing:
             return
+        # A broken server (failed, died, hung) has nothing left to finish: a server process is killed at once.
+        grace = 0.0 if lifecycle.failure is not None else timeout
         lifecycle.move(CollectorState.CLOSING)
         try:
             with anyio.CancelScope(shield=True):
                 for scope in self._scopes:
                     scope.cancel()
                 if self._engine is not None:
-                    await self._engine.close(timeout)
+                    await self._engine.close(grace if isinstance(self._engine, ProcessEngine) else timeout)
                 if self._own_tasks and self._tasks is not None:
                     await self._tasks.aclose(timeout)
                 for event in self._events.values():
@@ -332,7 +334,8 @@ class InferenceServer:
     def _check_running(self, what: str) -> None:
         failure = self._lifecycle.failure
         if failure is not None:
-            raise CollectorStateError(f"{what}: the inference server failed") from failure
+            first = str(failure).split("\n", 1)[0]
+            raise CollectorStateError(f"{what}: the inference server failed ({first})") from failure
         state = self._lifecycle.state
         if state is not CollectorState.RUNNING:
             raise CollectorStateError(f"{what}: the inference server is not running (it is {state.value}; use "
