@@ -11,6 +11,9 @@ torch thread per worker (and in this process, where the inference server runs):
 * ``cnn``: 84x84x4 uint8 pixels (acollect.testing.PixelEnv, no step cost) and a small CNN (Nature DQN
   layout: 32 8x8/4, 64 4x4/2, 64 3x3/1, 512): the pixel policy of Atari agents.
 
+``--train-ms T`` makes the trainer work T ms (pure Python, the GIL held) after every batch, as an async trainer
+that trains on the event loop's thread does.
+
 Each ``--servers`` mode is a contender of its own: ``process`` (the default server, a process of its own) and
 ``thread`` (a thread of the trainer, sharing its GIL).
 
@@ -108,7 +111,15 @@ async def _enter(stack: AsyncExitStack, collector: Any) -> tuple[Any, list[int],
     return collector, pids, time.perf_counter() - started
 
 
-async def _turn(collector: Any, pids: list[int], batches: int) -> tuple[int, float, float]:
+def _train(ms: float) -> None:
+    """The trainer's own work after a batch: ``ms`` milliseconds of Python holding the GIL (the worst case for a
+    server thread, which needs the same GIL for every step of every worker)."""
+    end = time.perf_counter() + ms / 1000
+    while time.perf_counter() < end:
+        pass
+
+
+async def _turn(collector: Any, pids: list[int], batches: int, train_ms: float) -> tuple[int, float, float]:
     """``batches`` timed batches after the ones collected ahead: (frames, wall s, CPU s of trainer and workers)."""
     for _ in range(collector.num_workers * CREDITS):
         await anext(collector)  # collected while the other contender had its turn
@@ -116,6 +127,7 @@ async def _turn(collector: Any, pids: list[int], batches: int) -> tuple[int, flo
     frames = 0
     for _ in range(batches):
         frames += (await anext(collector)).numel()
+        _train(train_ms)
     return frames, time.perf_counter() - wall, time.process_time() - cpu + cpu_of(pids) - workers_cpu
 
 
@@ -145,7 +157,7 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
             line = []
             shift = index % len(runs)
             for name, collector, pids in runs[shift:] + runs[:shift]:
-                frames, wall, cpu = await _turn(collector, pids, args.turn_batches)
+                frames, wall, cpu = await _turn(collector, pids, args.turn_batches, args.train_ms)
                 turns.add(name, frames, wall, cpu)
                 line.append(f"{name} {frames / wall:,.0f}")
             print(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s", flush=True)
@@ -162,6 +174,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6, help="turns of each contender (alternating)")
     parser.add_argument("--turn-batches", type=int, default=None, help="timed batches per turn")
     parser.add_argument("--device", default=None, help="the inference server's device (e.g. cuda)")
+    parser.add_argument("--train-ms", type=float, default=0.0,
+                        help="milliseconds of Python work (GIL held) the trainer does after each batch")
     parser.add_argument("--servers", default="process,thread",
                         help="AsyncBatchedCollector contenders, by where the server runs (comma-separated)")
     parser.add_argument("--json", default=None)
