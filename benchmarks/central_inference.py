@@ -150,7 +150,8 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
         startup = {MULTI: multi_start}
         for mode in args.servers:
             batched, batched_pids, startup[BATCHED[mode]] = await _enter(
-                stack, AsyncBatchedCollector(env, policy_for(args.workload), device=args.device, server=mode, **common)
+                stack, AsyncBatchedCollector(env, policy_for(args.workload), device=args.device, server=mode,
+                                             double_buffer=args.double_buffer, **common)
             )
             runs.append((BATCHED[mode], batched, batched_pids))
         for index in range(args.turns):
@@ -176,10 +177,13 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="the inference server's device (e.g. cuda)")
     parser.add_argument("--train-ms", type=float, default=0.0,
                         help="milliseconds of Python work (GIL held) the trainer does after each batch")
+    parser.add_argument("--double-buffer", choices=("auto", "on", "off"), default="auto",
+                        help="AsyncBatchedCollector's double_buffer (auto: where it pays)")
     parser.add_argument("--servers", default="process,thread",
                         help="AsyncBatchedCollector contenders, by where the server runs (comma-separated)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    args.double_buffer = {"auto": None, "on": True, "off": False}[args.double_buffer]
     args.servers = [mode.strip() for mode in args.servers.split(",") if mode.strip()]
     if not args.servers or any(mode not in BATCHED for mode in args.servers):
         parser.error(f"--servers: a comma-separated list of {sorted(BATCHED)}, got {args.servers}")

@@ -38,6 +38,9 @@ class ServerSpec:
     slots: bool
     #: torch threads of a server process (a server thread shares the trainer's)
     num_threads: int = 1
+    #: a private directory (mode 0700) for the slot listener (``None``: a fresh one); a server process's trainer
+    #: makes it, and removes it whatever becomes of the process
+    slot_dir: str | None = None
 
 
 def build_policy(spec: ServerSpec) -> Any:
@@ -69,7 +72,7 @@ def bind(spec: ServerSpec) -> tuple[ServerSocket, SlotHub | None]:
     hub = None
     if spec.slots and spec.keys is None and spec.address.startswith("ipc") and shm_available():
         try:
-            hub = SlotHub()
+            hub = SlotHub(directory=spec.slot_dir)
         except BaseException:
             sock.close()
             raise

@@ -11,12 +11,15 @@ trainer dying closes the socket pair, which stops the server too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +77,7 @@ class ProcessEngine:
         self._sock: socket.socket | None = None
         self._board: ShmSegment | None = None
         self._staging: ShmTensorDictSlot | None = None
+        self._dir: str | None = None
         self._reader = control.FrameReader()
         self._ids = itertools.count(1)
         self._pending: dict[int, Request | Ticket] = {}
@@ -100,6 +104,13 @@ class ProcessEngine:
         return [tasks.spawn(self._read, name="inference-process")]
 
     async def _start(self) -> None:
+        # The process's ipc path and slot listener live in a directory of ours: removed even if it is killed.
+        self._dir = tempfile.mkdtemp(prefix="acollect-server-")
+        self.spec = dataclasses.replace(
+            self.spec,
+            address=f"ipc://{self._dir}/server.sock" if self.spec.address == "ipc" else self.spec.address,
+            slot_dir=self._dir,
+        )
         board = self._board = ShmSegment.create(BOARD_SIZE * 8)
         self.recorder = StatsRecorder(self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE))
         self.recorder.version = self._initial_version
@@ -344,6 +355,9 @@ class ProcessEngine:
         if staging is not None:
             staging.close()
             staging.unlink()
+        folder, self._dir = self._dir, None
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         board, self._board = self._board, None
         if board is not None:
             # The board stays mapped for stats() after the end (its figures are the last ones); the name goes.

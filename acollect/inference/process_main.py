@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import shutil
 import socket
 import sys
 import threading
@@ -192,6 +193,8 @@ def run_server_process(config: ProcessConfig) -> int:
                 with contextlib.suppress(Exception):
                     resource.close()
         mail.close()
+        if spec.slot_dir is not None:  # the trainer's directory for us: it may be gone (killed), so remove it here too
+            shutil.rmtree(spec.slot_dir, ignore_errors=True)
         del board
         with contextlib.suppress(Exception):
             board_segment.close()

@@ -58,11 +58,17 @@ class SlotHub:
     Args:
         on_malformed: called with the error of a hello or a packet that is not well-formed (the connection is
             then closed): the server counts and logs it as a dropped request.
+        directory: where to listen (a private directory of the caller's, mode 0700); ``None``: a fresh one.
     """
 
-    def __init__(self, on_malformed: Callable[[bytes, BaseException], None] | None = None) -> None:
-        self._dir: str | None = tempfile.mkdtemp(prefix="acollect-slots-")
-        self.path = os.path.join(self._dir, "slots.sock")
+    def __init__(
+        self, on_malformed: Callable[[bytes, BaseException], None] | None = None, directory: str | None = None
+    ) -> None:
+        # A private directory of its own, removed at close; or the owner's (a server process's trainer removes it
+        # even if the process is killed), where only the socket is removed.
+        folder = tempfile.mkdtemp(prefix="acollect-slots-") if directory is None else directory
+        self._dir: str | None = folder if directory is None else None
+        self.path = os.path.join(folder, "slots.sock")
         self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._listener.bind(self.path)
@@ -186,6 +192,8 @@ class SlotHub:
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
