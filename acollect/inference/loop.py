@@ -26,11 +26,12 @@ from acollect.inference import protocol as P
 from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
 from acollect.inference.codec import Encoder, LayoutCache
 from acollect.inference.slot_hub import SlotHub
-from acollect.transport.server_socket import ServerSocket, Waiter
+from acollect.transport.server_socket import Ready, ServerSocket, Waiter
 
 __all__ = ["DropReport", "Mailbox", "ServerLoop", "Ticket"]
 
 _IDLE_POLL_MS = 50  # how often an idle server thread looks at its stop event
+_HOUSEKEEPING_S = 0.1  # how often the loop's owner may refresh what it publishes (a server process's counts)
 _REPORT_EVERY = 60.0  # seconds between two log lines about one peer's malformed requests
 _MAX_PEERS = 1024  # peers whose malformed requests are reported apart; the rest share one line
 _OTHER_PEERS = b""  # the key of the rest (never a ROUTER route: those are not empty)
@@ -170,6 +171,8 @@ class ServerLoop:
         self.sock = sock
         self.hub = hub
         self._close_socket = close_socket
+        #: called about every 0.1 s between passes (a server process publishes its refused-peer count there)
+        self.housekeeping: Callable[[], None] | None = None
         self._layouts = LayoutCache(P.TO_SERVER)
         self._encoder = Encoder()
         self._drops = DropReport()
@@ -202,18 +205,22 @@ class ServerLoop:
         if self.hub is not None:
             self.hub.on_fds = waiter.watch
         batcher = self.batcher
+        housekept = 0.0
         try:
             while not stop.is_set():
                 now = time.monotonic()
+                wait = 0  # a pass is due: only see what else is there
                 if not batcher.ready(now):
                     # Capped, so that a stop is seen within _IDLE_POLL_MS even while a long max_wait runs.
                     wait = _IDLE_POLL_MS
                     deadline = batcher.deadline()
                     if deadline is not None:
                         wait = min(wait, max(0, int((deadline - now) * 1000 + 0.999)))
-                    waiter.wait(wait)
-                self._take_requests()
+                self._take_requests(waiter.wait(wait))
                 self._apply_weights()
+                if self.housekeeping is not None and now - housekept > _HOUSEKEEPING_S:
+                    housekept = now
+                    self.housekeeping()
                 while batcher.ready(time.monotonic()):
                     self._run(batcher.take())
         except BaseException as exc:
@@ -235,16 +242,18 @@ class ServerLoop:
             "the policy's forward has not returned"
         )
 
-    def _take_requests(self) -> None:
-        self.mail.receive()
+    def _take_requests(self, ready: Ready) -> None:
+        """Takes the requests of whatever the wait found readable (and what the mail holds)."""
+        if self.mail.fileno() in ready.fds:
+            self.mail.receive()
         inbox = self.mail.inbox
         while inbox:
             request = inbox.popleft()
             if not request.abandoned:
                 self.batcher.add(request)
-        if self.hub is not None:
-            self.hub.take(self.batcher)
-        sock = self.sock
+        if self.hub is not None and ready.fds:
+            self.hub.take(self.batcher, ready.fds)
+        sock = self.sock if ready.socket else None
         while sock is not None:
             received = sock.recv_nowait()
             if received is None:

@@ -87,8 +87,11 @@ class ControlMailbox:
             self.stop.set()  # the trainer is gone: stop serving
         for message in self._reader.messages():
             self._handle(message)
+
+    def publish(self) -> None:
+        """Copies the refused-peer count to the stats board, for the trainer's ``rejected_peers``."""
         loop = self.loop
-        if loop is not None and self.server_socket is not None:  # for the trainer's rejected_peers
+        if loop is not None and self.server_socket is not None:
             loop.recorder.rejected_peers = self.server_socket.rejected_connections
 
     def _handle(self, message: dict[str, Any]) -> None:
@@ -170,6 +173,7 @@ def run_server_process(config: ProcessConfig) -> int:
         loop = ServerLoop(mail, Batcher(spec.max_batch_size, spec.max_wait), forward, recorder,  # type: ignore[arg-type]
                           server_socket, lambda: None, hub)  # fmt: skip
         mail.loop = loop
+        loop.housekeeping = mail.publish
         control.send(sock, {
             "k": "hello",
             "pid": os.getpid(),

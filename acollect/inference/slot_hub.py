@@ -16,7 +16,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import msgpack
 
@@ -93,10 +93,19 @@ class SlotHub:
         """Workers whose slots are attached."""
         return sum(1 for c in self._clients.values() if c.slot is not None)
 
-    def take(self, batcher: Batcher) -> None:
-        """Accepts new connections and adds every waiting request to ``batcher``."""
-        self._accept()
+    def take(self, batcher: Batcher, ready: Collection[int] | None = None) -> None:
+        """Accepts new connections and adds every waiting request to ``batcher``.
+
+        Args:
+            batcher: where the requests go.
+            ready: the descriptors a wait found readable (``None``: try every one).
+        """
+        listener = self._listener
+        if listener is not None and (ready is None or listener.fileno() in ready):
+            self._accept()
         for fd, client in list(self._clients.items()):
+            if ready is not None and fd not in ready:
+                continue
             while fd in self._clients:
                 try:
                     packet = client.sock.recv(MAX_HELLO if client.slot is None else READY.size + 1)

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -27,7 +28,7 @@ from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
 from acollect.transport.sockets import RefusalMonitor, check_address, configure
 
-__all__ = ["ServerSocket", "Waiter"]
+__all__ = ["Ready", "ServerSocket", "Waiter"]
 
 
 class ServerSocket:
@@ -227,6 +228,17 @@ class ServerSocket:
         return f"ServerSocket({self._address!r}{', closed' if self.closed else ''})"
 
 
+@dataclass(frozen=True)
+class Ready:
+    """What a :meth:`Waiter.wait` found readable: descriptors, and whether the server socket holds a request."""
+
+    fds: frozenset[int] = frozenset()
+    socket: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.fds) or self.socket
+
+
 class Waiter:
     """Blocks a thread until one of some descriptors, or a :class:`ServerSocket`, has something to read.
 
@@ -239,8 +251,10 @@ class Waiter:
         self._poller = zmq.Poller()
         for fd in fds:
             self._poller.register(fd, zmq.POLLIN)
+        self._zmq: zmq.Socket[Any] | None = None
         if sock is not None:
-            self._poller.register(sock._socket(), zmq.POLLIN)
+            self._zmq = sock._socket()
+            self._poller.register(self._zmq, zmq.POLLIN)
 
     def watch(self, added: Sequence[int], removed: Sequence[int]) -> None:
         """Starts watching the descriptors ``added`` and stops watching ``removed`` (connections that come and go)."""
@@ -250,13 +264,22 @@ class Waiter:
         for fd in added:
             self._poller.register(fd, zmq.POLLIN)
 
-    def wait(self, timeout_ms: int) -> bool:
-        """Waits up to ``timeout_ms`` milliseconds; ``True`` if something became readable.
+    def wait(self, timeout_ms: int) -> Ready:
+        """Waits up to ``timeout_ms`` milliseconds; returns what became readable (falsy: nothing).
+
+        Its caller reads only those: a read that finds nothing costs a system call and an exception each.
 
         Raises:
             TransportError: ZeroMQ failed (a watched socket was closed under the wait).
         """
         try:
-            return bool(self._poller.poll(timeout_ms))
+            events = self._poller.poll(timeout_ms)
         except zmq.ZMQError as exc:
             raise TransportError(f"waiting on the server's sockets failed: {exc}") from exc
+        if not events:
+            return _NOTHING
+        return Ready(frozenset(fd for fd, _ in events if isinstance(fd, int)),
+                     any(fd is self._zmq for fd, _ in events))  # fmt: skip
+
+
+_NOTHING = Ready()

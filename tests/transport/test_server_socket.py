@@ -50,10 +50,14 @@ def test_the_waiter_wakes_on_a_descriptor_or_a_request_and_times_out_otherwise()
         assert not waiter.wait(20)
         assert server.recv_nowait() is None
         threading.Timer(0.05, wake_w.send, (b"\0",)).start()
-        assert waiter.wait(5000)
+        ready = waiter.wait(5000)
+        assert ready.fds == {wake_r.fileno()}  # what woke it, and only that
+        assert not ready.socket
         wake_r.recv(1)
         client.send([b"ask"], timeout=5)
-        assert waiter.wait(5000)
+        ready = waiter.wait(5000)
+        assert ready.socket
+        assert not ready.fds
         route, frames = server.recv_nowait() or (b"", [])
         assert (route, [bytes(f) for f in frames]) == (b"w0", [b"ask"])
         # An answer to a client that is not there is dropped by the ROUTER, never raised.
