@@ -283,7 +283,14 @@ class InferenceServer:
             await tasks.started()
             self._own_tasks = True
         self._tasks = tasks
-        self._scopes = await engine.start(tasks, self._answered)
+        try:
+            self._scopes = await engine.start(tasks, self._answered)
+        except BaseException:
+            # Nothing half-built is kept: no process, socket, slot listener or segment (a failed policy build or a
+            # cancelled start); async_shutdown() is still the way out of STARTING.
+            with anyio.CancelScope(shield=True):
+                await engine.close(0.0)
+            raise
         if self._sources is not None:
             engine.configure(sources=self._sources)
         self._lifecycle.setup_finished()

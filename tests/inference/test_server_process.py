@@ -194,3 +194,16 @@ def test_bad_modes_are_named() -> None:
         AsyncBatchedCollector(ENVS, policy(), frames_per_batch=8, server="gpu")
     with pytest.raises(ConfigurationError, match="num_threads"):
         InferenceServer(policy(), num_threads=0)
+
+
+def _broken_factory() -> torch.nn.Module:
+    raise RuntimeError("no policy today")
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_a_policy_that_fails_to_build_fails_the_start_and_leaves_nothing(mode: str) -> None:
+    server = InferenceServer(policy_factory=_broken_factory, address="ipc", mode=mode)
+    expected = InferenceServerError if mode == "process" else RuntimeError
+    with anyio.fail_after(60), pytest.raises(expected, match="no policy today"):
+        await server.start()
+    await server.async_shutdown()  # the way out of a failed start; the leak check then finds nothing
