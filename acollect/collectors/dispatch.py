@@ -106,6 +106,11 @@ class Lockstep(Dispatch):
     * a batch begun ahead before a reseed or a state restore is dropped, its frames counted in
       ``stats().discarded_frames``, and collected anew from the fresh start the caller asked for.
 
+    Where batches go through shared memory and the parts stack (or concatenate along envs), they are not
+    combined at all: every worker writes its rows of one segment per batch in flight (the pool's
+    :class:`~acollect.pool.shared.SharedBatches`), each ``collect`` names the segment, and a segment is free
+    again once every part of its batch was given back (a lent batch: at the next iteration).
+
     Args:
         cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
             concatenates along envs, ``-1`` along time.
