@@ -128,6 +128,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             address=self.settings.address,
             credits=self._dispatch.credits,
             slots=self._dispatch.slots,
+            shared_batches=self._dispatch.shared_batches,
             use_shared_memory=self.settings.use_shared_memory,
             heartbeat_timeout=self.settings.heartbeat_timeout,
             startup_timeout=self.settings.startup_timeout,
@@ -236,11 +237,15 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # trainer's CPU per batch is what the workers lose on a machine with few cores). User code (postproc)
         # and moves to another device stay in the thread.
         storing = self._storing_device
+        copy = self.settings.copy_batches
         return (
             self.settings.postproc is None
             and not self.settings.split_trajs
             and (storing is None or storing.type == "cpu")
-            and sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES
+            and (
+                sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES
+                or all(self._dispatch.lends(item, copy_batches=copy) for item in items)  # no copy at all
+            )
         )
 
     def _hand_out(self, items: list[Received]) -> TensorDictBase:
@@ -292,6 +297,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         return int(item.header["policy_version"])
 
     async def _give_back(self, item: Received) -> None:
+        if self._dispatch.give_back(item):  # a part of a shared segment: the collector's to free, not the worker's
+            return
         pool = self._require_pool()
         handle = pool.handles[item.worker]
         slot = item.header.get("slot")

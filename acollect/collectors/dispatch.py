@@ -29,6 +29,7 @@ from acollect.collectors._handout import HandOutBuffers
 from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
 from acollect.pool import Received, WorkerHandle, WorkerPool
+from acollect.pool.shared import SharedBatches
 from acollect.worker import protocol as P
 
 __all__ = ["Dispatch", "FirstReady", "Lockstep", "ModeOptions", "dispatch_for"]
@@ -53,6 +54,9 @@ class Dispatch:
     credits: int | None
     #: Shared-memory slots per worker, where batches go through them (``None``: one per credit).
     slots: int | None = None
+    #: ``"stack"`` or ``"cat"``: every batch one shared segment the workers write their rows of (see
+    #: :class:`~acollect.pool.shared.SharedBatches`); ``None``: a ring of slots per worker.
+    shared_batches: str | None = None
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         """Frames each of ``n_workers`` workers collects per batch it sends."""
@@ -74,6 +78,10 @@ class Dispatch:
 
     def lends(self, item: Received, *, copy_batches: bool) -> bool:
         """Whether the batch handed out is ``item``'s slot itself (given back at the next batch, not now)."""
+        return False
+
+    def give_back(self, item: Received) -> bool:
+        """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
         return False
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
@@ -98,6 +106,11 @@ class Lockstep(Dispatch):
     * a batch begun ahead before a reseed or a state restore is dropped, its frames counted in
       ``stats().discarded_frames``, and collected anew from the fresh start the caller asked for.
 
+    Where batches go through shared memory and the parts stack (or concatenate along envs), they are not
+    combined at all: every worker writes its rows of one segment per batch in flight (the pool's
+    :class:`~acollect.pool.shared.SharedBatches`), each ``collect`` names the segment, and a segment is free
+    again once every part of its batch was given back (a lent batch: at the next iteration).
+
     Args:
         cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
             concatenates along envs, ``-1`` along time.
@@ -110,28 +123,44 @@ class Lockstep(Dispatch):
     def __init__(self, cat_results: str | int | None = None) -> None:
         self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
         self.credits = None
+        # Stacked, or concatenated along envs, each worker's rows are contiguous: written in place (time: gathered).
+        stack = self.cat_results in (None, "stack")
+        self.shared_batches = "stack" if stack else "cat" if self.cat_results == 0 else None
         self._changes_seen = -1  # the pool's boundary messages when the last batch was taken
-        self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False
+        self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False (parts gathered)
         self._buffers = HandOutBuffers()  # copy_batches=True: memory of dropped batches, mapped already
+        self._shared: SharedBatches | None = None  # the pool's, where batches are written in place
+        self._filling: int | None = None  # the shared segment the batch being collected goes into
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         return math.ceil(frames_per_batch / n_workers)
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
+        self._shared, self._filling = pool.shared, None
         pool.paused = paused
         if paused:
             await pool.broadcast(P.PAUSE)
 
-    @staticmethod
-    async def _request(pool: WorkerPool, *, ahead: bool) -> None:
+    async def _request(self, pool: WorkerPool, *, ahead: bool) -> None:
         for handle in pool.handles:
             if not handle.inbox and not handle.outstanding:
+                fields: dict[str, Any] = {}
+                if self._shared is not None:
+                    # Every worker writes the same batch into the same segment, so the collector names it.
+                    if self._filling is None:
+                        self._filling = self._shared.acquire()
+                        if self._filling is None:
+                            if ahead:
+                                return  # every segment holds a batch (one lent): asked for when taken
+                            raise RuntimeError("no free shared batch segment: a batch was never given back")
+                    handle.asked_slot = self._filling
+                    fields = {"slot": self._filling}
                 handle.outstanding += 1
                 handle.ahead = ahead
                 # A restarted worker that has not said hello yet is not connected: it gets the request
                 # with its hello (the pool resends outstanding requests then).
                 if handle.ready:
-                    await pool.send(handle, P.COLLECT)
+                    await pool.send(handle, P.COLLECT, fields)
 
     @staticmethod
     def _stale(handle: WorkerHandle) -> bool:
@@ -147,12 +176,15 @@ class Lockstep(Dispatch):
             stale = [h for h in pool.handles if self._stale(h)]
             if not stale:
                 break
-            for handle in stale:  # its slot goes back, and the worker is asked again
+            for handle in stale:  # its slot goes back (its rows are written again), and the worker is asked again
                 item = handle.inbox.popleft()
                 pool.discarded_frames += handle.frames_per_batch
-                if item.header.get("slot") is not None:
+                if item.header.get("slot") is not None and self._shared is None:
                     await pool.send(handle, P.CREDIT, {"slot": item.header["slot"]})
         items = [h.inbox.popleft() for h in pool.handles]
+        if self._shared is not None and self._filling is not None:
+            self._shared.check_one_slot([item.header.get("slot") for item in items], self._filling)
+            self._filling = None
         # Ahead only after a batch that no change preceded: where the caller pushes weights before every
         # batch, every batch begun ahead would be dropped.
         calm = pool.changes_sent == self._changes_seen
@@ -166,7 +198,24 @@ class Lockstep(Dispatch):
             return cast(TensorDictBase, torch.stack(parts, 0, out=out))  # type: ignore[arg-type]
         return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=out))  # type: ignore[arg-type]
 
+    def _in_place(self, items: list[Received]) -> TensorDictBase | None:
+        """The batch ``items`` were written into, whole, where they share one segment (else ``None``)."""
+        slot = items[0].header.get("slot")
+        if self._shared is None or not items[0].in_slot or type(slot) is not int:
+            return None
+        return self._shared.batch(slot)
+
     def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
+        whole = self._in_place(items)
+        if whole is not None:
+            if not copy_batches:
+                return whole.copy()  # a new TensorDict over the segment: the segment itself is lent
+            reused = self._buffers.take("shared")  # the memory of a batch the caller dropped: one copy_, no faults
+            if reused is not None:
+                return reused.copy_(whole)
+            batch = whole.clone()
+            self._buffers.adopt(batch, "shared")
+            return batch
         parts = [item.data for item in items]
         stack = self.cat_results in (None, "stack")
         if not copy_batches and self._out is not None:
@@ -210,9 +259,19 @@ class Lockstep(Dispatch):
         pool.paused = paused
         await pool.broadcast(P.PAUSE if paused else P.RESUME)
 
+    def lends(self, item: Received, *, copy_batches: bool) -> bool:
+        return not copy_batches and item.in_slot and self._shared is not None
+
+    def give_back(self, item: Received) -> bool:
+        if self._shared is None or not item.in_slot or type(item.header.get("slot")) is not int:
+            return False
+        self._shared.give_back(item.header["slot"])
+        return True
+
     def reset(self) -> None:
         self._out = None
         self._buffers.clear()
+        self._shared, self._filling = None, None
 
 
 class FirstReady(Dispatch):

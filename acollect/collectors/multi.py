@@ -101,9 +101,11 @@ class MultiSyncCollector(MultiCollectorBase):
         progress (bool | str): show frames, frames/s and the mean episode return as collection goes (see
             :class:`~acollect.Collector`); the workers count episodes and send them with each batch.
         copy_batches (bool): ``True`` (default): each batch is fresh memory of its own, valid for as long as it is
-            kept. ``False``: batches are combined into one buffer the collector reuses, so a batch is valid only
-            until the next iteration (``clone()`` what must outlive it); this saves allocating (and page-faulting) a
-            new batch each time, which matters for large observations such as pixels.
+            kept. ``False``: a batch is lent, valid only until the next iteration (``clone()`` what must outlive
+            it): through shared memory it is the segment the workers wrote it into, with no copy at all (batches
+            sent as messages are combined into one buffer the collector reuses); this saves copying and
+            allocating (and page-faulting) a new batch each time, which matters for large observations such as
+            pixels.
         filter_worker_warnings (bool): ignore Python warnings inside the workers (default ``True``: an env's
             deprecation warnings, repeated by every worker, would drown the trainer's output); ``False`` lets them
             through to the workers' stderr.

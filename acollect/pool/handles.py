@@ -80,6 +80,7 @@ class WorkerHandle:
     retired_rings: list[ShmSlotRing] = field(default_factory=list)
     inbox: deque[Received] = field(default_factory=deque)
     outstanding: int = 0  # ``collect`` requests not answered yet
+    asked_slot: int | None = None  # the shared segment its last ``collect`` named (a successor is asked again)
     ahead: bool = False  # the request outstanding (or answered, in ``inbox``) was made ahead of the caller
     changes_sent: int = 0  # P.BOUNDARY messages sent to this incarnation
     resets_sent: int = 0  # P.RESETS messages sent to this incarnation (its batches count those they began after)

@@ -33,13 +33,14 @@ from tensordict import TensorDictBase
 
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
-from acollect.errors import TransportError
+from acollect.errors import ProtocolError, TransportError
 from acollect.launchers.base import LaunchedWorker, Launcher
 from acollect.launchers.local import LocalLauncher
 from acollect.pool.events import Counters, PoolEvents
 from acollect.pool.handles import Orders, Received, WorkerHandle
 from acollect.pool.liveness import Monitor
 from acollect.pool.receive import Receiver
+from acollect.pool.shared import SharedBatches
 from acollect.pool.weight_push import WeightPusher
 from acollect.transport.auth import ServerKeys
 from acollect.transport.endpoint import Endpoint
@@ -77,6 +78,10 @@ class WorkerPool:
         address: endpoint address (``None``: a private ipc path).
         credits: batches each worker may collect ahead (``None``: one batch per ``collect`` request).
         slots: shared-memory slots per worker, where batches go through them (default: ``credits``, or 1).
+        shared_batches: ``"stack"`` or ``"cat"`` (lockstep): where every worker's batch goes through shared
+            memory, each batch in flight is one segment that every worker writes its own rows of, stacked or
+            concatenated along envs (:class:`~acollect.pool.shared.SharedBatches`, ``slots`` of them);
+            ``None``: a ring of slots per worker.
         use_shared_memory: batches through ``/dev/shm`` slots; ``None`` decides by batch size and address.
         heartbeat_timeout: seconds a collecting worker may make no progress before it counts as hung.
         startup_timeout: seconds a worker may take to build its env and policy.
@@ -95,6 +100,7 @@ class WorkerPool:
         credits: int | None,
         use_shared_memory: bool | None,
         slots: int | None = None,
+        shared_batches: str | None = None,
         heartbeat_timeout: float,
         startup_timeout: float,
         max_restarts: int,
@@ -109,6 +115,10 @@ class WorkerPool:
         self.address = address
         self.credits = credits
         self.slots = slots
+        self.shared_batches = shared_batches
+        #: the segments lockstep batches are written into in place, once every worker said hello (else None)
+        self.shared: SharedBatches | None = None
+        self._slots_laid_out = False  # whether start() decided where batches go (shared or per worker)
         self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
         self.use_shared_memory = use_shared_memory
         self.heartbeat_timeout = heartbeat_timeout
@@ -219,20 +229,57 @@ class WorkerPool:
             else:
                 await self._spawn(handle)
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
+        if self.shared_batches is not None:
+            await self._lay_out_slots()
+
+    def _maps_shm(self, handle: WorkerHandle) -> bool:
+        # A remote worker cannot map this host's memory.
+        return not handle.config.remote and self._wants_shm(handle.batch_nbytes)
+
+    async def _lay_out_slots(self) -> None:
+        """Once every worker said hello: one segment per batch in flight, if every part can be written in place."""
+        self._slots_laid_out = True
+        if all(self._maps_shm(h) for h in self.handles):
+            layouts = [h.layout for h in self.handles if h.layout is not None]
+            self.shared = SharedBatches.create(layouts, stack=self.shared_batches == "stack", n_slots=self.slots or 1)
+        shared = self.shared
+        # Every ring is in place before the first message goes: a worker restarted meanwhile is greeted with it.
+        for handle in self.handles:
+            if shared is not None:
+                handle.ring = shared.part_ring(handle.index)
+            elif self._maps_shm(handle):
+                handle.ring = ShmSlotRing.create(handle.layout or {}, self.slots or self.credits or 1)
+        for handle in self.handles:
+            await self._send_slots(handle)
+
+    async def _send_slots(self, handle: WorkerHandle) -> None:
+        if handle.ring is None:
+            return
+        if self.shared is not None:
+            await self.send(handle, P.SLOTS, self.shared.slots_message(handle.index))
+        else:
+            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": handle.layout})
 
     async def _greet(self, handle: WorkerHandle) -> None:
         """What a worker is told at its hello: its slots, the last weights, the orders, its outstanding request."""
         assert handle.layout is not None
-        if not handle.config.remote and self._wants_shm(handle.batch_nbytes):  # a remote worker cannot map our memory
+        if self.shared is not None:
+            if not self.shared.fits(handle.index, handle.layout):
+                raise ProtocolError(
+                    f"worker {handle.index} came back with another batch layout than its predecessor's: its "
+                    "batches no longer fit the rows it writes"
+                )
+            handle.ring = self.shared.part_ring(handle.index)
+        elif self._maps_shm(handle) and (self.shared_batches is None or self._slots_laid_out):
             handle.ring = ShmSlotRing.create(handle.layout, self.slots or self.credits or 1)
-            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": handle.layout})
+        await self._send_slots(handle)  # shared batches not laid out yet: start() sends them
         if self.weights.last is not None:
             fields, td = self.weights.last
             await self.send(handle, P.WEIGHTS, fields, td)
         if self.orders.paused:  # before anything that sets it collecting
             await self.send(handle, P.PAUSE)
-        if handle.outstanding:
-            await self.send(handle, P.COLLECT)  # the request its predecessor died on
+        if handle.outstanding:  # the request its predecessor died on, into the same rows
+            await self.send(handle, P.COLLECT, {} if handle.asked_slot is None else {"slot": handle.asked_slot})
         if self.orders.running:
             await self.send(handle, P.RUN, {"credits": self.credits or 1})
 
@@ -382,6 +429,9 @@ class WorkerPool:
                 ring.unlink()
             handle.ring, handle.retired_rings = None, []
             handle.inbox.clear()
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
         self.ready_queue.clear()
         self.weights.close()
         if self.endpoint is not None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, ProtocolError
 
@@ -31,6 +31,8 @@ __all__ = [
     "TensorDictLayout",
     "aligned_offsets",
     "build_tensordict",
+    "combined_layout",
+    "part_of",
     "validate_layout",
 ]
 
@@ -242,3 +244,80 @@ def build_tensordict(spec: TensorDictLayout, tensors: Sequence[torch.Tensor]) ->
     except Exception as exc:  # tensordict's own checks, on data a peer controls
         raise _fail(f"tensors do not form a TensorDict: {exc}") from exc
     return td
+
+
+# --------------------------------------------------------------------------- batches made of parts
+
+
+def _resized(layout: dict[str, Any], first: int | None, *, stack: bool) -> dict[str, Any]:
+    """``layout`` with its first dim replaced by ``first`` (``stack``: a new first dim of that size)."""
+
+    def dims(shape: list[int]) -> list[int]:
+        if first is None:
+            return list(shape[1:]) if not stack else list(shape)
+        return [first, *shape] if stack else [first, *shape[1:]]
+
+    def scale(nbytes: int, shape: list[int]) -> int:
+        return math.prod(dims(shape)) * (nbytes // max(1, math.prod(shape))) if first is not None else 0
+
+    names = layout["names"]
+    if names is not None and stack and first is not None:
+        names = [None, *names]
+    return {
+        "batch_size": dims(layout["batch_size"]),
+        "names": names,
+        "leaves": [
+            {**leaf, "shape": dims(leaf["shape"]), "nbytes": scale(leaf["nbytes"], leaf["shape"])}
+            for leaf in layout["leaves"]
+        ],
+        "subs": [{**sub, "batch_size": dims(sub["batch_size"])} for sub in layout["subs"]],
+    }
+
+
+def combined_layout(parts: Sequence[dict[str, Any]], *, stack: bool) -> tuple[dict[str, Any], list[Any]] | None:
+    """The layout of a batch made of ``parts``, and where each part lies in it; ``None`` if they do not combine so.
+
+    ``stack``: the parts, all of one layout, stacked along a new first dim (part ``i`` is index ``i``);
+    else concatenated along their first dim (part ``i`` is rows ``[start, stop)``), which needs every
+    other dim, the keys and the dtypes alike. Either way each part's rows are contiguous in every leaf,
+    so a writer of one part writes memory no other part touches.
+
+    Examples:
+        >>> leaf = {"key": ["obs"], "dtype": "uint8", "shape": [2, 3], "nbytes": 6}
+        >>> part = {"batch_size": [2], "names": None, "leaves": [leaf], "subs": []}
+        >>> layout, where = combined_layout([part, part], stack=True)
+        >>> layout["leaves"][0]["shape"], where
+        ([2, 2, 3], [0, 1])
+        >>> layout, where = combined_layout([part, part], stack=False)
+        >>> layout["batch_size"], where
+        ([4], [[0, 2], [2, 4]])
+    """
+    if not parts or any(not layout["batch_size"] for layout in parts):
+        return None
+    if any(_resized(p, None, stack=stack) != _resized(parts[0], None, stack=stack) for p in parts):
+        return None
+    if stack:
+        return _resized(parts[0], len(parts), stack=True), list(range(len(parts)))
+    rows = [int(p["batch_size"][0]) for p in parts]
+    bounds = [[sum(rows[:i]), sum(rows[: i + 1])] for i in range(len(rows))]
+    combined = _resized(parts[0], sum(rows), stack=False)
+    return combined, bounds
+
+
+def part_of(td: TensorDictBase, part: object) -> TensorDictBase:
+    """The views of ``td`` that one part of :func:`combined_layout` is: ``td[i]`` or ``td[start:stop]``.
+
+    Raises:
+        ProtocolError: ``part`` is neither an index nor rows of ``td``'s first dim.
+    """
+    size = td.batch_size[0] if td.batch_dims else 0
+    if type(part) is int and 0 <= part < size:
+        return td[part]
+    if (
+        isinstance(part, list)
+        and len(part) == 2
+        and all(type(x) is int for x in part)
+        and 0 <= part[0] < part[1] <= size
+    ):
+        return td[part[0] : part[1]]
+    raise _fail(f"part {part!r:.100} is neither an index nor rows [start, stop) of a batch of {size}")

@@ -26,10 +26,10 @@ import weakref
 from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport.layout import LeafLayout, aligned_offsets, build_tensordict, validate_layout
+from acollect.transport.layout import LeafLayout, aligned_offsets, build_tensordict, part_of, validate_layout
 
 __all__ = ["SHM_DIR", "SHM_PREFIX", "ShmSegment", "ShmTensorDictSlot", "cleanup_stale", "shm_available"]
 
@@ -228,6 +228,7 @@ class ShmTensorDictSlot:
     with :attr:`name` and :attr:`layout`. Leaves sit at 64-byte aligned offsets.
 
     Examples:
+        >>> from tensordict import TensorDict
         >>> from acollect.transport.wire import encode_tensordict
         >>> td = TensorDict({"obs": torch.arange(6).view(2, 3)}, batch_size=[2])
         >>> with ShmTensorDictSlot.create(encode_tensordict(td)[0]) as slot:
@@ -237,9 +238,10 @@ class ShmTensorDictSlot:
         15
     """
 
-    def __init__(self, segment: ShmSegment, layout: dict[str, Any]) -> None:
+    def __init__(self, segment: ShmSegment, layout: dict[str, Any], *, part: object = None) -> None:
         self._segment = segment
         self._layout = layout
+        self._part = part
         spec = validate_layout(layout)
         self._leaves: tuple[LeafLayout, ...] = spec.leaves
         offsets, _ = aligned_offsets([leaf.nbytes for leaf in spec.leaves])
@@ -250,7 +252,16 @@ class ShmTensorDictSlot:
             else torch.empty(leaf.shape, dtype=leaf.dtype)
             for leaf, off in zip(spec.leaves, offsets, strict=True)
         ]
-        self._td: TensorDict | None = build_tensordict(spec, self._views)
+        self._td: TensorDictBase | None = build_tensordict(spec, self._views)
+        if part is not None:
+            # One writer's rows of a batch several write (see combined_layout): views of views, so the
+            # writers never touch each other's memory and the reader sees the whole batch in one piece.
+            self._td = part_of(self._td, part)
+            self._views = [self._td.get(leaf.key) for leaf in spec.leaves]
+            self._leaves = tuple(
+                LeafLayout(leaf.key, leaf.dtype, tuple(view.shape), view.numel() * view.element_size())
+                for leaf, view in zip(spec.leaves, self._views, strict=True)
+            )
 
     @staticmethod
     def nbytes_for(layout: dict[str, Any]) -> int:
@@ -270,11 +281,11 @@ class ShmTensorDictSlot:
             raise
 
     @classmethod
-    def attach(cls, name: str, layout: dict[str, Any]) -> ShmTensorDictSlot:
-        """Attaches to a slot another process created."""
+    def attach(cls, name: str, layout: dict[str, Any], *, part: object = None) -> ShmTensorDictSlot:
+        """Attaches to a slot another process created (``part``: only this part of it, see :meth:`part_view`)."""
         segment = ShmSegment.attach(name, cls.nbytes_for(layout))
         try:
-            return cls(segment, layout)
+            return cls(segment, layout, part=part)
         except BaseException:
             segment.close()
             raise
@@ -290,12 +301,24 @@ class ShmTensorDictSlot:
         return self._layout
 
     @property
+    def part(self) -> object:
+        """Which part of the layout this slot is (see :func:`~acollect.transport.layout.part_of`), or ``None``."""
+        return self._part
+
+    def part_view(self, part: object) -> ShmTensorDictSlot:
+        """The same memory seen as one part of its layout: an index of its first dim, or rows ``[start, stop)``.
+
+        The part shares this slot's segment: closing either closes both.
+        """
+        return type(self)(self._segment, self._layout, part=part)
+
+    @property
     def segment(self) -> ShmSegment:
         """The underlying segment."""
         return self._segment
 
     @property
-    def tensordict(self) -> TensorDict:
+    def tensordict(self) -> TensorDictBase:
         """The slot itself as a TensorDict of views: fill it in place to skip a copy."""
         if self._td is None or self._segment.closed:
             raise TransportError(f"shared-memory slot {self.name!r} is closed")

@@ -58,18 +58,22 @@ class ShmSlotRing:
         return cls(slots)
 
     @classmethod
-    def attach(cls, names: Sequence[str], layout: dict[str, Any]) -> ShmSlotRing:
-        """Attaches to every slot of a ring another process created."""
+    def attach(cls, names: Sequence[str], layout: dict[str, Any], *, part: object = None) -> ShmSlotRing:
+        """Attaches to every slot of a ring another process created (``part``: only that part of each slot)."""
         if isinstance(names, str) or not names:
             raise ConfigurationError.bad_value("names", names, "a non-empty list of segment names")
         slots: list[ShmTensorDictSlot] = []
         try:
-            slots.extend(ShmTensorDictSlot.attach(name, layout) for name in names)
+            slots.extend(ShmTensorDictSlot.attach(name, layout, part=part) for name in names)
         except BaseException:
             for slot in slots:
                 slot.close()
             raise
         return cls(slots)
+
+    def part_view(self, part: object) -> ShmSlotRing:
+        """A ring over the same segments, each slot seen as that one part (see :meth:`ShmTensorDictSlot.part_view`)."""
+        return type(self)([slot.part_view(part) for slot in self._slots])
 
     @property
     def names(self) -> list[str]:

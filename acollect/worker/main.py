@@ -31,6 +31,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections import deque
 from typing import Any
 
 import torch
@@ -76,7 +77,8 @@ class _Worker(StagingMixin):
         self.engine: RolloutEngine | None = None
         self.cond = threading.Condition()
         # Runner state, guarded by `cond`.
-        self.requested = 0  # one-shot batches asked for (``collect``)
+        # One-shot batches asked for (``collect``), each with the shared segment it names (None: any free slot).
+        self.requested: deque[int | None] = deque()
         self.credits = 0  # batches that may be sent ahead (``run``)
         self.running = False
         self.paused = False
@@ -229,9 +231,13 @@ class _Worker(StagingMixin):
             return
         with self.cond:
             if kind == P.SLOTS:
-                self.ring = ShmSlotRing.attach(header["names"], header["layout"])
+                # With ``part``: this worker's rows of segments every worker writes (acollect.pool.shared).
+                self.ring = ShmSlotRing.attach(header["names"], header["layout"], part=header.get("part"))
             elif kind == P.COLLECT:
-                self.requested += 1
+                slot = header.get("slot")
+                if slot is not None and (self.ring is None or type(slot) is not int or not 0 <= slot < len(self.ring)):
+                    raise ValueError(f"collect named slot {slot!r:.20}, which this worker does not have")
+                self.requested.append(slot)
             elif kind == P.RUN:
                 self.running = True
                 self.credits = int(header["credits"])
@@ -248,12 +254,16 @@ class _Worker(StagingMixin):
             self.cond.notify_all()
 
     # -- the runner thread ---------------------------------------------------------------
+    def _named_slot(self) -> int | None:
+        """The shared segment the next one-shot batch goes into, if its request named one."""
+        return self.requested[0] if self.requested else None
+
     def _has_work(self, holds_slot: bool) -> bool:
         if self.stopping or self.paused or self.failed:
             return False
-        if self.ring is not None and self.ring.n_free == 0 and not holds_slot:
+        if self.ring is not None and self.ring.n_free == 0 and not holds_slot and self._named_slot() is None:
             return False
-        return self.requested > 0 or (self.running and self.credits > 0)
+        return bool(self.requested) or (self.running and self.credits > 0)
 
     def runner_loop(self) -> None:
         engine = self.engine
@@ -271,10 +281,12 @@ class _Worker(StagingMixin):
                         if self.stopping:
                             return
                         self.cond.wait(0.5)
-                    one_shot = self.requested > 0
+                    one_shot = bool(self.requested)
                     slot: int | None = held
                     if held is None and self.ring is not None:
-                        slot = self.ring.acquire()
+                        # A named segment is the collector's to free (it is no credit of this worker's ring).
+                        named = self._named_slot()
+                        slot = named if named is not None else self.ring.acquire()
                     held = None
                     self.interrupt.clear()
                     self.busy = True
@@ -311,7 +323,7 @@ class _Worker(StagingMixin):
                     message = pack_message(P.BATCH, self._fields(header), batch)
                 with self.cond:
                     if one_shot:
-                        self.requested -= 1
+                        self.requested.popleft()
                     else:
                         self.credits -= 1
                     self.busy = False

@@ -7,8 +7,9 @@ frames for batches and weights. Nothing here is ever pickled.
 Collector -> worker:
 
 =============  ====================================================================
-``slots``      ``names``, ``layout``: attach these shared-memory slots for batches
-``collect``    collect exactly one batch (synchronous collectors)
+``slots``      ``names``, ``layout``: attach these shared-memory slots for batches; ``part``: only these rows
+               of each (an index or ``[start, stop)`` of the first dim), which every worker writes its own of
+``collect``    collect exactly one batch (synchronous collectors); ``slot``: into this slot (a shared one)
 ``run``        ``credits``: keep collecting while credits last (asynchronous ones)
 ``credit``     ``slot`` (optional): one batch was consumed; its slot is free again
 ``weights``    ``version``, ``models``: new weights, applied at the next batch boundary

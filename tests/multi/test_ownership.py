@@ -51,6 +51,8 @@ async def test_async_lent_batch_is_the_slot_and_is_reused(start_method: str) -> 
 
 
 async def test_sync_lent_batches_reuse_one_buffer(start_method: str) -> None:
+    # Batches this small travel as messages: they are gathered into one buffer, reused for every batch. (Through
+    # shared memory, a lent batch is the segment the workers wrote: tests/multi/test_shared_batches.py.)
     async with MultiSyncCollector(
         [counting()] * 2, frames_per_batch=16, copy_batches=False, start_method=start_method
     ) as collector:

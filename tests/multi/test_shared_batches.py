@@ -1,0 +1,150 @@
+"""Lockstep batches written in place: one shared segment per batch in flight, each worker its own rows."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import pytest
+import torch
+from tensordict import TensorDict
+
+from acollect import MultiSyncCollector
+from acollect.errors import ProtocolError
+from acollect.pool.shared import SharedBatches
+from acollect.testing import CountingEnv, assert_counting_batch
+from acollect.transport.layout import combined_layout, part_of
+from acollect.transport.wire import encode_tensordict
+
+
+def counting(num_envs: int = 2, episode_length: int = 1000):
+    return lambda: CountingEnv(num_envs=num_envs, episode_length=episode_length)
+
+
+def _row_bytes(t: torch.Tensor) -> int:
+    return t[0].numel() * t.element_size()
+
+
+async def test_a_lent_batch_is_one_segment_holding_each_workers_rows_in_order(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting()] * 2, frames_per_batch=16, copy_batches=False, use_shared_memory=True, start_method=start_method
+    ) as collector:
+        first = await anext(collector)
+        obs = first["observation"]
+        # One piece of memory, no gather: worker 1's rows lie right after worker 0's.
+        assert obs.is_contiguous()
+        assert obs[1].data_ptr() == obs[0].data_ptr() + _row_bytes(obs)
+        for worker in (0, 1):
+            assert_counting_batch(first[worker])
+            # Trajectory ids are unique across workers: worker w's are w modulo the number of workers.
+            assert (first["collector", "traj_ids"][worker] % 2 == worker).all()
+        kept = first.clone()
+        await anyio.sleep(0.3)  # the workers collect the next batch ahead meanwhile: into the other segment
+        assert (first == kept).all()
+        second = await anext(collector)
+        assert second["observation"].data_ptr() != obs.data_ptr()
+        assert (second["observation"] - kept["observation"] == 4).all()  # contiguous streams
+        third = await anext(collector)
+        assert third["observation"].data_ptr() == obs.data_ptr()  # two segments, taking turns
+        assert (third["observation"] - kept["observation"] == 8).all()
+
+
+async def test_concatenated_batches_are_written_in_place_too(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting()] * 2,
+        frames_per_batch=16,
+        cat_results=0,
+        copy_batches=False,
+        use_shared_memory=True,
+        start_method=start_method,
+    ) as collector:
+        batch = await anext(collector)
+        assert batch.batch_size == (4, 4)
+        obs = batch["observation"]
+        assert obs.is_contiguous()
+        assert obs[2].data_ptr() == obs[0].data_ptr() + 2 * _row_bytes(obs)
+        assert (batch["collector", "traj_ids"][:2] % 2 == 0).all()
+        assert (batch["collector", "traj_ids"][2:] % 2 == 1).all()
+        assert_counting_batch(batch)
+
+
+async def test_default_batches_are_copied_out_of_the_segments(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting()] * 2, frames_per_batch=16, use_shared_memory=True, start_method=start_method
+    ) as collector:
+        first = await anext(collector)
+        kept = first.clone()
+        for _ in range(4):  # every segment is written again meanwhile
+            await anext(collector)
+        assert (first == kept).all()
+        assert_counting_batch(first)
+
+
+async def test_a_restarted_worker_writes_the_same_rows_and_spares_a_held_batch(start_method: str) -> None:
+    async with MultiSyncCollector(
+        [counting(2, episode_length=5)] * 2,
+        frames_per_batch=40,
+        copy_batches=False,
+        use_shared_memory=True,
+        max_worker_restarts=1,
+        start_method=start_method,
+    ) as collector:
+        held = await anext(collector)
+        kept = held.clone()
+        dead = collector.worker_pids[0]
+        os.kill(dead, signal.SIGKILL)
+        with anyio.fail_after(60):
+            while collector.worker_pids[0] == dead:  # noqa: ASYNC110 - a restart has no event to wait on
+                await anyio.sleep(0.05)
+            await anyio.sleep(0.5)  # the new worker collects meanwhile, into the segment not lent
+        assert (held == kept).all()
+        with anyio.fail_after(60):
+            for _ in range(3):
+                batch = await anext(collector)
+                assert batch.batch_size == (2, 2, 10)
+                assert_counting_batch(batch)
+        assert collector.dropped_batches <= 1
+
+
+def _layout(n_envs: int) -> dict:
+    td = TensorDict({"obs": torch.zeros(n_envs, 3, 2), "next": {"r": torch.zeros(n_envs, 3)}}, batch_size=[n_envs, 3])
+    td.names = [None, "time"]
+    return encode_tensordict(td)[0]
+
+
+def test_combined_layouts_and_their_parts() -> None:
+    stacked, parts = combined_layout([_layout(2), _layout(2)], stack=True)  # type: ignore[misc]
+    assert stacked["batch_size"] == [2, 2, 3]
+    assert stacked["names"] == [None, None, "time"]
+    assert parts == [0, 1]
+    assert combined_layout([_layout(2), _layout(3)], stack=True) is None  # stacking needs equal shapes
+    cat, rows = combined_layout([_layout(2), _layout(3)], stack=False)  # type: ignore[misc]
+    assert cat["batch_size"] == [5, 3]
+    assert rows == [[0, 2], [2, 5]]
+    assert cat["leaves"][0]["nbytes"] == 5 * 3 * 2 * 4
+    whole = TensorDict({"obs": torch.arange(5 * 3 * 2).view(5, 3, 2)}, batch_size=[5, 3])
+    assert part_of(whole, [2, 5])["obs"].data_ptr() == whole["obs"][2].data_ptr()
+    for bad in ([3, 2], [0, 6], 5, "0"):
+        with pytest.raises(ProtocolError):
+            part_of(whole, bad)
+
+
+def test_a_segment_is_free_once_every_part_is_given_back() -> None:
+    shared = SharedBatches.create([_layout(2), _layout(2)], stack=True, n_slots=2)
+    assert shared is not None
+    try:
+        a, b = shared.acquire(), shared.acquire()
+        assert (a, b, shared.acquire()) == (0, 1, None)
+        # What a worker writes into its rows is the trainer's view of the whole batch.
+        shared.part_ring(1)[a].tensordict["obs"].fill_(7)
+        assert shared.batch(a)["obs"][1].eq(7).all()
+        assert shared.batch(a)["obs"][0].ne(7).all()
+        shared.give_back(a)
+        assert shared.acquire() is None  # one part still out
+        shared.give_back(a)
+        assert shared.acquire() == a
+        with pytest.raises(ProtocolError, match="worker 1"):
+            shared.check_one_slot([a, b], a)
+    finally:
+        shared.close()
