@@ -238,6 +238,7 @@ class _Worker(StagingMixin):
                 if slot is not None and (self.ring is None or type(slot) is not int or not 0 <= slot < len(self.ring)):
                     raise ValueError(f"collect named slot {slot!r:.20}, which this worker does not have")
                 self.requested.append(slot)
+                self.collects_received += 1
             elif kind == P.RUN:
                 self.running = True
                 self.credits = int(header["credits"])
@@ -292,7 +293,7 @@ class _Worker(StagingMixin):
                     self.busy = True
                 try:
                     with self.engine_lock:
-                        resets = self.apply_pending()
+                        resets = self.apply_pending(self.collects_done + 1 if one_shot else None)
                         if not engine.in_batch:  # a new batch (a reseed may have given up the one held)
                             began_after = resets
                         # With slots, the engine writes straight into shared memory: no copy on this side.
@@ -324,6 +325,7 @@ class _Worker(StagingMixin):
                 with self.cond:
                     if one_shot:
                         self.requested.popleft()
+                        self.collects_done += 1
                     else:
                         self.credits -= 1
                     self.busy = False

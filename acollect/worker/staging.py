@@ -58,6 +58,12 @@ class StagingMixin:
         self.pending_lock = threading.Lock()
         self.pending_weights: dict[str, tuple[Any, torch.Tensor]] = {}
         self.pending_version: int | None = None
+        #: the staged weights apply to one-shot requests numbered above this (those received after the push)
+        self.pending_after = 0
+        # One-shot requests received and finished (the worker counts them, under its condition): a push applies
+        # to the requests received after it, never to one asked for ahead before it that the runner has not begun.
+        self.collects_received = 0
+        self.collects_done = 0
         self.pending_seed: int | None = None
         self.pending_state: dict[str, int] | None = None
         self.resets = 0  # P.RESETS messages received (under pending_lock)
@@ -79,11 +85,14 @@ class StagingMixin:
             return
         engine = self.engine
         assert engine is not None
+        # Requests received before this push: batches asked for ahead keep the version they were asked under, even
+        # where the runner has not begun them yet (a lockstep batch's parts must not differ by when each began).
+        after = self.collects_received
         if self.engine_lock.acquire(blocking=False):
             try:
                 # Idle between batches: apply straight from the message or segment, no staging copy.
                 # Not into a batch held by a pause: every frame of a batch is chosen by one version.
-                idle = not engine.in_batch
+                idle = not engine.in_batch and self.collects_done >= after
                 if idle:
                     for plan in plans:
                         copy_planned(plan)
@@ -98,6 +107,7 @@ class StagingMixin:
             with self.pending_lock:
                 self.pending_weights.update(copies)
                 self.pending_version = version
+                self.pending_after = after
         self.send(P.ACK, {"version": version})
 
     def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
@@ -107,12 +117,13 @@ class StagingMixin:
             copy_planned(plan)
         engine.policy_version = version
 
-    def apply_pending(self) -> int:
+    def apply_pending(self, serving: int | None = None) -> int:
         """Applies staged seed, state and weights; returns ``resets`` as of them. Call with ``engine_lock``
         held, between batches.
 
         A seed or a state restore gives up a batch a pause left half-way (the engine counts its frames);
-        weights wait while such a batch is still to be finished, so that one version chose all its frames.
+        weights wait while such a batch is still to be finished, so that one version chose all its frames, and
+        while the batch about to begin (one-shot request number ``serving``) was asked for before they came.
         """
         engine = self.engine
         assert engine is not None
@@ -127,7 +138,7 @@ class StagingMixin:
             engine.next_traj_counter = state["next_traj_counter"]
             engine.frames = state["frames"]
             engine.restart()  # fresh trajectories get ids from the restored counter
-        if not engine.in_batch:
+        if not engine.in_batch and (serving is None or serving > self.pending_after):
             with self.pending_lock:
                 weights, self.pending_weights = self.pending_weights, {}
                 version, self.pending_version = self.pending_version, None
@@ -138,6 +149,7 @@ class StagingMixin:
     def apply_if_idle(self) -> None:
         if self.engine is not None and self.engine_lock.acquire(blocking=False):
             try:
-                self.apply_pending()
+                queued = self.collects_received > self.collects_done
+                self.apply_pending(self.collects_done + 1 if queued else None)
             finally:
                 self.engine_lock.release()

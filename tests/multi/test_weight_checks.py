@@ -187,3 +187,18 @@ async def test_a_malformed_weights_message_leaves_the_worker_alive(
         assert c.worker_pids == pids
         assert await c.update_policy_weights_(NestedProbe(1.0)) == 1
         assert versions_and_actions(await next_with_version(c, 1)) == ([1], [1])
+
+
+async def test_a_push_after_a_batch_never_splits_the_batch_begun_ahead_between_versions(start_method: str) -> None:
+    # The batch after each anext() is asked for ahead before the push; a worker whose runner had not begun it when
+    # the weights arrived used to apply them at once: one lockstep batch, its parts of two versions.
+    async with MultiSyncCollector([counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method) as c:
+        seen: list[list[int]] = []
+        with anyio.fail_after(120):
+            for version in range(1, 31):
+                for _ in range(2):  # a batch that no push preceded: the next one is asked for ahead
+                    batch = await anext(c)
+                    seen.append(batch["collector", "policy_version"].unique().tolist())
+                assert await c.update_policy_weights_({"net.0.w": torch.full((1,), float(version))}) == version
+        mixed = [versions for versions in seen if len(versions) > 1]
+        assert not mixed, f"{len(mixed)} of {len(seen)} batches mixed versions across their parts: {mixed[:5]}"
