@@ -6,6 +6,7 @@ import functools
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 import torch
 from tensordict import TensorDict
@@ -318,6 +319,24 @@ async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
         assert c.state is CollectorState.RUNNING
         await wait_until(lambda: len(rb) > size)
     assert not our_threads()
+
+
+async def test_background_mode_writes_batches_in_slices_the_loop_runs_between() -> None:
+    """A task on the loop sees the buffer part-way through a batch, and every transition it samples is whole."""
+    rb = ReplayBuffer(5_000)
+    sizes: set[int] = set()
+    async with Collector(lambda: CountingEnv(num_envs=4, episode_length=7), None, frames_per_batch=2_048) as c:
+        c.start(replay_buffer=rb)
+        with anyio.fail_after(60):
+            while len(rb) < rb.capacity:  # two batches, then a third overwriting the oldest rows
+                sizes.add(len(rb))
+                if len(rb):
+                    sample = rb.sample(64)
+                    assert torch.equal(sample["next", "observation"] - sample["observation"],
+                                       torch.ones_like(sample["observation"]))  # fmt: skip
+                await anyio.lowlevel.checkpoint()
+    # Written whole, the buffer would only ever hold multiples of 2,048 transitions.
+    assert any(size % 2_048 for size in sizes), sorted(sizes)
 
 
 async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:

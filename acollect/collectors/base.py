@@ -59,7 +59,7 @@ from acollect.errors import (
     CollectorStateError,
     ConfigurationError,
 )
-from acollect.replay_buffer import SupportsExtend
+from acollect.replay_buffer import ReplayBuffer, SupportsExtend
 from acollect.weights import WeightUpdate
 
 if TYPE_CHECKING:
@@ -318,7 +318,9 @@ class CollectorBase(ReportingMixin):
 
         Args:
             replay_buffer: any object with an ``extend(batch)`` method (an :class:`acollect.ReplayBuffer`, a
-                torchrl ``ReplayBuffer``...).
+                torchrl ``ReplayBuffer``...). An :class:`acollect.ReplayBuffer` is written in slices
+                (:meth:`~acollect.ReplayBuffer.aextend`), the loop's other tasks running between them; another
+                buffer's ``extend`` is called once per batch, on the loop.
 
         Raises:
             CollectorStateError: the collector was already started, or no event loop runs.
@@ -350,8 +352,15 @@ class CollectorBase(ReportingMixin):
                 self._run.busy = True
                 try:
                     batch = await self._collect_batch()
-                    replay_buffer.extend(batch)
-                    self._count(batch)
+                    if isinstance(replay_buffer, ReplayBuffer):
+                        # In slices, the loop's other tasks running between them; shielded, so a batch that
+                        # reached the buffer is in it whole, and counted.
+                        with anyio.CancelScope(shield=True):
+                            await replay_buffer.aextend(batch)
+                            self._count(batch)
+                    else:  # a buffer of another library: one call, on the loop
+                        replay_buffer.extend(batch)
+                        self._count(batch)
                 finally:
                     self._run.busy = False
                     self._changes.notify()
