@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 import anyio
@@ -337,6 +338,32 @@ async def test_background_mode_writes_batches_in_slices_the_loop_runs_between() 
                 await anyio.lowlevel.checkpoint()
     # Written whole, the buffer would only ever hold multiples of 2,048 transitions.
     assert any(size % 2_048 for size in sizes), sorted(sizes)
+
+
+@pytest.mark.parametrize(("interval", "offers_per_step"), [(0.0, 1), (None, 0)])
+async def test_collection_thread_offers_the_gil_at_step_boundaries(
+    monkeypatch: pytest.MonkeyPatch, interval: float | None, offers_per_step: int
+) -> None:
+    import acollect._threads as threads_module
+
+    offers: list[str] = []
+    offer = threads_module._yield_gil
+
+    def counted() -> object:  # the real offer, counted by the thread that makes it
+        offers.append(threading.current_thread().name)
+        return offer()
+
+    monkeypatch.setattr(threads_module, "_yield_gil", counted)
+    async with Collector(lambda: CountingEnv(num_envs=4), None, frames_per_batch=64, total_frames=128,
+                         gil_handover_interval=interval) as c:  # fmt: skip
+        assert [batch.shape[-1] async for batch in c] == [16, 16]
+    assert offers == ["acollect-rollout"] * (32 * offers_per_step)
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), True, "1ms"])
+def test_gil_handover_interval_is_checked(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="gil_handover_interval"):
+        Collector(lambda: CountingEnv(num_envs=4), None, frames_per_batch=64, gil_handover_interval=bad)  # type: ignore[arg-type]
 
 
 async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:
