@@ -10,6 +10,9 @@ how long the loop's thread sat on a run queue, ready but descheduled
 (``/proc/thread-self/schedstat``): on a machine other jobs load, "p99 net of run-queue wait" is the
 lateness this process caused itself (its own work, and waits for the GIL).
 
+Last, how long writing one batch holds the loop: ``rb.extend(batch)`` in one piece, against the longest
+slice of ``await rb.aextend(batch)`` (what background mode does), for a CartPole batch and a pixel batch.
+
 Contenders, each for ``--seconds`` per round, rounds in turns:
 
 * ``baseline``: the ticker and the sampler alone, on a buffer filled beforehand (the floor);
@@ -41,6 +44,8 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import torch
+from tensordict import TensorDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -162,6 +167,52 @@ async def _round(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def _longest_hold_ms(write: Any, batch: Any, capacity: int) -> float:
+    """The longest the loop's other tasks waited while ``write(rb, batch)`` ran: one stretch without a checkpoint."""
+    rb = ReplayBuffer(capacity=capacity)
+    await write(rb, batch)  # storage allocated and pages touched: the measured writes overwrite
+    gaps: list[float] = []
+    writing = True
+
+    async def watcher() -> None:
+        last = time.perf_counter()
+        while writing:
+            await anyio.lowlevel.checkpoint()
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watcher)
+        await anyio.lowlevel.checkpoint()
+        await write(rb, batch)
+        writing = False
+    return max(gaps) * 1e3
+
+
+async def _writes(args: argparse.Namespace) -> dict[str, Any]:
+    """How long writing one batch holds the loop: ``extend`` in one piece, ``aextend`` slice by slice."""
+    async with _collector("Collector", args) as collector:
+        cartpole = await anext(collector)
+    pixels = TensorDict({"pixels": torch.zeros(8, 32, 84, 84, 4, dtype=torch.uint8),
+                         "next": {"pixels": torch.zeros(8, 32, 84, 84, 4, dtype=torch.uint8)}},
+                        batch_size=[8, 32])  # fmt: skip
+
+    async def extend(rb: ReplayBuffer, batch: Any) -> None:
+        rb.extend(batch)
+
+    async def aextend(rb: ReplayBuffer, batch: Any) -> None:
+        await rb.aextend(batch)
+
+    writers = {"extend": extend, **({"aextend": aextend} if hasattr(ReplayBuffer, "aextend") else {})}
+    result: dict[str, Any] = {}
+    for name, batch, capacity in (("CartPole 2048 frames", cartpole, 20_000), ("pixels 256 frames", pixels, 1_024)):
+        for how, write in writers.items():
+            holds = sorted([await _longest_hold_ms(write, batch, capacity) for _ in range(21)])
+            result[f"{name}, {how}"] = {"median_ms": holds[len(holds) // 2], "max_ms": holds[-1]}
+    return result
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     late = [x for r in results for x in r["late_ms"]]
     net = [x for r in results for x in r["net_ms"]]
@@ -220,12 +271,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   f"{s['late_max_ms']:.1f} ms; GC max {s['gc_max_ms']:.1f} ms ({s['gc_count']}); "
                   f"{s['frames_per_s'][0]:,.0f} frames/s", flush=True)  # fmt: skip
     summary = {kind: summarize(results) for kind, results in rounds.items()}
+    writes = anyio.run(_writes, args, backend=args.backend)
     print(f"\n{'what':<22}{'p50 ms':>9}{'p99 ms':>9}{'net p99':>9}{'max ms':>9}{'GC max ms':>11}{'GCs':>6}"
           f"{'frames/s':>10}")  # fmt: skip
     for kind, s in summary.items():
         frames = sum(s["frames_per_s"]) / len(s["frames_per_s"])
         print(f"{kind:<22}{s['late_p50_ms']:>9.2f}{s['late_p99_ms']:>9.2f}{s['net_of_run_queue_p99_ms']:>9.2f}"
               f"{s['late_max_ms']:>9.1f}{s['gc_max_ms']:>11.1f}{s['gc_count']:>6}{frames:>10,.0f}")  # fmt: skip
+    print("\nthe longest the loop waits while one batch is written (median and max of 21 writes):")
+    for what, hold in writes.items():
+        print(f"  {what:<32}{hold['median_ms']:>8.2f} ms{hold['max_ms']:>8.2f} ms")
     print(f"goal: p99 <= {GOAL_P99_MS} ms with worker processes, <= {GOAL_P99_MS_IN_PROCESS} ms in-process; "
           f"GC pauses of acollect's making <= {GOAL_GC_MS} ms")  # fmt: skip
     payload = {
@@ -238,6 +293,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # Every tick's lateness would be tens of thousands of numbers: each round keeps its GC pauses and rates.
         "rounds": {kind: [_round_record(r) for r in rs] for kind, rs in rounds.items()},
         "summary": summary,
+        "longest_hold_while_writing_a_batch": writes,
         "goal_p99_ms": GOAL_P99_MS,
         "goal_p99_ms_in_process": GOAL_P99_MS_IN_PROCESS,
         "goal_gc_ms": GOAL_GC_MS,
