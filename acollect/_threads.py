@@ -94,9 +94,10 @@ class GilHandover:
     it; but every time the holder drops and takes it back on its own (each torch op does), the waiter's
     wait starts again, so an event loop beside a collection thread can wait many intervals. Called between
     two env steps, this drops the GIL and yields the CPU (``os.sched_yield``), which lets a waiting loop
-    take it: the loop then waits at most ``interval`` plus one step. It changes nothing for other threads
-    or for the process's switch interval. The price is the GIL's share: a loop that keeps the GIL busy
-    (a trainer sampling in a tight loop) gets more of it, and collection less.
+    take it: each time the loop wants the GIL it then waits about ``interval`` plus one step, not several
+    switch intervals (a hand-over, not a guarantee: the scheduler decides who runs). It changes nothing
+    for other threads or for the process's switch interval. The price is the GIL's share: a loop that
+    keeps the GIL busy (a trainer sampling in a tight loop) gets more of it, and collection less.
 
     Args:
         interval: the least time between two offers; 0 offers at every call.
