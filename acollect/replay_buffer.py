@@ -29,7 +29,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, EmptyBufferError
 
-__all__ = ["EmptyBufferError", "ReplayBuffer", "SupportsExtend"]
+__all__ = ["EmptyBufferError", "ReplayBuffer", "SupportsExtend", "extend_from_loop"]
 
 NestedKey = str | tuple[str, ...]
 
@@ -319,3 +319,16 @@ class SupportsExtend(Protocol):
 
     def extend(self, data: TensorDictBase, /) -> Any:
         """Adds a batch of transitions."""
+
+
+async def extend_from_loop(buffer: SupportsExtend, batch: TensorDictBase) -> None:
+    """Hands ``batch`` to ``buffer`` from an event loop, holding the loop as briefly as the buffer allows.
+
+    An :class:`ReplayBuffer` is written in slices (:meth:`ReplayBuffer.aextend`), the loop's other tasks
+    running between them; another library's buffer gets one ``extend(batch)`` call, on the loop (slicing
+    the batch would change what its samplers see).
+    """
+    if isinstance(buffer, ReplayBuffer):
+        await buffer.aextend(batch)
+    else:
+        buffer.extend(batch)

@@ -59,7 +59,7 @@ from acollect.errors import (
     CollectorStateError,
     ConfigurationError,
 )
-from acollect.replay_buffer import ReplayBuffer, SupportsExtend
+from acollect.replay_buffer import SupportsExtend, extend_from_loop
 from acollect.weights import WeightUpdate
 
 if TYPE_CHECKING:
@@ -318,9 +318,7 @@ class CollectorBase(ReportingMixin):
 
         Args:
             replay_buffer: any object with an ``extend(batch)`` method (an :class:`acollect.ReplayBuffer`, a
-                torchrl ``ReplayBuffer``...). An :class:`acollect.ReplayBuffer` is written in slices
-                (:meth:`~acollect.ReplayBuffer.aextend`), the loop's other tasks running between them; another
-                buffer's ``extend`` is called once per batch, on the loop.
+                torchrl ``ReplayBuffer``...), written as :func:`~acollect.replay_buffer.extend_from_loop` says.
 
         Raises:
             CollectorStateError: the collector was already started, or no event loop runs.
@@ -352,14 +350,8 @@ class CollectorBase(ReportingMixin):
                 self._run.busy = True
                 try:
                     batch = await self._collect_batch()
-                    if isinstance(replay_buffer, ReplayBuffer):
-                        # In slices, the loop's other tasks running between them; shielded, so a batch that
-                        # reached the buffer is in it whole, and counted.
-                        with anyio.CancelScope(shield=True):
-                            await replay_buffer.aextend(batch)
-                            self._count(batch)
-                    else:  # a buffer of another library: one call, on the loop
-                        replay_buffer.extend(batch)
+                    with anyio.CancelScope(shield=True):  # a batch that reached the buffer is in it whole, counted
+                        await extend_from_loop(replay_buffer, batch)
                         self._count(batch)
                 finally:
                     self._run.busy = False
