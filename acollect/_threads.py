@@ -17,6 +17,9 @@ after the event loop has stopped or closed; a callback scheduled into the loop
 ran it, which a stopped loop never does. Socket pairs (not pipes) because
 ``wait_readable`` takes only sockets on Windows; they are reused from call to
 call, since creating and closing one costs about as much as the rest of a call.
+
+:class:`GilHandover` is what a collection thread calls between two env steps so that the event
+loop, sharing its GIL, never waits long for it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -34,7 +39,7 @@ import anyio
 
 from acollect._warnings import KeptWarnings, emit
 
-__all__ = ["THREAD_NAME_PREFIX", "run_in_thread"]
+__all__ = ["THREAD_NAME_PREFIX", "GilHandover", "run_in_thread"]
 
 T = TypeVar("T")
 
@@ -76,6 +81,49 @@ def _close_idle_pairs() -> None:
 atexit.register(_close_idle_pairs)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_idle_pairs)
+
+
+# Releases the GIL around the system call, and costs about half a microsecond when no thread waits for it.
+_yield_gil: Callable[[], object] = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+
+
+class GilHandover:
+    """Offers the GIL to a thread waiting for it (the event loop), when called at most every ``interval`` seconds.
+
+    A thread that wants the GIL waits up to the switch interval (5 ms) and then asks the holder to drop
+    it; but every time the holder drops and takes it back on its own (each torch op does), the waiter's
+    wait starts again, so an event loop beside a collection thread can wait many intervals. Called between
+    two env steps, this drops the GIL and yields the CPU (``os.sched_yield``), which lets a waiting loop
+    take it: each time the loop wants the GIL it then waits about ``interval`` plus one step, not several
+    switch intervals (a hand-over, not a guarantee: the scheduler decides who runs). It changes nothing
+    for other threads or for the process's switch interval. The price is the GIL's share: a loop that
+    keeps the GIL busy (a trainer sampling in a tight loop) gets more of it, and collection less.
+
+    Args:
+        interval: the least time between two offers; 0 offers at every call.
+
+    Examples:
+        >>> handover = GilHandover(0.001)
+        >>> for _ in range(3):
+        ...     handover()  # between two env steps; a waiting event loop takes the GIL here
+        >>> handover.offers >= 1
+        True
+    """
+
+    __slots__ = ("_last", "interval", "offers")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        #: how many times the GIL was offered
+        self.offers = 0
+        self._last = -math.inf
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.interval:
+            _yield_gil()
+            self.offers += 1
+            self._last = time.perf_counter()
 
 
 async def run_in_thread(

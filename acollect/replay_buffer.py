@@ -9,6 +9,10 @@ buffer needs no spec up front.
 The buffer is safe to share between a collector writing from its event loop (or
 a thread) and a trainer sampling from another thread: one lock guards each
 ``extend`` and ``sample``, and is held only for the copy in or out.
+:meth:`ReplayBuffer.aextend` writes a batch in slices with a checkpoint between
+them, so that a large batch never holds the event loop for the whole copy (what
+background mode uses); a sample taken between two slices sees whole transitions
+only, old or new.
 """
 
 from __future__ import annotations
@@ -18,14 +22,20 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+import anyio
+import anyio.lowlevel
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import ConfigurationError, EmptyBufferError
 
-__all__ = ["EmptyBufferError", "ReplayBuffer", "SupportsExtend"]
+__all__ = ["EmptyBufferError", "ReplayBuffer", "SupportsExtend", "extend_from_loop"]
 
 NestedKey = str | tuple[str, ...]
+
+#: At most this many bytes of transitions per slice of :meth:`ReplayBuffer.aextend`: about 0.1-0.3 ms of
+#: copying, so that pixel batches (tens of KiB per transition) are cut finer than ``slice_frames`` says.
+_SLICE_BYTES = 1 << 20
 
 
 def _key_name(key: NestedKey) -> str:
@@ -103,29 +113,65 @@ class ReplayBuffer:
             ConfigurationError: ``batch`` is not a TensorDict, holds non-tensor
                 leaves, or its keys or shapes differ from the first batch's.
         """
-        if not isinstance(batch, TensorDictBase):
-            raise ConfigurationError.bad_value("batch", type(batch).__name__, "a TensorDict")
-        n = math.prod(batch.batch_size)
-        batch_dims = batch.batch_dims
-        leaves = self._flat_leaves(batch, n, batch_dims)
+        leaves, n = self._flatten(batch)
         with self._lock:
-            if self._storage is None:
-                self._allocate(leaves, batch)
-            else:
-                self._check_structure(leaves)
-            if n == 0:
-                return
-            src_start = max(0, n - self._capacity)
-            count = n - src_start
-            start = (self._cursor + src_start) % self._capacity
-            first = min(count, self._capacity - start)
-            for key, dest in self._leaves:
-                src = leaves[key]
-                dest[start : start + first].copy_(src[src_start : src_start + first])
-                if first < count:
-                    dest[: count - first].copy_(src[src_start + first : n])
-            self._cursor = (self._cursor + n) % self._capacity
-            self._size = min(self._capacity, self._size + n)
+            self._fit(leaves, batch)
+            if n:
+                self._write(leaves, max(0, n - self._capacity), n)
+
+    async def aextend(self, batch: TensorDictBase, *, slice_frames: int = 512) -> None:
+        """:meth:`extend`, in slices with a checkpoint between them, so the event loop runs other tasks meanwhile.
+
+        Writing a batch holds whoever writes for as long as the copy takes (milliseconds for a few thousand
+        transitions on a slow machine, far more for pixels); on an event loop, every other task waits that
+        long. Here the batch is checked, then written in slices of at most ``slice_frames`` transitions (and
+        at most about 1 MiB), with a checkpoint before each. Each slice is written under the lock, and the
+        length grows only once a slice's rows are written in every leaf: a sample taken
+        between two slices (from this loop or another thread) sees whole transitions only, each either old or
+        new. The transitions end up where :meth:`extend` would put them.
+
+        The write is shielded from cancellation: a cancelled call still writes the whole batch (a batch is
+        never half in the buffer), then raises the cancellation. Two writers at once each write whole
+        transitions, but their slices may interleave.
+
+        Args:
+            batch: as for :meth:`extend`.
+            slice_frames: the most transitions written between two checkpoints.
+
+        Raises:
+            ConfigurationError: as for :meth:`extend`, or ``slice_frames`` is not a positive int.
+
+        Examples:
+            >>> import anyio, torch
+            >>> from tensordict import TensorDict
+            >>> from acollect import ReplayBuffer
+            >>> rb = ReplayBuffer(capacity=1000)
+            >>> batch = TensorDict({"observation": torch.randn(8, 64, 4)}, batch_size=[8, 64])
+            >>> anyio.run(lambda: rb.aextend(batch, slice_frames=128))  # 4 slices of 128 transitions
+            >>> len(rb)
+            512
+        """
+        if isinstance(slice_frames, bool) or not isinstance(slice_frames, int) or slice_frames <= 0:
+            raise ConfigurationError.bad_value("slice_frames", slice_frames, "a positive int")
+        leaves, n = self._flatten(batch)
+        with self._lock:
+            self._fit(leaves, batch)
+            storage = self._storage
+        if n == 0:
+            return
+        row_bytes = sum(leaf[:1].nbytes for leaf in leaves.values())
+        step = max(1, min(slice_frames, _SLICE_BYTES // max(1, row_bytes)))
+        start = max(0, n - self._capacity)
+        # Shielded: a batch is written whole or not at all, as with extend(); a few milliseconds at most.
+        with anyio.CancelScope(shield=True):
+            for lo in range(start, n, step):
+                # The loop's other tasks run here: after the batch was checked and before each slice.
+                await anyio.lowlevel.checkpoint()
+                with self._lock:
+                    if self._storage is not storage:  # load_state_dict() replaced it meanwhile: the rest may not fit
+                        break
+                    self._write(leaves, lo, min(n, lo + step))
+        await anyio.lowlevel.checkpoint_if_cancelled()
 
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """Draws ``batch_size`` transitions uniformly, with replacement.
@@ -192,6 +238,37 @@ class ReplayBuffer:
         if saved is not None and size > 0:
             self.extend(TensorDict(saved, batch_size=[size]))
 
+    def _flatten(self, batch: TensorDictBase) -> tuple[dict[NestedKey, torch.Tensor], int]:
+        """The leaves of ``batch``, each flattened to ``[n, ...]``, and ``n``."""
+        if not isinstance(batch, TensorDictBase):
+            raise ConfigurationError.bad_value("batch", type(batch).__name__, "a TensorDict")
+        n = math.prod(batch.batch_size)
+        return self._flat_leaves(batch, n, batch.batch_dims), n
+
+    def _fit(self, leaves: dict[NestedKey, torch.Tensor], batch: TensorDictBase) -> None:
+        """Allocates the storage for the first batch, checks every later one against it (lock held)."""
+        if self._storage is None:
+            self._allocate(leaves, batch)
+        else:
+            self._check_structure(leaves)
+
+    def _write(self, leaves: dict[NestedKey, torch.Tensor], lo: int, hi: int) -> None:
+        """Writes rows ``lo:hi`` of every leaf at the cursor, then moves the cursor and the length (lock held).
+
+        The rows are in every leaf before the length counts them: a sampler never draws a row that is not
+        written yet. Once full, the rows overwritten are the oldest, each replaced whole under the lock.
+        """
+        count = hi - lo
+        start = self._cursor
+        first = min(count, self._capacity - start)
+        for key, dest in self._leaves:
+            src = leaves[key]
+            dest[start : start + first].copy_(src[lo : lo + first])
+            if first < count:
+                dest[: count - first].copy_(src[lo + first : hi])
+        self._cursor = (start + count) % self._capacity
+        self._size = min(self._capacity, self._size + count)
+
     def _flat_leaves(self, batch: TensorDictBase, n: int, batch_dims: int) -> dict[NestedKey, torch.Tensor]:
         leaves: dict[NestedKey, torch.Tensor] = {}
         for key in batch.keys(include_nested=True, leaves_only=True):
@@ -242,3 +319,16 @@ class SupportsExtend(Protocol):
 
     def extend(self, data: TensorDictBase, /) -> Any:
         """Adds a batch of transitions."""
+
+
+async def extend_from_loop(buffer: SupportsExtend, batch: TensorDictBase) -> None:
+    """Hands ``batch`` to ``buffer`` from an event loop, holding the loop as briefly as the buffer allows.
+
+    An :class:`ReplayBuffer` is written in slices (:meth:`ReplayBuffer.aextend`), the loop's other tasks
+    running between them; another library's buffer gets one ``extend(batch)`` call, on the loop (slicing
+    the batch would change what its samplers see).
+    """
+    if isinstance(buffer, ReplayBuffer):
+        await buffer.aextend(batch)
+    else:
+        buffer.extend(batch)

@@ -248,7 +248,13 @@ class RolloutEngine:
         batch.names = [None, "time"]
         return batch
 
-    def collect(self, stop: threading.Event | None = None, *, out: TensorDict | None = None) -> TensorDict:
+    def collect(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        out: TensorDict | None = None,
+        between_steps: Callable[[], object] | None = None,
+    ) -> TensorDict:
         """Collects one batch (blocking), or finishes the one an interruption left half-way.
 
         Args:
@@ -257,11 +263,13 @@ class RolloutEngine:
                 stream of steps stays contiguous (only :meth:`seed` and :meth:`restart` give it up).
             out: fill this TensorDict (the layout of :meth:`allocate`, e.g. a shared-memory slot)
                 instead of fresh buffers. Continuing a batch begun in other buffers copies it there.
+            between_steps: called before every step (the in-process collector offers the GIL to the
+                event loop there, see :class:`~acollect._threads.GilHandover`).
 
         Returns:
             A fresh TensorDict ``[n_envs, T]`` that the caller owns, or ``out``.
         """
-        steps = self.stepper(stop, out=out)
+        steps = self.stepper(stop, out=out, between_steps=between_steps)
         with torch.inference_mode(), exploration(self.exploration_type):
             try:
                 while True:
@@ -270,7 +278,11 @@ class RolloutEngine:
                 return finished.value
 
     def stepper(
-        self, stop: threading.Event | None = None, *, out: TensorDict | None = None
+        self,
+        stop: threading.Event | None = None,
+        *,
+        out: TensorDict | None = None,
+        between_steps: Callable[[], object] | None = None,
     ) -> Generator[None, None, TensorDict]:
         """:meth:`collect` as a generator, for a caller that interleaves two engines (and holds inference mode
         and the exploration type around it): with :attr:`pipelined`, it yields between sending a step's
@@ -287,10 +299,14 @@ class RolloutEngine:
             # Buffers are allocated outside inference mode so that batches can feed autograd later; the
             # steps run inside it, which spares the policy's forward all autograd bookkeeping.
             batch = self._allocate() if out is None else out
-        return self._steps(batch, stop, start)
+        return self._steps(batch, stop, start, between_steps)
 
     def _steps(
-        self, batch: TensorDict, stop: threading.Event | None, start: int
+        self,
+        batch: TensorDict,
+        stop: threading.Event | None,
+        start: int,
+        between_steps: Callable[[], object] | None = None,
     ) -> Generator[None, None, TensorDict]:
         root, nxt, env = self._root, self._next, self.env
         if start == 0:
@@ -319,6 +335,8 @@ class RolloutEngine:
             if stop is not None and stop.is_set():
                 self._partial = (batch, t)  # kept: the next collect() goes on from step t
                 raise RolloutInterrupted
+            if between_steps is not None:
+                between_steps()
             root_copies.copy(t)
             if self.frames + t * n < random_until:
                 outputs = self._random(None)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 import torch
 from tensordict import TensorDict
@@ -318,6 +320,50 @@ async def test_background_mode_fills_buffer_and_pause_stops_it() -> None:
         assert c.state is CollectorState.RUNNING
         await wait_until(lambda: len(rb) > size)
     assert not our_threads()
+
+
+async def test_background_mode_writes_batches_in_slices_the_loop_runs_between() -> None:
+    """A task on the loop sees the buffer part-way through a batch, and every transition it samples is whole."""
+    rb = ReplayBuffer(5_000)
+    sizes: set[int] = set()
+    async with Collector(lambda: CountingEnv(num_envs=4, episode_length=7), None, frames_per_batch=2_048) as c:
+        c.start(replay_buffer=rb)
+        with anyio.fail_after(60):
+            while len(rb) < rb.capacity:  # two batches, then a third overwriting the oldest rows
+                sizes.add(len(rb))
+                if len(rb):
+                    sample = rb.sample(64)
+                    assert torch.equal(sample["next", "observation"] - sample["observation"],
+                                       torch.ones_like(sample["observation"]))  # fmt: skip
+                await anyio.lowlevel.checkpoint()
+    # Written whole, the buffer would only ever hold multiples of 2,048 transitions.
+    assert any(size % 2_048 for size in sizes), sorted(sizes)
+
+
+@pytest.mark.parametrize(("interval", "offers_per_step"), [(0.0, 1), (None, 0)])
+async def test_collection_thread_offers_the_gil_at_step_boundaries(
+    monkeypatch: pytest.MonkeyPatch, interval: float | None, offers_per_step: int
+) -> None:
+    import acollect._threads as threads_module
+
+    offers: list[str] = []
+    offer = threads_module._yield_gil
+
+    def counted() -> object:  # the real offer, counted by the thread that makes it
+        offers.append(threading.current_thread().name)
+        return offer()
+
+    monkeypatch.setattr(threads_module, "_yield_gil", counted)
+    async with Collector(lambda: CountingEnv(num_envs=4), None, frames_per_batch=64, total_frames=128,
+                         gil_handover_interval=interval) as c:  # fmt: skip
+        assert [batch.shape[-1] async for batch in c] == [16, 16]
+    assert offers == ["acollect-rollout"] * (32 * offers_per_step)
+
+
+@pytest.mark.parametrize("bad", [-0.001, float("nan"), True, "1ms"])
+def test_gil_handover_interval_is_checked(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="gil_handover_interval"):
+        Collector(lambda: CountingEnv(num_envs=4), None, frames_per_batch=64, gil_handover_interval=bad)  # type: ignore[arg-type]
 
 
 async def test_background_error_is_raised_at_next_call_and_never_lost() -> None:

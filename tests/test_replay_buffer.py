@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import anyio
+import anyio.lowlevel
 import pytest
 import torch
 from tensordict import TensorDict
@@ -247,6 +249,58 @@ def test_concurrent_extend_and_sample_threads() -> None:
     assert not errors, errors
     total = n_batches * per_batch
     assert stored_ids(rb) == list(range(total - capacity, total))
+
+
+@pytest.mark.parametrize("batch_dims", [(4, 25), (3, 2, 7), (1, 300)])
+async def test_aextend_stores_what_extend_stores(batch_dims: tuple[int, ...]) -> None:
+    by_extend, by_slices = ReplayBuffer(64), ReplayBuffer(64)
+    start = 0
+    for _ in range(3):  # past the capacity, and (1, 300) alone larger than it
+        batch = collector_batch(*batch_dims, start=start)
+        start += batch.numel()
+        by_extend.extend(batch)
+        await by_slices.aextend(batch, slice_frames=7)
+        assert len(by_slices) == len(by_extend)
+        assert stored_ids(by_slices) == stored_ids(by_extend)
+
+
+async def test_aextend_lets_the_loop_run_between_slices_and_samples_stay_whole() -> None:
+    """A task sampling while a batch is written in slices: the task runs mid-batch, each row whole."""
+    rb = ReplayBuffer(100)
+    rb.extend(collector_batch(10, 10, start=0))  # full: the next batch overwrites rows in place
+    writing = True
+    mid_batch: list[set[int]] = []
+
+    async def sampler() -> None:
+        while writing:
+            sample = rb.sample(200)
+            assert_consistent(sample)
+            ids = set(sample["action"].tolist())
+            if any(i < 100 for i in ids) and any(i >= 100 for i in ids):
+                mid_batch.append(ids)
+            await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sampler)
+        await anyio.lowlevel.checkpoint()
+        await rb.aextend(collector_batch(10, 10, start=100), slice_frames=10)
+        writing = False
+    assert mid_batch, "the sampler never ran between two slices of the batch"
+    assert stored_ids(rb) == list(range(100, 200))
+
+
+async def test_cancelled_aextend_still_writes_the_whole_batch() -> None:
+    rb = ReplayBuffer(1000)
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # cancelled before the first slice: every slice is written all the same
+        await rb.aextend(collector_batch(4, 50), slice_frames=16)
+    assert scope.cancelled_caught
+    assert stored_ids(rb) == list(range(200))
+
+
+async def test_aextend_rejects_a_bad_slice_size() -> None:
+    with pytest.raises(ConfigurationError, match="slice_frames"):
+        await ReplayBuffer(10).aextend(collector_batch(1, 2), slice_frames=0)
 
 
 def test_concurrent_extends_from_two_threads_lose_nothing() -> None:

@@ -120,6 +120,16 @@ def test_a_policy_without_an_action_is_refused_at_construction(make_engine: Call
 # -- steps, episodes, trajectories ------------------------------------------------------------------
 
 
+def test_between_steps_is_called_before_every_step(make_engine: Callable[..., RolloutEngine]) -> None:
+    # The in-process collector offers the GIL to the event loop there: once per step, never inside one.
+    engine = make_engine(CountingEnv(num_envs=2), frames_per_batch=10)  # 5 steps
+    seen: list[float] = []
+    env = engine.env
+    assert isinstance(env, CountingEnv)
+    engine.collect(between_steps=lambda: seen.append(env.step_count))
+    assert seen == [0, 1, 2, 3, 4]  # before step t, t steps were taken
+
+
 def test_steps_are_contiguous_per_env_within_and_across_batches(make_engine: Callable[..., RolloutEngine]) -> None:
     env = CountingEnv(num_envs=2, episode_length=[3, 5])
     engine = make_engine(env, WeightProbe(0.0), frames_per_batch=8)

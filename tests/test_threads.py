@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from acollect._threads import THREAD_NAME_PREFIX, run_in_thread
+from acollect._threads import THREAD_NAME_PREFIX, GilHandover, run_in_thread
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -138,3 +138,13 @@ def test_many_concurrent_calls(backend: str) -> None:
 
     assert run(backend, main) == list(range(20))
     assert not acollect_threads()
+
+
+def test_gil_handover_offers_at_most_every_interval() -> None:
+    every_call, once = GilHandover(0.0), GilHandover(float("inf"))
+    for _ in range(5):
+        every_call()
+        once()
+    assert every_call.offers == 5
+    assert once.offers == 1  # the first call offers: nothing says when the GIL was last given up
+

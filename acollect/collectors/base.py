@@ -59,7 +59,7 @@ from acollect.errors import (
     CollectorStateError,
     ConfigurationError,
 )
-from acollect.replay_buffer import SupportsExtend
+from acollect.replay_buffer import SupportsExtend, extend_from_loop
 from acollect.weights import WeightUpdate
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ class CollectorBase(ReportingMixin):
 
         Args:
             replay_buffer: any object with an ``extend(batch)`` method (an :class:`acollect.ReplayBuffer`, a
-                torchrl ``ReplayBuffer``...).
+                torchrl ``ReplayBuffer``...), written as :func:`~acollect.replay_buffer.extend_from_loop` says.
 
         Raises:
             CollectorStateError: the collector was already started, or no event loop runs.
@@ -350,8 +350,9 @@ class CollectorBase(ReportingMixin):
                 self._run.busy = True
                 try:
                     batch = await self._collect_batch()
-                    replay_buffer.extend(batch)
-                    self._count(batch)
+                    with anyio.CancelScope(shield=True):  # a batch that reached the buffer is in it whole, counted
+                        await extend_from_loop(replay_buffer, batch)
+                        self._count(batch)
                 finally:
                     self._run.busy = False
                     self._changes.notify()

@@ -27,14 +27,14 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from typing_extensions import Unpack
 
-from acollect._threads import run_in_thread
+from acollect._threads import GilHandover, run_in_thread
 from acollect._validate import check_int, check_total_frames
 from acollect.async_rollout import AsyncRollout
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
-    RolloutOptions,
-    RolloutSettings,
+    InProcessOptions,
+    InProcessSettings,
     check_policy_args,
     parse,
     settle_frames_per_batch,
@@ -81,6 +81,12 @@ class Collector(CollectorBase):
         progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a
             tqdm bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger),
             ``"tqdm"``, ``"log"`` or ``False`` (default: nothing is shown).
+        gil_handover_interval (float | None): the collection thread shares the GIL with the event loop; between
+            two env steps it offers the GIL to the loop (:class:`~acollect._threads.GilHandover`) if this many
+            seconds passed since its last offer, so the loop waits about this long plus one step for it each time
+            (default ``0.002``; ``0``: at every step; ``None``: never, as threads do by themselves: the loop may
+            then wait several 5 ms switch intervals). A trainer that keeps the GIL busy on the loop gets a larger
+            share of it, and collection a smaller one (``docs/concepts.md``, background mode).
 
     Examples:
         >>> import anyio, torch
@@ -99,8 +105,8 @@ class Collector(CollectorBase):
         torch.Size([4, 16]) torch.Size([4, 16, 1])
     """
 
-    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[RolloutOptions]) -> None:
-        settings = parse(options, RolloutSettings, owner=type(self))
+    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[InProcessOptions]) -> None:
+        settings = parse(options, InProcessSettings, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
         if isinstance(settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", settings.policy_factory, "a zero-argument callable")
@@ -213,7 +219,9 @@ class Collector(CollectorBase):
                 torch.manual_seed(self._seed)
                 engine.seed(self._seed)
                 self._seed = None
-            batch: TensorDictBase = engine.collect(stop)
+            interval = self.settings.gil_handover_interval
+            handover = GilHandover(interval) if interval is not None else None
+            batch: TensorDictBase = engine.collect(stop, between_steps=handover)
             version, frames = engine.policy_version, engine.frames_per_batch
             # Here, off the event loop and before postproc can change the layout.
             episodes = self._episodes.update(batch)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from acollect.collectors.options import ProcessSettings, RolloutSettings, WorkerSettings
+from acollect.collectors.options import InProcessSettings, ProcessSettings, RolloutSettings, WorkerSettings
 
 __all__ = ["typed_options_source", "write_option_types"]
 
@@ -22,6 +22,7 @@ __all__ = ["typed_options_source", "write_option_types"]
 #: The generated ``TypedDict`` s, in order: (name, settings class, base TypedDict or None).
 _TYPED: tuple[tuple[str, type[RolloutSettings], str | None, str], ...] = (
     ("RolloutOptions", RolloutSettings, None, "The keyword options every collector takes."),
+    ("InProcessOptions", InProcessSettings, "RolloutOptions", "The options of the in-process ``Collector``."),
     ("ProcessOptions", ProcessSettings, "RolloutOptions",
      "The options of collectors whose envs run in worker processes, but for ``num_workers``."),
     ("WorkerOptions", WorkerSettings, "ProcessOptions", "The options of the multi-process collectors."),
@@ -49,7 +50,7 @@ from acollect.policy import PolicyLike
 from acollect.transport.auth import ServerKeys
 from acollect.transport.weight_sync import WeightSyncScheme
 
-__all__ = ["Devices", "ProcessOptions", "RolloutOptions", "WorkerOptions"]
+__all__ = ["Devices", "InProcessOptions", "ProcessOptions", "RolloutOptions", "WorkerOptions"]
 
 Devices = DeviceLike | Sequence[DeviceLike]
 """One device, or (multi-process collectors) a list with one per worker."""

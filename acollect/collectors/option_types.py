@@ -20,7 +20,7 @@ from acollect.policy import PolicyLike
 from acollect.transport.auth import ServerKeys
 from acollect.transport.weight_sync import WeightSyncScheme
 
-__all__ = ["Devices", "ProcessOptions", "RolloutOptions", "WorkerOptions"]
+__all__ = ["Devices", "InProcessOptions", "ProcessOptions", "RolloutOptions", "WorkerOptions"]
 
 Devices = DeviceLike | Sequence[DeviceLike]
 """One device, or (multi-process collectors) a list with one per worker."""
@@ -73,6 +73,13 @@ class RolloutOptions(TypedDict, total=False):
 
     #: a progress bar: True, "tqdm" or "log" (checked by CollectorBase)
     progress: bool | str
+
+
+class InProcessOptions(RolloutOptions, total=False):
+    """The options of the in-process ``Collector``."""
+
+    #: seconds between offers of the GIL to the event loop at step boundaries (0: every step, None: never)
+    gil_handover_interval: float | None
 
 
 class ProcessOptions(RolloutOptions, total=False):

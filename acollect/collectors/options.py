@@ -39,7 +39,7 @@ from tensordict.nn import InteractionType
 
 from acollect._validate import check_bool, check_callable, check_choice, check_int, check_seconds
 from acollect._warnings import warn
-from acollect.collectors.option_types import ProcessOptions, RolloutOptions, WorkerOptions
+from acollect.collectors.option_types import InProcessOptions, ProcessOptions, RolloutOptions, WorkerOptions
 from acollect.devices import check_device
 from acollect.errors import ConfigurationError
 from acollect.launchers.registry import resolve_launcher
@@ -51,6 +51,8 @@ from acollect.worker.process import START_METHODS
 
 __all__ = [
     "PER_WORKER_OPTIONS",
+    "InProcessOptions",
+    "InProcessSettings",
     "ProcessOptions",
     "ProcessSettings",
     "RolloutOptions",
@@ -290,6 +292,20 @@ class RolloutSettings:
             object.__setattr__(self, f.name, check_option(f.name, getattr(self, f.name)))
 
 
+def _handover_interval(name: str, value: Any) -> float | None:
+    return check_seconds(name, value, allow_zero=True, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InProcessSettings(RolloutSettings):
+    """The options of the in-process :class:`~acollect.Collector`, checked."""
+
+    gil_handover_interval: float | None = option(
+        0.002, check=_handover_interval, accepts="float | None",
+        doc="seconds between offers of the GIL to the event loop at step boundaries (0: every step, None: never)",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProcessSettings(RolloutSettings):
     """The options of collectors whose envs run in worker processes, checked (but for ``num_workers``)."""
@@ -347,7 +363,8 @@ class WorkerSettings(ProcessSettings):
 @cache
 def _checks() -> dict[str, Check]:
     """Each option's check, read from the declarations (collector_kwargs checks per-worker options with it)."""
-    return {f.name: f.metadata["check"] for f in fields(WorkerSettings) if f.metadata.get("check") is not None}
+    declared = (*fields(WorkerSettings), *fields(InProcessSettings))
+    return {f.name: f.metadata["check"] for f in declared if f.metadata.get("check") is not None}
 
 
 S = TypeVar("S", bound=RolloutSettings)
