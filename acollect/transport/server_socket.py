@@ -53,7 +53,7 @@ class ServerSocket:
         >>> server = ServerSocket("tcp://127.0.0.1")
         >>> client = WorkerSocket(server.address, b"c0")
         >>> client.send([b"ping"], timeout=5)
-        >>> Waiter([], server).wait(5000)
+        >>> Waiter([], server).wait(5000).socket
         True
         >>> route, frames = server.recv_nowait()
         >>> route, [bytes(f) for f in frames]
