@@ -8,6 +8,7 @@ live in :mod:`acollect.cli.reference_loops`, so ``acollect bench`` measures agai
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -44,6 +45,7 @@ __all__ = [
     "median",
     "run_independent_loops",
     "run_interleaved",
+    "settle",
     "single_thread_torch",
     "write_json",
 ]
@@ -199,3 +201,17 @@ def cpu_of(pids: list[int]) -> float:
             continue
         total += times.user + times.system
     return total
+
+
+async def settle(pids: list[int], *, cores: float = 0.15, interval: float = 0.5, limit: float = 30.0) -> float:
+    """Waits (untimed) until every contender has finished collecting ahead after its last turn: until this process
+    and ``pids`` use less than ``cores`` over ``interval`` seconds (at most ``limit`` seconds). Without it torchrl's
+    collectors refill their result queues during the next contender's turn (at 2 x 16 transitions or chunks that
+    took most of a core for seconds, in acollect's turns). Returns the seconds waited."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit:
+        cpu = time.process_time() + cpu_of(pids)
+        await asyncio.sleep(interval)
+        if time.process_time() + cpu_of(pids) - cpu < cores * interval:
+            break
+    return time.perf_counter() - started

@@ -1,7 +1,8 @@
 """Central inference (AsyncBatchedCollector) against the policy in every worker (MultiAsyncCollector).
 
-Both collectors start once, then take turns (a few batches each, the order alternating; the batches
-one collected ahead while the other had its turn are drained untimed), in the same run; wall time and
+Both collectors start once, then take turns (a few batches each, the order alternating; before each turn the
+run waits, untimed, until every contender's processes are idle again, and the batches one collected ahead
+while the others had their turns are drained untimed), in the same run; wall time and
 the CPU time of the trainer and its workers are both reported. 2 workers x 16 envs by default, one
 torch thread per worker (and in this process, where the inference server runs):
 
@@ -38,7 +39,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import psutil
 import torch
-from _common import CategoricalMLPPolicy, Turns, cpu_of, machine_info, single_thread_torch, write_json
+from _common import CategoricalMLPPolicy, Turns, cpu_of, machine_info, settle, single_thread_torch, write_json
 from tensordict.nn import TensorDictModule
 from torch import nn
 
@@ -158,6 +159,8 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
             line = []
             shift = index % len(runs)
             for name, collector, pids in runs[shift:] + runs[:shift]:
+                # Untimed: the others' workers finish collecting ahead first, or they take this turn's cores.
+                await settle([pid for _, _, run_pids in runs for pid in run_pids])
                 frames, wall, cpu = await _turn(collector, pids, args.turn_batches, args.train_ms)
                 turns.add(name, frames, wall, cpu)
                 line.append(f"{name} {frames / wall:,.0f}")

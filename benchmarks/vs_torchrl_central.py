@@ -48,7 +48,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 import psutil
-from _common import ENV_ID, Turns, cpu_of, machine_info, make_policy, median, single_thread_torch, write_json
+from _common import (
+    ENV_ID,
+    Turns,
+    cpu_of,
+    machine_info,
+    make_policy,
+    median,
+    settle,
+    single_thread_torch,
+    write_json,
+)
 from vs_torchrl import torchrl_missing
 
 from acollect import AsyncBatchedCollector
@@ -137,20 +147,6 @@ class TorchRLContender:
             self.batches.close()  # torchrl's iterator shuts its collector down when closed (not later, at exit)
         if self.collector is not None:
             self.collector.shutdown()
-
-
-async def settle(pids: list[int], *, cores: float = 0.15, interval: float = 0.5, limit: float = 30.0) -> float:
-    """Waits (untimed) until every contender has finished collecting ahead after its last turn: until this process
-    and ``pids`` use less than ``cores`` over ``interval`` seconds (at most ``limit`` seconds). Without it torchrl's
-    collectors refill their result queues during the next contender's turn (at 2 x 16 transitions or chunks that
-    took most of a core for seconds, in acollect's turns). Returns the seconds waited."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < limit:
-        cpu = time.process_time() + cpu_of(pids)
-        await asyncio.sleep(interval)
-        if time.process_time() + cpu_of(pids) - cpu < cores * interval:
-            break
-    return time.perf_counter() - started
 
 
 async def _acollect_turn(collector: Any, pids: list[int], batches: int) -> tuple[int, float, float]:
