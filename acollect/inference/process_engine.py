@@ -13,28 +13,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
-import pickle
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-import cloudpickle
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._spawn import pickle_payload, spawn_python
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect.errors import (
     CollectorStateError,
-    ConfigurationError,
     InferenceServerError,
     ProtocolError,
     TransportError,
@@ -118,20 +114,13 @@ class ProcessEngine:
         self._sock = parent_end
         control.configure(parent_end)
         try:
-            config = ProcessConfig(self.spec, child_end.fileno(), board.name)
-            try:
-                payload = pickle.dumps((list(sys.path), cloudpickle.dumps(config)))
-            except Exception as exc:
-                raise ConfigurationError(
-                    f"cannot send the policy to the inference server process: {type(exc).__name__}: {exc} (it must be "
-                    "picklable with cloudpickle; pass policy_factory to build it there, or mode='thread')"
-                ) from exc
-            threads = str(self.spec.num_threads)
-            env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-            # vfork and exec: about a millisecond on the loop, like a spawned worker's start.
-            self._popen = subprocess.Popen(  # noqa: ASYNC220
-                [sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, env=env, pass_fds=(child_end.fileno(),)
+            payload = pickle_payload(
+                ProcessConfig(self.spec, child_end.fileno(), board.name),
+                what="the policy to the inference server process",
+                hint="it must be picklable with cloudpickle; pass policy_factory to build it there, or mode='thread'",
             )
+            # vfork and exec: about a millisecond on the loop, like a spawned worker's start.
+            self._popen = spawn_python(BOOTSTRAP, num_threads=self.spec.num_threads, pass_fds=(child_end.fileno(),))
         finally:
             child_end.close()  # the process holds its end: it closes when the process ends
         self.pid = self._popen.pid

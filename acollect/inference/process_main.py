@@ -19,7 +19,6 @@ import os
 import pickle
 import shutil
 import socket
-import sys
 import threading
 import traceback
 from collections import deque
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from acollect._spawn import bootstrap, exit_now
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import control
 from acollect.inference.batching import BOARD_SIZE, Batcher, Forward, Request, StatsRecorder
@@ -41,12 +41,8 @@ from acollect.weights import encode_structure
 
 __all__ = ["BOOTSTRAP", "ProcessConfig", "run_server_process"]
 
-# As for a spawned worker: read the payload before importing anything heavy, take the parent's import path.
-BOOTSTRAP = (
-    "import sys, pickle; path, payload = pickle.loads(sys.stdin.buffer.read()); sys.stdin.close(); "
-    "sys.path[:0] = [p for p in path if p not in sys.path]; "
-    "from acollect.inference.process_main import main; main(payload)"
-)
+#: the server process's ``-c`` code (as for a spawned worker: the payload first, then the parent's import path)
+BOOTSTRAP = bootstrap("acollect.inference.process_main", "main")
 
 
 @dataclass
@@ -210,8 +206,4 @@ def run_server_process(config: ProcessConfig) -> int:
 def main(payload: bytes) -> None:
     """The process's entry point: ``payload`` is the cloudpickled :class:`ProcessConfig`."""
     config = pickle.loads(payload)
-    code = run_server_process(config)
-    # As a worker does: skip the interpreter's exit hooks (pyzmq's zero-copy threads can hold it for seconds).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(run_server_process(config))

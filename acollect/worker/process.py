@@ -19,14 +19,12 @@ functions defined in ``__main__`` work. Batches and weights never are pickled.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import pickle
 import subprocess
 import sys
 from typing import Any
 
-import cloudpickle
-
+from acollect._spawn import bootstrap, exit_now, pickle_payload, spawn_python
 from acollect.errors import ConfigurationError, describe_exit
 from acollect.worker.protocol import WorkerConfig
 
@@ -35,14 +33,7 @@ __all__ = ["START_METHODS", "WorkerProcess", "describe_exit", "start_worker"]
 #: The accepted values of ``start_method``.
 START_METHODS = ("spawn", "forkserver")
 
-# Reads the config before importing anything heavy (so the parent's write never waits on the
-# child importing torch), then takes the parent's import path, so that acollect and the modules
-# defining the user's factories import here as they did there.
-_BOOTSTRAP = (
-    "import sys, pickle; path, payload = pickle.loads(sys.stdin.buffer.read()); sys.stdin.close(); "
-    "sys.path[:0] = [p for p in path if p not in sys.path]; "
-    "from acollect.worker.process import _run_payload; _run_payload(payload)"
-)
+_BOOTSTRAP = bootstrap("acollect.worker.process", "_run_payload")
 
 
 def _run_payload(payload: bytes) -> None:
@@ -50,13 +41,7 @@ def _run_payload(payload: bytes) -> None:
     config = pickle.loads(payload)
     from acollect.worker.main import run_worker
 
-    code = run_worker(config)
-    # Everything the worker owns is closed by now. A normal interpreter exit would wait for
-    # pyzmq's zero-copy garbage-collector thread and library atexit hooks, which can take
-    # seconds (or abort) in a process that sent frames without copying.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(run_worker(config))
 
 
 def _forkserver_entry(data: bytes) -> None:
@@ -141,13 +126,11 @@ def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> Worker
     """
     if start_method not in START_METHODS:
         raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
-    try:
-        payload = pickle.dumps((list(sys.path), cloudpickle.dumps(config)))
-    except Exception as exc:
-        raise ConfigurationError(
-            f"cannot send the env factory or policy to worker {config.index}: {type(exc).__name__}: {exc} "
-            "(it must be picklable with cloudpickle; pass policy_factory to build the policy inside the worker)"
-        ) from exc
+    payload = pickle_payload(
+        config,
+        what=f"the env factory or policy to worker {config.index}",
+        hint="it must be picklable with cloudpickle; pass policy_factory to build the policy inside the worker",
+    )
     if start_method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
         # The server imports the worker code once; every worker is then a cheap fork of it.
@@ -156,7 +139,4 @@ def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> Worker
         process.daemon = True
         process.start()
         return WorkerProcess(process, None)
-    threads = str(config.num_threads)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    popen = subprocess.Popen([sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, env=env, close_fds=True)
-    return WorkerProcess(popen, payload)
+    return WorkerProcess(spawn_python(_BOOTSTRAP, num_threads=config.num_threads), payload)
