@@ -28,7 +28,7 @@ from acollect._validate import check_bool, check_choice, check_int
 from acollect.collectors._handout import HandOutBuffers
 from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
-from acollect.pool import Received, WorkerHandle, WorkerPool
+from acollect.pool import Received, Request, WorkerHandle, WorkerPool
 from acollect.pool.shared import SharedBatches
 from acollect.worker import protocol as P
 
@@ -101,10 +101,16 @@ class Lockstep(Dispatch):
     version that chose it:
 
     * weights pushed while a batch is collected ahead apply from the batch after it (that batch, made
-      by the previous version, is handed out as it is: no step is thrown away);
+      by the previous version, is handed out as it is: no step is thrown away); a push applies from the
+      first batch asked of no worker yet, on every worker, so a batch's parts never differ in version;
     * a pause stops the workers at their next step and they continue the same batch after it;
     * a batch begun ahead before a reseed or a state restore is dropped, its frames counted in
       ``stats().discarded_frames``, and collected anew from the fresh start the caller asked for.
+
+    Run-ahead: while the caller waits for a batch, a worker whose part is in is asked at once for its part
+    of the next batch, where collect-ahead would ask for that batch anyway; so a fast worker does not idle
+    until the slowest one's part is in. A worker is at most one part ahead of the batch being waited for.
+    Requests are numbered by batch (``collect``'s ``n``), the same for every worker.
 
     Where batches go through shared memory and the parts stack (or concatenate along envs), they are not
     combined at all: every worker writes its rows of one segment per batch in flight (the pool's
@@ -130,67 +136,129 @@ class Lockstep(Dispatch):
         self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False (parts gathered)
         self._buffers = HandOutBuffers()  # copy_batches=True: memory of dropped batches, mapped already
         self._shared: SharedBatches | None = None  # the pool's, where batches are written in place
-        self._filling: int | None = None  # the shared segment the batch being collected goes into
+        self._number = 1  # the batch the next take() hands out (batches are numbered from 1, as asked of workers)
+        self._segments: dict[int, int] = {}  # batch number -> the shared segment its parts go into, once asked for
 
     def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
         return math.ceil(frames_per_batch / n_workers)
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
-        self._shared, self._filling = pool.shared, None
+        self._shared, self._segments, self._number = pool.shared, {}, pool.batches_asked + 1
         pool.paused = paused
         if paused:
             await pool.broadcast(P.PAUSE)
 
-    async def _request(self, pool: WorkerPool, *, ahead: bool) -> None:
-        for handle in pool.handles:
-            if not handle.inbox and not handle.outstanding:
-                fields: dict[str, Any] = {}
-                if self._shared is not None:
-                    # Every worker writes the same batch into the same segment, so the collector names it.
-                    if self._filling is None:
-                        self._filling = self._shared.acquire()
-                        if self._filling is None:
-                            if ahead:
-                                return  # every segment holds a batch (one lent): asked for when taken
-                            raise RuntimeError("no free shared batch segment: a batch was never given back")
-                    handle.asked_slot = self._filling
-                    fields = {"slot": self._filling}
-                handle.outstanding += 1
-                handle.ahead = ahead
-                # A restarted worker that has not said hello yet is not connected: it gets the request
-                # with its hello (the pool resends outstanding requests then).
+    @staticmethod
+    def _part(handle: WorkerHandle, number: int) -> int | None:
+        """Where ``handle``'s part of batch ``number`` is in its inbox (``None``: not received yet)."""
+        for i, item in enumerate(handle.inbox):
+            if item.request is not None and item.request.number == number:
+                return i
+        return None
+
+    def _asked(self, handle: WorkerHandle, number: int) -> bool:
+        return any(r.number == number for r in handle.requests) or self._part(handle, number) is not None
+
+    async def _ask(
+        self, pool: WorkerPool, number: int, *, ahead: bool, only: list[WorkerHandle] | None = None
+    ) -> bool:
+        """Asks every worker (or those in ``only``) not asked yet for its part of batch ``number``.
+
+        Returns ``False`` (asking nobody) where no shared segment is free for that batch: one holds the batch being
+        collected, the other a batch lent to the caller or not given back yet.
+        """
+        # Under the weight pusher's order: a push computes the first batch it applies to, and reaches every
+        # worker, wholly before or wholly after the requests of this batch go out (see WeightPusher).
+        async with pool.weights.order:
+            slot = self._segments.get(number)
+            if self._shared is not None and slot is None:
+                slot = self._shared.acquire()
+                if slot is None:
+                    return False
+                self._segments[number] = slot
+            pool.batches_asked = max(pool.batches_asked, number)
+            for handle in pool.handles if only is None else only:
+                if self._asked(handle, number):
+                    continue
+                request = Request(number, slot, ahead)
+                handle.requests.append(request)
+                # A restarted worker that has not said hello yet is not connected: it gets the request with its
+                # hello (the pool resends the requests outstanding then).
                 if handle.ready:
-                    await pool.send(handle, P.COLLECT, fields)
+                    await pool.send(handle, P.COLLECT, request.fields())
+        return True
 
     @staticmethod
-    def _stale(handle: WorkerHandle) -> bool:
+    def _stale(handle: WorkerHandle, item: Received) -> bool:
         # Begun ahead, by this incarnation, before a reseed or a state restore it was sent since.
-        item = handle.inbox[0]
         began_after = item.header.get("resets", handle.resets_sent)
-        return handle.ahead and item.generation == handle.generation and began_after != handle.resets_sent
+        ahead = item.request is not None and item.request.ahead
+        return ahead and item.generation == handle.generation and began_after != handle.resets_sent
+
+    def _runs_ahead(self, handle: WorkerHandle, number: int) -> bool:
+        """Whether ``handle`` sent its part of batch ``number``, and idles with nothing else asked of it."""
+        return handle.ready and not handle.requests and self._part(handle, number) is not None
+
+    async def _wait_for_parts(self, pool: WorkerPool, number: int, *, run_ahead: bool) -> None:
+        """Waits until every worker's part of batch ``number`` is in; with ``run_ahead``, each worker done with its
+        part is asked for its part of the next batch meanwhile.
+
+        A worker would otherwise idle until the last part is in: so it begins the next part (the same request the
+        last part would bring a moment later) where the caller will want that batch and nothing changed the
+        workers since the last batch was taken.
+        """
+        handles = pool.handles
+
+        def complete() -> bool:
+            return all(self._part(h, number) is not None for h in handles)
+
+        def progress() -> bool:
+            calm = run_ahead and pool.changes_sent == self._changes_seen and not pool.paused
+            return complete() or (calm and any(self._runs_ahead(h, number) for h in handles))
+
+        while not complete():
+            await pool.wait_until(progress, what="a batch from every worker")
+            idle = [h for h in handles if self._runs_ahead(h, number)]
+            if idle and not complete():
+                run_ahead = await self._ask(pool, number + 1, ahead=True, only=idle)  # False: no segment free
 
     async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
+        number = self._number
+        handles = pool.handles
         while True:
-            await self._request(pool, ahead=False)
-            await pool.wait_until(lambda: all(h.inbox for h in pool.handles), what="a batch from every worker")
-            stale = [h for h in pool.handles if self._stale(h)]
+            if not await self._ask(pool, number, ahead=False):
+                raise RuntimeError("no free shared batch segment: a batch was never given back")
+            await self._wait_for_parts(pool, number, run_ahead=ahead and len(handles) > 1)
+            stale = False
+            for handle in handles:
+                i = self._part(handle, number)
+                assert i is not None
+                if self._stale(handle, handle.inbox[i]):  # its rows are written again, and the worker asked again
+                    stale = True
+                    item = handle.inbox[i]
+                    del handle.inbox[i]
+                    pool.discarded_frames += handle.frames_per_batch
+                    if item.header.get("slot") is not None and self._shared is None:
+                        await pool.send(handle, P.CREDIT, {"slot": item.header["slot"]})
             if not stale:
                 break
-            for handle in stale:  # its slot goes back (its rows are written again), and the worker is asked again
-                item = handle.inbox.popleft()
-                pool.discarded_frames += handle.frames_per_batch
-                if item.header.get("slot") is not None and self._shared is None:
-                    await pool.send(handle, P.CREDIT, {"slot": item.header["slot"]})
-        items = [h.inbox.popleft() for h in pool.handles]
-        if self._shared is not None and self._filling is not None:
-            self._shared.check_one_slot([item.header.get("slot") for item in items], self._filling)
-            self._filling = None
+        items = []
+        for handle in handles:
+            i = self._part(handle, number)
+            assert i is not None
+            items.append(handle.inbox[i])
+            del handle.inbox[i]
+        segment = self._segments.pop(number, None)
+        if segment is not None:
+            assert self._shared is not None
+            self._shared.check_one_slot([item.header.get("slot") for item in items], segment)
+        self._number = number + 1
         # Ahead only after a batch that no change preceded: where the caller pushes weights before every
-        # batch, every batch begun ahead would be dropped.
+        # batch, every batch begun ahead would be made by the weights before the push.
         calm = pool.changes_sent == self._changes_seen
         self._changes_seen = pool.changes_sent
         if ahead and calm and not pool.paused:
-            await self._request(pool, ahead=True)
+            await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for when taken
         return items
 
     def _into(self, parts: list[TensorDictBase], out: TensorDictBase) -> TensorDictBase:
@@ -271,7 +339,7 @@ class Lockstep(Dispatch):
     def reset(self) -> None:
         self._out = None
         self._buffers.clear()
-        self._shared, self._filling = None, None
+        self._shared, self._segments = None, {}
 
 
 class FirstReady(Dispatch):

@@ -40,8 +40,10 @@ class MultiSyncCollector(MultiCollectorBase):
     between two batches is in every frame of the next one. Workers begin the next batch while the trainer
     uses this one, except after a batch that a weight push (or ``set_seed``, ``load_state_dict``)
     preceded: a loop that pushes weights after every batch gets each batch collected when it asks for
-    it. A batch begun ahead is never handed out after a change made meanwhile: it is dropped (its frames
-    are not handed out) and the next one is collected with the change.
+    it. While the trainer waits for a batch, a worker whose part is in begins its part of the next one
+    (run-ahead), so the fastest worker does not idle until the slowest one is done. A batch begun ahead
+    before ``set_seed`` or ``load_state_dict`` is dropped (counted in ``stats().discarded_frames``) and
+    collected anew; one begun before a weight push is handed out whole with the version that made it.
     (The worker pool's collector with the :class:`~acollect.collectors.dispatch.Lockstep` strategy;
     ``DistributedCollector`` and ``RayCollector`` take it with ``sync=True``.)
 

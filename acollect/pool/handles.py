@@ -14,7 +14,7 @@ from acollect.transport.shm_ring import ShmSlotRing
 from acollect.weights import WeightStructure
 from acollect.worker import protocol as P
 
-__all__ = ["Orders", "Received", "Rejected", "Retired", "WorkerHandle", "parse_identity"]
+__all__ = ["Orders", "Received", "Rejected", "Request", "Retired", "WorkerHandle", "parse_identity"]
 
 # ``w<index>.<generation>`` (control socket) or the same plus ``d`` (data socket): see worker_identity.
 _IDENTITY = re.compile(rb"w(\d{1,9})\.(\d{1,9})d?")
@@ -33,6 +33,19 @@ class Rejected(Exception):
 
 
 @dataclass
+class Request:
+    """One ``collect`` request to a worker (lockstep collectors): which batch its answer is a part of."""
+
+    number: int  # the lockstep batch (numbered by the collector from 1, the same for every worker)
+    slot: int | None = None  # the shared segment it names (a successor is asked again into the same rows)
+    ahead: bool = False  # made before the caller asked for that batch (see Lockstep: such a part may be stale)
+
+    def fields(self) -> dict[str, Any]:
+        """The ``collect`` message's fields."""
+        return {"n": self.number} if self.slot is None else {"n": self.number, "slot": self.slot}
+
+
+@dataclass
 class Received:
     """One batch as received: its header and data (views into a slot, or over message frames)."""
 
@@ -42,6 +55,7 @@ class Received:
     data: TensorDictBase
     in_slot: bool
     nbytes: int = 0  # the batch's tensor bytes (as the worker's hello layout says)
+    request: Request | None = None  # the ``collect`` it answers (lockstep collectors)
 
 
 @dataclass
@@ -79,9 +93,7 @@ class WorkerHandle:
     ring: ShmSlotRing | None = None
     retired_rings: list[ShmSlotRing] = field(default_factory=list)
     inbox: deque[Received] = field(default_factory=deque)
-    outstanding: int = 0  # ``collect`` requests not answered yet
-    asked_slot: int | None = None  # the shared segment its last ``collect`` named (a successor is asked again)
-    ahead: bool = False  # the request outstanding (or answered, in ``inbox``) was made ahead of the caller
+    requests: deque[Request] = field(default_factory=deque)  # ``collect`` requests not answered yet, in order
     changes_sent: int = 0  # P.BOUNDARY messages sent to this incarnation
     resets_sent: int = 0  # P.RESETS messages sent to this incarnation (its batches count those they began after)
     acked_version: int = 0
@@ -108,11 +120,18 @@ class WorkerHandle:
         self.generation += 1
         self.ready = False
         self.acked_version = 0
-        self.changes_sent, self.resets_sent, self.ahead = 0, 0, False
+        self.changes_sent, self.resets_sent = 0, 0
+        for request in self.requests:  # asked again of the successor, which begins them after every change
+            request.ahead = False
         self.last_steps, self.busy, self.partial, self.discarded_frames = -1, False, False, 0
         self.next_seq, self.missing_since, self.sent = 0, None, 0
         self.unreachable_since = None
         self.started_at = now
+
+    @property
+    def outstanding(self) -> int:
+        """``collect`` requests not answered yet."""
+        return len(self.requests)
 
     @property
     def identity(self) -> bytes:

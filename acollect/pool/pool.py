@@ -120,6 +120,7 @@ class WorkerPool:
         self.shared: SharedBatches | None = None
         self._slots_laid_out = False  # whether start() decided where batches go (shared or per worker)
         self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
+        self.batches_asked = 0  # the last lockstep batch asked of any worker (its number; 0: none yet)
         self.use_shared_memory = use_shared_memory
         self.heartbeat_timeout = heartbeat_timeout
         self.startup_timeout = startup_timeout
@@ -129,7 +130,9 @@ class WorkerPool:
         self.events = PoolEvents(on_failure)
         self.counters = Counters()
         self.orders = Orders()
-        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=max_restarts)
+        # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
+        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=max_restarts,
+                                    first_unasked=lambda: self.batches_asked + 1)  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
 
     # -- what its parts hold -----------------------------------------------------------
@@ -278,8 +281,8 @@ class WorkerPool:
             await self.send(handle, P.WEIGHTS, fields, td)
         if self.orders.paused:  # before anything that sets it collecting
             await self.send(handle, P.PAUSE)
-        if handle.outstanding:  # the request its predecessor died on, into the same rows
-            await self.send(handle, P.COLLECT, {} if handle.asked_slot is None else {"slot": handle.asked_slot})
+        for request in handle.requests:  # those its predecessor died on, each into the same rows
+            await self.send(handle, P.COLLECT, request.fields())
         if self.orders.running:
             await self.send(handle, P.RUN, {"credits": self.credits or 1})
 

@@ -256,7 +256,14 @@ class Receiver:
                 raise ProtocolError(f"worker {handle.index} sent a batch with neither slot nor tensors")
             item = Received(handle.index, handle.generation, header, data, slot is not None, handle.batch_nbytes)
             if self.credits is None:
-                handle.outstanding = max(0, handle.outstanding - 1)
+                if not handle.requests:
+                    raise ProtocolError(f"worker {handle.index} sent a batch nobody asked for")
+                item.request = handle.requests.popleft()
+                number = header.get("n", item.request.number)
+                if number != item.request.number:
+                    raise ProtocolError(
+                        f"worker {handle.index} answered collect n={number!r:.20}, asked for n={item.request.number}"
+                    )
                 handle.inbox.append(item)
             else:
                 self.ready_queue.append(item)

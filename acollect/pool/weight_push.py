@@ -42,10 +42,22 @@ class WeightPusher:
         events: the pool's failure, and the changes a push waits on.
         send: how one command reaches one worker.
         max_restarts: restarts allowed per worker (with none, a push waits for live workers only).
+        first_unasked: the number of the first lockstep batch no worker was asked for yet: a push applies from
+            it on every worker (a part asked of one worker ahead is collected by the version it was asked under,
+            and so are the other parts of its batch, whenever they are asked for).
     """
 
-    def __init__(self, handles: Sequence[WorkerHandle], events: PoolEvents, send: Send, *, max_restarts: int) -> None:
+    def __init__(
+        self,
+        handles: Sequence[WorkerHandle],
+        events: PoolEvents,
+        send: Send,
+        *,
+        max_restarts: int,
+        first_unasked: Callable[[], int] = lambda: 1,
+    ) -> None:
         self.handles = handles
+        self._first_unasked = first_unasked
         self.events = events
         self.max_restarts = max_restarts
         self.version = 0
@@ -53,6 +65,9 @@ class WeightPusher:
         self._writers: dict[str, WeightWriter] = {}
         self._last: tuple[dict[str, Any], TensorDictBase | None] | None = None
         self._lock = anyio.Lock()
+        #: Held while a push's messages go out, and by a lockstep collector while it asks for a batch: every worker
+        #: then gets a push before its request for any batch, or after every request of one (``from`` is right).
+        self.order = anyio.Lock()
 
     @property
     def last(self) -> tuple[dict[str, Any], TensorDictBase | None] | None:
@@ -108,9 +123,12 @@ class WeightPusher:
             td = TensorDict(frames, batch_size=[]) if frames else None
             self._last = (fields, td)
             targets = [self.handles[i] for i in worker_ids]
-            for handle in targets:
-                if handle.ready:
-                    await self._send(handle, P.WEIGHTS, fields, td)
+            async with self.order:
+                # Not in ``last``: a worker greeted with these weights (a successor) applies them at once.
+                sent = {**fields, "from": self._first_unasked()}
+                for handle in targets:
+                    if handle.ready:
+                        await self._send(handle, P.WEIGHTS, sent, td)
 
             def missing() -> list[int]:
                 return [h.index for h in targets if h.acked_version < version]

@@ -77,8 +77,9 @@ class _Worker(StagingMixin):
         self.engine: RolloutEngine | None = None
         self.cond = threading.Condition()
         # Runner state, guarded by `cond`.
-        # One-shot batches asked for (``collect``), each with the shared segment it names (None: any free slot).
-        self.requested: deque[int | None] = deque()
+        # One-shot batches asked for (``collect``): each one's number and the shared segment it names (None: any free
+        # slot).
+        self.requested: deque[tuple[int, int | None]] = deque()
         self.credits = 0  # batches that may be sent ahead (``run``)
         self.running = False
         self.paused = False
@@ -237,8 +238,11 @@ class _Worker(StagingMixin):
                 slot = header.get("slot")
                 if slot is not None and (self.ring is None or type(slot) is not int or not 0 <= slot < len(self.ring)):
                     raise ValueError(f"collect named slot {slot!r:.20}, which this worker does not have")
-                self.requested.append(slot)
-                self.collects_received += 1
+                number = header.get("n", self.asked + 1)
+                if type(number) is not int or number < 1:
+                    raise ValueError(f"collect numbered n={number!r:.20}, expected an int >= 1")
+                self.requested.append((number, slot))
+                self.asked = max(self.asked, number)
             elif kind == P.RUN:
                 self.running = True
                 self.credits = int(header["credits"])
@@ -257,7 +261,7 @@ class _Worker(StagingMixin):
     # -- the runner thread ---------------------------------------------------------------
     def _named_slot(self) -> int | None:
         """The shared segment the next one-shot batch goes into, if its request named one."""
-        return self.requested[0] if self.requested else None
+        return self.requested[0][1] if self.requested else None
 
     def _has_work(self, holds_slot: bool) -> bool:
         if self.stopping or self.paused or self.failed:
@@ -282,7 +286,7 @@ class _Worker(StagingMixin):
                         if self.stopping:
                             return
                         self.cond.wait(0.5)
-                    one_shot = bool(self.requested)
+                    number = self.requested[0][0] if self.requested else None  # a one-shot request's
                     slot: int | None = held
                     if held is None and self.ring is not None:
                         # A named segment is the collector's to free (it is no credit of this worker's ring).
@@ -293,7 +297,7 @@ class _Worker(StagingMixin):
                     self.busy = True
                 try:
                     with self.engine_lock:
-                        resets = self.apply_pending(self.collects_done + 1 if one_shot else None)
+                        resets = self.apply_pending(number)
                         if not engine.in_batch:  # a new batch (a reseed may have given up the one held)
                             began_after = resets
                         # With slots, the engine writes straight into shared memory: no copy on this side.
@@ -316,6 +320,8 @@ class _Worker(StagingMixin):
                     "episodes": episodes,
                     "resets": began_after,
                 }
+                if number is not None:
+                    header["n"] = number
                 if self.dist is not None:  # the header here, the tensors through torch.distributed
                     message = pack_message(P.BATCH, self._fields({**header, "dist": True}))
                 elif slot is not None:
@@ -323,9 +329,8 @@ class _Worker(StagingMixin):
                 else:
                     message = pack_message(P.BATCH, self._fields(header), batch)
                 with self.cond:
-                    if one_shot:
+                    if number is not None:
                         self.requested.popleft()
-                        self.collects_done += 1
                     else:
                         self.credits -= 1
                     self.busy = False

@@ -9,10 +9,13 @@ Collector -> worker:
 =============  ====================================================================
 ``slots``      ``names``, ``layout``: attach these shared-memory slots for batches; ``part``: only these rows
                of each (an index or ``[start, stop)`` of the first dim), which every worker writes its own of
-``collect``    collect exactly one batch (synchronous collectors); ``slot``: into this slot (a shared one)
+``collect``    collect exactly one batch (synchronous collectors); ``slot``: into this slot (a shared one);
+               ``n``: the lockstep batch it is a part of (numbered by the collector from 1; without it, the
+               worker numbers its requests itself)
 ``run``        ``credits``: keep collecting while credits last (asynchronous ones)
 ``credit``     ``slot`` (optional): one batch was consumed; its slot is free again
-``weights``    ``version``, ``models``: new weights, applied at the next batch boundary
+``weights``    ``version``, ``models``: new weights, applied at the next batch boundary; ``from``: not before
+               the ``collect`` numbered so (without it: to the requests received after them)
 ``pause``      stop stepping at the next step; a batch in progress is kept, and continued at ``resume``
 ``resume``     go on collecting
 ``seed``       ``seed``: reseed env and RNGs at the next batch boundary
@@ -35,7 +38,8 @@ Worker -> collector:
                structure of its policy's weights, ``[[key, shape, dtype], ...]`` (``[]``: none; ``None``:
                too large to send), which every push is checked against before it is sent
 ``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames; ``resets``: how many
-               ``seed`` and ``load_state`` messages the worker had received when it began the batch
+               ``seed`` and ``load_state`` messages the worker had received when it began the batch; ``n``:
+               the number of the ``collect`` it answers (none for batches sent on credits)
 ``ack``        ``version``: these weights are in the worker (applied or staged); with ``error``, the
                worker refused them (they do not fit its policy, or the message was malformed: ``version``
                is -1 when it had none) and keeps collecting with the weights it had

@@ -18,6 +18,7 @@ changes nothing: the worker refuses it and goes on collecting.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +47,7 @@ class StagingMixin:
 
     engine: RolloutEngine | None
     dist: Any
+    requested: deque[tuple[int, int | None]]  # the worker's one-shot requests: (number, named segment)
 
     if TYPE_CHECKING:  # the worker's own (declared for the type checker only: it must not shadow it)
 
@@ -56,14 +58,12 @@ class StagingMixin:
         # pending_* fields, guarded by `pending_lock`, for the next batch boundary.
         self.engine_lock = threading.Lock()
         self.pending_lock = threading.Lock()
-        self.pending_weights: dict[str, tuple[Any, torch.Tensor]] = {}
-        self.pending_version: int | None = None
-        #: the staged weights apply to one-shot requests numbered above this (those received after the push)
-        self.pending_after = 0
-        # One-shot requests received and finished (the worker counts them, under its condition): a push applies
-        # to the requests received after it, never to one asked for ahead before it that the runner has not begun.
-        self.collects_received = 0
-        self.collects_done = 0
+        # Pushes waiting for their first batch, in the order they came: (the first one-shot request they apply to,
+        # version, a private copy of each model's weights). Several may wait: each chooses the batches from its own
+        # first one on, so none is skipped where the batch it begins with was asked of another worker already.
+        self.pending_weights: list[tuple[int, int, dict[str, tuple[Any, torch.Tensor]]]] = []
+        # The highest number of a one-shot request received (under the worker's condition).
+        self.asked = 0
         self.pending_seed: int | None = None
         self.pending_state: dict[str, int] | None = None
         self.resets = 0  # P.RESETS messages received (under pending_lock)
@@ -85,15 +85,20 @@ class StagingMixin:
             return
         engine = self.engine
         assert engine is not None
-        # Requests received before this push: batches asked for ahead keep the version they were asked under, even
-        # where the runner has not begun them yet (a lockstep batch's parts must not differ by when each began).
-        after = self.collects_received
+        # The first one-shot request these weights choose the frames of: as the collector numbered it, since a
+        # lockstep batch asked of one worker ahead keeps the version it was asked under on every worker, even one
+        # asked for it after this push (its parts must not differ by when each was asked or begun); else the
+        # first request received after this push.
+        first = header.get("from", self.asked + 1)
+        if type(first) is not int:
+            first = self.asked + 1
         if self.engine_lock.acquire(blocking=False):
             try:
-                # Idle between batches: apply straight from the message or segment, no staging copy.
-                # Not into a batch held by a pause: every frame of a batch is chosen by one version.
-                idle = not engine.in_batch and self.collects_done >= after
+                # Idle between batches, nothing asked for before these weights: apply straight from the message or
+                # segment, no staging copy. Not into a batch held by a pause: one version chooses a batch's frames.
+                idle = not engine.in_batch and not self.requested and self.asked + 1 >= first
                 if idle:
+                    self._apply_due(None)  # any push staged before this one comes first
                     for plan in plans:
                         copy_planned(plan)
                     engine.policy_version = version
@@ -105,17 +110,24 @@ class StagingMixin:
             # The segment may be rewritten by the next push once we acknowledge: keep a private copy.
             copies = {k: (layout, flat.clone()) for k, (layout, flat) in staged.items()}
             with self.pending_lock:
-                self.pending_weights.update(copies)
-                self.pending_version = version
-                self.pending_after = after
+                self.pending_weights.append((first, version, copies))
         self.send(P.ACK, {"version": version})
 
-    def _apply_weights(self, weights: dict[str, tuple[Any, torch.Tensor]], version: int) -> None:
+    def _apply_due(self, serving: int | None) -> None:
+        """Applies, in order, the staged pushes due for one-shot request ``serving`` (``None``: all of them)."""
         engine = self.engine
         assert engine is not None
-        for plan in plan_weights(engine, weights):
-            copy_planned(plan)
-        engine.policy_version = version
+        with self.pending_lock:
+            # ``first`` never decreases from one push to the next, so the pushes due are the oldest ones.
+            due = [p for p in self.pending_weights if serving is None or p[0] <= serving]
+            del self.pending_weights[: len(due)]
+        weights: dict[str, tuple[Any, torch.Tensor]] = {}
+        for *_, models in due:
+            weights.update(models)  # a later push of the same model supersedes an earlier one
+        if due:
+            for plan in plan_weights(engine, weights):
+                copy_planned(plan)
+            engine.policy_version = due[-1][1]
 
     def apply_pending(self, serving: int | None = None) -> int:
         """Applies staged seed, state and weights; returns ``resets`` as of them. Call with ``engine_lock``
@@ -123,7 +135,8 @@ class StagingMixin:
 
         A seed or a state restore gives up a batch a pause left half-way (the engine counts its frames);
         weights wait while such a batch is still to be finished, so that one version chose all its frames, and
-        while the batch about to begin (one-shot request number ``serving``) was asked for before they came.
+        while the batch about to begin (one-shot request number ``serving``; ``None``: a batch on credits) is
+        numbered below the first they apply to.
         """
         engine = self.engine
         assert engine is not None
@@ -138,18 +151,13 @@ class StagingMixin:
             engine.next_traj_counter = state["next_traj_counter"]
             engine.frames = state["frames"]
             engine.restart()  # fresh trajectories get ids from the restored counter
-        if not engine.in_batch and (serving is None or serving > self.pending_after):
-            with self.pending_lock:
-                weights, self.pending_weights = self.pending_weights, {}
-                version, self.pending_version = self.pending_version, None
-            if version is not None:
-                self._apply_weights(weights, version)
+        if not engine.in_batch:
+            self._apply_due(serving)
         return resets
 
     def apply_if_idle(self) -> None:
         if self.engine is not None and self.engine_lock.acquire(blocking=False):
             try:
-                queued = self.collects_received > self.collects_done
-                self.apply_pending(self.collects_done + 1 if queued else None)
+                self.apply_pending(self.requested[0][0] if self.requested else self.asked + 1)
             finally:
                 self.engine_lock.release()

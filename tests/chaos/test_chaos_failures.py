@@ -46,7 +46,9 @@ async def test_an_env_that_raises_is_a_remote_error_and_the_others_stop_cleanly(
     assert "_before_step" in error.remote_traceback  # the worker's own frames, not the trainer's
     assert "Traceback (most recent call last)" in error.remote_traceback
     if collector_cls is MultiSyncCollector:
-        assert batches == 2  # 10 steps per batch: step 25 is in the third, whose error replaced it
+        # 10 steps per batch: step 25 is in the third, whose error replaced it, or replaced the second where the
+        # crashing worker ran ahead into its part of the third while the others finished the second.
+        assert batches in (1, 2)
 
     # The healthy workers were asked to stop and closed their envs: no SIGKILL was needed.
     for pid in (pids[0], pids[2]):

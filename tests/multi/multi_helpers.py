@@ -5,6 +5,8 @@ The probe policies (``WeightProbe``, ``TwoPartProbe``) live in :mod:`acollect.te
 
 from __future__ import annotations
 
+import time
+
 import torch
 from tensordict import TensorDictBase
 
@@ -45,3 +47,12 @@ class ActsSeven(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return torch.full((observation.shape[0],), 7)
+
+
+def stamp_time(td: TensorDictBase) -> TensorDictBase:
+    """A TensorDict policy that acts 0 and writes when it chose, as ``"stamp"`` (``time.monotonic()``, which every
+    process of a host reads from one clock)."""
+    n = td.batch_size[0]
+    td.set("action", torch.zeros(n, dtype=torch.int64))
+    td.set("stamp", torch.full((n,), time.monotonic(), dtype=torch.float64))
+    return td
