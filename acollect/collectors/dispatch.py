@@ -107,10 +107,11 @@ class Lockstep(Dispatch):
     * a batch begun ahead before a reseed or a state restore is dropped, its frames counted in
       ``stats().discarded_frames``, and collected anew from the fresh start the caller asked for.
 
-    Run-ahead: while the caller waits for a batch, a worker whose part is in is asked at once for its part
-    of the next batch, where collect-ahead would ask for that batch anyway; so a fast worker does not idle
-    until the slowest one's part is in. A worker is at most one part ahead of the batch being waited for.
-    Requests are numbered by batch (``collect``'s ``n``), the same for every worker.
+    Run-ahead: when the caller asks for a batch, every worker is asked for its part of the next one too (where
+    collect-ahead would ask for that batch anyway), so a worker done with its part goes on at once instead of
+    idling until the slowest one's part is in and a request came back. A worker is at most one part ahead of
+    the batch the caller waits for. Requests are numbered by batch (``collect``'s ``n``), the same for every
+    worker.
 
     Where batches go through shared memory and the parts stack (or concatenate along envs), they are not
     combined at all: every worker writes its rows of one segment per batch in flight (the pool's
@@ -159,10 +160,8 @@ class Lockstep(Dispatch):
     def _asked(self, handle: WorkerHandle, number: int) -> bool:
         return any(r.number == number for r in handle.requests) or self._part(handle, number) is not None
 
-    async def _ask(
-        self, pool: WorkerPool, number: int, *, ahead: bool, only: list[WorkerHandle] | None = None
-    ) -> bool:
-        """Asks every worker (or those in ``only``) not asked yet for its part of batch ``number``.
+    async def _ask(self, pool: WorkerPool, number: int, *, ahead: bool) -> bool:
+        """Asks every worker not asked yet for its part of batch ``number``.
 
         Returns ``False`` (asking nobody) where no shared segment is free for that batch: one holds the batch being
         collected, the other a batch lent to the caller or not given back yet.
@@ -177,7 +176,7 @@ class Lockstep(Dispatch):
                     return False
                 self._segments[number] = slot
             pool.batches_asked = max(pool.batches_asked, number)
-            for handle in pool.handles if only is None else only:
+            for handle in pool.handles:
                 if self._asked(handle, number):
                     continue
                 request = Request(number, slot, ahead)
@@ -195,40 +194,21 @@ class Lockstep(Dispatch):
         ahead = item.request is not None and item.request.ahead
         return ahead and item.generation == handle.generation and began_after != handle.resets_sent
 
-    def _runs_ahead(self, handle: WorkerHandle, number: int) -> bool:
-        """Whether ``handle`` sent its part of batch ``number``, and idles with nothing else asked of it."""
-        return handle.ready and not handle.requests and self._part(handle, number) is not None
-
-    async def _wait_for_parts(self, pool: WorkerPool, number: int, *, run_ahead: bool) -> None:
-        """Waits until every worker's part of batch ``number`` is in; with ``run_ahead``, each worker done with its
-        part is asked for its part of the next batch meanwhile.
-
-        A worker would otherwise idle until the last part is in: so it begins the next part (the same request the
-        last part would bring a moment later) where the caller will want that batch and nothing changed the
-        workers since the last batch was taken.
-        """
-        handles = pool.handles
-
-        def complete() -> bool:
-            return all(self._part(h, number) is not None for h in handles)
-
-        def progress() -> bool:
-            calm = run_ahead and pool.changes_sent == self._changes_seen and not pool.paused
-            return complete() or (calm and any(self._runs_ahead(h, number) for h in handles))
-
-        while not complete():
-            await pool.wait_until(progress, what="a batch from every worker")
-            idle = [h for h in handles if self._runs_ahead(h, number)]
-            if idle and not complete():
-                run_ahead = await self._ask(pool, number + 1, ahead=True, only=idle)  # False: no segment free
-
     async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
         number = self._number
         handles = pool.handles
         while True:
             if not await self._ask(pool, number, ahead=False):
                 raise RuntimeError("no free shared batch segment: a batch was never given back")
-            await self._wait_for_parts(pool, number, run_ahead=ahead and len(handles) > 1)
+            # Run-ahead: every worker has its part of the next batch asked for while it collects this one, so it
+            # goes on at once, where it would otherwise idle until the last part is in and a request came back.
+            # Only where collect-ahead would ask for that batch anyway (the caller will want it, no change since
+            # the last batch was taken, no pause): it changes when a part begins, never which weights make it.
+            if ahead and pool.changes_sent == self._changes_seen and not pool.paused:
+                await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for at the end, or when taken
+            await pool.wait_until(
+                lambda: all(self._part(h, number) is not None for h in handles), what="a batch from every worker"
+            )
             stale = False
             for handle in handles:
                 i = self._part(handle, number)
