@@ -254,7 +254,8 @@ class CollectorStats:
             frame of a batch has one version; with central inference a batch may span several.
         worker_frames_per_s: per worker, frames per second over the last 10 seconds.
         restarts: worker processes restarted after a crash or hang.
-        dropped_batches: batches lost to worker restarts.
+        dropped_batches: batches lost to worker restarts (lockstep: every part a dead worker was asked for,
+            which its successor collects again; up to two when it was running ahead).
         discarded_frames: frames stepped and given up on purpose, never handed out: a batch begun ahead
             before a reseed or a state restore, or a batch a pause held half-way when the reseed came.
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the

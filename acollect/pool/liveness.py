@@ -196,9 +196,13 @@ class Monitor:
         await self._spawn(handle)
 
     def _count_dropped(self, handle: WorkerHandle) -> None:
-        """Counts the batch a dead worker held, before its slot gets a new generation."""
+        """Counts the batches a dead worker held, before its slot gets a new generation."""
         in_progress = self.orders.running and (handle.busy or handle.partial)
-        if handle.outstanding or in_progress:
+        if self.credits is None:
+            # Lockstep: every request it held is asked again of its successor. Running ahead, it may hold two: the
+            # part it finished, whose message can die with it in its socket's queue, and the next one it began.
+            self.counters.dropped_batches += handle.outstanding
+        elif handle.outstanding or in_progress:
             self.counters.dropped_batches += 1
         # A lockstep collector's late batch answers an outstanding request, counted just now. An
         # asynchronous one's batches that arrive after this are dropped too (its successor reuses their

@@ -3,7 +3,9 @@
 The envs are counting envs whose workers keep a ledger of the steps they took (see ``chaos_helpers``),
 so the test knows what each killed worker collected and compares it with what the collector handed
 out: nothing is duplicated, nothing is missing inside what a worker delivered, and the only frames lost
-are those of the batch in flight at each kill, which the collector counts in ``dropped_batches``.
+are those of the parts in flight at each kill (running ahead, a worker may hold two: the one it sent,
+whose message dies with it in its socket's queue, and the next one it began), which the collector
+counts in ``dropped_batches``.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ async def test_random_kills_with_restarts_lose_only_the_batches_in_flight(
     # Every kill restarted its worker: one incarnation per process, each gap-free from its env's first step.
     for w in range(N_WORKERS):
         assert len(checker.streams[w]) == len(pids[w]), f"worker {w}: incarnations do not match its processes"
-    # Frames lost are the frames a killed worker collected and never delivered: at most one batch (the one
-    # in flight, which between batches is the one it collects ahead), and counted whenever there were any.
+    # Frames lost are the frames a killed worker collected and never delivered: at most the parts it was asked
+    # for (two where it ran ahead), each counted as a dropped batch.
     by_pid = {(k.worker, k.pid): k for k in kills}
     for w in range(N_WORKERS):
         for pid, incarnation in zip(pids[w], checker.streams[w], strict=True):
@@ -113,10 +115,9 @@ async def test_random_kills_with_restarts_lose_only_the_batches_in_flight(
                 assert 0 <= lost <= T, f"worker {w} (pid {pid}) collected {lost} steps it never delivered"
                 assert ledger.closed(pid)
                 continue
-            assert 0 <= lost <= T, f"worker {w} (pid {pid}) lost {lost} steps, more than the one batch in flight"
-            if lost:
-                assert kill.dropped == 1, f"{lost} steps lost but not counted: {kill}"
-            assert kill.dropped <= 1
+            assert 0 <= lost <= 2 * T, f"worker {w} (pid {pid}) lost {lost} steps, more than two parts in flight"
+            assert kill.dropped >= -(-lost // T), f"{lost} steps lost but {kill.dropped} parts counted: {kill}"
+            assert kill.dropped <= 2
     assert dropped == sum(k.dropped for k in kills)
     print(
         f"\n{KILLS} kills ({sum(k.mid_batch for k in kills)} mid-batch), {dropped} batches dropped, "

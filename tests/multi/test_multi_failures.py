@@ -63,7 +63,7 @@ async def test_restarted_worker_keeps_going_without_duplicates(start_method: str
                 assert not new & set().union(*ids[:-1])
                 ids.append(new)
         assert collector.worker_pids[0] != dead
-        assert collector.dropped_batches <= 1
+        assert collector.dropped_batches <= 2  # the part it was on, and the one asked ahead
         # a second death is over the limit
         os.kill(collector.worker_pids[0], signal.SIGKILL)
         with anyio.fail_after(NOTICE), pytest.raises(WorkerCrashedError):

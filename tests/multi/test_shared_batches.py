@@ -104,7 +104,7 @@ async def test_a_restarted_worker_writes_the_same_rows_and_spares_a_held_batch(s
                 batch = await anext(collector)
                 assert batch.batch_size == (2, 2, 10)
                 assert_counting_batch(batch)
-        assert collector.dropped_batches <= 1
+        assert collector.dropped_batches <= 2  # the part it was on, and the one asked ahead
 
 
 def _layout(n_envs: int) -> dict:
