@@ -2,7 +2,8 @@
 
 A MultiSyncCollector drives counting envs (each observation is its env's step counter, see
 ``acollect.testing``) in worker processes that keep a ledger of the steps they took, so every frame is
-accounted for: what the trainer received is checked for gaps and duplicates as it arrives, and at the
+accounted for: what the trainer received is checked for gaps and duplicates as it arrives (and every
+frame's action against the weights of the policy version it carries), and at the
 end each killed worker's ledger says how many frames it collected that never arrived (the batch in
 flight at the kill), to compare with the collector's ``dropped_batches``.
 
@@ -80,18 +81,39 @@ class Accounts:
         self.pids: list[list[int]] = [[] for _ in range(n_workers)]  # the processes each worker had, in order
         self.tail: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # worker -> last next_obs, done
         self.errors: list[str] = []
+        self.weights: dict[int, float] = {0: 0.0}  # policy version -> the Probe value pushed with it
+        self.last_version = 0
+
+    def versions(self, batch: TensorDictBase, fresh: list[bool]) -> None:
+        """Every frame's action is the one the weights of its version chose; one version per batch, never going
+        back, except in the part of a worker restarted for it (``fresh``): its predecessor's staged weights died
+        with it, so a successor makes its part with the latest weights (docs/reliability.md)."""
+        versions = batch["collector", "policy_version"]
+        per_worker = [sorted(set(v.flatten().tolist())) for v in versions]
+        kept = {v for w, vs in enumerate(per_worker) if not fresh[w] for v in vs}
+        if len(kept) > 1 or any(len(vs) > 1 for vs in per_worker):
+            self.errors.append(f"a batch mixes policy versions: {per_worker} (restarted for it: {fresh})")
+        version = min(kept or {v for vs in per_worker for v in vs})
+        if version < self.last_version or any(vs[0] < version for vs in per_worker):
+            self.errors.append(f"policy version went back from {self.last_version}: {per_worker}")
+        self.last_version = version
+        chosen = torch.tensor([self.weights[v] for v in versions.flatten().tolist()]).clamp(0, 1).long()
+        if not torch.equal(batch["action"].flatten(), chosen):
+            self.errors.append(f"a frame's action was not chosen by the weights of its version ({per_worker})")
 
     def saw(self, pids: list[int | None]) -> None:
         for w, pid in enumerate(pids):
             if pid is not None and (not self.pids[w] or self.pids[w][-1] != pid):
                 self.pids[w].append(pid)
 
-    def feed(self, worker: int, part: TensorDictBase) -> None:
+    def feed(self, worker: int, part: TensorDictBase) -> bool:
+        """Checks ``part`` against the worker's last one; returns whether a new incarnation began it."""
         try:
             assert_counting_batch(part)
         except AssertionError as exc:
             self.errors.append(f"worker {worker}: {exc}")
-            return
+            return False
+        fresh = False
         obs = part["observation"][..., 0]
         tail = self.tail.get(worker)
         if tail is None or not torch.equal(obs[:, 0], tail[0] + RESET_JUMP * tail[1]):
@@ -100,8 +122,10 @@ class Accounts:
             if not bool(((offset >= 0) & (offset <= 2 * RESET_JUMP)).all()):
                 self.errors.append(f"worker {worker}: a gap or repeat between batches")
             self.incarnations[worker].append(0)
+            fresh = True
         self.incarnations[worker][-1] += obs.shape[1]
         self.tail[worker] = (part["next", "observation"][:, -1, 0], part["next", "done"][:, -1, 0].to(obs.dtype))
+        return fresh
 
 
 def _steps_taken(ledger: Path, pid: int) -> int:
@@ -139,8 +163,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         batch_time = 0.05
         slow_left = 0
         while time.monotonic() < deadline:
-            for w in range(args.workers):
-                accounts.feed(w, batch[w])
+            accounts.versions(batch, [accounts.feed(w, batch[w]) for w in range(args.workers)])
             accounts.saw(collector.worker_pids)
             stats["batches"] += 1
             now = time.monotonic()
@@ -177,7 +200,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 stats["pauses"] += 1
             if rng.random() < elapsed / args.push_every:
                 started = time.monotonic()
-                await collector.update_policy_weights_(Probe(float(rng.random() < 0.5)), timeout=30.0)
+                value = float(rng.random() < 0.5)
+                await collector.update_policy_weights_(Probe(value), timeout=30.0)
+                accounts.weights[collector.policy_version] = value
                 stats["max_push_s"] = max(stats["max_push_s"], time.monotonic() - started)
                 stats["pushes"] += 1
             last = time.monotonic()
@@ -187,8 +212,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         accounts.saw(collector.worker_pids)
         dropped, restarts = collector.dropped_batches, collector.stats().restarts
     fds_end = len(os.listdir("/proc/self/fd"))
-    for w in range(args.workers):  # the batch received last
-        accounts.feed(w, batch[w])
+    accounts.versions(batch, [accounts.feed(w, batch[w]) for w in range(args.workers)])  # the batch received last
     frames_per_step = args.envs
     lost_steps: dict[int, int] = {}
     unfinished: dict[int, int] = {}
@@ -200,8 +224,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         for pid, steps in zip(accounts.pids[w], accounts.incarnations[w], strict=True):
             (lost_steps if pid in killed else unfinished)[pid] = _steps_taken(ledger, pid) - steps
     errors = list(accounts.errors)
-    if any(v < 0 or v > n_steps for v in lost_steps.values()):
-        errors.append(f"a killed worker lost more than the batch in flight: {lost_steps}")
+    # A killed worker loses at most the parts it was asked for: running ahead, the part it sent (its message dies
+    # with it in its socket's queue) and the next one it began; each is a dropped batch.
+    if any(v < 0 or v > 2 * n_steps for v in lost_steps.values()):
+        errors.append(f"a killed worker lost more than the two parts it may hold: {lost_steps}")
+    if sum(-(-v // n_steps) for v in lost_steps.values()) > dropped:
+        errors.append(f"{sum(lost_steps.values())} steps lost in more parts than the {dropped} dropped batches")
     # A worker alive at the end may have begun the next batch ahead of the trainer (MultiSync collects
     # one batch ahead): shutdown ends that batch, and nothing else, undelivered.
     if any(v < 0 or v > n_steps for v in unfinished.values()):
@@ -217,6 +245,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         "frames_collected": stats["batches"] * args.workers * args.envs * n_steps,
         "frames_lost": sum(lost_steps.values()) * frames_per_step,
         "kills_losing_frames": sum(1 for v in lost_steps.values() if v),
+        "parts_losing_frames": sum(-(-v // n_steps) for v in lost_steps.values()),
         "dropped_batches": dropped,
         "restarts": restarts,
         "rss_start": rss_start,
@@ -248,8 +277,8 @@ def main() -> int:
           f"{args.envs} envs, start method {args.start_method}, seed {args.seed}")  # fmt: skip
     print(f"  frames collected     {result['frames_collected']:,} in {result['batches']:,} batches")
     print(f"  frames lost          {result['frames_lost']:,}: in flight at {result['kills_losing_frames']} of "
-          f"{result['kills']} kills ({result['kills_mid_batch']} mid-batch); dropped_batches = "
-          f"{result['dropped_batches']}")  # fmt: skip
+          f"{result['kills']} kills ({result['kills_mid_batch']} mid-batch), in {result['parts_losing_frames']} "
+          f"parts; dropped_batches = {result['dropped_batches']} (every part asked again)")  # fmt: skip
     print(f"  kills survived       {result['restarts']} restarts, each noticed within "
           f"{result['max_restart_notice_s']:.2f} s")  # fmt: skip
     print(f"  pauses               {result['pauses']}")
