@@ -268,11 +268,15 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             for handle, counters in zip(pool.handles, state["workers"], strict=True):
                 handle.traj_counter, handle.frames = int(counters["next_traj_counter"]), int(counters["frames"])
                 fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
-                await pool.send(handle, P.LOAD_STATE, fields)
+                # A worker restarting now is not connected yet (a message to it would fail, and read as its
+                # death): its successor starts from these counters, passed with its config.
+                if handle.ready:
+                    await pool.send(handle, P.LOAD_STATE, fields)
         if self._pending_seed is not None:
             seed, self._pending_seed = self._pending_seed, None
             for handle in pool.handles:
-                await pool.send(handle, P.SEED, {"seed": seed})
+                if handle.ready:  # a successor not connected yet starts from a fresh reset of its own
+                    await pool.send(handle, P.SEED, {"seed": seed})
                 seed += handle.n_envs
         if self._pending_weights is not None:
             weights, self._pending_weights = self._pending_weights, None

@@ -206,3 +206,45 @@ async def test_messages_to_a_worker_killed_a_moment_ago_never_reach_the_trainer(
             with anyio.fail_after(NOTICE + 30):
                 await anext(collector)  # and collection goes on
         assert collector.stats().restarts == kills
+
+
+@pytest.mark.parametrize("change", ["seed", "state"])
+async def test_a_seed_or_state_while_a_worker_restarts_does_not_restart_its_successor(
+    start_method: str, ledger: Ledger, change: str
+) -> None:
+    # A successor that has not said hello is not connected: a seed or state sent to it then would fail, and a
+    # failed send reads as the worker's death, restarting a healthy process a second later.
+    from acollect import MultiAsyncCollector
+    from acollect.pool.liveness import UNREACHABLE_GRACE
+
+    collector = MultiAsyncCollector(
+        [ledger_env(ledger, 0.0002)] * N_WORKERS,
+        frames_per_batch=N_ENVS * T,
+        max_worker_restarts=3,
+        start_method=start_method,
+    )
+    async with collector:
+        await anext(collector)
+        state = collector.state_dict()
+        victim = collector.worker_pids[0]
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        pool = collector._pool
+        assert pool is not None
+        handle = pool.handles[0]
+        # The successor is launched and not connected yet: that is when the change goes out.
+        await wait_until(lambda: collector.stats().restarts == 1 and handle.process is not None, timeout=NOTICE,
+                         interval=0.001)  # fmt: skip
+        assert not handle.ready
+        if change == "seed":
+            collector.set_seed(7)
+        else:
+            collector.load_state_dict(state)
+        with anyio.fail_after(NOTICE + 30):
+            await anext(collector)
+        await anyio.sleep(UNREACHABLE_GRACE + 0.5)  # past the grace a failed send would have been given
+        with anyio.fail_after(NOTICE + 30):
+            for _ in range(3):
+                await anext(collector)
+        assert collector.stats().restarts == 1
+        assert handle.unreachable_since is None
