@@ -6,8 +6,10 @@ import ast
 import importlib.util
 import os
 import re
+import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -59,27 +61,36 @@ def args_fields(path: Path) -> list[tuple[str, object, str]]:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_example_help_shows_each_option_with_its_description_and_default(name: str) -> None:
+def test_example_help_shows_each_option_with_its_description_and_default(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("tyro")
     fields = args_fields(EXAMPLES / name)
     assert fields, f"{name} has no Args fields with docstrings"
-    # A wide terminal, so no description is wrapped across lines.
-    env = {**os.environ, "PYTHONWARNINGS": "error", "COLUMNS": "400"}
-    command = [sys.executable, str(EXAMPLES / name), "--help"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    shown = " ".join(proc.stdout.replace("│", " ").split())  # the text without tyro's box or line breaks
+    # The example's own `__main__` block, run in this process (a fresh interpreter would spend seconds importing
+    # torch for a help text), with a wide terminal, so no description is wrapped across lines.
+    monkeypatch.setenv("COLUMNS", "400")
+    monkeypatch.setattr(sys, "argv", [str(EXAMPLES / name), "--help"])
+    if name in REQUIRES:
+        pytest.importorskip(REQUIRES[name])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_path(str(EXAMPLES / name), run_name="__main__")
+    assert exited.value.code in (0, None), f"{name} --help exited with {exited.value.code}"
+    out = capsys.readouterr().out
+    shown = " ".join(out.replace("│", " ").split())  # the text without tyro's box or line breaks
     module_doc = ast.get_docstring(ast.parse((EXAMPLES / name).read_text(encoding="utf-8")))
     assert module_doc, f"{name} has no docstring"
     summary = " ".join(module_doc.splitlines()[0].split())
-    assert summary in shown, f"{name} --help lacks its description {summary!r}:\n{proc.stdout}"
+    assert summary in shown, f"{name} --help lacks its description {summary!r}:\n{out}"
     for field, default, doc in fields:
         flag = "--" + field.replace("_", "-")
         # The flag (its metavar, or its --no- twin), then the field's docstring and its default.
         option = rf"{re.escape(flag)}(?: [A-Z]+|, --no-{re.escape(flag[2:])})"
         value = "|".join(re.escape(v) for v in {str(default), repr(default)})
         pattern = rf"{option} {re.escape(' '.join(doc.split()))} \(default: (?:{value})\)"
-        assert re.search(pattern, shown), f"{name} --help lacks {flag} {doc!r} (default: {default!r}):\n{proc.stdout}"
+        assert re.search(pattern, shown), f"{name} --help lacks {flag} {doc!r} (default: {default!r}):\n{out}"
 
 
 # The Ray example starts a Ray cluster of its own (about 12 s): slow, run by CI.
