@@ -40,7 +40,6 @@ SLOW_SCENARIOS = {
     "tests/launchers/test_submitit.py::test_delayed_launcher_runs_the_trainer_as_a_job_and_its_workers_as_jobs",
     "tests/launchers/test_submitit.py::test_central_inference_serves_workers_running_as_jobs_over_tcp",
     "tests/launchers/test_submitit.py::test_delayed_launcher_caps_worker_jobs",
-    "tests/launchers/test_submitit.py::test_cancelled_job_is_reported",
     "tests/launchers/test_ray.py::test_sync_ray_collector_stacks_batches_pushes_weights_and_restarts_a_killed_actor",
     "tests/launchers/test_ray.py::test_one_ray_collector_class_in_both_modes[True-8-shape0]",
     "tests/launchers/test_ray.py::test_one_ray_collector_class_in_both_modes[False-4-shape1]",
