@@ -36,6 +36,7 @@ import anyio
 
 __all__ = [
     "TRANSITIONS",
+    "CloseReason",
     "CollectorState",
     "IllegalTransition",
     "Lifecycle",
@@ -56,6 +57,15 @@ class CollectorState(enum.Enum):
 
 
 _S = CollectorState
+
+
+class CloseReason(enum.Enum):
+    """Why a collector closed: what a call on a closed collector says."""
+
+    SHUTDOWN = "async_shutdown() was called"
+    ASYNC_WITH = "its `async with` block ended"
+    EXHAUSTED = "it collected its total_frames and shut itself down"
+    LOOP_ENDED = "the event loop it started on ended while it was open"
 
 #: What each state means (one line each; the Markdown table shows them).
 MEANINGS: dict[CollectorState, str] = {
@@ -119,8 +129,8 @@ def transition_table_markdown() -> str:
 class Lifecycle:
     """One collector's state and what it depends on; every change goes through :meth:`move`."""
 
-    __slots__ = ("_background", "_closed", "_failure", "_failure_reported", "_pause_applied", "_pauses",
-                 "_set_up", "_state")  # fmt: skip
+    __slots__ = ("_background", "_close_reason", "_closed", "_failure", "_failure_reported", "_pause_applied",
+                 "_pauses", "_set_up", "_state")  # fmt: skip
 
     def __init__(self) -> None:
         self._state = CollectorState.NEW
@@ -130,13 +140,16 @@ class Lifecycle:
         self._pauses = 0
         self._pause_applied = False
         self._background = False
+        self._close_reason: CloseReason | None = None
         self._closed = anyio.Event()
 
     # -- the one transition function ---------------------------------------------------
-    def move(self, to: CollectorState, *, failure: BaseException | None = None) -> None:
+    def move(
+        self, to: CollectorState, *, failure: BaseException | None = None, reason: CloseReason = CloseReason.SHUTDOWN
+    ) -> None:
         """Moves to ``to``; raises :class:`IllegalTransition` if :data:`TRANSITIONS` does not allow it.
 
-        A move to ``BROKEN`` carries its failure (and only that move does).
+        A move to ``BROKEN`` carries its failure (and only that move does); a move to ``CLOSING`` says why.
         """
         allowed = TRANSITIONS[self._state]
         if to not in allowed:
@@ -154,6 +167,8 @@ class Lifecycle:
             self._failure = failure
             self._set_up = self._state in (CollectorState.RUNNING, CollectorState.PAUSED)
         self._state = to
+        if to is CollectorState.CLOSING:
+            self._close_reason = reason
         if to is CollectorState.CLOSED:
             self._closed.set()
 
@@ -167,6 +182,11 @@ class Lifecycle:
     def closing(self) -> bool:
         """``CLOSING`` or ``CLOSED``: ``async_shutdown()`` was called."""
         return self._state in (CollectorState.CLOSING, CollectorState.CLOSED)
+
+    @property
+    def close_reason(self) -> CloseReason | None:
+        """Why it closed (``None`` while it is not ``CLOSING`` or ``CLOSED``)."""
+        return self._close_reason
 
     @property
     def set_up(self) -> bool:

@@ -8,10 +8,13 @@ entry point ends with :func:`exit_now`.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import pickle
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +22,10 @@ import cloudpickle
 
 from acollect.errors import ConfigurationError
 
-__all__ = ["bootstrap", "exit_now", "pickle_payload", "spawn_python"]
+__all__ = ["bootstrap", "exit_now", "pickle_payload", "reap_later", "spawn_python"]
+
+#: Processes killed and not reaped yet (see :func:`reap_later`).
+_unreaped: list[subprocess.Popen[bytes]] = []
 
 
 def bootstrap(module: str, function: str) -> str:
@@ -49,8 +55,34 @@ def pickle_payload(config: Any, *, what: str, hint: str) -> bytes:
         raise ConfigurationError(f"cannot send {what}: {type(exc).__name__}: {exc} ({hint})") from exc
 
 
+def reap_later(popen: subprocess.Popen[bytes]) -> None:
+    """Keeps a process that was just killed until its exit is reaped, without waiting for it now.
+
+    Where nothing may wait (a finalizer, an event loop's end), a killed child may not have exited yet; dropped,
+    its ``Popen`` would warn that it "is still running". Kept here, it is reaped by the next call (or a spawn).
+    """
+    _unreaped.append(popen)
+    _reap()
+
+
+def _reap() -> None:
+    _unreaped[:] = [p for p in _unreaped if p.poll() is None]
+
+
+@atexit.register
+def _reap_at_exit() -> None:
+    # Before the interpreter's teardown, where a Popen can no longer reap its child: a process killed a moment
+    # ago (one in the middle of a system call dies when it returns) gets a short, bounded while to exit.
+    deadline = time.monotonic() + 2.0
+    for popen in _unreaped:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+    _reap()
+
+
 def spawn_python(code: str, *, num_threads: int, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Starts ``python -c code`` with a stdin pipe for the payload and ``num_threads`` OpenMP/MKL threads."""
+    _reap()
     threads = str(num_threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     return subprocess.Popen(

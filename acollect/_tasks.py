@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
+from acollect._loops import EventLoopRef
 from acollect.errors import CollectorStateError
 
 __all__ = ["BackgroundRun", "CallScope", "TaskOwner"]
@@ -40,28 +40,16 @@ logger = logging.getLogger("acollect")
 Failed = Callable[[BaseException], None]
 
 
-def _current_backend() -> str:
-    try:
-        asyncio.get_running_loop()
-        return "asyncio"
-    except RuntimeError:
-        pass
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        try:
-            trio.lowlevel.current_task()
-            return "trio"
-        except RuntimeError:
-            pass
-    raise CollectorStateError("a collector must be used from a running event loop (asyncio or trio)")
-
-
 class TaskOwner:
     """Owns one anyio task group; spawns tasks into it and stops them all, within deadlines.
 
     Args:
         name: prefix of the tasks' names (shows in debuggers and task dumps).
         on_failure: called, on the event loop, with the exception of a task that raised.
+        on_loop_end: called (synchronously, on the loop) when the event loop ends while the group is open:
+            ``asyncio.run()`` cancels every task left when its coroutine returns, and trio cancels system
+            tasks when its main task returns. Nothing of the owner's can be awaited after that: it must
+            release what it holds without waiting.
 
     Examples:
         >>> import anyio
@@ -80,9 +68,17 @@ class TaskOwner:
         ['lost?']
     """
 
-    def __init__(self, name: str, on_failure: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        on_failure: Callable[[BaseException], None],
+        on_loop_end: Callable[[], None] | None = None,
+    ) -> None:
         self.name = name
         self._on_failure = on_failure
+        self._on_loop_end = on_loop_end
+        #: The event loop the group was opened on (``None`` before): the owner belongs to it.
+        self.loop: EventLoopRef | None = None
         self._group: TaskGroup | None = None
         self._scopes: set[anyio.CancelScope] = set()
         self._running = 0
@@ -108,9 +104,14 @@ class TaskOwner:
             return
         if self._closed:
             raise CollectorStateError("the collector's tasks were stopped: it cannot start new ones")
-        if _current_backend() == "asyncio":
+        loop = EventLoopRef.current()
+        if loop is None:
+            raise CollectorStateError("a collector must be used from a running event loop (asyncio or trio)")
+        self.loop = loop
+        if loop.backend == "asyncio":
             # The one task acollect creates outside a task group: it *is* the group's holder, it catches
-            # everything it runs, and aclose() ends it (the reference keeps it from being collected).
+            # everything it runs, and aclose() ends it (the reference keeps it from being collected while the
+            # collector lives; a collector dropped unclosed goes with it, released by its finalizer).
             self._host = asyncio.get_running_loop().create_task(self._run_host(), name=f"{self.name}-tasks")
         else:
             import trio
@@ -135,7 +136,15 @@ class TaskOwner:
                 self._host_ready.set()
                 await self._release.wait()
         except anyio.get_cancelled_exc_class():
-            raise  # the event loop is ending (trio cancels system tasks when the main task returns)
+            # Nobody but the event loop's end cancels the host (aclose() sets _release instead): whatever the
+            # owner holds must be released now, without waiting, since nothing can be awaited on this loop later.
+            if not self._release.is_set() and self._on_loop_end is not None:
+                self._closed = True
+                try:
+                    self._on_loop_end()
+                except Exception:  # the cancellation must go on: the loop is ending
+                    logger.exception("releasing %s at the end of its event loop failed", self.name)
+            raise
         except BaseException as exc:  # the tasks in it catch their own failures: this is a bug, say it
             logger.error("the task group of %s ended with %s: %s", self.name, type(exc).__name__, exc)
         finally:

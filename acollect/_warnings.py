@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import types
 import warnings
 
-__all__ = ["KeptWarnings", "emit", "warn"]
+__all__ = ["KeptWarnings", "emit", "warn", "warn_unclosed"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _local = threading.local()
@@ -62,3 +63,20 @@ class KeptWarnings:
 
     def __exit__(self, *exc_info: object) -> None:
         _local.kept = None
+
+
+def warn_unclosed(source: object, message: str) -> None:
+    """A :class:`ResourceWarning` that ``source`` was left open, as asyncio gives for an unclosed transport.
+
+    Never raises: where the warnings filter turns it into an error, the error goes to
+    :func:`sys.unraisablehook`, as one raised in a finalizer does (it is called from finalizers and from a task
+    the event loop is cancelling, where an exception would replace what must happen next).
+    """
+    try:
+        warnings.warn(message, ResourceWarning, stacklevel=2, source=source)
+    except Warning as exc:
+        sys.unraisablehook(
+            types.SimpleNamespace(
+                exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__, err_msg=None, object=source
+            )
+        )

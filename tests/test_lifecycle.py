@@ -24,8 +24,14 @@ The rules (``docs/concepts.md``, "Calling from several tasks"):
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import gc
 import os
+import subprocess
+import sys
+import textwrap
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -359,3 +365,175 @@ def test_shutdown_from_another_task_ends_a_set_up_in_progress(kind: str, backend
         assert len(outcome) == 1, "the task setting the collector up must get ClosedCollectorError"
 
     run(backend, scenario)
+
+
+# -- the event loop a collector belongs to (docs/concepts.md, "One event loop") ------------------------------
+
+
+@pytest.mark.parametrize(("kind", "backend"), matrix())
+def test_an_exhausted_collector_shuts_itself_down(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        collector = make(kind, counting, total_frames=16)
+        with anyio.fail_after(60):
+            frames = sum([batch.numel() async for batch in collector])  # no `async with`, no async_shutdown()
+            assert frames == 16
+            assert collector.state is CollectorState.CLOSED  # its workers, sockets and memory are gone already
+            assert [batch async for batch in collector] == []  # an ended iterator stays ended
+            with pytest.raises(ClosedCollectorError, match="collected its total_frames and shut itself down"):
+                async with collector.pause():
+                    pass
+            assert collector.stats().frames == 16  # what it did stays readable
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize(("kind", "backend"), matrix())
+def test_a_collector_left_open_is_released_when_its_event_loop_ends(kind: str, backend: str) -> None:
+    before = ResourceSnapshot.take()
+    collector = make(kind, counting)
+
+    async def take_one() -> None:
+        with anyio.fail_after(60):
+            await anext(collector)  # set up, and never shut down
+
+    with pytest.warns(ResourceWarning, match="never shut down: the event loop it started on ended"):
+        anyio.run(take_one, backend=backend)
+    assert collector.state is CollectorState.CLOSED
+    assert_no_leaks(before, timeout=5.0)
+    with pytest.raises(ClosedCollectorError, match="build a new one inside the event loop that uses it"):
+        anyio.run(take_one, backend=backend)  # a second loop is told at once, never left waiting
+
+
+def _end(loop: asyncio.AbstractEventLoop) -> None:
+    """Ends a loop as asyncio.run() does: its tasks cancelled and awaited, then closed."""
+
+    async def cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    loop.run_until_complete(cancel_all(asyncio.all_tasks(loop)))
+    loop.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_another_event_loop_is_refused_at_once_and_its_shutdown_is_done_by_the_collectors_loop(kind: str) -> None:
+    before = ResourceSnapshot.take()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="owner-loop", daemon=True)
+    thread.start()
+    collector = make(kind, counting)
+    try:
+        asyncio.run_coroutine_threadsafe(anext(collector), loop).result(60)
+
+        async def elsewhere() -> None:
+            with anyio.fail_after(10):
+                with pytest.raises(CollectorStateError, match="belongs to the event loop it started on"):
+                    await anext(collector)
+                with pytest.raises(CollectorStateError, match="belongs to the event loop it started on"):
+                    async with collector.pause():
+                        pass
+                await collector.async_shutdown()  # handed to the collector's own loop, and waited for
+            assert collector.state is CollectorState.CLOSED
+
+        asyncio.run(elsewhere())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        _end(loop)
+    assert_no_leaks(before, timeout=5.0)
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSync", "Batched"])
+def test_a_collector_whose_loop_stopped_is_refused_then_released_without_waiting(kind: str) -> None:
+    before = ResourceSnapshot.take()
+    loop = asyncio.new_event_loop()
+    collector = make(kind, counting)
+    try:
+        loop.run_until_complete(anext(collector))  # the loop stops with the collector's tasks waiting in it
+
+        async def elsewhere() -> None:
+            with anyio.fail_after(10):
+                with pytest.raises(CollectorStateError, match="belongs to the event loop it started on"):
+                    async with collector:  # its failed entry shuts it down: released without waiting
+                        pass
+            assert collector.state is CollectorState.CLOSED
+
+        asyncio.run(elsewhere())
+        assert_no_leaks(before, timeout=5.0)
+    finally:
+        _end(loop)
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSync", "Batched"])
+def test_a_collector_dropped_without_shutdown_is_released_at_its_loops_end_and_warns(kind: str) -> None:
+    before = ResourceSnapshot.take()
+
+    async def drop() -> None:
+        collector = make(kind, counting)
+        with anyio.fail_after(60):
+            await anext(collector)
+        del collector  # its own tasks still hold it: it is released when they end, with the loop
+
+    with pytest.warns(ResourceWarning, match="never shut down: the event loop it started on ended"):
+        asyncio.run(drop())
+    collecting = threading.Thread(target=gc.collect, name="gc")  # and collecting it never blocks
+    collecting.start()
+    collecting.join(10)
+    assert not collecting.is_alive(), "a finalizer blocked"
+    assert_no_leaks(before, timeout=5.0)
+
+
+_PROGRAM_PREAMBLE = """
+import asyncio, functools, gc, warnings
+from acollect import MultiSyncCollector
+from acollect.envs import GymEnv
+warnings.simplefilter("error")  # nothing may warn: a collector that ends its total_frames closed itself
+def collector(total):
+    return MultiSyncCollector([functools.partial(GymEnv, "CartPole-v1", num_envs=4)] * 2, frames_per_batch=128,
+                              total_frames=total, start_method="forkserver")
+"""
+
+
+def _run_program(body: str) -> subprocess.CompletedProcess[str]:
+    """Runs a program in a fresh interpreter, under a deadline: a hang fails here, never the suite."""
+    return subprocess.run(
+        [sys.executable, "-c", _PROGRAM_PREAMBLE + textwrap.dedent(body)],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+
+
+def test_a_program_iterating_without_async_with_ends_after_a_garbage_collection() -> None:
+    done = _run_program("""
+        async def main():
+            c = collector(512)
+            async for b in c:
+                pass
+            print(c.state.name)
+        asyncio.run(main()); junk = [[i] for i in range(3_000_000)]; gc.collect()
+        print("ended")
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["CLOSED", "ended"]
+
+
+def test_a_program_reusing_a_collector_under_a_second_event_loop_is_told_at_once() -> None:
+    done = _run_program("""
+        warnings.simplefilter("ignore", ResourceWarning)  # the first loop ends with it open: warned, and released
+        c = collector(5120)
+        async def one():
+            async for b in c:
+                break
+        async def two():
+            async with c:
+                async for b in c:
+                    break
+        asyncio.run(one())
+        try:
+            asyncio.run(two())
+        except Exception as exc:
+            print(f"{type(exc).__name__}: {exc}")
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ClosedCollectorError: cannot enter the collector"), done.stdout
+    assert "the event loop it started on ended" in done.stdout

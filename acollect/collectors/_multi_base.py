@@ -159,6 +159,11 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             await pool.close(self._shutdown_limit)
         self._dispatch.reset()
 
+    def _release_now(self) -> None:
+        if self._pool is not None:
+            self._pool.abandon()
+        self._dispatch.reset()
+
     @property
     def rejected_messages(self) -> int:
         """Messages the endpoint dropped: not from a live worker (a stray or hostile peer), or replayed batches.

@@ -48,10 +48,12 @@ from typing import TYPE_CHECKING, TypeVar
 import anyio
 from tensordict import TensorDictBase
 
-from acollect._lifecycle import CollectorState, Lifecycle
+from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
+from acollect._loops import current_backend
 from acollect._notify import Notifier
 from acollect._tasks import BackgroundRun, CallScope, TaskOwner
 from acollect._validate import check_seconds, check_total_frames
+from acollect._warnings import warn_unclosed
 from acollect.collectors._reporting import ReportingMixin
 from acollect.errors import (
     BackgroundCollectionError,
@@ -92,7 +94,7 @@ class CollectorBase(ReportingMixin):
         self._lifecycle = Lifecycle()  # the state, and all it depends on: read it, never keep a copy
         self._frames = 0
         self._batches = 0
-        self._tasks = TaskOwner(type(self).__name__, on_failure=self._fail)
+        self._tasks = TaskOwner(type(self).__name__, on_failure=self._fail, on_loop_end=self._on_loop_end)
         self._calls: set[CallScope] = set()
         self._changes = Notifier()  # calls leaving, pauses ending, the background batch handed over
         self._setup_lock = anyio.Lock()
@@ -119,6 +121,11 @@ class CollectorBase(ReportingMixin):
         """Puts the weights of a checked :meth:`update_policy_weights_` call in place; returns the new version."""
         raise NotImplementedError
 
+    def _release_now(self) -> None:
+        """Releases everything ``_setup`` built without waiting: nothing can be awaited (the event loop ended, or
+        the collector is being garbage collected). Workers are killed, sockets closed with ``linger=0``, shared
+        memory unlinked. Must not block, nor raise."""
+
     # -- state -----------------------------------------------------------------------
     @property
     def state(self) -> CollectorState:
@@ -142,10 +149,29 @@ class CollectorBase(ReportingMixin):
         return self.total_frames != -1 and self._frames >= self.total_frames
 
     def _check_usable(self, action: str, *, allow_broken: bool = False) -> None:
-        if self._lifecycle.closing:
-            raise ClosedCollectorError(f"cannot {action}: the collector was shut down with async_shutdown()")
-        if self._lifecycle.state is CollectorState.BROKEN and not allow_broken:
+        lifecycle = self._lifecycle
+        if lifecycle.closing:
+            reason = lifecycle.close_reason or CloseReason.SHUTDOWN
+            hint = " inside the event loop that uses it" if reason is CloseReason.LOOP_ENDED else ""
+            raise ClosedCollectorError(
+                f"cannot {action}: this {type(self).__name__} is closed ({reason.value}); a closed collector "
+                f"cannot be used again: build a new one{hint}"
+            )
+        self._check_loop(action)
+        if lifecycle.state is CollectorState.BROKEN and not allow_broken:
             self._raise_failure()
+
+    def _check_loop(self, action: str) -> None:
+        """Raises unless the collector is used from the event loop it started on (or from synchronous code)."""
+        owner = self._tasks.loop
+        if owner is None or owner.is_current() or current_backend() is None:
+            return
+        raise CollectorStateError(
+            f"cannot {action}: this {type(self).__name__} belongs to the event loop it started on ({owner!r}), "
+            "not to the one running now. Its sockets, tasks and locks live on that loop: use a collector inside "
+            "the asyncio.run() (or trio.run()) that started it, and build a new one for another loop "
+            "(`await collector.async_shutdown()` from here releases this one)"
+        )
 
     def _raise_failure(self) -> None:
         err = self._lifecycle.report_failure()
@@ -228,7 +254,7 @@ class CollectorBase(ReportingMixin):
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.async_shutdown(raise_background_error=exc_info[0] is None)
+        await self._shutdown(CloseReason.ASYNC_WITH, raise_background_error=exc_info[0] is None)
 
     async def async_shutdown(self, timeout: float | None = None, *, raise_background_error: bool = True) -> None:
         """Stops collection and releases every resource; any task may call it, any number of times, at once.
@@ -245,13 +271,19 @@ class CollectorBase(ReportingMixin):
         """
         if timeout is not None:
             self._shutdown_limit = check_seconds("timeout", timeout)
+        await self._shutdown(CloseReason.SHUTDOWN, raise_background_error=raise_background_error)
+
+    async def _shutdown(self, reason: CloseReason, *, raise_background_error: bool) -> None:
         lifecycle = self._lifecycle
-        if lifecycle.state is CollectorState.CLOSING:
+        owner = self._tasks.loop
+        if owner is not None and not owner.is_current() and lifecycle.state is not CollectorState.CLOSED:
+            await self._shutdown_elsewhere(reason)
+        elif lifecycle.state is CollectorState.CLOSING:
             # Another task is closing: return when it is done (its every step has a deadline).
             with anyio.move_on_after(self._shutdown_limit + 2 * _DRAIN_TIMEOUT):
                 await lifecycle.wait_closed()
         elif lifecycle.state is not CollectorState.CLOSED:
-            lifecycle.move(CollectorState.CLOSING)
+            lifecycle.move(CollectorState.CLOSING, reason=reason)
             try:
                 with anyio.CancelScope(shield=True):
                     await self._close()
@@ -262,6 +294,43 @@ class CollectorBase(ReportingMixin):
             not lifecycle.failure_reported
         ):
             self._raise_failure()
+
+    async def _shutdown_elsewhere(self, reason: CloseReason) -> None:
+        """A shutdown from another event loop than the collector's: its own loop does it, or, gone, nobody waits."""
+        owner = self._tasks.loop
+        assert owner is not None
+        if owner.ended or owner.backend != "asyncio":
+            self._abandon(reason, warn=False)  # a trio run in another thread cannot be handed work from here
+            return
+        wait = owner.submit(lambda: self._shutdown(reason, raise_background_error=False))
+        await anyio.to_thread.run_sync(wait, self._shutdown_limit + 2 * _DRAIN_TIMEOUT)
+
+    def _on_loop_end(self) -> None:
+        """The event loop the collector started on is ending with the collector open: released now, and warned."""
+        self._abandon(CloseReason.LOOP_ENDED, warn=True)
+
+    def _abandon(self, reason: CloseReason, *, warn: bool) -> None:
+        """Releases everything without waiting (nothing can be awaited on the collector's loop) and closes."""
+        lifecycle = self._lifecycle
+        if lifecycle.state is CollectorState.CLOSED:
+            return
+        held = lifecycle.state is not CollectorState.NEW  # NEW: nothing is built (a failed set-up was torn down)
+        if lifecycle.state is not CollectorState.CLOSING:
+            lifecycle.move(CollectorState.CLOSING, reason=reason)
+        try:
+            if held:
+                self._release_now()
+        except Exception:  # never from a finalizer: say it, and go on closing
+            logger.exception("releasing %s without waiting failed", type(self).__name__)
+        finally:
+            lifecycle.move(CollectorState.CLOSED)
+            self._close_progress()
+        if warn and held:
+            warn_unclosed(
+                self,
+                f"{type(self).__name__} was never shut down: {reason.value}; its workers were killed and everything it "
+                "held released without waiting. Use `async with collector:` or `await collector.async_shutdown()`",
+            )
 
     async def _close(self) -> None:
         for call in list(self._calls):
@@ -281,7 +350,29 @@ class CollectorBase(ReportingMixin):
     def __aiter__(self: _Collector) -> _Collector:
         return self
 
+    def _ended(self) -> bool:
+        """Whether the collector closed itself at the end of its ``total_frames``: iterating it ends at once."""
+        return self._lifecycle.close_reason is CloseReason.EXHAUSTED
+
     async def __anext__(self) -> TensorDictBase:
+        if self._ended():
+            raise StopAsyncIteration
+        batch = None
+        try:
+            batch = await self._next_batch()
+        except ClosedCollectorError:
+            if self._ended():  # another consumer took the last batch
+                raise StopAsyncIteration from None
+            raise
+        if batch is None:
+            # total_frames collected: nothing more can come, so nothing is kept running for it (the workers,
+            # their sockets and memory are released now, not at the end of an `async with` that may never come).
+            await self._shutdown(CloseReason.EXHAUSTED, raise_background_error=False)
+            raise StopAsyncIteration
+        return batch
+
+    async def _next_batch(self) -> TensorDictBase | None:
+        """The next batch, or ``None`` once ``total_frames`` were handed out."""
         batch = None
         with self._call("iterate"):
             if self._lifecycle.background:
@@ -305,8 +396,6 @@ class CollectorBase(ReportingMixin):
                             self._lifecycle.report_failure()  # raised right here: never again at shutdown
                         raise
                     self._count(batch)
-        if batch is None:
-            raise StopAsyncIteration
         return batch
 
     # -- background mode -------------------------------------------------------------------

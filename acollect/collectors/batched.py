@@ -135,6 +135,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             rest["storing_device"] = "cpu"  # batches come from the workers' envs, not from the inference device
         self._server: InferenceServer | None = None
         self._server_rejected = 0
+        self._final_inference: dict[str, Any] | None = None  # the server's figures at its end
         super().__init__(create_env_fn, policy, rest, dispatch=FirstReady(credits))
         if isinstance(self.settings.policy_factory, str):
             raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
@@ -200,6 +201,15 @@ class AsyncBatchedCollector(MultiCollectorBase):
                 # A broken collector's server has nothing to finish (it may be the hung part): no grace.
                 await server.async_shutdown(0.0 if self._lifecycle.failure is not None else 10.0)
                 self._server_rejected += server.rejected_peers
+                self._final_inference = server.stats().as_dict()  # stats() after the end shows its last figures
+
+    def _release_now(self) -> None:
+        try:
+            super()._release_now()
+        finally:
+            server, self._server = self._server, None
+            if server is not None:
+                server.abandon()
 
     def _fail(self, exc: BaseException) -> None:
         # Workers waiting for actions make no env step: while a forward pass hangs, the pool's liveness check may
@@ -268,6 +278,5 @@ class AsyncBatchedCollector(MultiCollectorBase):
     def stats(self) -> CollectorStats:
         """As for every collector, plus ``inference``: the server's passes, batch sizes, fill rate and latency."""
         stats = super().stats()
-        if self._server is None:
-            return stats
-        return dataclasses.replace(stats, inference=self._server.stats().as_dict())
+        inference = self._server.stats().as_dict() if self._server is not None else self._final_inference
+        return stats if inference is None else dataclasses.replace(stats, inference=inference)

@@ -204,6 +204,14 @@ class Collector(CollectorBase):
         elif engine is not None:
             await run_in_thread(lambda _stop: engine.close(), name="close-env")
 
+    def _release_now(self) -> None:
+        engine = self._engine
+        if isinstance(engine, RolloutEngine):
+            self._engine = None
+            # Closing an env may wait (on its subprocesses): a thread of its own does it, and nobody waits for it.
+            threading.Thread(target=engine.close, name="acollect-close-env", daemon=True).start()
+        # Coroutine envs can only be closed on their event loop, which is ending: they go with the collector.
+
     # -- collecting ----------------------------------------------------------------------
     def _collect_in_thread(
         self, stop: threading.Event, torch_threads: int

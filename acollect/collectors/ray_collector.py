@@ -24,6 +24,7 @@ from typing import Any
 
 from typing_extensions import Unpack
 
+from acollect._lifecycle import CloseReason
 from acollect._validate import check_bool, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.base import CollectorState
@@ -288,7 +289,7 @@ class RayCollector(MultiCollectorBase):
 
     async def _setup(self) -> None:
         try:
-            self._loop = asyncio.get_running_loop()
+            asyncio.get_running_loop()
         except RuntimeError as exc:  # trio: Ray's asyncio API (ObjectRef awaits) has no trio road
             raise CollectorStateError(
                 "RayCollector runs under asyncio only (it awaits Ray's asyncio API): start it from "
@@ -327,36 +328,21 @@ class RayCollector(MultiCollectorBase):
             pass
         else:
             raise CollectorStateError("shutdown() blocks: inside an event loop, await collector.async_shutdown()")
-        loop: asyncio.AbstractEventLoop | None = getattr(self, "_loop", None)
-        if self._pool is not None and loop is not None and not loop.is_closed() and not loop.is_running():
-            raise CollectorStateError(
-                "shutdown() cannot reach the event loop that runs this collector (it is not running): "
-                "await collector.async_shutdown() on it"
-            )
         if shutdown_ray:
             self.shutdown_ray = True  # the teardown applies it, on the collector's own event loop
+        owner = self._tasks.loop
         try:
-            if self._pool is None or loop is None or loop.is_closed():
-                # Never started, or its loop is gone (and with it every task): nothing runs that needs that loop.
-                self._abandon_workers()
-                asyncio.run(self.async_shutdown(timeout))
+            if owner is None:
+                asyncio.run(self.async_shutdown(timeout))  # never started: nothing runs that needs a loop
+            elif owner.ended:
+                # Its loop is gone (and with it every task; its end released the workers already, unless it was
+                # only stopped): nothing left to await.
+                self._abandon(CloseReason.SHUTDOWN, warn=False)
             else:
                 limit = (timeout if timeout is not None else self.settings.shutdown_timeout) + 10.0
-                asyncio.run_coroutine_threadsafe(self.async_shutdown(timeout), loop).result(limit)
+                owner.submit(lambda: self.async_shutdown(timeout))(limit)
         finally:
             if shutdown_ray:
                 # The collector may have been shut down before this call (at the end of `async with`), its
                 # teardown done without Ray's; ray.shutdown() is a no-op once Ray is down.
                 self._ray_launcher.shutdown_ray()
-
-    def _abandon_workers(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        for handle in pool.handles:
-            if handle.process is not None:
-                handle.process.kill()
-                handle.process.close()
-        if pool.endpoint is not None:
-            pool.endpoint.close()
-        pool.launcher.close()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect._spawn import pickle_payload, spawn_python
+from acollect._spawn import pickle_payload, reap_later, spawn_python
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect.errors import (
@@ -321,7 +321,11 @@ class ProcessEngine:
                     await anyio.sleep(_POLL)
         self._kill()
 
-    def _kill(self) -> None:
+    def abandon(self) -> None:
+        """Kills the process and frees what this side holds, without waiting for anything (idempotent)."""
+        self._kill(wait=False)
+
+    def _kill(self, *, wait: bool = True) -> None:
         """Ends the process now and frees what this side holds (idempotent)."""
         self._closed_by_us = True
         popen = self._popen
@@ -329,8 +333,11 @@ class ProcessEngine:
             if popen.poll() is None:
                 with contextlib.suppress(OSError):
                     popen.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    popen.wait(timeout=5.0)
+                if wait:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        popen.wait(timeout=5.0)
+                if popen.poll() is None:
+                    reap_later(popen)
             if popen.stdin is not None:
                 with contextlib.suppress(OSError):
                     popen.stdin.close()

@@ -36,9 +36,11 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from acollect._lifecycle import CollectorState, Lifecycle
+from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
+from acollect._loops import current_backend
 from acollect._tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
+from acollect._warnings import warn_unclosed
 from acollect.devices import DeviceLike
 from acollect.errors import CollectorStateError, ConfigurationError, PolicyError
 from acollect.inference.batching import InferenceStats, Request, StatsRecorder
@@ -278,10 +280,10 @@ class InferenceServer:
             self._spec, self._initial_version
         )
         if tasks is None:
-            tasks = TaskOwner("InferenceServer", on_failure=self._fail)
+            tasks = TaskOwner("InferenceServer", on_failure=self._fail, on_loop_end=self._on_loop_end)
+            self._tasks, self._own_tasks = tasks, True  # before any await: a cancelled start still closes it
             tasks.ensure_group()
             await tasks.started()
-            self._own_tasks = True
         self._tasks = tasks
         try:
             self._scopes = await engine.start(tasks, self._answered)
@@ -312,6 +314,10 @@ class InferenceServer:
         lifecycle = self._lifecycle
         if lifecycle.closing:
             return
+        owner = self._tasks.loop if self._tasks is not None else None
+        if owner is not None and not owner.is_current() and owner.ended:
+            self.abandon(CloseReason.SHUTDOWN)  # nothing of it can be awaited on another loop
+            return
         # A broken server (failed, died, hung) has nothing left to finish: a server process is killed at once.
         grace = 0.0 if lifecycle.failure is not None else timeout
         lifecycle.move(CollectorState.CLOSING)
@@ -328,6 +334,27 @@ class InferenceServer:
         finally:
             lifecycle.move(CollectorState.CLOSED)
 
+    def abandon(self, reason: CloseReason = CloseReason.LOOP_ENDED) -> None:
+        """Stops serving and frees everything now, without waiting (the server process is killed): for an owner
+        whose event loop ended, or that is garbage collected. Idempotent."""
+        lifecycle = self._lifecycle
+        if lifecycle.state is CollectorState.CLOSED:
+            return
+        if not lifecycle.closing:
+            lifecycle.move(CollectorState.CLOSING, reason=reason)
+        try:
+            if self._engine is not None:
+                self._engine.abandon()
+        finally:
+            lifecycle.move(CollectorState.CLOSED)
+
+    def _on_loop_end(self) -> None:
+        held = self._lifecycle.state is not CollectorState.NEW
+        self.abandon()
+        if held:
+            warn_unclosed(self, "InferenceServer was never shut down: the event loop it started on ended; its process "
+                          "was killed. Use `async with InferenceServer(...)` or `await server.async_shutdown()`")
+
     async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
         """An alias of :meth:`async_shutdown`, for code that closes async resources with ``aclose()``."""
         await self.async_shutdown(timeout)
@@ -339,6 +366,12 @@ class InferenceServer:
             event.set()
 
     def _check_running(self, what: str) -> None:
+        tasks = self._tasks
+        if tasks is not None and tasks.loop is not None and not tasks.loop.is_current() and current_backend():
+            raise CollectorStateError(
+                f"{what}: this inference server belongs to the event loop it started on ({tasks.loop!r}), not to the "
+                "one running now: use it inside the asyncio.run() (or trio.run()) that started it"
+            )
         failure = self._lifecycle.failure
         if failure is not None:
             first = str(failure).split("\n", 1)[0]

@@ -126,6 +126,13 @@ class ThreadEngine:
             self._close_socket()
         self._mail.close()
 
+    def abandon(self) -> None:
+        """Frees what can be freed without waiting: the sockets once the thread is done (it owns them until then:
+        its task was cancelled, so it stops within a pass, and the sockets go with it when it is collected)."""
+        if self._thread_done.is_set() or not self._started:
+            self._close_socket()
+            self._mail.close()
+
     def _close_socket(self) -> None:
         hub, self._hub = self._hub, None
         if hub is not None:

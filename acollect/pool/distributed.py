@@ -111,6 +111,13 @@ class DistPool(WorkerPool):
 
     async def close(self, limit: float) -> None:
         await super().close(limit)
+        self._end_group()
+
+    def abandon(self) -> None:
+        super().abandon()
+        self._end_group()
+
+    def _end_group(self) -> None:
         self._broadcasts = []
         self.dist_ready = False
         if self._owns_group and dist.is_initialized():

@@ -427,6 +427,26 @@ class WorkerPool:
         for handle in self.handles:
             if handle.process is not None:
                 handle.process.close()
+        self._release()
+
+    def abandon(self) -> None:
+        """Ends every worker and releases everything now, without waiting. Idempotent; never blocks.
+
+        For a collector that can no longer await anything (its event loop ended, or it is garbage collected):
+        workers are killed (nothing will read what they collect), the endpoint is closed (``linger=0``) and
+        shared memory unlinked. Workers started by hand notice the collector's silence and exit on their own.
+        """
+        self.events.closed = True
+        for handle in self.handles:
+            handle.stopping = True
+            if handle.process is not None:
+                handle.process.kill()
+                handle.process.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Frees what the pool holds once its workers ended (or were killed): segments, weights, the endpoint."""
+        for handle in self.handles:
             for ring in [*handle.retired_rings, *([handle.ring] if handle.ring is not None else [])]:
                 ring.close()
                 ring.unlink()

@@ -32,6 +32,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, cast
 
 import anyio
@@ -41,6 +42,7 @@ from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
 from acollect.transport.sockets import (
     RefusalMonitor,
+    ZmqResources,
     check_address,
     check_options,
     check_timeout,
@@ -55,6 +57,15 @@ __all__ = ["Endpoint", "WorkerSocket"]
 
 # The longest a task waits on the socket's descriptor before it looks at zmq.EVENTS again.
 _POLL_INTERVAL = 0.05
+
+
+def _remove_ipc_file(address: str) -> None:
+    """Removes the socket file of a closed ipc endpoint, if it is still a socket file."""
+    # libzmq leaves the file behind; a stale one would confuse the next bind's users.
+    path = address[len("ipc://") :]
+    with contextlib.suppress(OSError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
 
 
 class Endpoint:
@@ -122,9 +133,12 @@ class Endpoint:
         self._waiting_send = 0
         self._watch_scope: anyio.CancelScope | None = None
         self._changed: anyio.Event | None = None
-        self._ctx: zmq.Context[Any] = zmq.Context()
-        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.ROUTER)
+        self._zmq = ZmqResources(self)
+        self._ctx = self._zmq.ctx
+        self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.ROUTER)
         self._fd = cast(int, self._sock.getsockopt(zmq.FD))
+        if self._tmpdir is not None:
+            self._zmq.on_close(partial(shutil.rmtree, self._tmpdir, ignore_errors=True), after=True)
         try:
             configure(
                 self._sock,
@@ -141,6 +155,8 @@ class Endpoint:
                 self._guard(keys)
             self._sock.bind(address)
             self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            if self._address.startswith("ipc://"):
+                self._zmq.on_close(partial(_remove_ipc_file, self._address), after=True)
         except zmq.ZMQError as exc:
             self.close()
             raise TransportError(f"cannot bind {address}: {exc}") from exc
@@ -150,7 +166,9 @@ class Endpoint:
         keys.apply(self._sock)
         self._server_public = keys.public
         self._allow = AllowList(self._ctx, keys.authorized_dir)
+        self._zmq.on_close(self._allow.stop)
         self._monitor = RefusalMonitor(self._ctx, self._sock, "endpoint")
+        self._zmq.on_close(self._monitor.close)  # the count stays readable after close
 
     def local_client_keys(self) -> ClientKeys:
         """A fresh key pair this endpoint accepts, for workers it starts itself (handed over privately).
@@ -342,25 +360,13 @@ class Endpoint:
         if sock is not None:
             if self._watch_scope is not None:
                 # A task waits on the descriptor: take it out of the event loop's hands before
-                # ZeroMQ closes it (and the number goes to the next file opened).
-                anyio.notify_closing(self._fd)
+                # ZeroMQ closes it (and the number goes to the next file opened). Without a running loop
+                # (released after it ended), nothing watches it any more.
+                with contextlib.suppress(RuntimeError):
+                    anyio.notify_closing(self._fd)
             self._wake()
-            if self._monitor is not None:
-                self._monitor.close()  # the count stays readable after close
-            sock.close(linger=0)
-            if self._allow is not None:
-                self._allow.stop()
-            self._ctx.term()
-            if self._address.startswith("ipc://"):
-                # libzmq leaves the socket file behind; a stale one would confuse the
-                # next bind's users, so remove it if it is still ours (a socket file).
-                path = self._address[len("ipc://") :]
-                with contextlib.suppress(OSError):
-                    if stat.S_ISSOCK(os.lstat(path).st_mode):
-                        os.unlink(path)
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        self._zmq.close()
+        self._tmpdir = None
 
     async def __aenter__(self) -> Endpoint:
         return self

@@ -20,15 +20,21 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import zmq
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
-from acollect.transport.sockets import RefusalMonitor, check_address, configure
+from acollect.transport.sockets import RefusalMonitor, ZmqResources, check_address, configure
 
 __all__ = ["Ready", "ServerSocket", "Waiter"]
+
+
+def _close_monitor(monitor: RefusalMonitor, lock: threading.Lock) -> None:
+    with lock:  # the count stays readable
+        monitor.close()
 
 
 class ServerSocket:
@@ -90,8 +96,11 @@ class ServerSocket:
             address = f"ipc://{self._tmpdir}/server.sock"
         elif isinstance(address, str) and address.startswith("tcp://") and address.count(":") == 1:
             address += ":0"
-        self._ctx: zmq.Context[Any] | None = zmq.Context()
-        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.ROUTER)
+        self._zmq = ZmqResources(self)
+        if self._tmpdir is not None:
+            self._zmq.on_close(partial(shutil.rmtree, self._tmpdir, ignore_errors=True), after=True)
+        self._ctx: zmq.Context[Any] | None = self._zmq.ctx
+        self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.ROUTER)
         try:
             address = check_address(address)
             configure(
@@ -101,7 +110,9 @@ class ServerSocket:
             if keys is not None:
                 keys.apply(self._sock)
                 self._allow = AllowList(self._ctx, keys.authorized_dir)
+                self._zmq.on_close(self._allow.stop)
                 self._monitor = RefusalMonitor(self._ctx, self._sock, "server")
+                self._zmq.on_close(partial(_close_monitor, self._monitor, self._monitor_lock))
             self._sock.bind(address)
             self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
@@ -203,20 +214,8 @@ class ServerSocket:
 
     def close(self) -> None:
         """Closes the socket (queued answers are dropped) and removes its private ipc directory. Idempotent."""
-        with self._monitor_lock:
-            if self._monitor is not None:
-                self._monitor.close()  # the count stays readable
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close(linger=0)
-        if self._allow is not None:
-            self._allow.stop()
-        ctx, self._ctx = self._ctx, None
-        if ctx is not None:
-            ctx.term()
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        self._sock, self._ctx, self._tmpdir = None, None, None
+        self._zmq.close()
 
     def __enter__(self) -> ServerSocket:
         return self

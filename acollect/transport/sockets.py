@@ -8,8 +8,11 @@ vanishes is noticed the same way from either side.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import weakref
+from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
@@ -18,6 +21,7 @@ from acollect.errors import ConfigurationError
 
 __all__ = [
     "RefusalMonitor",
+    "ZmqResources",
     "check_address",
     "check_options",
     "check_positive_int",
@@ -136,3 +140,74 @@ def features() -> dict[str, Any]:
         ['curve', 'ipc', 'libzmq']
     """
     return {"ipc": bool(zmq.has("ipc")), "curve": bool(zmq.has("curve")), "libzmq": zmq.zmq_version()}
+
+
+class ZmqResources:
+    """One owner's ZeroMQ context and what was opened in it, released together by :meth:`close`, or when the
+    owner is garbage collected unclosed.
+
+    pyzmq's finalizers cannot be left to do it: when a socket and its context become garbage together (in a
+    reference cycle, as a collector dropped without shutdown is), the context's finalizer may run first,
+    find the socket still open and wait in ``zmq_ctx_term`` for it forever. Here a ``weakref.finalize`` of
+    the owner holds the context and its sockets, so they stay reachable until it closes them, sockets first
+    (``linger=0``: nothing waits for a peer), then the context. Nothing in it blocks.
+
+    Args:
+        owner: the object whose life the resources follow (never referenced from here).
+
+    Examples:
+        >>> class Owner:
+        ...     def __init__(self):
+        ...         self.zmq = ZmqResources(self)
+        ...         self.sock = self.zmq.socket(zmq.ROUTER)
+        ...         self.me = self  # a reference cycle: only the cyclic garbage collector frees it
+        >>> import gc
+        >>> owner = Owner(); sock = owner.sock; del owner
+        >>> _ = gc.collect()
+        >>> sock.closed
+        True
+    """
+
+    def __init__(self, owner: object) -> None:
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self._sockets: list[zmq.Socket[Any]] = []
+        self._before: list[Callable[[], None]] = []  # run before the sockets close (a socket monitor's end)
+        self._after: list[Callable[[], None]] = []  # run once the context is gone (files to remove)
+        self._finalizer = weakref.finalize(owner, self._release)
+
+    def socket(self, kind: int) -> zmq.Socket[Any]:
+        """A new socket of ``kind`` in the context, closed with it (``LINGER`` 0)."""
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        self._sockets.append(sock)
+        return sock
+
+    def on_close(self, release: Callable[[], None], *, after: bool = False) -> None:
+        """Calls ``release`` at :meth:`close`: before the sockets close, or (``after``) once the context is gone.
+
+        ``release`` must not reference the owner (it would never be garbage collected).
+        """
+        (self._after if after else self._before).append(release)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the resources were released."""
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Releases everything now (idempotent)."""
+        self._finalizer()
+
+    def _release(self) -> None:
+        for release in reversed(self._before):  # the last opened (a monitor on a socket) ends first
+            with contextlib.suppress(Exception):
+                release()
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._sockets.clear()
+        self.ctx.destroy(linger=0)  # term(), after closing any socket opened in it some other way
+        for release in self._after:
+            with contextlib.suppress(Exception):
+                release()
+        self._before.clear()
+        self._after.clear()

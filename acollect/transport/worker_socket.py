@@ -15,7 +15,7 @@ import zmq
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport.auth import ClientKeys
-from acollect.transport.sockets import check_address, check_options, check_timeout, configure
+from acollect.transport.sockets import ZmqResources, check_address, check_options, check_timeout, configure
 
 __all__ = ["WorkerSocket"]
 
@@ -57,8 +57,8 @@ class WorkerSocket:
         check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
         self._address = address
         self._identity = identity
-        self._ctx = zmq.Context()
-        self._sock: zmq.Socket[Any] | None = self._ctx.socket(zmq.DEALER)
+        self._zmq = ZmqResources(self)
+        self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.DEALER)
         try:
             configure(
                 self._sock,
@@ -166,10 +166,8 @@ class WorkerSocket:
 
     def close(self) -> None:
         """Closes the socket and its context (idempotent)."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close(linger=0)
-            self._ctx.term()
+        self._sock = None
+        self._zmq.close()
 
     def __enter__(self) -> WorkerSocket:
         return self

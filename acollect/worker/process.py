@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-from acollect._spawn import bootstrap, exit_now, pickle_payload, spawn_python
+from acollect._spawn import bootstrap, exit_now, pickle_payload, reap_later, spawn_python
 from acollect.errors import ConfigurationError, describe_exit
 from acollect.worker.protocol import WorkerConfig
 
@@ -56,18 +56,21 @@ class WorkerProcess:
     def __init__(self, handle: subprocess.Popen[bytes] | Any, payload: bytes | None) -> None:
         self._handle = handle
         self._payload = payload
+        self._pid = int(handle.pid)  # kept: a closed multiprocessing.Process no longer says
+        self._exitcode: int | None = None
 
     @property
     def pid(self) -> int:
         """The process id."""
-        return int(self._handle.pid)
+        return self._pid
 
     @property
     def exitcode(self) -> int | None:
         """``None`` while it runs; negative when a signal ended it. Reaps the process once it is gone."""
-        if isinstance(self._handle, subprocess.Popen):
-            return self._handle.poll()
-        return self._handle.exitcode
+        if self._exitcode is None:
+            handle = self._handle
+            self._exitcode = handle.poll() if isinstance(handle, subprocess.Popen) else handle.exitcode
+        return self._exitcode
 
     @property
     def alive(self) -> bool:
@@ -107,14 +110,16 @@ class WorkerProcess:
                 pass
 
     def close(self) -> None:
-        """Releases the handle's pipes (the process must have exited)."""
+        """Releases the handle's pipes (a process killed a moment ago is reaped once it exited, without waiting)."""
         if isinstance(self._handle, subprocess.Popen):
             if self._handle.stdin is not None and not self._handle.stdin.closed:
                 try:
                     self._handle.stdin.close()
                 except OSError:
                     pass
-        elif self._handle.exitcode is not None:
+            if self._handle.poll() is None:
+                reap_later(self._handle)
+        elif self.exitcode is not None:
             self._handle.close()
 
 

@@ -175,12 +175,13 @@ def test_torchrl_names_are_the_acollect_classes() -> None:
 async def test_local_launcher_instance_runs_workers_and_names_them_by_pid() -> None:
     launcher = LocalLauncher(start_method="forkserver")
     async with MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16, launcher=launcher) as c:
-        batches = [b async for b in c]
+        batches = [await anext(c)]
         pool = c._pool
         assert pool is not None
         assert pool.launcher is launcher
         assert all(isinstance(h.process, LaunchedWorker) for h in pool.handles)
         assert [h.where for h in pool.handles] == [f"pid {pid}" for pid in c.worker_pids]
+        batches += [b async for b in c]
     assert len(batches) == 2
 
 

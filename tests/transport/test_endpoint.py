@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import multiprocessing
 import os
 import threading
@@ -443,3 +444,18 @@ def test_closing_wakes_a_waiting_recv(backend: str) -> None:
         assert "closed" in str(errors[0])
 
     run(backend, main)
+
+
+def test_an_endpoint_dropped_unclosed_in_a_reference_cycle_is_closed_by_the_garbage_collector() -> None:
+    # pyzmq's own finalizers would term the context before closing the socket, and wait for it forever.
+    endpoint = Endpoint()
+    path = endpoint.address.removeprefix("ipc://")
+    assert os.path.exists(path)
+    cycle: list[object] = [endpoint]
+    cycle.append(cycle)
+    del endpoint, cycle
+    collecting = threading.Thread(target=gc.collect, name="gc")
+    collecting.start()
+    collecting.join(10)
+    assert not collecting.is_alive(), "closing the endpoint's context blocked"
+    assert not os.path.exists(path), "the socket file of a collected endpoint is removed with it"
