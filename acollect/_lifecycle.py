@@ -34,7 +34,10 @@ import enum
 
 import anyio
 
+from acollect._machine import IllegalTransition, StateTable
+
 __all__ = [
+    "LIFECYCLE",
     "TRANSITIONS",
     "CloseReason",
     "CollectorState",
@@ -81,17 +84,6 @@ MEANINGS: dict[CollectorState, str] = {
     _S.CLOSED: "everything the collector owned is released",
 }
 
-#: Every allowed move, state -> the states it may move to. Anything else is a bug.
-TRANSITIONS: dict[CollectorState, frozenset[CollectorState]] = {
-    _S.NEW: frozenset({_S.STARTING, _S.BROKEN, _S.CLOSING}),
-    _S.STARTING: frozenset({_S.RUNNING, _S.PAUSED, _S.NEW, _S.BROKEN, _S.CLOSING}),
-    _S.RUNNING: frozenset({_S.PAUSED, _S.BROKEN, _S.CLOSING}),
-    _S.PAUSED: frozenset({_S.RUNNING, _S.BROKEN, _S.CLOSING}),
-    _S.BROKEN: frozenset({_S.CLOSING}),
-    _S.CLOSING: frozenset({_S.CLOSED}),
-    _S.CLOSED: frozenset(),
-}
-
 #: Why each move happens (the Markdown table shows them).
 REASONS: dict[tuple[CollectorState, CollectorState], str] = {
     (_S.NEW, _S.STARTING): "`async with`, the first batch, `start()` or a weight push begins the set-up",
@@ -113,24 +105,23 @@ REASONS: dict[tuple[CollectorState, CollectorState], str] = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    """A state change the table does not allow: a bug in acollect, not in the caller's code."""
+#: The lifecycle's table: every move goes through it (:meth:`Lifecycle.move`).
+LIFECYCLE = StateTable("collector lifecycle", MEANINGS, REASONS)
+
+#: Every allowed move, state -> the states it may move to (derived from :data:`REASONS`). Anything else is a bug.
+TRANSITIONS = LIFECYCLE.transitions
 
 
 def transition_table_markdown() -> str:
-    """Renders :data:`TRANSITIONS` (with what each state means and why each move happens) as Markdown."""
-    lines = ["| state | what it means | moves to: when |", "|---|---|---|"]
-    for state in CollectorState:
-        moves = "<br>".join(f"`{to.name}`: {REASONS[state, to]}" for to in CollectorState if to in TRANSITIONS[state])
-        lines.append(f"| `{state.name}` | {MEANINGS[state]} | {moves or 'none: final'} |")
-    return "\n".join(lines) + "\n"
+    """Renders the lifecycle's table (with what each state means and why each move happens) as Markdown."""
+    return LIFECYCLE.markdown()
 
 
 class Lifecycle:
     """One collector's state and what it depends on; every change goes through :meth:`move`."""
 
-    __slots__ = ("_background", "_close_reason", "_closed", "_failure", "_failure_reported", "_pause_applied",
-                 "_pauses", "_set_up", "_state")  # fmt: skip
+    __slots__ = ("_background", "_close_reason", "_closed", "_entered", "_failure", "_failure_reported",
+                 "_pause_applied", "_pauses", "_set_up", "_state")  # fmt: skip
 
     def __init__(self) -> None:
         self._state = CollectorState.NEW
@@ -140,6 +131,7 @@ class Lifecycle:
         self._pauses = 0
         self._pause_applied = False
         self._background = False
+        self._entered = False
         self._close_reason: CloseReason | None = None
         self._closed = anyio.Event()
 
@@ -151,13 +143,7 @@ class Lifecycle:
 
         A move to ``BROKEN`` carries its failure (and only that move does); a move to ``CLOSING`` says why.
         """
-        allowed = TRANSITIONS[self._state]
-        if to not in allowed:
-            names = ", ".join(sorted(s.name for s in allowed)) or "none"
-            raise IllegalTransition(
-                f"internal error: the collector lifecycle cannot move from {self._state.name} to {to.name} "
-                f"(allowed: {names}); this is a bug in acollect"
-            )
+        LIFECYCLE.move(self._state, to)
         if (to is CollectorState.BROKEN) != (failure is not None):
             raise IllegalTransition(
                 f"internal error: a move to {to.name} with failure={failure!r} (a move to BROKEN, and only that "
@@ -255,6 +241,16 @@ class Lifecycle:
         self._pauses -= 1
         if self._pauses == 0 and self._state is CollectorState.PAUSED:
             self.move(CollectorState.RUNNING)
+
+    # -- who owns its life -------------------------------------------------------------------------
+    @property
+    def entered(self) -> bool:
+        """Whether an ``async with`` block was entered: the block's end shuts it down, not the end of its frames."""
+        return self._entered
+
+    def enter(self) -> None:
+        """An ``async with`` block was entered."""
+        self._entered = True
 
     # -- background mode ------------------------------------------------------------------------
     @property
