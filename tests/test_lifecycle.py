@@ -383,6 +383,10 @@ def test_an_exhausted_collector_shuts_itself_down(kind: str, backend: str) -> No
                 async with collector.pause():
                     pass
             assert collector.stats().frames == 16  # what it did stays readable
+            async with make(kind, counting, total_frames=16) as scoped:  # the block owns its life instead
+                assert sum([batch.numel() async for batch in scoped]) == 16
+                assert scoped.state is CollectorState.RUNNING
+            assert scoped.state is CollectorState.CLOSED
 
     run(backend, scenario)
 

@@ -24,7 +24,7 @@ from acollect.collectors.options import WorkerSettings, check_policy_args, parse
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
-from acollect.pool import Received, WorkerPool
+from acollect.pool import Received, WorkerPool, WorkerState
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.shm import shm_available
@@ -201,6 +201,16 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         return sum(h.restarts for h in pool.handles), pool.dropped_batches, pool.discarded_frames
 
     @property
+    def worker_states(self) -> list[WorkerState | None]:
+        """Each worker's :class:`~acollect.pool.WorkerState` as the collector sees it (``None`` before start).
+
+        The table of states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").
+        """
+        if self._pool is None:
+            return [None] * self.num_workers
+        return [h.state for h in self._pool.handles]
+
+    @property
     def worker_pids(self) -> list[int | None]:
         """The pid of each worker process (``None`` before start)."""
         if self._pool is None:
@@ -271,7 +281,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         if self._pending_state is not None:
             state, self._pending_state = self._pending_state, None
             for handle, counters in zip(pool.handles, state["workers"], strict=True):
-                handle.traj_counter, handle.frames = int(counters["next_traj_counter"]), int(counters["frames"])
+                handle.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
                 fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
                 # A worker restarting now is not connected yet (a message to it would fail, and read as its
                 # death): its successor starts from these counters, passed with its config.

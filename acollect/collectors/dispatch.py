@@ -145,20 +145,8 @@ class Lockstep(Dispatch):
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
         self._shared, self._segments, self._number = pool.shared, {}, pool.batches_asked + 1
-        pool.paused = paused
         if paused:
-            await pool.broadcast(P.PAUSE)
-
-    @staticmethod
-    def _part(handle: WorkerHandle, number: int) -> int | None:
-        """Where ``handle``'s part of batch ``number`` is in its inbox (``None``: not received yet)."""
-        for i, item in enumerate(handle.inbox):
-            if item.request is not None and item.request.number == number:
-                return i
-        return None
-
-    def _asked(self, handle: WorkerHandle, number: int) -> bool:
-        return any(r.number == number for r in handle.requests) or self._part(handle, number) is not None
+            await pool.order_pause(True)
 
     async def _ask(self, pool: WorkerPool, number: int, *, ahead: bool) -> bool:
         """Asks every worker not asked yet for its part of batch ``number``.
@@ -175,12 +163,12 @@ class Lockstep(Dispatch):
                 if slot is None:
                     return False
                 self._segments[number] = slot
-            pool.batches_asked = max(pool.batches_asked, number)
+            pool.note_asked(number)
             for handle in pool.handles:
-                if self._asked(handle, number):
+                if handle.asked(number):
                     continue
                 request = Request(number, slot, ahead)
-                handle.requests.append(request)
+                handle.on_ask(request)
                 # A restarted worker that has not said hello yet is not connected: it gets the request with its
                 # hello (the pool resends the requests outstanding then).
                 if handle.ready:
@@ -207,27 +195,21 @@ class Lockstep(Dispatch):
             if ahead and pool.changes_sent == self._changes_seen and not pool.paused:
                 await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for at the end, or when taken
             await pool.wait_until(
-                lambda: all(self._part(h, number) is not None for h in handles), what="a batch from every worker"
+                lambda: all(h.part(number) is not None for h in handles), what="a batch from every worker"
             )
             stale = False
             for handle in handles:
-                i = self._part(handle, number)
-                assert i is not None
-                if self._stale(handle, handle.inbox[i]):  # its rows are written again, and the worker asked again
+                part = handle.part(number)
+                assert part is not None
+                if self._stale(handle, part):  # its rows are written again, and the worker asked again
                     stale = True
-                    item = handle.inbox[i]
-                    del handle.inbox[i]
-                    pool.discarded_frames += handle.frames_per_batch
-                    if item.header.get("slot") is not None and self._shared is None:
-                        await pool.send(handle, P.CREDIT, {"slot": item.header["slot"]})
+                    handle.take_part(number)
+                    pool.discard(handle.frames_per_batch)
+                    if part.header.get("slot") is not None and self._shared is None:
+                        await pool.send(handle, P.CREDIT, {"slot": part.header["slot"]})
             if not stale:
                 break
-        items = []
-        for handle in handles:
-            i = self._part(handle, number)
-            assert i is not None
-            items.append(handle.inbox[i])
-            del handle.inbox[i]
+        items = [handle.take_part(number) for handle in handles]
         segment = self._segments.pop(number, None)
         if segment is not None:
             assert self._shared is not None
@@ -300,12 +282,9 @@ class Lockstep(Dispatch):
         return batch
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
-        # A worker collecting ahead stops at its next step, keeping the batch; a restarted worker is told at
-        # its hello.
-        if pool is None or pool.endpoint is None or pool.endpoint.closed:
-            return
-        pool.paused = paused
-        await pool.broadcast(P.PAUSE if paused else P.RESUME)
+        # A worker collecting ahead stops at its next step, keeping the batch.
+        if pool is not None:
+            await pool.order_pause(paused)
 
     def lends(self, item: Received, *, copy_batches: bool) -> bool:
         return not copy_batches and item.in_slot and self._shared is not None
@@ -335,7 +314,7 @@ class FirstReady(Dispatch):
     sync = False
 
     def __init__(self, credits: int = 2) -> None:
-        self.credits = check_int("credits", credits, minimum=1)
+        self.credits: int = check_int("credits", credits, minimum=1)
         # copy_batches=True: per worker, the memory of batches the caller dropped, mapped already.
         self._buffers: dict[int, HandOutBuffers] = {}
 
@@ -343,11 +322,9 @@ class FirstReady(Dispatch):
         return frames_per_batch
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
-        pool.running = True
-        pool.paused = paused
-        await pool.broadcast(P.RUN, {"credits": self.credits})
+        await pool.order_run(self.credits)
         if paused:
-            await pool.broadcast(P.PAUSE)
+            await pool.order_pause(True)
 
     async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
@@ -377,11 +354,9 @@ class FirstReady(Dispatch):
         self._buffers.clear()
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
-        # Workers stop at their next step, keeping the batch in progress; a restarted one is told at its hello.
-        if pool is None or not pool.running or pool.endpoint is None or pool.endpoint.closed:
-            return
-        pool.paused = paused
-        await pool.broadcast(P.PAUSE if paused else P.RESUME)
+        # Workers stop at their next step, keeping the batch in progress.
+        if pool is not None and pool.running:
+            await pool.order_pause(paused)
 
 
 def dispatch_for(sync: object, options: dict[str, Any]) -> Lockstep | FirstReady:

@@ -1,22 +1,25 @@
-"""What the pool's parts tell each other and whoever waits on the pool: its failure, its wake-ups, its counts.
+"""What the pool's parts tell each other and whoever waits on the pool: its state, failure, wake-ups and counts.
 
-:class:`PoolEvents` holds the pool's failure (sticky until the pool is closed) and
-wakes every waiter on each change; :class:`Counters` holds what was dropped,
-discarded or rejected. The pool makes one of each and hands them to its receive
-loop, its liveness loop and its weight pushes, which own nothing else in common.
+:class:`PoolEvents` holds the pool's state (one :class:`PoolState`, moved through
+:data:`POOL`, the table ``docs/concepts.md`` shows), its failure (sticky until the pool
+is closed) and wakes every waiter on each change; :class:`Counters` holds what was
+dropped, discarded or rejected. The pool makes one of each and hands them to its
+receive loop, its liveness loop and its weight pushes, which own nothing else in common.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from acollect._machine import StateTable
 from acollect._notify import Notifier
 
-__all__ = ["Counters", "PoolEvents"]
+__all__ = ["POOL", "Counters", "PoolEvents", "PoolState"]
 
 logger = logging.getLogger("acollect")
 T = TypeVar("T")
@@ -31,18 +34,91 @@ class Counters:
     rejected_messages: int = 0  # not from a live worker, or replayed: logged and dropped
 
 
+class PoolState(enum.Enum):
+    """Where a worker pool is."""
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    BROKEN = "broken"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+_P = PoolState
+POOL: StateTable[PoolState] = StateTable(
+    "worker pool",
+    {
+        _P.NEW: "built: nothing bound or started",
+        _P.STARTING: "its endpoint is bound and its loops run; its workers are starting (each says hello)",
+        _P.RUNNING: "every worker said hello once (each may be restarted since: see the worker table)",
+        _P.BROKEN: "a worker died with its restarts spent, a loop failed or a worker broke the protocol: every wait "
+        "on the pool raises that failure",
+        _P.CLOSING: "`close()`: no death is restarted any more; workers are told to stop, then ended",
+        _P.CLOSED: "every worker ended; sockets, slots and segments released",
+    },
+    {
+        (_P.NEW, _P.STARTING): "`start()`",
+        (_P.NEW, _P.CLOSING): "closed before it started",
+        (_P.STARTING, _P.RUNNING): "every worker said hello",
+        (_P.STARTING, _P.BROKEN): "a worker failed to start with its restarts spent, or a loop failed",
+        (_P.STARTING, _P.CLOSING): "closed while starting (a cancelled set-up)",
+        (_P.RUNNING, _P.BROKEN): "a worker died with its restarts spent, a loop failed, or a worker broke the protocol",
+        (_P.RUNNING, _P.CLOSING): "`close()`",
+        (_P.BROKEN, _P.CLOSING): "`close()`",
+        (_P.CLOSING, _P.CLOSED): "everything released",
+    },
+)
+
+
 class PoolEvents:
-    """The pool's failure and its wake-ups: every change wakes whoever waits; a failure is kept and raised.
+    """The pool's state, its failure and its wake-ups: every change wakes whoever waits; a failure is kept and raised.
 
     Args:
         on_failure: called once, on the event loop, with the pool's failure (the collector breaks).
     """
 
     def __init__(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self._state = PoolState.NEW
         self.failure: BaseException | None = None
-        self.closed = False  # the pool is closing: a failure then is nobody's news
         self._on_failure = on_failure
         self._changes = Notifier()
+
+    # -- the state ------------------------------------------------------------------------------
+    @property
+    def state(self) -> PoolState:
+        """Where the pool is."""
+        return self._state
+
+    def _move(self, to: PoolState) -> None:
+        self._state = POOL.move(self._state, to)
+        self.notify()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the pool is closing or closed: no death is restarted, and a failure then is nobody's news."""
+        return self._state in (PoolState.CLOSING, PoolState.CLOSED)
+
+    def starting(self) -> None:
+        """``start()`` bound the endpoint and started the loops."""
+        self._move(PoolState.STARTING)
+
+    def running(self) -> None:
+        """Every worker said hello (a failure during the start leaves the pool broken)."""
+        if self._state is PoolState.STARTING:
+            self._move(PoolState.RUNNING)
+
+    def closing(self) -> bool:
+        """``close()`` begins; returns ``False`` if it began already (the pool closes once)."""
+        if self.closed:
+            return False
+        self._move(PoolState.CLOSING)
+        return True
+
+    def closed_all(self) -> None:
+        """Everything the pool held is released (idempotent)."""
+        if self._state is not PoolState.CLOSED:
+            self._move(PoolState.CLOSED)
 
     def notify(self) -> None:
         """Wakes every waiter: something changed."""
@@ -50,7 +126,8 @@ class PoolEvents:
 
     def fail(self, exc: BaseException) -> None:
         """Breaks the pool with ``exc`` (the first failure stays), and wakes every waiter."""
-        if self.failure is None and not self.closed:
+        if self.failure is None and self._state in (PoolState.STARTING, PoolState.RUNNING):
+            self._move(PoolState.BROKEN)
             self.failure = exc
             # Raised to the caller, who sees it: logging it too would print it twice.
             logger.debug("worker pool failed: %s", exc)

@@ -24,7 +24,7 @@ import anyio
 
 from acollect.errors import TransportError, WorkerCrashedError, WorkerError, WorkerTimeoutError
 from acollect.pool.events import Counters, PoolEvents
-from acollect.pool.handles import Orders, Retired, WorkerHandle
+from acollect.pool.handles import Orders, WorkerHandle
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.wire import pack_message
 from acollect.worker import protocol as P
@@ -171,45 +171,23 @@ class Monitor:
 
     async def _on_death(self, handle: WorkerHandle, error: WorkerError) -> None:
         process = handle.process
-        if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
-            if handle.restarts >= self.max_restarts or self.events.closed:
-                self.events.fail(error)
-                return
-            handle.restarts += 1
-            logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
-                           self.max_restarts)  # fmt: skip
-            self._count_dropped(handle)
-            self._vacate(handle)
-            return
         if handle.restarts >= self.max_restarts or self.events.closed:
-            process.kill()
+            if process is not None:
+                process.kill()
+            handle.on_dead()
             self.events.fail(error)
             return
-        handle.restarts += 1
+        lost = handle.on_death(lockstep=self.credits is None, running=self.orders.running)
+        self.counters.dropped_batches += lost
+        if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
+            logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
+                           self.max_restarts)  # fmt: skip
+            self._vacate(handle)
+            return
         logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, self.max_restarts)
         process.kill()
         with anyio.move_on_after(2.0):
             while process.exitcode is None:  # noqa: ASYNC110 - an exit code has no event to wait on
                 await anyio.sleep(0.01)
         process.close()
-        self._count_dropped(handle)
         await self._spawn(handle)
-
-    def _count_dropped(self, handle: WorkerHandle) -> None:
-        """Counts the batches a dead worker held, before its slot gets a new generation."""
-        in_progress = self.orders.running and (handle.busy or handle.partial)
-        if self.credits is None:
-            # Lockstep: every request it held is asked again of its successor. Running ahead, it may hold two: the
-            # part it finished, whose message can die with it in its socket's queue, and the next one it began.
-            self.counters.dropped_batches += handle.outstanding
-        elif handle.outstanding or in_progress:
-            self.counters.dropped_batches += 1
-        # A lockstep collector's late batch answers an outstanding request, counted just now. An
-        # asynchronous one's batches that arrive after this are dropped too (its successor reuses their
-        # trajectory ids): each is counted as it comes (see Receiver), except the one in progress at
-        # its last heartbeat, counted here already.
-        handle.retired = (
-            Retired(handle.generation, handle.next_seq, handle.sent if in_progress else None)
-            if self.credits is not None
-            else None
-        )

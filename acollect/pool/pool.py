@@ -36,7 +36,7 @@ from acollect._threads import run_in_thread
 from acollect.errors import ProtocolError, TransportError
 from acollect.launchers.base import LaunchedWorker, Launcher
 from acollect.launchers.local import LocalLauncher
-from acollect.pool.events import Counters, PoolEvents
+from acollect.pool.events import Counters, PoolEvents, PoolState
 from acollect.pool.handles import Orders, Received, WorkerHandle
 from acollect.pool.liveness import Monitor
 from acollect.pool.receive import Receiver
@@ -64,7 +64,8 @@ SHM_THRESHOLD = 1 << 15
 def _launch(launcher: Launcher, config: P.WorkerConfig, handle: WorkerHandle, _stop: object) -> LaunchedWorker:
     # Recorded as soon as it exists: a launch cancelled (or failing) half-way still leaves a process
     # that close() knows about and stops, instead of one that outlives the collector.
-    process = handle.process = launcher.start(config)
+    process = launcher.start(config)
+    handle.on_process(process)
     process.write_config()
     return process
 
@@ -120,7 +121,7 @@ class WorkerPool:
         self.shared: SharedBatches | None = None
         self._slots_laid_out = False  # whether start() decided where batches go (shared or per worker)
         self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
-        self.batches_asked = 0  # the last lockstep batch asked of any worker (its number; 0: none yet)
+        self._batches_asked = 0  # the last lockstep batch asked of any worker (its number; 0: none yet)
         self.use_shared_memory = use_shared_memory
         self.heartbeat_timeout = heartbeat_timeout
         self.startup_timeout = startup_timeout
@@ -132,7 +133,7 @@ class WorkerPool:
         self.orders = Orders()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
         self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=max_restarts,
-                                    first_unasked=lambda: self.batches_asked + 1)  # fmt: skip
+                                    first_unasked=lambda: self._batches_asked + 1)  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
 
     # -- what its parts hold -----------------------------------------------------------
@@ -149,9 +150,18 @@ class WorkerPool:
     def discarded_frames(self) -> int:
         return self.counters.discarded_frames
 
-    @discarded_frames.setter
-    def discarded_frames(self, value: int) -> None:
-        self.counters.discarded_frames = value
+    def discard(self, frames: int) -> None:
+        """Counts frames stepped and given up on purpose (a part begun ahead before a reseed: see Lockstep)."""
+        self.counters.discarded_frames += frames
+
+    @property
+    def batches_asked(self) -> int:
+        """The number of the last lockstep batch asked of any worker (``0``: none yet)."""
+        return self._batches_asked
+
+    def note_asked(self, number: int) -> None:
+        """Lockstep batch ``number`` was asked of the workers (a push applies from the first batch asked of none)."""
+        self._batches_asked = max(self._batches_asked, number)
 
     @property
     def rejected_messages(self) -> int:
@@ -161,18 +171,23 @@ class WorkerPool:
     def paused(self) -> bool:
         return self.orders.paused
 
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        self.orders.paused = value
+    async def order_pause(self, paused: bool) -> None:
+        """Tells every ready worker to stop at its next step (``True``) or go on; a restarted one is told at its
+        hello. A worker keeps the batch it was stepping, and continues it."""
+        self.orders.paused = paused
+        if self.endpoint is not None and not self.endpoint.closed:
+            await self.broadcast(P.PAUSE if paused else P.RESUME)
 
     @property
     def running(self) -> bool:
         """``run`` was sent (asynchronous collectors)."""
         return self.orders.running
 
-    @running.setter
-    def running(self, value: bool) -> None:
-        self.orders.running = value
+    async def order_run(self, credits: int) -> None:
+        """Sets every worker collecting on its credits (asynchronous collectors); a restarted one is told at its
+        hello."""
+        self.orders.running = True
+        await self.broadcast(P.RUN, {"credits": credits})
 
     @property
     def version(self) -> int:
@@ -210,6 +225,7 @@ class WorkerPool:
             await run_in_thread(lambda _stop: launcher.prepare(), name="launcher-prepare")
         address = self.address if self.address is not None else launcher.default_address()
         endpoint = self.endpoint = Endpoint(address, keys=self.keys)
+        self.events.starting()
         receiver = Receiver(
             endpoint, self.handles, self.events, self.counters, self.ready_queue,
             credits=self.credits, heartbeat_timeout=self.heartbeat_timeout, greet=self._greet,
@@ -234,6 +250,7 @@ class WorkerPool:
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
         if self.shared_batches is not None:
             await self._lay_out_slots()
+        self.events.running()
 
     def _maps_shm(self, handle: WorkerHandle) -> bool:
         # A remote worker cannot map this host's memory.
@@ -249,9 +266,9 @@ class WorkerPool:
         # Every ring is in place before the first message goes: a worker restarted meanwhile is greeted with it.
         for handle in self.handles:
             if shared is not None:
-                handle.ring = shared.part_ring(handle.index)
+                handle.use_ring(shared.part_ring(handle.index))
             elif self._maps_shm(handle):
-                handle.ring = ShmSlotRing.create(handle.layout or {}, self.slots or self.credits or 1)
+                handle.use_ring(ShmSlotRing.create(handle.layout or {}, self.slots or self.credits or 1))
         for handle in self.handles:
             await self._send_slots(handle)
 
@@ -272,9 +289,9 @@ class WorkerPool:
                     f"worker {handle.index} came back with another batch layout than its predecessor's: its "
                     "batches no longer fit the rows it writes"
                 )
-            handle.ring = self.shared.part_ring(handle.index)
+            handle.use_ring(self.shared.part_ring(handle.index))
         elif self._maps_shm(handle) and (self.shared_batches is None or self._slots_laid_out):
-            handle.ring = ShmSlotRing.create(handle.layout, self.slots or self.credits or 1)
+            handle.use_ring(ShmSlotRing.create(handle.layout, self.slots or self.credits or 1))
         await self._send_slots(handle)  # shared batches not laid out yet: start() sends them
         if self.weights.last is not None:
             fields, td = self.weights.last
@@ -294,12 +311,11 @@ class WorkerPool:
 
     def _vacate(self, handle: WorkerHandle) -> None:
         # A slot for a worker started by hand: the next one to join gets it, under a new generation.
-        handle.new_incarnation(time.monotonic())
-        handle.joined = False
+        handle.on_vacate(time.monotonic())
 
     async def _spawn(self, handle: WorkerHandle) -> None:
         assert self.endpoint is not None
-        handle.new_incarnation(time.monotonic())
+        handle.on_launch(time.monotonic())  # the monitor skips the worker until its process is launched
         config = dataclasses.replace(
             handle.config,
             generation=handle.generation,
@@ -311,7 +327,6 @@ class WorkerPool:
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
             keys=self.endpoint.local_client_keys() if self.endpoint.secure else None,
         )
-        handle.process = None  # the monitor skips the worker until it is launched
         # Off the event loop: a local start writes the config down a pipe, an engine may make a network call.
         await run_in_thread(partial(_launch, self.launcher, config, handle), name="worker-launch")
 
@@ -339,11 +354,9 @@ class WorkerPool:
         """
         if self.endpoint is None or self.endpoint.closed:
             raise TransportError("the collector's endpoint is closed")
+        handle.on_send(kind)
         if kind in P.BOUNDARY:  # counted before it goes: the worker counts it on arrival
-            handle.changes_sent += 1
             self.changes_sent += 1
-        if kind in P.RESETS:
-            handle.resets_sent += 1
         generation = handle.generation
         try:
             await self.endpoint.send(handle.identity, pack_message(kind, dict(fields or {}), td), timeout=10.0)
@@ -352,10 +365,8 @@ class WorkerPool:
                 raise
             if handle.generation != generation:
                 return  # restarted meanwhile: the new incarnation is told what matters at its hello
-            if handle.unreachable_since is None:
+            if handle.on_unreachable(time.monotonic()):  # nothing more is sent to this incarnation
                 logger.debug("worker %d cannot be reached (%s): left to the liveness loop", handle.index, exc)
-                handle.unreachable_since = time.monotonic()
-            handle.ready = False  # nothing more is sent to this incarnation
             self.events.notify()
 
     async def broadcast(self, kind: str, fields: Mapping[str, Any] | None = None) -> None:
@@ -383,12 +394,9 @@ class WorkerPool:
     # -- shutdown ------------------------------------------------------------------------
     async def close(self, limit: float) -> None:
         """``stop``, then SIGTERM, then SIGKILL, all within ``limit`` seconds; releases everything. Idempotent."""
-        if self.events.closed:
+        if not self.events.closing():  # from here no death is restarted: the liveness loop only notes it
             return
-        self.events.closed = True
         deadline = time.monotonic() + limit
-        for handle in self.handles:
-            handle.stopping = True
         for scope, _ in self._loops:
             scope.cancel()
         # A restart under way ends first (its launch is shielded): the process it starts is then known here.
@@ -397,19 +405,21 @@ class WorkerPool:
                 await stopped.wait()
         live = [h for h in self.handles if h.process is not None and h.process.exitcode is None]
         remote = [h for h in self.handles if h.process is None and h.joined]
+        told = [h for h in [*live, *remote] if h.ready or h.joined]  # those that take a ``stop``
+        for handle in self.handles:
+            handle.on_stopping()
         for handle in live:
-            if not handle.ready and handle.process is not None:
+            if handle not in told and handle.process is not None:
                 # Still booting (it never said hello): it holds no batch and nothing to release, and would
                 # only read ``stop`` once its env is built. Ended at once, so a cancelled set-up returns now.
                 handle.process.kill()
         if self.endpoint is not None and not self.endpoint.closed:
-            for handle in [*live, *remote]:
-                if handle.ready or handle.joined:
-                    with anyio.move_on_after(0.2):
-                        try:
-                            await self.send(handle, P.STOP)
-                        except TransportError:
-                            pass
+            for handle in told:
+                with anyio.move_on_after(0.2):
+                    try:
+                        await self.send(handle, P.STOP)
+                    except TransportError:
+                        pass
             if remote:
                 # No exit code to wait for, and the socket drops unsent messages on close (linger 0):
                 # give the I/O thread a moment to put each ``stop`` on the wire.
@@ -436,9 +446,11 @@ class WorkerPool:
         workers are killed (nothing will read what they collect), the endpoint is closed (``linger=0``) and
         shared memory unlinked. Workers started by hand notice the collector's silence and exit on their own.
         """
-        self.events.closed = True
+        if self.events.state is PoolState.CLOSED:
+            return
+        self.events.closing()  # (or it was closing already: a close cut short by the end of its event loop)
         for handle in self.handles:
-            handle.stopping = True
+            handle.on_stopping()
             if handle.process is not None:
                 handle.process.kill()
                 handle.process.close()
@@ -447,11 +459,7 @@ class WorkerPool:
     def _release(self) -> None:
         """Frees what the pool holds once its workers ended (or were killed): segments, weights, the endpoint."""
         for handle in self.handles:
-            for ring in [*handle.retired_rings, *([handle.ring] if handle.ring is not None else [])]:
-                ring.close()
-                ring.unlink()
-            handle.ring, handle.retired_rings = None, []
-            handle.inbox.clear()
+            handle.release()
         if self.shared is not None:
             self.shared.close()
             self.shared = None
@@ -460,6 +468,7 @@ class WorkerPool:
         if self.endpoint is not None:
             self.endpoint.close()
         self.launcher.close()
+        self.events.closed_all()
 
     @staticmethod
     async def _wait_exit(handles: Sequence[WorkerHandle], deadline: float) -> None:

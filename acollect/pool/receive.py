@@ -23,10 +23,9 @@ from tensordict import TensorDictBase
 
 from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
 from acollect.pool.events import Counters, PoolEvents
-from acollect.pool.handles import Received, Rejected, WorkerHandle, parse_identity
+from acollect.pool.handles import Received, Rejected, WorkerHandle, WorkerState, parse_identity
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
-from acollect.weights import decode_structure
 from acollect.worker import protocol as P
 
 __all__ = ["Receiver"]
@@ -89,7 +88,7 @@ class Receiver:
         from acollect.worker.config_codec import encode_config
 
         assert self.endpoint is not None
-        handle = next((h for h in self.handles if h.config.remote and not h.joined and not h.stopping), None)
+        handle = next((h for h in self.handles if h.config.remote and h.state is WorkerState.VACANT), None)
         payload: TensorDictBase | None = None
         if header.get("protocol") != PROTOCOL_VERSION:
             reply: dict[str, Any] = {"refused": f"protocol {header.get('protocol')!r} != {PROTOCOL_VERSION}"}
@@ -107,30 +106,20 @@ class Receiver:
             )
             fields, payload = encode_config(config, allow_pickle=bool(header.get("pickle")))
             reply = {"index": handle.index, "generation": handle.generation, **fields}
-            handle.joined = True
-            handle.started_at = time.monotonic()
+            handle.on_join(time.monotonic())
             logger.info("worker %d joined from %s (pid %s)", handle.index, header.get("host"), header.get("pid"))
         try:
             await self.endpoint.send(identity, pack_message(P.CONFIG, reply, payload), timeout=1.0)
         except (TransportError, TimeoutError):
             if handle is not None:  # it left already: free the slot again
-                handle.joined = False
+                handle.on_join_failed()
 
     async def _on_hello(self, handle: WorkerHandle, header: dict[str, Any]) -> None:
         if header.get("protocol") != PROTOCOL_VERSION:
             raise ProtocolError(f"worker {handle.index} speaks protocol {header.get('protocol')!r}")
-        handle.n_envs = int(header["n_envs"])
-        handle.frames_per_batch = int(header["frames_per_batch"])
-        handle.layout = header["layout"]
-        handle.weights_structure = decode_structure(header.get("weights"))
-        if handle.ring is not None:
-            # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
-            handle.retired_rings.append(handle.ring)
-            handle.ring = None
-        handle.batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        handle.on_hello(header)
         await self._greet(handle)
-        handle.last_beat = handle.last_progress = time.monotonic()
-        handle.ready = True
+        handle.on_greeted(time.monotonic())
 
     def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
         """The worker and generation an identity names (``None``: no worker of this pool)."""
@@ -141,21 +130,14 @@ class Receiver:
 
     def _on_late(self, handle: WorkerHandle, generation: int, frames: list[Any]) -> None:
         """A message from a dead incarnation is dropped; a batch among them is counted in ``dropped_batches`` once."""
-        retired = handle.retired
-        if retired is None or retired.generation != generation:
-            return  # lockstep (counted with its request), or an older incarnation
         try:
             header, _ = unpack_message(frames, kinds=P.TO_COLLECTOR)
         except ProtocolError:
             return
-        seq = header.get("seq")
-        if header["kind"] != P.BATCH or type(seq) is not int or seq < retired.next_seq:
-            return  # not a batch, or one received or counted already (a replay)
-        retired.next_seq = seq + 1
-        if seq != retired.counted_seq:
+        if handle.on_late(generation, header):
             self.counters.dropped_batches += 1
-            logger.info("dropped batch %d of worker %d's previous process: it arrived after its death", seq,
-                        handle.index)  # fmt: skip
+            logger.info("dropped batch %s of worker %d's previous process: it arrived after its death",
+                        header.get("seq"), handle.index)  # fmt: skip
 
     def _reject(self, identity: bytes, reason: BaseException) -> None:
         self.counters.rejected_messages += 1
@@ -214,67 +196,20 @@ class Receiver:
         if kind == P.BATCH and self._batch_data is not None:  # before anything else: its tensors are on their way
             td = await self._batch_data(handle, header, td)
         now = time.monotonic()
-        handle.last_beat = now
+        handle.on_message(now)
         if kind == P.HEARTBEAT:
-            steps, busy = int(header["steps"]), bool(header["busy"])
-            handle.sent = int(header.get("sent", 0))
-            if steps != handle.last_steps or (busy and not handle.busy):
-                handle.last_steps, handle.last_progress = steps, now
-            handle.busy = busy
-            handle.partial = bool(header.get("partial", busy))
             # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
-            discarded = int(header.get("discarded", 0))
-            if discarded > handle.discarded_frames:
-                self.counters.discarded_frames += discarded - handle.discarded_frames
-                handle.discarded_frames = discarded
-            # Batches travel on another connection than heartbeats, so one may be overtaken; a batch
-            # still missing a heartbeat_timeout later was lost (a dropped connection loses what it held).
-            if handle.sent <= handle.next_seq:
-                handle.missing_since = None
-            elif handle.missing_since is None:
-                handle.missing_since = now
+            self.counters.discarded_frames += handle.on_beat(header, now)
         elif kind == P.BATCH:
-            seq = header.get("seq")
-            if type(seq) is not int:
-                raise ProtocolError(f"worker {handle.index} sent a batch with seq={seq!r:.20}, expected an int")
-            if seq < handle.next_seq:
-                raise Rejected(f"replayed batch: seq {seq} from worker {handle.index}, expected {handle.next_seq}")
-            if seq > handle.next_seq:
-                raise ProtocolError(f"worker {handle.index} sent batch {seq} after {handle.next_seq - 1}: batches lost")
-            handle.next_seq += 1
-            handle.missing_since = None
-            handle.traj_counter = int(header["traj_counter"])
-            handle.frames = int(header["frames"])
-            slot = header.get("slot")
-            if slot is not None:
-                if handle.ring is None or type(slot) is not int or not 0 <= slot < len(handle.ring):
-                    raise ProtocolError(f"worker {handle.index} named slot {slot!r:.20}, which it does not have")
-                data: TensorDictBase = handle.ring[slot].tensordict
-            elif td is not None:
-                data = td
-            else:
-                raise ProtocolError(f"worker {handle.index} sent a batch with neither slot nor tensors")
-            item = Received(handle.index, handle.generation, header, data, slot is not None, handle.batch_nbytes)
-            if self.credits is None:
-                if not handle.requests:
-                    raise ProtocolError(f"worker {handle.index} sent a batch nobody asked for")
-                item.request = handle.requests.popleft()
-                number = header.get("n", item.request.number)
-                if number != item.request.number:
-                    raise ProtocolError(
-                        f"worker {handle.index} answered collect n={number!r:.20}, asked for n={item.request.number}"
-                    )
-                handle.inbox.append(item)
-            else:
+            item = handle.on_batch(header, td, lockstep=self.credits is None)
+            if self.credits is not None:
                 self.ready_queue.append(item)
         elif kind == P.HELLO:
             await self._on_hello(handle, header)
         elif kind == P.ACK:
-            if header.get("error") is not None:  # refused: it keeps its weights (see push_weights)
-                handle.weights_refused = (int(header["version"]), str(header["error"])[:2000])
-                logger.warning("worker %d refused weights version %s: %s", handle.index, *handle.weights_refused)
-            else:
-                handle.acked_version = max(handle.acked_version, int(header["version"]))
+            refused = handle.on_ack(header)
+            if refused is not None:  # it keeps its weights (see push_weights)
+                logger.warning("worker %d refused weights version %s: %s", handle.index, *refused)
         elif kind == P.ERROR:
             raise RemoteError(
                 f"worker {handle.index} ({handle.where}) raised {header.get('type')}: {header.get('message')}",

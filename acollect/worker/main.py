@@ -47,6 +47,7 @@ from acollect.worker import protocol as P
 from acollect.worker.build import build_engine
 from acollect.worker.orphans import parent_alive, remove_orphans
 from acollect.worker.staging import StagingMixin
+from acollect.worker.state import LoopState
 
 __all__ = ["run_worker"]
 
@@ -80,16 +81,12 @@ class _Worker(StagingMixin):
         # One-shot batches asked for (``collect``): each one's number and the shared segment it names (None: any free
         # slot).
         self.requested: deque[tuple[int, int | None]] = deque()
-        self.credits = 0  # batches that may be sent ahead (``run``)
-        self.running = False
-        self.paused = False
-        self.stopping = False
-        self.busy = False
+        self.credits: int | None = None  # batches that may be sent ahead, once ``run`` came (None: requests only)
+        self.state = LoopState()  # what it is doing (both threads move it, under `cond`)
         self.ring: ShmSlotRing | None = None
         self.interrupt = threading.Event()  # stops the batch in progress at the next step (kept, continued later)
         self.init_staging()
         self.runner: threading.Thread | None = None
-        self.failed = False
         self.sent = 0  # batches handed to ZeroMQ; heartbeats carry it so a lost batch is noticed
         self.episodes = EpisodeTracker()  # the runner's: episodes travel in each batch header
         self.layout: dict[str, Any] = {}  # this worker's batch layout, as sent in hello
@@ -107,13 +104,16 @@ class _Worker(StagingMixin):
         steps = engine.steps if engine is not None else 0
         discarded = engine.discarded_frames if engine is not None else 0
         with self.cond:  # read together: while a batch is begun, ``sent`` is its seq
-            busy, partial, sent = self.busy, self.busy or (engine is not None and engine.in_batch), self.sent
+            busy = self.state.collecting
+            partial, sent = busy or (engine is not None and engine.in_batch), self.sent
         fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded}
         with contextlib.suppress(TimeoutError):
             self.send(P.HEARTBEAT, fields, timeout=_BEAT_TIMEOUT)
 
     def report(self, exc: BaseException) -> None:
-        self.failed = True
+        with self.cond:
+            self.state.fail()
+            self.cond.notify_all()
         try:
             self.send(P.ERROR, _error_fields(exc))
         except Exception:
@@ -128,6 +128,8 @@ class _Worker(StagingMixin):
         except Exception as exc:
             self.report(exc)
             return self.control_loop()
+        with self.cond:
+            self.state.built()
         self.send(
             P.HELLO,
             {
@@ -244,18 +246,18 @@ class _Worker(StagingMixin):
                 self.requested.append((number, slot))
                 self.asked = max(self.asked, number)
             elif kind == P.RUN:
-                self.running = True
                 self.credits = int(header["credits"])
             elif kind == P.CREDIT:
-                self.credits += 1
+                if self.credits is not None:
+                    self.credits += 1
                 slot = header.get("slot")
                 if slot is not None and self.ring is not None:
                     self.ring.release(int(slot))
             elif kind == P.PAUSE:
-                self.paused = True
+                self.state.pause()
                 self.interrupt.set()
             elif kind == P.RESUME:
-                self.paused = False
+                self.state.resume()
             self.cond.notify_all()
 
     # -- the runner thread ---------------------------------------------------------------
@@ -264,11 +266,11 @@ class _Worker(StagingMixin):
         return self.requested[0][1] if self.requested else None
 
     def _has_work(self, holds_slot: bool) -> bool:
-        if self.stopping or self.paused or self.failed:
+        if not self.state.may_collect:
             return False
         if self.ring is not None and self.ring.n_free == 0 and not holds_slot and self._named_slot() is None:
             return False
-        return bool(self.requested) or (self.running and self.credits > 0)
+        return bool(self.requested) or (self.credits is not None and self.credits > 0)
 
     def runner_loop(self) -> None:
         engine = self.engine
@@ -283,7 +285,7 @@ class _Worker(StagingMixin):
             while True:
                 with self.cond:
                     while not self._has_work(held is not None):
-                        if self.stopping:
+                        if self.state.stopping:
                             return
                         self.cond.wait(0.5)
                     number = self.requested[0][0] if self.requested else None  # a one-shot request's
@@ -294,7 +296,7 @@ class _Worker(StagingMixin):
                         slot = named if named is not None else self.ring.acquire()
                     held = None
                     self.interrupt.clear()
-                    self.busy = True
+                    self.state.begin()
                 try:
                     with self.engine_lock:
                         resets = self.apply_pending(number)
@@ -308,7 +310,7 @@ class _Worker(StagingMixin):
                 except RolloutInterrupted:
                     # Paused (or stopping): the steps taken stay in the engine and in this slot.
                     with self.cond:
-                        self.busy = False
+                        self.state.batch_done()
                         held = slot
                     continue
                 header = {
@@ -331,22 +333,22 @@ class _Worker(StagingMixin):
                 with self.cond:
                     if number is not None:
                         self.requested.popleft()
-                    else:
+                    elif self.credits is not None:
                         self.credits -= 1
-                    self.busy = False
+                    self.state.batch_done()
                 seq += 1
-                while not self.stopping:
+                while not self.state.stopping:
                     try:
                         data.send(message, timeout=_SEND_RETRY)
                         self.sent = seq
                         break
                     except TimeoutError:
                         continue
-                if self.dist is not None and not self.stopping:
+                if self.dist is not None and not self.state.stopping:
                     self.dist.send_batch([batch.get(tuple(leaf["key"])) for leaf in self.layout["leaves"]])
         except Exception as exc:
-            self.busy = False
-            self.failed = True
+            with self.cond:
+                self.state.fail()
             try:
                 data.send(pack_message(P.ERROR, self._fields(_error_fields(exc))), timeout=10.0)
             except Exception:
@@ -357,7 +359,7 @@ class _Worker(StagingMixin):
     # -- exit ---------------------------------------------------------------------------
     def close(self) -> None:
         with self.cond:
-            self.stopping = True
+            self.state.stop()
             self.interrupt.set()
             self.cond.notify_all()
         if self.runner is not None:
