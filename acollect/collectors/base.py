@@ -244,6 +244,7 @@ class CollectorBase(ReportingMixin):
 
     # -- async resource ------------------------------------------------------------------
     async def __aenter__(self: _Collector) -> _Collector:
+        self._lifecycle.enter()
         try:
             with self._call("enter the collector"):  # a shutdown from another task ends the set-up too
                 await self._ensure_setup()
@@ -365,9 +366,10 @@ class CollectorBase(ReportingMixin):
                 raise StopAsyncIteration from None
             raise
         if batch is None:
-            # total_frames collected: nothing more can come, so nothing is kept running for it (the workers,
-            # their sockets and memory are released now, not at the end of an `async with` that may never come).
-            await self._shutdown(CloseReason.EXHAUSTED, raise_background_error=False)
+            if not self._lifecycle.entered:
+                # total_frames collected, and no `async with` block owns the collector's life: nothing more can
+                # come, so nothing is kept running for it (its workers, sockets and memory are released now).
+                await self._shutdown(CloseReason.EXHAUSTED, raise_background_error=False)
             raise StopAsyncIteration
         return batch
 
@@ -392,7 +394,12 @@ class CollectorBase(ReportingMixin):
                     except Exception as exc:
                         # An env, policy or worker failed mid-batch: what collects is in no known state.
                         self._fail(exc)
-                        if self._lifecycle.failure is not None:
+                        failure = self._lifecycle.failure
+                        if failure is not None and failure is not exc:
+                            # Broken by another failure first, or by what this one stands for (a worker that
+                            # lost its inference server reports the server's end): that one is the collector's.
+                            self._raise_failure()
+                        if failure is not None:
                             self._lifecycle.report_failure()  # raised right here: never again at shutdown
                         raise
                     self._count(batch)

@@ -237,7 +237,10 @@ class ProcessEngine:
             with contextlib.suppress(InferenceServerError):  # a "failed" message: kept in self._failure
                 for message in self._reader.messages():
                     self._handle(message)
-            if self._failure is None and not alive:
+            # A killed process's sockets close as it exits, in no set order: its workers may see theirs reset
+            # before this side reads the end of the control socket, but by then its exit code shows.
+            exited = self._popen is not None and self._popen.poll() is not None
+            if self._failure is None and (exited or not alive):
                 # Its sockets are closed: it is exiting, and its exit code shows within milliseconds.
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     if self._popen is not None:
