@@ -7,7 +7,7 @@ import is still a dependency, it only hides a cycle until the function runs.
 The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own layer and those
 below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the same)::
 
-    errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _spawn, specs, devices
+    errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _pickling, _spawn, specs, devices
     envs, policy, trajectories, stats, progress, replay_buffer
     rollout, _time_slices, weights, async_rollout, _row_ring, loop_rollout
     transport
@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_spawn", "specs",
-     "devices"},
+    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_pickling", "_spawn",
+     "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "loop_rollout"},
     {"transport"},

@@ -129,6 +129,9 @@ async def test_exception_while_building_the_env_is_a_remote_error(start_method: 
             pass
     assert info.value.type_name == "ValueError"
     assert info.value.worker_id == 1
+    # `broken` crossed to the worker by value; its frame names this file, not cloudpickle's "<dynamic-code>".
+    assert f'File "{__file__}", line ' in info.value.remote_traceback
+    assert 'raise ValueError("no such level")' in info.value.remote_traceback
 
 
 async def test_hung_worker_raises_timeout(start_method: str) -> None:
