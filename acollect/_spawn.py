@@ -18,8 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import cloudpickle
-
+from acollect._pickling import cloudpickle_dumps
 from acollect.errors import ConfigurationError
 
 __all__ = ["bootstrap", "exit_now", "pickle_payload", "reap_later", "spawn_python"]
@@ -50,7 +49,7 @@ def pickle_payload(config: Any, *, what: str, hint: str) -> bytes:
         ConfigurationError: ``config`` cannot be pickled (the message names ``what`` could not be sent and ``hint``).
     """
     try:
-        return pickle.dumps((list(sys.path), cloudpickle.dumps(config)))
+        return pickle.dumps((list(sys.path), cloudpickle_dumps(config)))
     except Exception as exc:
         raise ConfigurationError(f"cannot send {what}: {type(exc).__name__}: {exc} ({hint})") from exc
 

@@ -158,6 +158,52 @@ def test_envs_that_are_not_coroutine_envs_are_refused_by_name() -> None:
         AsyncEnvPool(AsyncCountingEnv, 2, step_timeout=-1)
 
 
+class FailsToClose(AsyncCountingEnv):
+    async def aclose(self) -> None:
+        raise OSError("connection already gone")
+
+
+def factory_failing_at(call: int, made: list[AsyncCountingEnv]) -> Any:
+    """An env factory that raises on its ``call``-th call (from 1) and keeps every env it built in ``made``."""
+
+    def make() -> AsyncCountingEnv:
+        if len(made) + 1 == call:
+            raise RuntimeError("the simulator refused a session")
+        made.append(FailsToClose() if not made else AsyncCountingEnv())  # the first one's aclose() raises
+        return made[-1]
+
+    return make
+
+
+@pytest.mark.parametrize("where", ["plain code", "on an event loop"])
+def test_a_failing_make_env_names_the_env_and_closes_those_already_built(where: str) -> None:
+    made: list[AsyncCountingEnv] = []
+
+    def build() -> None:
+        with pytest.raises(EnvError, match=r"^env 2: make_env='.*make' raised RuntimeError: the simulator") as info:
+            AsyncEnvPool(factory_failing_at(3, made), 4)
+        assert isinstance(info.value.__cause__, RuntimeError)
+
+    if where == "plain code":
+        build()
+    else:
+
+        async def main() -> None:
+            build()
+
+        anyio.run(main)
+    assert len(made) == 2
+    assert made[1].closed, "env 1 was closed although env 0's aclose() raised"
+
+
+def test_a_refused_env_closes_those_already_built() -> None:
+    made = [AsyncCountingEnv(), AsyncCountingEnv()]
+    envs = iter([*made, object()])
+    with pytest.raises(ConfigurationError, match=r"built object\(\.\.\.\)"):
+        AsyncEnvPool(lambda: next(envs), 3)
+    assert [env.closed for env in made] == [True, True]
+
+
 class Returns(AsyncCountingEnv):
     """Env 1 of the pool returns ``bad`` from its second step."""
 

@@ -35,6 +35,26 @@ def acollect(*args: str, timeout: float = 100) -> subprocess.CompletedProcess[st
     )
 
 
+def test_help_loads_no_torch() -> None:
+    # `acollect --help` and every `acollect COMMAND --help` answer without torch, whose import takes
+    # seconds: each command module imports its heavy dependencies where it runs, and the package lazily.
+    code = (
+        "import contextlib, io, sys\n"
+        "from acollect.cli.main import COMMANDS, build_parser\n"
+        "parser = build_parser()\n"
+        "names = [m.rsplit('.', 1)[-1].removesuffix('_cmd') for m in COMMANDS]\n"
+        "for argv in [['--help']] + [[name, '--help'] for name in names]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+        "        parser.parse_args(argv)\n"
+        "    assert 'usage: acollect' in out.getvalue(), argv\n"
+        "print(len(names), sorted(m for m in ('torch', 'tensordict', 'gymnasium') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(len(COMMANDS)), "[]"]
+
+
 def test_info_reports_this_machine() -> None:
     proc = acollect("info", "--json")
     assert proc.returncode == 0, proc.stderr

@@ -17,6 +17,8 @@ import __future__
 import ast
 import importlib
 import inspect
+import subprocess
+import sys
 import types
 
 import pytest
@@ -104,7 +106,8 @@ def _defined_names(module: types.ModuleType) -> set[str]:
 
 def _public_attributes(module: types.ModuleType) -> set[str]:
     is_package = hasattr(module, "__path__")
-    candidates = set(vars(module)) if is_package else _defined_names(module)
+    # dir(), not vars(): a package's names may load on first use (acollect's do), and its __dir__ lists them.
+    candidates = set(dir(module)) if is_package else _defined_names(module)
     return {
         name
         for name in candidates
@@ -145,22 +148,56 @@ def test_compat_reexports_are_the_documented_objects(module_name: str) -> None:
 
 
 def test_init_only_reexports() -> None:
-    # `from x import Name as Name` is an explicit re-export for type checkers; the package defines nothing.
+    # The package defines nothing of its own. Its names load on first use: a table says where each comes
+    # from (_EXPORTS), a PEP 562 __getattr__ loads it, and the same names, as explicit re-exports
+    # (`from x import Name as Name`) under TYPE_CHECKING, are what type checkers read. The two must agree.
     import acollect
 
     tree = ast.parse(inspect.getsource(acollect))
-    allowed_assignments = {"__version__", "__all__"}
+    typed: dict[str, str] = {}
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom):
-            implicit = [alias.name for alias in node.names if alias.asname != alias.name]
-            assert not implicit, f"acollect/__init__.py line {node.lineno}: write `import {implicit[0]} as ...`"
+        where = f"acollect/__init__.py line {node.lineno}"
+        if isinstance(node, ast.If):
+            assert ast.unparse(node.test) == "_typing.TYPE_CHECKING", f"{where}: only a TYPE_CHECKING block"
+            assert not node.orelse, f"{where}: nothing runs in place of the re-exports"
+            for imported in node.body:
+                assert isinstance(imported, ast.ImportFrom), f"{where}: re-exports only"
+                implicit = [alias.name for alias in imported.names if alias.asname != alias.name]
+                assert not implicit, f"{where}: write `import {implicit[0]} as {implicit[0]}`"
+                typed |= {alias.name: str(imported.module) for alias in imported.names}
+        elif isinstance(node, ast.Import):
+            assert all(alias.asname and alias.asname.startswith("_") for alias in node.names), f"{where}: private"
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = {t.id for t in targets if isinstance(t, ast.Name)}
-            assert names <= allowed_assignments, f"acollect/__init__.py line {node.lineno} defines {names}"
+            assert names <= {"__version__", "__all__", "_EXPORTS"}, f"{where} defines {names}"
+        elif isinstance(node, ast.FunctionDef):
+            assert node.name in {"__getattr__", "__dir__"}, f"{where} defines {node.name}"
         else:
             is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-            assert is_docstring, f"acollect/__init__.py line {node.lineno}: re-exports only ({type(node).__name__})"
+            assert is_docstring, f"{where}: re-exports only ({type(node).__name__})"
+    assert typed == acollect._EXPORTS, "the TYPE_CHECKING re-exports and _EXPORTS list different names or modules"
+    for name, module in typed.items():
+        assert getattr(acollect, name) is getattr(importlib.import_module(module), name), name
+        assert name in dir(acollect), name
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    import acollect
+
+    with pytest.raises(AttributeError, match="module 'acollect' has no attribute 'Colector'"):
+        _ = acollect.Colector  # type: ignore[attr-defined]
+    with pytest.raises(ImportError, match="Colector"):
+        exec("from acollect import Colector", {})
+
+
+def test_import_acollect_loads_no_torch() -> None:
+    # What keeps `acollect --help` quick: the package loads its names (and torch with them) on first use.
+    heavy = ("torch", "tensordict", "acollect.collectors")
+    code = f"import sys, acollect; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("module_name", ["acollect", "acollect.compat.torchrl"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import statistics
@@ -35,11 +36,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import torch
+# torch, gymnasium and acollect's collectors are imported where a workload runs, never at the top:
+# `acollect bench --help` (and `acollect --help`, which imports every command module) must not load them.
 
-from acollect.cli.reference_loops import ENV_ID, CategoricalMLPPolicy, CleanRLLoop, make_policy, run_independent_loops
-
-__all__ = ["CategoricalMLPPolicy", "CleanRLLoop", "Result", "add_parser", "run"]
+__all__ = ["Result", "add_parser", "run"]
 
 PIXEL_SHAPE = (84, 84, 4)
 # A round returns (frames collected in its timed part, seconds they took).
@@ -51,6 +51,8 @@ class PixelHandLoop:
     """The pixels reference: the same observations written into preallocated ``[E, T]`` buffers, in-process."""
 
     def __init__(self, num_envs: int, frames_per_batch: int) -> None:
+        import torch
+
         self.steps = frames_per_batch // num_envs
         self.obs = torch.zeros(num_envs, *PIXEL_SHAPE, dtype=torch.uint8)
         self.observation = torch.empty(num_envs, self.steps, *PIXEL_SHAPE, dtype=torch.uint8)
@@ -99,6 +101,8 @@ async def _collector_round(
 
 def _ceiling_round(workers: int, envs_per_worker: int, frames: int, frames_per_batch: int) -> tuple[int, float]:
     """``workers`` independent loop processes; the seconds returned make frames/s the sum of theirs."""
+    from acollect.cli.reference_loops import run_independent_loops
+
     loops = run_independent_loops(workers, envs_per_worker, frames_per_batch // workers,
                                   max(1, frames // frames_per_batch), timeout=600.0)  # fmt: skip
     return loops.frames, loops.frames / loops.frames_per_s
@@ -108,6 +112,8 @@ def _torchrl_round(num_envs: int, workers: int, frames: int, frames_per_batch: i
     import torchrl.collectors as trc
     from torchrl.envs import GymEnv as TorchRLGymEnv
     from torchrl.envs import SerialEnv
+
+    from acollect.cli.reference_loops import ENV_ID, make_policy
 
     n_batches = max(1, frames // frames_per_batch)
     policy = make_policy()
@@ -212,6 +218,7 @@ def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Calla
     ``header`` gets the workload's title before measuring starts; ``log`` gets progress lines.
     """
     from acollect import Collector, MultiAsyncCollector, MultiSyncCollector
+    from acollect.cli.reference_loops import ENV_ID, CleanRLLoop, make_policy
     from acollect.envs import GymEnv
 
     envs, workers, fpb, frames = args.num_envs, args.workers, args.frames_per_batch, args.frames
@@ -278,7 +285,7 @@ def pixels(args: argparse.Namespace, header: Callable[[str], None], log: Callabl
     header(title)
     results = _measure(contenders, args.rounds, log)
     # Observation and next observation: what a frame carries that matters.
-    return {"title": title, "results": results, "bytes_per_frame": 2 * int(torch.Size(PIXEL_SHAPE).numel())}
+    return {"title": title, "results": results, "bytes_per_frame": 2 * math.prod(PIXEL_SHAPE)}
 
 
 WORKLOADS = {"cartpole": cartpole, "pixels": pixels}
@@ -342,6 +349,8 @@ def _print_header(workload: str, title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the workloads and prints one table per workload."""
+    import torch
+
     _check(args)
     torch.set_num_threads(1)  # as in every worker: the figures compare like with like
 

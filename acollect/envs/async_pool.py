@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -43,6 +44,9 @@ ACLOSE_TIMEOUT = 5.0
 class AsyncEnvPool(EnvBase):
     """``num_envs`` coroutine envs (:class:`~acollect.envs.AsyncEnv`) stepped as one acollect env.
 
+    A pool that cannot be built (``make_env`` raising, or a wrong env) closes the envs it built
+    (``aclose()``) before it raises.
+
     Args:
         make_env: a zero-argument callable (usually the env class) building one :class:`AsyncEnv`;
             it is called ``num_envs`` times, here, so keep constructors cheap and open connections in
@@ -57,6 +61,8 @@ class AsyncEnvPool(EnvBase):
     Raises:
         ConfigurationError: ``make_env`` does not build an ``AsyncEnv`` whose ``reset``/``step`` are
             coroutines, the envs' spaces differ, or an argument is out of range.
+        EnvError: ``make_env`` raised; the message names the index of the env it was building, and
+            the original exception is the ``__cause__``.
 
     Examples:
         >>> import torch
@@ -82,26 +88,37 @@ class AsyncEnvPool(EnvBase):
         check_seconds("step_timeout", step_timeout, optional=True)
         self.step_timeout = None if step_timeout is None else float(step_timeout)
         made_by = f"make_env={getattr(make_env, '__qualname__', make_env)!r}"
-        self.envs: list[AsyncEnv] = [check_async_env(make_env(), made_by) for _ in range(n)]
-        first = self.envs[0]
-        for i, env in enumerate(self.envs[1:], 1):
-            if env.observation_space != first.observation_space or env.action_space != first.action_space:
-                raise ConfigurationError(
-                    f"env {i} has spaces {env.observation_space} / {env.action_space} where env 0 has "
-                    f"{first.observation_space} / {first.action_space}: every env of a pool must share them"
-                )
-        self.batch_size = torch.Size([n])
-        self.observation_spec, self.leaves = observation_layout(first.observation_space, self.device)
-        self.action_spec = space_to_spec(first.action_space, categorical=categorical_action_encoding)
-        #: Discrete actions reach the envs as Python ints (JSON-friendly); the others as numpy arrays
-        self.int_actions = isinstance(first.action_space, spaces.Discrete) and categorical_action_encoding
-        leaf_specs = [self.observation_spec[leaf.key] for leaf in self.leaves]
-        self.checker = StepChecker(
-            self.leaves,
-            [tuple(spec.shape) for spec in leaf_specs],
-            [torch.empty(0, dtype=spec.dtype).numpy().dtype for spec in leaf_specs],
-            [type(env).__name__ for env in self.envs],
-        )
+        self.envs: list[AsyncEnv] = []
+        try:
+            for i in range(n):
+                try:
+                    made = make_env()
+                except Exception as exc:
+                    raise EnvError(f"env {i}: {made_by} raised {type(exc).__name__}: {exc}") from exc
+                self.envs.append(check_async_env(made, made_by))
+            first = self.envs[0]
+            for i, env in enumerate(self.envs[1:], 1):
+                if env.observation_space != first.observation_space or env.action_space != first.action_space:
+                    raise ConfigurationError(
+                        f"env {i} has spaces {env.observation_space} / {env.action_space} where env 0 has "
+                        f"{first.observation_space} / {first.action_space}: every env of a pool must share them"
+                    )
+            self.batch_size = torch.Size([n])
+            self.observation_spec, self.leaves = observation_layout(first.observation_space, self.device)
+            self.action_spec = space_to_spec(first.action_space, categorical=categorical_action_encoding)
+            #: Discrete actions reach the envs as Python ints (JSON-friendly); the others as numpy arrays
+            self.int_actions = isinstance(first.action_space, spaces.Discrete) and categorical_action_encoding
+            leaf_specs = [self.observation_spec[leaf.key] for leaf in self.leaves]
+            self.checker = StepChecker(
+                self.leaves,
+                [tuple(spec.shape) for spec in leaf_specs],
+                [torch.empty(0, dtype=spec.dtype).numpy().dtype for spec in leaf_specs],
+                [type(env).__name__ for env in self.envs],
+            )
+        except BaseException:  # a pool that was never made cannot be closed later: close what it built now
+            self._closed = True  # and leave nothing for close() (or the finaliser) to do
+            close_built(self.envs)
+            raise
         self._loop: asyncio.AbstractEventLoop | None = None
         self._envs_closed = False
 
@@ -143,23 +160,8 @@ class AsyncEnvPool(EnvBase):
         """
         if self._envs_closed:
             return
-        timeout = ACLOSE_TIMEOUT if timeout is None else timeout
         self._envs_closed = True
-
-        async def close_one(i: int, env: AsyncEnv) -> None:
-            with anyio.move_on_after(timeout) as scope:
-                try:
-                    await env.aclose()
-                except Exception as exc:  # one env's failed clean-up must not keep the others open
-                    logger.warning("env %d (%s).aclose() raised %s: %s", i, type(env).__name__,
-                                   type(exc).__name__, exc)  # fmt: skip
-            if scope.cancelled_caught:
-                logger.warning("env %d (%s).aclose() took longer than %.1fs", i, type(env).__name__, timeout)
-
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tg:
-                for i, env in enumerate(self.envs):
-                    tg.start_soon(close_one, i, env)
+        await aclose_each(self.envs, ACLOSE_TIMEOUT if timeout is None else timeout)
 
     # -- the blocking EnvBase API: lockstep on a private loop ------------------------------------
     def _run(self, coro_fn: Callable[[], Any]) -> Any:
@@ -229,3 +231,48 @@ class AsyncEnvPool(EnvBase):
                 asyncio.run(self.aclose_envs())
             else:
                 logger.warning("AsyncEnvPool.close() on a running loop: await pool.aclose_envs() first")
+
+
+async def aclose_each(envs: Sequence[AsyncEnv], timeout: float) -> None:
+    """Awaits every env's ``aclose()`` concurrently, each under ``timeout`` seconds.
+
+    Shielded: a cancelled caller still closes every env. An env whose ``aclose()`` raises or
+    overruns is logged and the others are closed all the same.
+    """
+
+    async def close_one(i: int, env: AsyncEnv) -> None:
+        with anyio.move_on_after(timeout) as scope:
+            try:
+                await env.aclose()
+            except Exception as exc:  # one env's failed clean-up must not keep the others open
+                logger.warning("env %d (%s).aclose() raised %s: %s", i, type(env).__name__,
+                               type(exc).__name__, exc)  # fmt: skip
+        if scope.cancelled_caught:
+            logger.warning("env %d (%s).aclose() took longer than %.1fs", i, type(env).__name__, timeout)
+
+    with anyio.CancelScope(shield=True):
+        async with anyio.create_task_group() as tg:
+            for i, env in enumerate(envs):
+                tg.start_soon(close_one, i, env)
+
+
+def close_built(envs: Sequence[AsyncEnv]) -> None:
+    """Closes the envs of a pool whose construction failed, from plain code, within :data:`ACLOSE_TIMEOUT`.
+
+    The constructor is plain code but may be called on a running event loop (a pool built inside
+    ``async def``), whose thread cannot run another loop: there the envs are closed on a loop of a
+    short-lived thread of their own.
+    """
+    if not envs:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(aclose_each(envs, ACLOSE_TIMEOUT))
+        return
+    closer = threading.Thread(
+        target=lambda: asyncio.run(aclose_each(envs, ACLOSE_TIMEOUT)), name="acollect-pool-aclose", daemon=True
+    )
+    closer.start()
+    # Each aclose() has its own deadline; the margin covers starting the loop and thread.
+    closer.join(ACLOSE_TIMEOUT + 1.0)

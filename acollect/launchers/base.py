@@ -22,8 +22,7 @@ import socket
 import sys
 from typing import Protocol, runtime_checkable
 
-import cloudpickle
-
+from acollect._pickling import cloudpickle_dumps
 from acollect.errors import ConfigurationError
 from acollect.worker.protocol import WorkerConfig
 
@@ -149,7 +148,7 @@ def pack_config(config: WorkerConfig) -> bytes:
         ConfigurationError: the env factory or policy cannot be pickled.
     """
     try:
-        body = cloudpickle.dumps(config)
+        body = cloudpickle_dumps(config)
     except Exception as exc:
         raise ConfigurationError(
             f"cannot send the env factory or policy to worker {config.index}: {type(exc).__name__}: {exc} "

@@ -23,6 +23,7 @@ import msgpack
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._pickling import cloudpickle_dumps
 from acollect.errors import ConfigurationError, ProtocolError
 from acollect.transport.auth import ClientKeys
 from acollect.worker import protocol as P
@@ -89,7 +90,7 @@ def encode_config(config: P.WorkerConfig, *, allow_pickle: bool) -> tuple[dict[s
             "pickled configs: name the factories by import path ('pkg.module:make_env') and pass "
             "policy_factory by import path, or start the worker without --no-pickle"
         }, None
-    payload = bytearray(cloudpickle.dumps(dataclasses.replace(config, keys=None)))
+    payload = bytearray(cloudpickle_dumps(dataclasses.replace(config, keys=None)))
     return {"pickled": True}, TensorDict({"pickled": torch.frombuffer(payload, dtype=torch.uint8)}, batch_size=[])
 
 

@@ -9,7 +9,9 @@ resource-tracker process is left running after the collector is gone.
 
 ``start_method="forkserver"`` uses multiprocessing's fork server: faster
 restarts once the server runs, but the server process outlives the collector
-(it belongs to multiprocessing, one per program).
+(it belongs to multiprocessing, one per program). What the server preloads, and
+how its listener is removed when this process is killed, is in
+:mod:`acollect.worker.forkserver`.
 
 Env factories and policies go to the worker through this process-creation
 channel (same host, same user), pickled with cloudpickle so that lambdas and
@@ -26,6 +28,7 @@ from typing import Any
 
 from acollect._spawn import bootstrap, exit_now, pickle_payload, reap_later, spawn_python
 from acollect.errors import ConfigurationError, describe_exit
+from acollect.worker import forkserver
 from acollect.worker.protocol import WorkerConfig
 
 __all__ = ["START_METHODS", "WorkerProcess", "describe_exit", "start_worker"]
@@ -138,8 +141,9 @@ def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> Worker
     )
     if start_method == "forkserver":
         ctx = multiprocessing.get_context("forkserver")
-        # The server imports the worker code once; every worker is then a cheap fork of it.
-        ctx.set_forkserver_preload(["acollect.worker.main"])
+        # The server imports the worker code once (every worker is then a cheap fork of it), and removes
+        # its listener when it exits, which multiprocessing leaves behind when this process is killed.
+        ctx.set_forkserver_preload(forkserver.PRELOAD)
         process = ctx.Process(target=_forkserver_entry, args=(payload,), name=f"acollect-worker-{config.index}")
         process.daemon = True
         process.start()

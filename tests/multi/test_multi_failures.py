@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 import traceback
+from pathlib import Path
 
 import anyio
 import psutil
@@ -129,6 +130,9 @@ async def test_exception_while_building_the_env_is_a_remote_error(start_method: 
             pass
     assert info.value.type_name == "ValueError"
     assert info.value.worker_id == 1
+    # `broken` crossed to the worker by value; its frame names this file, not cloudpickle's "<dynamic-code>".
+    assert f'File "{__file__}", line ' in info.value.remote_traceback
+    assert 'raise ValueError("no such level")' in info.value.remote_traceback
 
 
 async def test_hung_worker_raises_timeout(start_method: str) -> None:
@@ -187,12 +191,14 @@ TRAINER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_workers_exit_when_the_trainer_is_killed(method: str) -> None:
+def test_workers_exit_when_the_trainer_is_killed(method: str, tmp_path: Path) -> None:
+    # The trainer's temp dir is watched: a killed trainer runs no exit hook, so whatever it left there stays
+    # (multiprocessing's fork server listener did: a pymp-* directory in the temp dir, for good).
     trainer = subprocess.Popen(
         [sys.executable, "-c", TRAINER, method],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(tmp_path)},
     )
     try:
         assert trainer.stdout is not None
@@ -210,3 +216,9 @@ def test_workers_exit_when_the_trainer_is_killed(method: str) -> None:
         alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         time.sleep(0.05)
     assert not alive, f"workers {alive} outlived their trainer"
+    # The fork server exits once its trainer is gone, and takes its listener with it.
+    left = list(tmp_path.glob("pymp-*"))
+    while left and time.monotonic() < deadline + NOTICE:
+        time.sleep(0.05)
+        left = list(tmp_path.glob("pymp-*"))
+    assert not left, f"the killed trainer left {[(p.name, [c.name for c in p.iterdir()]) for p in left]}"
