@@ -3,7 +3,7 @@
 :class:`RolloutEngine` drives a batched env with a policy and fills preallocated ``[n_envs, T]`` buffers. It is
 plain blocking code: the in-process :class:`~acollect.Collector` runs it in a thread so the event loop never
 blocks, and every worker process runs the same engine (two, interleaved by :meth:`RolloutEngine.stepper`, in a
-double-buffered worker of central inference).
+worker of central inference whose envs step in groups).
 
 The hot loop allocates no TensorDict per step: the env writes into two TensorDicts allocated once (``root``: what
 the next step starts from; ``next``: the result of the step), and the engine copies their leaves into per-step
@@ -133,7 +133,7 @@ class RolloutEngine:
         self.policy_version = 0
         #: env steps taken so far (workers report it in heartbeats: a hung env stops it)
         self.steps = 0
-        #: :meth:`steps` yields between a step's ``policy.submit`` and ``policy.receive`` (double buffering)
+        #: :meth:`steps` yields between a step's ``policy.submit`` and ``policy.receive`` (env groups)
         self.pipelined = False
         self._next_traj_counter = 0
 

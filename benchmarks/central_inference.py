@@ -10,7 +10,13 @@ torch thread per worker (and in this process, where the inference server runs):
   trip per step costs when the policy is tiny (goal: >= 0.7x MultiAsyncCollector);
 * ``mlp-large``: CartPole-v1 and a 4-1024-1024-1024-2 MLP: a policy worth batching;
 * ``cnn``: 84x84x4 uint8 pixels (acollect.testing.PixelEnv, no step cost) and a small CNN (Nature DQN
-  layout: 32 8x8/4, 64 4x4/2, 64 3x3/1, 512): the pixel policy of Atari agents.
+  layout: 32 8x8/4, 64 4x4/2, 64 3x3/1, 512): the pixel policy of Atari agents;
+* ``atari``: a real game, Pong through ale-py's ``AtariVectorEnv`` (4x84x84 uint8 frames, the atari extra) and
+  the same CNN (6 actions); an *env-only* contender (``MultiAsyncCollector`` with random actions in the workers)
+  says what the envs can do, and central inference should keep up with it;
+* ``atari-standin``: Pong, and a server policy whose forward sleeps ``--sleep-ms`` (2 by default) and returns
+  random actions: a GPU pass's latency without a GPU (``time.sleep`` frees the core, as a pass on a device does),
+  against the env-only contender.
 
 ``--train-ms T`` makes the trainer work T ms (pure Python, the GIL held) after every batch, as an async trainer
 that trains on the event loop's thread does.
@@ -46,8 +52,10 @@ from torch import nn
 from acollect import AsyncBatchedCollector, MultiAsyncCollector
 from acollect.testing import PixelEnv
 
-WORKLOADS = ("cartpole", "mlp-large", "cnn")
+WORKLOADS = ("cartpole", "mlp-large", "cnn", "atari", "atari-standin")
 MULTI = "MultiAsyncCollector (policy in every worker)"
+ENV_ONLY = "MultiAsyncCollector (env only: random actions in the workers)"
+PONG_ACTIONS = 6
 BATCHED = {
     "process": "AsyncBatchedCollector (server process)",
     "thread": "AsyncBatchedCollector (server thread)",
@@ -72,23 +80,60 @@ class PixelsIn(nn.Module):
         return pixels.permute(0, 3, 1, 2).float().div_(255)
 
 
-def policy_for(workload: str) -> TensorDictModule:
+class Frames(nn.Module):
+    """uint8 ``[N, 4, 84, 84]`` Atari frames (ale-py's layout) to a float CNN input."""
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return frames.float().div_(255)
+
+
+class SleepThenRandom(nn.Module):
+    """A stand-in for a pass on a device: sleeps (freeing the core, as waiting on a GPU does), acts at random."""
+
+    def __init__(self, ms: float, actions: int) -> None:
+        super().__init__()
+        self.ms, self.actions = ms, actions
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.ms / 1000)
+        return torch.randint(0, self.actions, observation.shape[:1])
+
+
+def nature_cnn(stem: nn.Module, actions: int) -> nn.Module:
+    return nn.Sequential(
+        stem,
+        nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
+        nn.Linear(512, actions),
+    )  # fmt: skip
+
+
+def policy_for(workload: str, sleep_ms: float = 2.0) -> TensorDictModule:
+    if workload == "atari":
+        return TensorDictModule(Categorical(nature_cnn(Frames(), PONG_ACTIONS)), in_keys=["observation"],
+                                out_keys=["action"])  # fmt: skip
+    if workload == "atari-standin":
+        return TensorDictModule(SleepThenRandom(sleep_ms, PONG_ACTIONS), in_keys=["observation"], out_keys=["action"])
     if workload == "cartpole":
         return TensorDictModule(CategoricalMLPPolicy(), in_keys=["observation"], out_keys=["action"])
     if workload == "mlp-large":
         net = nn.Sequential(nn.Linear(4, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(),
                             nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 2))  # fmt: skip
         return TensorDictModule(Categorical(net), in_keys=["observation"], out_keys=["action"])
-    cnn = nn.Sequential(
-        PixelsIn(),
-        nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-        nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(), nn.Linear(512, 2),
-    )  # fmt: skip
-    return TensorDictModule(Categorical(cnn), in_keys=["pixels"], out_keys=["action"])
+    return TensorDictModule(Categorical(nature_cnn(PixelsIn(), 2)), in_keys=["pixels"], out_keys=["action"])
 
 
 def pixel_env(num_envs: int) -> PixelEnv:
     return PixelEnv(num_envs=num_envs)
+
+
+def pong(num_envs: int) -> Any:
+    """Pong, one ALE thread: what the worker's core steps (``num_envs`` given, so a worker can split its envs)."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    from acollect.envs import GymEnv
+
+    return GymEnv(AtariVectorEnv(game="pong", num_envs=num_envs, num_threads=1))
 
 
 def env_args(workload: str, envs: int) -> tuple[Any, dict[str, Any]]:
@@ -96,6 +141,8 @@ def env_args(workload: str, envs: int) -> tuple[Any, dict[str, Any]]:
         import functools
 
         return functools.partial(pixel_env, envs), {}
+    if workload.startswith("atari"):
+        return pong, {"env_kwargs": {"num_envs": envs}}
     return "CartPole-v1", {"env_kwargs": {"num_envs": envs}}
 
 
@@ -145,15 +192,20 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
     }
     turns = Turns()
     async with AsyncExitStack() as stack:
-        multi, multi_pids, multi_start = await _enter(stack, MultiAsyncCollector(env, policy_for(args.workload),
-                                                                                  **common))  # fmt: skip
-        runs = [(MULTI, multi, multi_pids)]
-        startup = {MULTI: multi_start}
+        runs: list[tuple[str, Any, list[int]]] = []
+        startup: dict[str, float] = {}
+        references = [(ENV_ONLY, None)] if args.workload.startswith("atari") else []
+        if args.workload != "atari-standin":  # a sleeping policy in every worker measures nothing
+            references.append((MULTI, policy_for(args.workload)))
+        for name, reference_policy in references:
+            collector, pids, startup[name] = await _enter(stack, MultiAsyncCollector(env, reference_policy, **common))
+            runs.append((name, collector, pids))
         for mode in args.servers:
-            batched, batched_pids, startup[BATCHED[mode]] = await _enter(
-                stack, AsyncBatchedCollector(env, policy_for(args.workload), device=args.device, server=mode,
-                                             double_buffer=args.double_buffer, **common)
-            )
+            central = AsyncBatchedCollector(
+                env, policy_for(args.workload, args.sleep_ms), device=args.device, server=mode,
+                env_groups=args.env_groups, passes_in_flight=args.passes_in_flight, **common,
+            )  # fmt: skip
+            batched, batched_pids, startup[BATCHED[mode]] = await _enter(stack, central)
             runs.append((BATCHED[mode], batched, batched_pids))
         for index in range(args.turns):
             line = []
@@ -165,7 +217,7 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
                 turns.add(name, frames, wall, cpu)
                 line.append(f"{name} {frames / wall:,.0f}")
             print(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s", flush=True)
-        servers = {name: collector.stats().inference for name, collector, _ in runs[1:]}
+        servers = {name: collector.stats().inference for name, collector, _ in runs if name in BATCHED.values()}
     return turns, servers, startup
 
 
@@ -180,13 +232,15 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="the inference server's device (e.g. cuda)")
     parser.add_argument("--train-ms", type=float, default=0.0,
                         help="milliseconds of Python work (GIL held) the trainer does after each batch")
-    parser.add_argument("--double-buffer", choices=("auto", "on", "off"), default="auto",
-                        help="AsyncBatchedCollector's double_buffer (auto: where it pays)")
+    parser.add_argument("--env-groups", type=int, default=None,
+                        help="AsyncBatchedCollector's env_groups (default: its own)")
+    parser.add_argument("--sleep-ms", type=float, default=2.0, help="the atari-standin server's pass (milliseconds)")
+    parser.add_argument("--passes-in-flight", type=int, default=None,
+                        help="AsyncBatchedCollector's passes_in_flight (default: its own)")
     parser.add_argument("--servers", default="process,thread",
                         help="AsyncBatchedCollector contenders, by where the server runs (comma-separated)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    args.double_buffer = {"auto": None, "on": True, "off": False}[args.double_buffer]
     args.servers = [mode.strip() for mode in args.servers.split(",") if mode.strip()]
     if not args.servers or any(mode not in BATCHED for mode in args.servers):
         parser.error(f"--servers: a comma-separated list of {sorted(BATCHED)}, got {args.servers}")
@@ -196,19 +250,24 @@ def main() -> None:
     single_thread_torch()
     turns, servers, startup = asyncio.run(measure(args))
     rates = turns.rates()
-    for name in (MULTI, *servers):
-        print(f"{name:<48} {rates[name]['wall']:>9,.0f} frames/s wall  {rates[name]['cpu']:>9,.0f} frames per CPU-s")
-    ratios = {}
+    for name in rates:
+        print(f"{name:<64} {rates[name]['wall']:>9,.0f} frames/s wall  {rates[name]['cpu']:>9,.0f} frames per CPU-s")
+    ratios: dict[str, dict[str, float]] = {}
     print()
+    reference = ENV_ONLY if ENV_ONLY in rates else MULTI
     for name, server in servers.items():
-        wall = rates[name]["wall"] / rates[MULTI]["wall"]
-        cpu = rates[name]["cpu"] / rates[MULTI]["cpu"]
-        ratios[name] = {"wall": wall, "cpu": cpu}
+        wall = rates[name]["wall"] / rates[reference]["wall"]
+        cpu = rates[name]["cpu"] / rates[reference]["cpu"]
+        ratios[name] = {"wall": wall, "cpu": cpu, "reference": reference}  # type: ignore[dict-item]
         print(
-            f"{name} / MultiAsyncCollector: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
+            f"{name} / {reference}: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
             f"{server['mean_batch_size']:.1f} (fill {server['fill_rate']:.0%}), "
-            f"latency p50 {server['latency_ms_p50']:.3f} ms, p99 {server['latency_ms_p99']:.2f} ms"
+            f"latency p50 {server['latency_ms_p50']:.3f} ms, p99 {server['latency_ms_p99']:.2f} ms, "
+            f"pass {server['forward_ms_mean']:.2f} ms"
         )
+    if MULTI in rates and reference != MULTI:
+        ratio = rates[MULTI]["wall"] / rates[reference]["wall"]
+        print(f"{MULTI} / {reference}: {ratio:.2f}x wall")
     if args.json:
         write_json(args.json, {"benchmark": "central_inference", "args": vars(args), "machine": machine_info(),
                                "turns": turns.as_dict(), "ratios": ratios, "servers": servers,

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
-    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_machine", "_pickling",
-     "_spawn", "specs", "devices"},
+    {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_machine",
+     "_pickling", "_spawn", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "loop_rollout"},
     {"transport"},

@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
@@ -45,7 +46,15 @@ from acollect.pool import Received
 from acollect.stats import CollectorStats
 from acollect.weights import WeightUpdate
 
-__all__ = ["AsyncBatchedCollector"]
+__all__ = ["GPU_ENV_GROUPS", "AsyncBatchedCollector"]
+
+#: env groups per worker when ``env_groups`` is not given and the policy runs on a GPU
+GPU_ENV_GROUPS = 4
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class AsyncBatchedCollector(MultiCollectorBase):
@@ -77,11 +86,22 @@ class AsyncBatchedCollector(MultiCollectorBase):
             0.002). A pass runs at once when every worker is waiting.
         device (device | None): where the policy runs (default: where its parameters are).
         credits (int): batches each worker may collect ahead of the trainer (default 2).
-        double_buffer (bool | None): each worker steps half its envs while the other half waits for its actions
-            (two env groups, built from the env factory with ``num_envs // 2`` and the rest), hiding the round trip
-            to the server. It pays where a core is free for the server while every worker steps: ``None`` (the
-            default) turns it on when this machine has more cores than ``num_workers + 1``. Applies where
-            ``env_kwargs`` has ``num_envs >= 2`` and ``init_random_frames`` is 0; batches keep their layout.
+        env_groups (int | None): each worker builds its envs as this many groups (from the env factory, with
+            ``num_envs`` shared out among them) and steps one group while the others wait for their actions,
+            hiding the round trip to the server: a worker never idles while a pass runs, and a pass takes the
+            requests of every group that waits. ``1`` steps every env together (a worker waits for each pass).
+            ``None`` (the default) picks what measured best (``docs/central-inference.md``): 4 with a policy on a
+            GPU (a pass frees the CPU: the workers step while it runs); on a CPU, 2 where a core is left for the
+            server beside the workers, else 1 (the server's pass needs the core the groups would step on).
+            Applies where ``env_kwargs`` has ``num_envs >= 2`` and ``init_random_frames`` is 0; batches keep
+            their layout.
+        passes_in_flight (int | None): forward passes the server may run at once, each in a thread of its own
+            (with its own CUDA stream and page-locked buffers on a GPU): requests gather into the next pass while
+            one runs, and no worker waits for every other pass to end. ``None`` (the default): 2 on a GPU, 1 on a
+            CPU (where passes at once only share the same cores).
+        server_threads (int | None): torch threads of the server process (its copies and, on CPU, its forward
+            passes); default: the cores this process may use beyond one per worker, at least 1. More threads
+            than free cores make every pass wait for descheduled threads.
         server (str): where the inference server's loop runs: ``"process"`` (default), a process of its own, owned
             like a worker (its crash or hang breaks the collector within about a second, with its exit code or
             traceback), so that no step waits for the trainer's GIL; ``"thread"``, a thread of this process: no
@@ -106,15 +126,17 @@ class AsyncBatchedCollector(MultiCollectorBase):
         max_batch_size: int | None = None,
         max_wait: float = 0.002,
         credits: int = 2,
-        double_buffer: bool | None = None,
+        env_groups: int | None = None,
+        passes_in_flight: int | None = None,
+        server_threads: int | None = None,
         server: str = "process",
         **options: Unpack[WorkerOptions],
     ) -> None:
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1, optional=True)
         self.max_wait = check_seconds("max_wait", max_wait, allow_zero=True)
-        if double_buffer is not None and not isinstance(double_buffer, bool):
-            raise ConfigurationError.bad_value("double_buffer", double_buffer, "True, False or None (where it pays)")
-        self.double_buffer = double_buffer
+        self.env_groups = check_int("env_groups", env_groups, minimum=1, optional=True)
+        self.server_threads = check_int("server_threads", server_threads, minimum=1, optional=True)
+        self.passes_in_flight = check_int("passes_in_flight", passes_in_flight, minimum=1, optional=True)
         if server not in MODES:
             raise ConfigurationError.bad_value("server", server, f"one of {MODES}")
         self.server_mode = server
@@ -168,13 +190,15 @@ class AsyncBatchedCollector(MultiCollectorBase):
             # A forward pass that never returns is the server's hang, reported as such, not as hung workers.
             hang_timeout=self.settings.heartbeat_timeout,
             mode=self.server_mode,
+            num_threads=self._server_threads(),
+            passes_in_flight=self._passes_in_flight(),
         )
         server.version = self._initial_version
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
         await server.start(self._tasks)
         for config in self._configs:
             config.inference = {
-                "address": server.address, "slots": server.slot_address, "double_buffer": self._double_buffers()
+                "address": server.address, "slots": server.slot_address, "env_groups": self._env_groups()
             }
             if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
                 config.inference["keys"] = server.local_client_keys()
@@ -185,11 +209,28 @@ class AsyncBatchedCollector(MultiCollectorBase):
             assert self._pool is not None
             server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
 
-    def _double_buffers(self) -> bool:
-        if self.double_buffer is not None:
-            return self.double_buffer
-        # Double buffering keeps every worker stepping: it pays only where the server's passes get a core of their own.
-        return len(os.sched_getaffinity(0)) > self.num_workers + 1 if hasattr(os, "sched_getaffinity") else False
+    def _on_gpu(self) -> bool:
+        device = self.device
+        return device is not None and torch.device(device).type == "cuda"
+
+    def _env_groups(self) -> int:
+        if self.env_groups is not None:
+            return self.env_groups
+        # docs/central-inference.md: while a group waits for its pass the worker steps the others, which pays where
+        # the pass frees the CPU (a GPU) or has a core of its own; on a CPU the server needs the core otherwise.
+        if self._on_gpu():
+            return GPU_ENV_GROUPS
+        return 2 if _cores() > self.num_workers + 1 else 1
+
+    def _passes_in_flight(self) -> int:
+        if self.passes_in_flight is not None:
+            return self.passes_in_flight
+        return 2 if self._on_gpu() else 1
+
+    def _server_threads(self) -> int:
+        if self.server_threads is not None:
+            return self.server_threads
+        return max(1, min(torch.get_num_threads(), _cores() - self.num_workers))
 
     async def _teardown(self) -> None:
         try:

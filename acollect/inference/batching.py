@@ -11,7 +11,9 @@ Plain synchronous code, run by the server's own thread (see :mod:`acollect.infer
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -20,14 +22,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
 from acollect.errors import PolicyError
 from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect.rollout import exploration
 
-__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Request", "StatsRecorder"]
+__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Lane", "Request", "StatsRecorder"]
 
 _DONE_KEYS = ("done", "terminated", "truncated")
 _LATENCY_WINDOW = 1024
@@ -110,8 +112,65 @@ class Batcher:
         return out
 
 
+class Lane:
+    """What one pass thread keeps from one pass to the next: on a GPU, a CUDA stream of its own and page-locked
+    staging buffers, so that its copies go by DMA, overlapped with the other threads' passes.
+
+    Buffers grow to the largest batch seen and are reused: a pass allocates nothing once warm. A pass's outputs
+    are views of this lane's buffers until its next pass (:class:`~acollect.inference.passes.PassRunner` copies
+    what must outlive that).
+
+    Args:
+        device: where the passes run (``None`` or a CPU: no stream, no pinning).
+    """
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device if device is not None else torch.device("cpu")
+        self.cuda = self.device.type == "cuda"
+        self.stream: Any = torch.cuda.Stream(self.device) if self.cuda else None
+        self._inputs: dict[Key, torch.Tensor] = {}
+        self._outputs: dict[NestedKey, torch.Tensor] = {}
+
+    def context(self) -> Any:
+        """The context a pass runs in: its stream on a GPU."""
+        return torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext()
+
+    @staticmethod
+    def _buffer(buffers: dict[Any, torch.Tensor], key: Any, like: torch.Tensor, rows: int, pin: bool) -> torch.Tensor:
+        buffer = buffers.get(key)
+        if buffer is None or buffer.shape[0] < rows or buffer.shape[1:] != like.shape[1:] or buffer.dtype != like.dtype:
+            buffer = buffers[key] = torch.empty((rows, *like.shape[1:]), dtype=like.dtype, pin_memory=pin)
+        return buffer[:rows]
+
+    def gather(self, key: Key, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``parts`` concatenated along rows, on the lane's device (one DMA from page-locked memory on a GPU)."""
+        if not self.cuda:
+            if len(parts) == 1:
+                return parts[0]  # a slot's own view: no copy at all
+            rows = sum(int(p.shape[0]) for p in parts)
+            return torch.cat(list(parts), 0, out=self._buffer(self._inputs, key, parts[0], rows, pin=False))
+        rows = sum(int(p.shape[0]) for p in parts)
+        staged = self._buffer(self._inputs, key, parts[0], rows, pin=True)
+        torch.cat(list(parts), 0, out=staged)
+        return staged.to(self.device, non_blocking=True)  # on this lane's stream: see context()
+
+    def to_host(self, outputs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
+        """The pass's outputs on the CPU: on a GPU, copied by DMA into page-locked buffers, waited for once."""
+        if not self.cuda:
+            return {k: v if v.device.type == "cpu" else v.to("cpu") for k, v in outputs.items()}
+        host = {}
+        for key, value in outputs.items():
+            buffer = self._buffer(self._outputs, key, value, int(value.shape[0]), pin=True)
+            buffer.copy_(value, non_blocking=True)
+            host[key] = buffer
+        self.stream.synchronize()  # every copy of this pass, and nothing of the other lanes'
+        return host
+
+
 class Forward:
     """Runs the policy once on the observations of several requests and gives each its outputs.
+
+    Several pass threads may call it at once, each with its own :class:`Lane`: the policy is only read.
 
     Args:
         module: the server's inference copy of the policy (a ``TensorDictModule``, an ``nn.Module`` taking
@@ -125,38 +184,43 @@ class Forward:
         self.device = device
         self.exploration_type = exploration_type
         self._adapter: PolicyAdapter | None = None
+        self._adapter_lock = threading.Lock()
         # The keys the policy reads, where it says (a TensorDictModule's in_keys, a plain module's observation):
         # only those are concatenated. ``None``: all (a callable may read anything).
         self._reads: set[Key] | None = None
 
-    def _adapter_for(self, td: TensorDictBase) -> PolicyAdapter:
-        if self._adapter is None:
-            keys: list[NestedKey] = [k for k in td.keys(include_nested=True, leaves_only=True)
-                                     if k not in _DONE_KEYS]  # fmt: skip
-            adapter = wrap_policy(self.module, observation_keys=keys, action_spec=None, batch_size=td.batch_size)  # type: ignore[arg-type]
-            if isinstance(adapter, RandomPolicy):
-                raise PolicyError("an inference server needs a policy: it was given None")
-            self._adapter = adapter
-            reads = getattr(adapter, "in_keys", None) or getattr(adapter.module, "in_keys", None)
-            self._reads = {_as_key(k) for k in reads} if reads else None
-        return self._adapter
+    def _adapter_for(self, requests: Sequence[Request]) -> PolicyAdapter:
+        with self._adapter_lock:  # the first passes of several threads: one adapter
+            if self._adapter is None:
+                probe = TensorDict({}, batch_size=[requests[0].rows])
+                for key, value in requests[0].leaves.items():
+                    probe.set(key, value)
+                keys: list[NestedKey] = [k for k in probe.keys(include_nested=True, leaves_only=True)
+                                         if k not in _DONE_KEYS]  # fmt: skip
+                adapter = wrap_policy(self.module, observation_keys=keys, action_spec=None, batch_size=probe.batch_size)  # type: ignore[arg-type]
+                if isinstance(adapter, RandomPolicy):
+                    raise PolicyError("an inference server needs a policy: it was given None")
+                self._adapter = adapter
+                reads = getattr(adapter, "in_keys", None) or getattr(adapter.module, "in_keys", None)
+                self._reads = {_as_key(k) for k in reads} if reads else None
+            return self._adapter
 
-    def __call__(self, requests: Sequence[Request], version: int) -> None:
+    def __call__(self, requests: Sequence[Request], version: int, lane: Lane | None = None) -> None:
         """Fills ``outputs`` and ``version`` of every request (or raises what the policy raised)."""
-        if self._adapter is None:
-            self._adapter_for(_concatenate(requests[:1], self.device, None))
-        adapter = self._adapter_for(inputs := _concatenate(requests, self.device, self._reads))
-        with torch.inference_mode(), exploration(self.exploration_type):
+        lane = lane if lane is not None else Lane(self.device)
+        adapter = self._adapter_for(requests)
+        with torch.inference_mode(), exploration(self.exploration_type), lane.context():
+            inputs = _concatenate(requests, self.device, self._reads, lane)
             outputs = adapter(inputs)
-        rows = inputs.batch_size[0]
-        for key, value in outputs.items():
-            if value.shape[:1] != (rows,):
-                raise PolicyError(
-                    f"the policy wrote {key!r} of shape {tuple(value.shape)} for {rows} observations: expected a "
-                    f"leading batch dim of {rows} (one entry per observation)"
-                )
-        # One transfer for all requests, then views: each request gets its rows of every output.
-        host = {k: v.to("cpu") if v.device.type != "cpu" else v for k, v in outputs.items()}
+            rows = inputs.batch_size[0]
+            for key, value in outputs.items():
+                if value.shape[:1] != (rows,):
+                    raise PolicyError(
+                        f"the policy wrote {key!r} of shape {tuple(value.shape)} for {rows} observations: expected a "
+                        f"leading batch dim of {rows} (one entry per observation)"
+                    )
+            # One transfer for all requests, then views: each request gets its rows of every output.
+            host = lane.to_host(dict(outputs.items()))
         sizes = [r.rows for r in requests]
         chunks = {_as_key(k): torch.split(v, sizes) for k, v in host.items()}
         for i, request in enumerate(requests):
@@ -168,7 +232,7 @@ def _as_key(key: NestedKey) -> Key:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[Key] | None) -> TensorDict:
+def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[Key] | None, lane: Lane) -> TensorDict:
     """One TensorDict of every request's rows on ``device``, with the keys all of them have (clients send
     different extras: a worker its done flags, an evaluation loop only its observation), or only ``reads``."""
     keys = [k for k in requests[0].leaves if reads is None or k in reads]
@@ -178,9 +242,8 @@ def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[K
     rows = sum(r.rows for r in requests)
     td = TensorDict({}, batch_size=[rows], device=device)
     for key in keys:
-        parts = [r.leaves[key] for r in requests]
-        value = parts[0] if len(parts) == 1 else torch.cat(parts, 0)
-        td.set(key, value.to(device, non_blocking=True) if value.device != device else value)
+        value = lane.gather(key, [r.leaves[key] for r in requests])
+        td.set(key, value if value.device == device else value.to(device, non_blocking=True))
     return td
 
 

@@ -38,6 +38,8 @@ class ServerSpec:
     slots: bool
     #: torch threads of a server process (a server thread shares the trainer's)
     num_threads: int = 1
+    #: forward passes that may run at once (see acollect.inference.passes)
+    passes_in_flight: int = 2
     #: a private directory (mode 0700) for the slot listener (``None``: a fresh one); a server process's trainer
     #: makes it, and removes it whatever becomes of the process
     slot_dir: str | None = None

@@ -87,7 +87,7 @@ class RemotePolicy(PolicyAdapter):
     def submit(self, td: TensorDictBase) -> None:
         """Sends the observations of ``td`` (a step's first half): :meth:`receive` waits for their actions.
 
-        A worker that double-buffers submits one env group's observations, steps the other group meanwhile,
+        A worker whose envs step in groups submits one group's observations, steps the others meanwhile,
         then receives.
         """
         self._seq += 1
@@ -136,6 +136,12 @@ class RemotePolicy(PolicyAdapter):
                 if rows == reply.rows and rows > 0:
                     self._link = SlotLink.open(path, self._source, rows, leaves_of(td), reply.leaves)
             return self._result(reply.leaves, reply.rows, reply.version)
+
+    def answer_fileno(self) -> int | None:
+        """A descriptor that turns readable when the answer to the last submitted step may have come (a slot's
+        connection), to wait on several policies at once; ``None`` where answers come as messages."""
+        link = self._link
+        return link.fileno() if link is not None and self._pending is None else None
 
     def _result(self, leaves: dict, rows: int, version: int) -> dict[NestedKey, torch.Tensor]:
         result: dict[NestedKey, torch.Tensor] = {(k[0] if len(k) == 1 else k): v for k, v in leaves.items()}

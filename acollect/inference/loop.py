@@ -23,14 +23,16 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import protocol as P
-from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
+from acollect.inference.batching import Batcher, Forward, Lane, Request, StatsRecorder
 from acollect.inference.codec import Encoder, LayoutCache
+from acollect.inference.passes import PassRunner
 from acollect.inference.slot_hub import SlotHub
 from acollect.transport.server_socket import Ready, ServerSocket, Waiter
 
 __all__ = ["DropReport", "Mailbox", "ServerLoop", "Ticket"]
 
 _IDLE_POLL_MS = 50  # how often an idle server thread looks at its stop event
+_CLOSE_PASSES_S = 5.0  # how long a stopping server waits for the passes that run to end
 _HOUSEKEEPING_S = 0.1  # how often the loop's owner may refresh what it publishes (a server process's counts)
 _REPORT_EVERY = 60.0  # seconds between two log lines about one peer's malformed requests
 _MAX_PEERS = 1024  # peers whose malformed requests are reported apart; the rest share one line
@@ -152,6 +154,7 @@ class ServerLoop:
         close_socket: called when the thread ends because it was told to stop.
         hub: the shared-memory slots of same-host workers (``None``: messages only); the thread owns it while it
             runs, and ``close_socket`` closes it.
+        in_flight: forward passes that may run at once (:class:`~acollect.inference.passes.PassRunner`).
     """
 
     def __init__(
@@ -163,7 +166,9 @@ class ServerLoop:
         sock: ServerSocket | None,
         close_socket: Callable[[], None],
         hub: SlotHub | None = None,
+        in_flight: int = 1,
     ) -> None:
+        self.in_flight = in_flight
         self.mail = mailbox
         self.batcher = batcher
         self.forward = forward
@@ -201,35 +206,89 @@ class ServerLoop:
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
-        waiter = Waiter([self.mail.fileno(), *(self.hub.fds() if self.hub is not None else ())], self.sock)
+        done_r, done_w = socket.socketpair()  # a pass thread -> this thread: a pass ended
+        done_r.setblocking(False)
+        done_w.setblocking(False)
+        fds = [self.mail.fileno(), done_r.fileno(), *(self.hub.fds() if self.hub is not None else ())]
+        waiter = Waiter(fds, self.sock)
         if self.hub is not None:
             self.hub.on_fds = waiter.watch
+
+        def woken() -> None:
+            with contextlib.suppress(BlockingIOError, OSError):  # a full pair already holds a wake-up
+                done_w.send(b"\0")
+
+        device = self.forward.device
+        runner = PassRunner(
+            self.forward, in_flight=self.in_flight, on_done=woken, make_lane=lambda: Lane(device),
+            answer=self._answer_from_pass, record=self.recorder.record, running=self._set_pass_started,
+        )  # fmt: skip
         batcher = self.batcher
         housekept = 0.0
         try:
             while not stop.is_set():
                 now = time.monotonic()
                 wait = 0  # a pass is due: only see what else is there
-                if not batcher.ready(now):
+                if not (runner.free and batcher.ready(now)):
                     # Capped, so that a stop is seen within _IDLE_POLL_MS even while a long max_wait runs.
                     wait = _IDLE_POLL_MS
                     deadline = batcher.deadline()
-                    if deadline is not None:
+                    if deadline is not None and runner.free:
                         wait = min(wait, max(0, int((deadline - now) * 1000 + 0.999)))
-                self._take_requests(waiter.wait(wait))
-                self._apply_weights()
+                ready = waiter.wait(wait)
+                if done_r.fileno() in ready.fds:
+                    with contextlib.suppress(BlockingIOError):
+                        done_r.recv(4096)
+                self._take_requests(ready)
+                self._finish(runner)
+                if self.mail.tickets and runner.busy == 0:
+                    self._apply_weights()  # between passes: none runs while the weights change
                 if self.housekeeping is not None and now - housekept > _HOUSEKEEPING_S:
                     housekept = now
                     self.housekeeping()
-                while batcher.ready(time.monotonic()):
-                    self._run(batcher.take())
+                # No new pass while weights wait: they apply as soon as the passes running now are done.
+                while not self.mail.tickets and runner.free and batcher.ready(time.monotonic()):
+                    runner.submit(batcher.take(), self.version)
         except BaseException as exc:
             self._answer_all(exc)
             raise
         finally:
+            runner.close(_CLOSE_PASSES_S)
+            with contextlib.suppress(BaseException):
+                self._finish(runner)
             self._answer_all(None)
+            done_r.close()
+            done_w.close()
             if stop.is_set():
                 self._close_socket()
+
+    def _set_pass_started(self, started: float | None) -> None:
+        self.pass_started = started
+
+    @staticmethod
+    def _answer_from_pass(request: Request) -> bool:
+        """Answers ``request`` from the thread that ran its pass where that is safe, a slot (the worker's own
+        connection); a ZeroMQ client and a caller in this process are answered by this loop's thread, which owns
+        their sockets."""
+        if request.answer is not None:
+            request.answer(request)
+            return True
+        return False
+
+    def _finish(self, runner: PassRunner) -> None:
+        """Answers what the passes that ended left to this thread; raises a pass's failure (its callers told)."""
+        for done in runner.finished():
+            if done.error is not None:
+                for request in done.requests:  # the callers of this pass get the policy's own error
+                    if request.route is None and request.answer is None:
+                        request.error = done.error
+                        self.mail.answer(request)
+                raise done.error
+            for request in done.requests:
+                if request.route is not None:
+                    self._reply(request)
+                else:
+                    self.mail.answer(request)
 
     def hung_error(self, limit: float, where: str = "") -> PolicyError | None:
         """The error of a hung server if the pass in progress has run longer than ``limit`` seconds, else ``None``."""
@@ -285,27 +344,6 @@ class ServerLoop:
                 except Exception as exc:  # weights checked on the way in: this would be a device error
                     ticket.error = exc
             self.mail.answer(ticket)
-
-    def _run(self, requests: list[Request]) -> None:
-        started = self.pass_started = time.monotonic()
-        try:
-            self.forward(requests, self.version)
-        except BaseException as exc:
-            self.pass_started = None
-            for request in requests:  # the callers of this pass get the policy's own error
-                if request.route is None and request.answer is None:
-                    request.error = exc
-                    self.mail.answer(request)
-            raise
-        self.pass_started = None
-        self.recorder.record(requests, started, time.monotonic())
-        for request in requests:
-            if request.answer is not None:
-                request.answer(request)
-            elif request.route is None:
-                self.mail.answer(request)
-            else:
-                self._reply(request)
 
     def _reply(self, request: Request) -> None:
         sock = self.sock

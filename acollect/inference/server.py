@@ -88,6 +88,9 @@ class InferenceServer:
             a process start, about a second, and a copy of each :meth:`infer` call's tensors); ``"thread"``: in a
             thread of this process, sharing the trainer's GIL (see the module's notes).
         num_threads: torch threads of the server process (default: this process's ``torch.get_num_threads()``).
+        passes_in_flight: forward passes that may run at once, each in a thread of the server's with its own CUDA
+            stream and page-locked buffers on a GPU: gathering and copying one overlaps the forward of another,
+            and no request waits for every other pass to end (see :mod:`acollect.inference.passes`).
 
     Examples:
         >>> import anyio, torch
@@ -118,6 +121,7 @@ class InferenceServer:
         slots: bool = True,
         mode: str = "process",
         num_threads: int | None = None,
+        passes_in_flight: int = 2,
     ) -> None:
         if (policy is None) == (policy_factory is None):
             raise ConfigurationError.bad_value(
@@ -144,12 +148,14 @@ class InferenceServer:
             raise ConfigurationError.bad_value("mode", mode, f"one of {MODES}")
         self.mode = mode
         threads = check_int("num_threads", num_threads, minimum=1, optional=True)
+        in_flight = check_int("passes_in_flight", passes_in_flight, minimum=1)
         self.hang_timeout = check_seconds("hang_timeout", hang_timeout, optional=True)
         self._policy_arg = policy
         self._spec = ServerSpec(
             policy=policy, policy_factory=policy_factory, max_batch_size=self.max_batch_size, max_wait=self.max_wait,
             device=self.device, exploration=parse_exploration_type(exploration_type), address=address,
             keys=self._keys, slots=bool(slots), num_threads=threads or torch.get_num_threads(),
+            passes_in_flight=in_flight,
         )  # fmt: skip
         self._initial_version = 0
         self._sources: int | None = None

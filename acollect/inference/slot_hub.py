@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections import deque
 from collections.abc import Callable, Collection
 
 import msgpack
@@ -78,6 +79,8 @@ class SlotHub:
             self.close()
             raise TransportError(f"cannot listen for inference slots at {self.path}: {exc}") from exc
         self._clients: dict[int, _Client] = {}
+        # Slots whose answer did not fit (found by a pass thread): dropped by the loop thread, which owns the set.
+        self._unfit: deque[tuple[int, BaseException]] = deque()
         #: told of every malformed hello or packet (the connection is then closed)
         self.on_malformed = on_malformed
         #: called when the set of descriptors to watch changes (the server thread's waiter)
@@ -100,6 +103,11 @@ class SlotHub:
             batcher: where the requests go.
             ready: the descriptors a wait found readable (``None``: try every one).
         """
+        while self._unfit:
+            fd, error = self._unfit.popleft()
+            client = self._clients.get(fd)
+            if client is not None:
+                self._malformed(fd, client, error)
         listener = self._listener
         if listener is not None and (ready is None or listener.fileno() in ready):
             self._accept()
@@ -134,14 +142,15 @@ class SlotHub:
         return answer
 
     def _answer(self, client: _Client, request: Request) -> None:
-        outputs = request.outputs
+        """Writes the actions into the slot and wakes its worker (from the thread that ran the pass)."""
+        outputs, act = request.outputs, client.act
         if outputs is None or client.slot is None:
             return
         try:
-            for key, view in client.act.items():
+            for key, view in act.items():
                 view.copy_(outputs[key])
         except (KeyError, RuntimeError) as exc:  # the policy's outputs changed since the slot was made
-            self._malformed(client.sock.fileno(), client, ProtocolError(f"actions do not fit the slot: {exc}"))
+            self._unfit.append((client.sock.fileno(), ProtocolError(f"actions do not fit the slot: {exc}")))
             return
         # A worker that stopped reading loses the answer (as a ROUTER drops it): it recognises late ones anyway.
         with contextlib.suppress(BlockingIOError, OSError):

@@ -109,6 +109,10 @@ class SlotLink:
             return None
         return cls(sock, slot)
 
+    def fileno(self) -> int:
+        """The descriptor that turns readable when an answer came (to wait on several slots at once)."""
+        return self._sock.fileno()
+
     def fits(self, leaves: Mapping[Key, torch.Tensor]) -> bool:
         """Whether ``leaves`` are exactly the slot's observations (keys, dtypes, shapes)."""
         if leaves.keys() != self.obs.keys():

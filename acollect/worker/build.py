@@ -23,7 +23,7 @@ from acollect.policy import build_policy, parse_exploration_type
 from acollect.rollout import RolloutEngine
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
-from acollect.worker.pair import EnginePair
+from acollect.worker.groups import EngineGroups
 
 __all__ = ["build_engine", "resolve_model"]
 
@@ -33,8 +33,9 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
 
     With ``config.inference``, the policy is a :class:`~acollect.inference.client.RemotePolicy` asking the
     collector's inference server; ``interrupt`` (the worker's pause and stop) abandons a step waiting on it.
-    With ``config.inference["double_buffer"]`` and ``num_envs >= 2`` in ``env_kwargs``, the envs are built
-    as two groups, one stepping while the other waits for its actions (:class:`~acollect.worker.pair.EnginePair`).
+    With ``config.inference["env_groups"]`` above 1 and ``num_envs >= 2`` in ``env_kwargs``, the envs are built
+    as that many groups (at most one per env), each stepping while the others wait for their actions
+    (:class:`~acollect.worker.groups.EngineGroups`).
     """
     groups = _groups(config)
     if groups is None:
@@ -42,30 +43,35 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
     else:
         # Each group takes as many steps per batch as one env of num_envs would: the batch is theirs side by side.
         steps = rollout.frames_per_batch_for(config.frames_per_batch, sum(groups)) // sum(groups)
-        first = _engine(config, interrupt, {**config.env_kwargs, "num_envs": groups[0]}, b"", 0, 2, groups[0] * steps)
+        engines: list[RolloutEngine] = []
         try:
-            second = _engine(
-                config, interrupt, {**config.env_kwargs, "num_envs": groups[1]}, b"2", 1, 2, groups[1] * steps
-            )
+            for g, n_envs in enumerate(groups):
+                suffix = b"" if g == 0 else str(g + 1).encode()
+                engines.append(_engine(config, interrupt, {**config.env_kwargs, "num_envs": n_envs}, suffix, g,
+                                       len(groups), n_envs * steps))  # fmt: skip
         except BaseException:
-            first.close()
+            for built in engines:
+                built.close()
             raise
-        # Typed as one engine: a pair has every part of the engine's interface a worker uses (collect, allocate,
-        # counters, seed, restart, policy, env), and the workers' weight plans never target it (its policy is remote).
-        engine = cast(RolloutEngine, EnginePair(first, second))
+        # Typed as one engine: the groups have every part of the engine's interface a worker uses (collect,
+        # allocate, counters, seed, restart, policy, env), and the workers' weight plans never target them (their
+        # policy is remote).
+        engine = cast(RolloutEngine, EngineGroups(engines))
     engine.next_traj_counter = config.next_traj_counter
     engine.frames = config.frames
     return engine
 
 
-def _groups(config: P.WorkerConfig) -> tuple[int, int] | None:
-    """The sizes of the two env groups of a double-buffered worker (``None``: one group)."""
+def _groups(config: P.WorkerConfig) -> list[int] | None:
+    """The sizes of a worker's env groups, as even as can be (``None``: one group)."""
     n_envs = config.env_kwargs.get("num_envs")
-    if config.inference is None or not config.inference.get("double_buffer") or config.init_random_frames:
+    wanted = config.inference.get("env_groups", 1) if config.inference is not None else 1
+    if type(wanted) is not int or wanted < 2 or config.init_random_frames:
         return None
     if type(n_envs) is not int or n_envs < 2:
         return None
-    return n_envs // 2, n_envs - n_envs // 2
+    count = min(wanted, n_envs)
+    return [n_envs // count + (1 if g < n_envs % count else 0) for g in range(count)]
 
 
 def _engine(

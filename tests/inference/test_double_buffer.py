@@ -38,7 +38,7 @@ async def test_double_buffered_batches_keep_the_layout_every_step_once_and_each_
     with anyio.fail_after(90):
         async with MultiAsyncCollector(envs(), policy, **kwargs) as reference:
             expected = layout(await anext(reference))
-        async with AsyncBatchedCollector(envs(), policy, double_buffer=True, max_wait=0.01, **kwargs) as collector:
+        async with AsyncBatchedCollector(envs(), policy, env_groups=2, max_wait=0.01, **kwargs) as collector:
             batches = [batch async for batch in collector]
             stats = collector.stats().inference
     assert len(batches) == 8
@@ -63,7 +63,7 @@ async def test_double_buffered_frames_say_which_weights_chose_them_and_a_pause_k
     kwargs = {**KWARGS, "total_frames": -1, "start_method": start_method}
     batches = []
     with anyio.fail_after(90):
-        async with AsyncBatchedCollector(envs(), trained, double_buffer=True, credits=1, **kwargs) as collector:
+        async with AsyncBatchedCollector(envs(), trained, env_groups=2, credits=1, **kwargs) as collector:
             async for batch in collector:
                 batches.append(batch.clone())
                 if len(batches) == 3:
