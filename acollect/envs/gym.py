@@ -32,6 +32,7 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
+from acollect.envs._versions import installed_release
 from acollect.envs.base import DONE_KEYS, EnvBase
 from acollect.envs.envpool import is_envpool_env
 from acollect.envs.gym_spaces import observation_layout, pick_leaf, space_to_spec
@@ -378,9 +379,19 @@ def _build_vector_env(
 
 
 def _check_resettable(env: VectorEnv[Any, Any, Any], mode: AutoresetMode) -> None:
+    base = env.unwrapped
+    # GymEnv resets sub-envs with reset_mask at every episode end (in NEXT_STEP mode) and to cut long trajectories:
+    # ale-py's AtariVectorEnv raises on it before 0.12 and, in 0.12.0, never returns from it.
+    ale = installed_release("ale-py") if type(base).__module__ == "ale_py.vector_env" else None
+    if ale is not None and ale < (0, 12, 1):
+        raise ConfigurationError.bad_value(
+            "env",
+            env,
+            f"an AtariVectorEnv of ale-py>=0.12.1 (ale-py {'.'.join(map(str, ale))} is installed, whose partial "
+            "resets fail or hang; pip install 'acollect[atari]')",
+        )
     # An AsyncVectorEnv without shared memory keeps its NEXT_STEP autoreset flag through a masked reset
     # (gymnasium 1.x clears it only on the shared-memory path), so the step after would be a no-op reset.
-    base = env.unwrapped
     if mode == AutoresetMode.NEXT_STEP and isinstance(base, AsyncVectorEnv) and not base.shared_memory:
         raise ConfigurationError.bad_value(
             "env",
