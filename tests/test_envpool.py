@@ -210,3 +210,37 @@ async def test_multi_sync_collector_batches_hold_only_real_transitions() -> None
     for batch in batches:
         check_layout(batch, (2, 4, 32))
     assert assert_real_cartpole_transitions(torch.cat(batches, dim=-1)) >= 2
+
+
+def test_leaves_numpy_cannot_view_are_written_through_staging() -> None:
+    # Non-contiguous leaves take the path of CUDA tensors: numpy staging arrays copied in once per step.
+    with EnvPoolEnv(make_cartpole(4)) as env:
+        root, nxt = env.make_root(), env.make_next()
+        for td in (root, nxt):
+            td.set("observation", torch.zeros(4, 8)[:, ::2], inplace=False)
+        env.reset_into(root)
+        steps = []
+        for _ in range(60):
+            before, action = root.clone(), env.action_spec.rand(env.batch_size)
+            env.step_and_reset_into(action, nxt, root)
+            steps.append(before.set("action", action).set("next", nxt.clone()))
+        assert not nxt["observation"].is_contiguous()
+    assert assert_real_cartpole_transitions(torch.stack(steps, dim=1)) >= 4
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_env_writes_device_tensors() -> None:
+    with EnvPoolEnv(make_cartpole(4), device="cuda") as env:
+        assert env.observation_spec["observation"].device.type == "cuda"
+        root, nxt = env.make_root(), env.make_next()
+        env.reset_into(root)
+        steps = []
+        for _ in range(60):
+            before, action = root.clone(), env.action_spec.rand(env.batch_size)
+            env.step_and_reset_into(action, nxt, root)
+            steps.append(before.set("action", action).set("next", nxt.clone()))
+        env.reset_into(root, mask=torch.tensor([True, False, True, False], device="cuda"))
+        assert root["observation"].device.type == "cuda"
+    batch = torch.stack(steps, dim=1)
+    assert batch["next", "observation"].device.type == "cuda"
+    assert assert_real_cartpole_transitions(batch.cpu()) >= 4
