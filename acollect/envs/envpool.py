@@ -13,8 +13,9 @@ is a real one. The step's observation is the true final one.
 
 Rows: in EnvPool's synchronous mode (``batch_size == num_envs``, the default) a
 call returns its sub-envs in the order their ids were sent, so rows need no
-reordering per step; a reset checks the ids it got back, which also catches
-envpool 0.8 under numpy 2 (every row comes back as sub-env 0 there).
+reordering per step; a reset checks the ids it got back, which would also catch
+envpool 0.8 under numpy 2 (every row comes back as sub-env 0 there; refused when
+the env is wrapped already).
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ def is_envpool_env(obj: object) -> bool:
 
     Examples:
         >>> import gymnasium as gym
-        >>> is_envpool_env(gym.make_vec("CartPole-v1", num_envs=2))
-        False
+        >>> vec = gym.make_vec("CartPole-v1", num_envs=2)
+        >>> is_envpool_env(vec), is_envpool_env(type(vec))
+        (False, False)
+        >>> vec.close()
     """
     if isinstance(obj, type):
         return False
-    return hasattr(obj, "config") and any(cls.__module__.split(".", 1)[0] == "envpool" for cls in type(obj).__mro__)
+    # The classes first: reading an attribute of an arbitrary object may run its code.
+    return any(cls.__module__.split(".", 1)[0] == "envpool" for cls in type(obj).__mro__) and hasattr(obj, "config")
 
 
 class EnvPoolEnv(EnvBase):
