@@ -3,7 +3,9 @@
 Blocks run one by one, each in a fresh namespace, from a scratch directory. A block with
 top-level ``await``/``async for``/``async with`` is compiled as a coroutine and driven by
 ``asyncio.run``, exactly as a reader would paste it into ``python -m asyncio``. A block
-preceded by the line ``<!-- skip -->`` is shown but not run (e.g. one that needs a GPU or Ray).
+preceded by the line ``<!-- skip -->`` is shown but not run (e.g. one that needs a GPU or Ray);
+one preceded by ``<!-- requires: envpool -->`` (modules separated by commas) runs where those
+modules import and is skipped elsewhere (an optional extra's env source).
 
 The README's test set-up command is also checked against ``.ci/run`` so the two never drift.
 """
@@ -23,6 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 SKIP_MARKER = "<!-- skip -->"
+_REQUIRES = re.compile(r"^<!-- requires: (?P<modules>[\w., ]+) -->$")
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)$")
 
 
@@ -35,13 +38,15 @@ class CodeBlock:
     language: str
     source: str
     skip: bool
+    requires: tuple[str, ...] = ()
 
 
 def extract_blocks(text: str, path: str = "<string>") -> list[CodeBlock]:
     """Returns the fenced code blocks of a markdown text, in order.
 
     A block counts as skipped when the last non-blank line before its opening fence is
-    ``<!-- skip -->``. Indented fences (inside lists or admonitions) are dedented.
+    ``<!-- skip -->``, and requires the modules that line names when it is
+    ``<!-- requires: a, b -->``. Indented fences (inside lists or admonitions) are dedented.
     """
     blocks: list[CodeBlock] = []
     lines = text.splitlines()
@@ -59,7 +64,10 @@ def extract_blocks(text: str, path: str = "<string>") -> list[CodeBlock]:
             body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].lstrip())
             i += 1
         previous = next((line.strip() for line in reversed(lines[:start]) if line.strip()), "")
-        blocks.append(CodeBlock(path, start + 1, language, "\n".join(body) + "\n", previous == SKIP_MARKER))
+        needs = _REQUIRES.match(previous)
+        requires = tuple(m.strip() for m in needs["modules"].split(",")) if needs else ()
+        source = "\n".join(body) + "\n"
+        blocks.append(CodeBlock(path, start + 1, language, source, previous == SKIP_MARKER, requires))
         i += 1
     return blocks
 
@@ -96,6 +104,8 @@ PYTHON_BLOCKS = _python_blocks()
 def test_doc_block_runs(block: CodeBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if block.skip:
         pytest.skip(f"{block.path}:{block.line} is marked {SKIP_MARKER}")
+    for module in block.requires:
+        pytest.importorskip(module, reason=f"{block.path}:{block.line} requires {module}")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
     # Warning-free as written, whatever the pytest configuration says: a reader's copy prints nothing else.
@@ -115,14 +125,17 @@ def test_harness_runs_sync_and_async_blocks_and_honours_skip() -> None:
         "<!-- skip -->\n\n"
         "```python\nraise SystemExit('must not run')\n```\n\n"
         "- a list item:\n\n"
-        "    ```bash\n    echo hi\n    ```\n"
+        "    ```bash\n    echo hi\n    ```\n\n"
+        "<!-- requires: envpool, ale_py -->\n"
+        "```python\nimport envpool\n```\n"
     )
     blocks = extract_blocks(text)
-    assert [(b.language, b.skip) for b in blocks] == [
-        ("python", False),
-        ("python", False),
-        ("python", True),
-        ("bash", False),
+    assert [(b.language, b.skip, b.requires) for b in blocks] == [
+        ("python", False, ()),
+        ("python", False, ()),
+        ("python", True, ()),
+        ("bash", False, ()),
+        ("python", False, ("envpool", "ale_py")),
     ]
     assert run_block(blocks[0])["x"] == 2
     assert run_block(blocks[1])["result"] == 3

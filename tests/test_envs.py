@@ -212,6 +212,27 @@ def test_async_without_shared_memory_in_next_step_mode_is_refused() -> None:
         vec.close()
 
 
+class _ResetRowsOnly(SyncVectorEnv):
+    """A vector env whose masked reset returns the reset sub-envs' rows only (as EnvPool's reset does)."""
+
+    def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> Any:
+        mask = None if options is None else options.get("reset_mask")  # read first: gymnasium pops it
+        obs, info = super().reset(seed=seed, options=options)
+        return (obs, info) if mask is None else (obs[mask], info)
+
+
+def test_a_masked_reset_that_returns_some_rows_only_is_an_env_error() -> None:
+    # Indexing its answer by sub-env would pick the wrong rows (or fail with an IndexError that says nothing).
+    lengths = [3, 2, 5]
+    with GymEnv(_ResetRowsOnly(counting_fns(lengths))) as env:
+        with pytest.raises(EnvError, match=r"shape \(1, 1\): expected one row for each of its 3 sub-envs"):
+            collect(env, 2)
+        root = env.make_root()
+        env.reset_into(root)
+        with pytest.raises(EnvError, match=r"_ResetRowsOnly\.reset"):
+            env.reset_into(root, mask=torch.tensor([True, False, True]))
+
+
 def test_wrapped_vector_env_keeps_its_mode() -> None:
     vec = gym.wrappers.vector.RecordEpisodeStatistics(SyncVectorEnv(counting_fns([2, 4])))
     with GymEnv(vec) as env:

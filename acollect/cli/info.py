@@ -46,6 +46,8 @@ _EXTRAS = {
     "torchrl": ["torchrl"],
     "ray": ["ray"],
     "submitit": ["submitit"],
+    "envpool": ["envpool"],
+    "atari": ["ale-py"],
     "examples": ["tyro", "aiohttp"],
     "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"],
     "dev": ["pytest", "pytest-asyncio", "pytest-timeout", "trio", "hypothesis", "ruff", "mypy", "mkdocs",

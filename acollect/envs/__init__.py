@@ -1,9 +1,11 @@
-"""Environments: the batched env protocol, its adapters (gymnasium, TorchRL, coroutine envs) and ``make_env``."""
+"""Environments: the batched env protocol, its adapters (gymnasium, EnvPool, TorchRL, coroutine envs), ``make_env``."""
 
 from acollect.envs.async_env import AsyncEnv as AsyncEnv
 from acollect.envs.async_pool import AsyncEnvPool as AsyncEnvPool
 from acollect.envs.base import DONE_KEYS as DONE_KEYS
 from acollect.envs.base import EnvBase as EnvBase
+from acollect.envs.envpool import EnvPoolEnv as EnvPoolEnv
+from acollect.envs.envpool import is_envpool_env as is_envpool_env
 from acollect.envs.factory import make_env as make_env
 from acollect.envs.gym import GymEnv as GymEnv
 from acollect.envs.gym import space_to_spec as space_to_spec
@@ -16,9 +18,11 @@ __all__ = [
     "AsyncEnv",
     "AsyncEnvPool",
     "EnvBase",
+    "EnvPoolEnv",
     "GymEnv",
     "TorchRLActionSpec",
     "TorchRLEnvAdapter",
+    "is_envpool_env",
     "is_torchrl_env",
     "make_env",
     "space_to_spec",

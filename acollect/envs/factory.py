@@ -11,6 +11,7 @@ from gymnasium.vector import VectorEnv
 
 from acollect.envs.async_env import AsyncEnv
 from acollect.envs.base import EnvBase
+from acollect.envs.envpool import EnvPoolEnv, is_envpool_env
 from acollect.envs.gym import GymEnv, check_env_id
 from acollect.envs.torchrl import TorchRLEnvAdapter, is_torchrl_env
 from acollect.errors import ConfigurationError
@@ -18,7 +19,7 @@ from acollect.errors import ConfigurationError
 __all__ = ["check_env_arg", "known_num_envs", "make_env"]
 
 _EXPECTED = (
-    "an acollect EnvBase, a gymnasium id, a gymnasium Env or VectorEnv, a torchrl env, "
+    "an acollect EnvBase, a gymnasium id, a gymnasium Env or VectorEnv, an EnvPool env, a torchrl env, "
     "or a callable returning one of these"
 )
 
@@ -33,6 +34,8 @@ def make_env(create_env_fn: Any, **env_kwargs: Any) -> EnvBase:
             * a gymnasium id such as ``"CartPole-v1"`` -> ``GymEnv(id, **env_kwargs)``
               (``num_envs``, ``vectorization``, ``device``, ``gymnasium.make`` arguments);
             * a ``gymnasium.Env`` or ``gymnasium.vector.VectorEnv`` instance -> ``GymEnv(env, **env_kwargs)``;
+            * an EnvPool env (``envpool.make_gymnasium(...)``) -> :class:`~acollect.envs.EnvPoolEnv`
+              (``EnvPoolEnv(env, **env_kwargs)``);
             * a TorchRL env -> :class:`~acollect.envs.TorchRLEnvAdapter` (``env_kwargs`` must be empty);
             * a callable (a function, a class such as ``CountingEnv``): called as
               ``create_env_fn(**env_kwargs)``, and what it returns is turned into an env as above.
@@ -78,6 +81,8 @@ def _wrap(obj: Any, env_kwargs: dict[str, Any]) -> EnvBase | None:
     if isinstance(obj, EnvBase):
         _no_kwargs(obj, env_kwargs)
         return obj
+    if is_envpool_env(obj):  # before gymnasium's types: EnvPool's envs are gymnasium Envs (or VectorEnvs) too
+        return EnvPoolEnv(obj, **env_kwargs)
     if isinstance(obj, (str, gym.Env, VectorEnv)):
         return GymEnv(obj, **env_kwargs)
     if is_torchrl_env(obj):
@@ -124,8 +129,8 @@ def check_env_arg(create_env_fn: Any, name: str = "create_env_fn") -> None:
 def known_num_envs(create_env_fn: Any, env_kwargs: Mapping[str, Any]) -> int | None:
     """How many envs ``make_env(create_env_fn, **env_kwargs)`` will step, if it is known without building it.
 
-    Known for an env instance, a gymnasium id, and ``functools.partial(GymEnv, id, ...)``; ``None`` otherwise
-    (a factory must be called to learn it).
+    Known for an env instance (EnvPool's included), a gymnasium id, and ``functools.partial(GymEnv, id, ...)``;
+    ``None`` otherwise (a factory must be called to learn it).
 
     Examples:
         >>> known_num_envs("CartPole-v1", {"num_envs": 4}), known_num_envs(lambda: None, {})
@@ -133,6 +138,8 @@ def known_num_envs(create_env_fn: Any, env_kwargs: Mapping[str, Any]) -> int | N
     """
     if isinstance(create_env_fn, EnvBase):
         return create_env_fn.num_envs
+    if is_envpool_env(create_env_fn):
+        return int(create_env_fn.config["num_envs"])
     if isinstance(create_env_fn, VectorEnv):
         return int(create_env_fn.num_envs)
     if isinstance(create_env_fn, gym.Env):

@@ -32,10 +32,12 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
+from acollect.envs._versions import installed_release
 from acollect.envs.base import DONE_KEYS, EnvBase
+from acollect.envs.envpool import is_envpool_env
 from acollect.envs.gym_spaces import observation_layout, pick_leaf, space_to_spec
-from acollect.envs.gym_step import Binding, step_sub_envs
-from acollect.errors import ConfigurationError, PolicyError
+from acollect.envs.gym_step import Binding, reshape_action, step_sub_envs
+from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import (
     OneHot,
     TensorSpec,
@@ -66,8 +68,9 @@ class GymEnv(EnvBase):
         **kwargs: passed to ``gymnasium.make`` for each sub-env (id only).
 
     Raises:
-        ConfigurationError: an unknown id, an unsupported space, or arguments
-            that do not fit ``env``.
+        ConfigurationError: an unknown id, an unsupported space, arguments
+            that do not fit ``env``, or an EnvPool env (its adapter is
+            :class:`~acollect.envs.EnvPoolEnv`).
 
     Examples:
         >>> from acollect.envs import GymEnv
@@ -100,6 +103,10 @@ class GymEnv(EnvBase):
         if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1):
             raise ConfigurationError.bad_value("num_envs", num_envs, "a positive int")
         self.device = torch.device(device)
+        if is_envpool_env(env):
+            raise ConfigurationError.bad_value(
+                "env", env, "a gymnasium env; an EnvPool env goes to EnvPoolEnv(env), or to a collector as it is"
+            )
 
         if isinstance(env, VectorEnv):
             self._check_instance_args(env, kwargs, num_envs, allowed=env.num_envs)
@@ -187,7 +194,7 @@ class GymEnv(EnvBase):
             obs_rows = [pick_leaf(obs, leaf.path) for leaf in self._leaves]
         else:
             obs, _ = self._vec.reset(seed=seed, options={"reset_mask": mask_np.copy()})
-            obs_rows = [pick_leaf(obs, leaf.path) for leaf in self._leaves]
+            obs_rows = [self._every_row(pick_leaf(obs, leaf.path)) for leaf in self._leaves]
         rows = slice(None) if mask_np is None else torch.from_numpy(mask_np).to(self.device)
         for leaf, value in zip(self._leaves, obs_rows, strict=True):
             target = out.get(leaf.key)
@@ -207,7 +214,7 @@ class GymEnv(EnvBase):
             action = action.detach().cpu()
         act = action.numpy()
         if act.shape != self._action_shape:
-            act = self._reshape_action(act)
+            act = reshape_action(act, self._action_shape, self.action_spec)
         given = act
         if self._one_hot:
             act = act.argmax(-1)
@@ -267,7 +274,19 @@ class GymEnv(EnvBase):
         # no no-op autoreset step ever happens.
         reset_obs, _ = self._vec.reset(options={"reset_mask": done.copy()})
         for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
-            dst[rows] = np.asarray(pick_leaf(reset_obs, leaf.path))[rows]
+            dst[rows] = self._every_row(pick_leaf(reset_obs, leaf.path))[rows]
+
+    def _every_row(self, obs: Any) -> np.ndarray:
+        """``obs`` of a masked reset, checked to hold every sub-env's row as gymnasium's ``reset_mask`` promises."""
+        obs = np.asarray(obs)
+        if obs.shape[:1] != (self.num_envs,):
+            # A vector env that returns the reset sub-envs only: indexing by sub-env would pick wrong rows.
+            raise EnvError(
+                f"{type(self._vec).__name__}.reset(options={{'reset_mask': ...}}) returned observations of shape "
+                f"{obs.shape}: expected one row for each of its {self.num_envs} sub-envs (the masked-out ones as "
+                "they were), as gymnasium's vector envs return"
+            )
+        return obs
 
     def _raise_if_outside(self, act: np.ndarray, exc: Exception) -> None:
         """Raises :class:`PolicyError` if ``act`` (``[n_envs, *action_spec.shape]``) is outside the action spec."""
@@ -282,15 +301,6 @@ class GymEnv(EnvBase):
                 f"the policy's action {first.tolist()!r} (sub-env {rows[0]}"
                 f"{f' and {len(rows) - 1} more' if len(rows) > 1 else ''}) is outside the action space: expected "
                 f"values in action_spec {self.action_spec} ({type(exc).__name__} from the env: {exc})"
-            ) from exc
-
-    def _reshape_action(self, act: np.ndarray) -> np.ndarray:
-        try:
-            return act.reshape(self._action_shape)
-        except ValueError as exc:
-            raise PolicyError(
-                f"action of shape {act.shape} does not fit {self.num_envs} sub-envs with action_spec "
-                f"{self.action_spec}: expected shape {self._action_shape}"
             ) from exc
 
     def _close(self) -> None:
@@ -369,9 +379,19 @@ def _build_vector_env(
 
 
 def _check_resettable(env: VectorEnv[Any, Any, Any], mode: AutoresetMode) -> None:
+    base = env.unwrapped
+    # GymEnv resets sub-envs with reset_mask at every episode end (in NEXT_STEP mode) and to cut long trajectories:
+    # ale-py's AtariVectorEnv raises on it before 0.12 and, in 0.12.0, never returns from it.
+    ale = installed_release("ale-py") if type(base).__module__ == "ale_py.vector_env" else None
+    if ale is not None and ale < (0, 12, 1):
+        raise ConfigurationError.bad_value(
+            "env",
+            env,
+            f"an AtariVectorEnv of ale-py>=0.12.1 (ale-py {'.'.join(map(str, ale))} is installed, whose partial "
+            "resets fail or hang; pip install 'acollect[atari]')",
+        )
     # An AsyncVectorEnv without shared memory keeps its NEXT_STEP autoreset flag through a masked reset
     # (gymnasium 1.x clears it only on the shared-memory path), so the step after would be a no-op reset.
-    base = env.unwrapped
     if mode == AutoresetMode.NEXT_STEP and isinstance(base, AsyncVectorEnv) and not base.shared_memory:
         raise ConfigurationError.bad_value(
             "env",

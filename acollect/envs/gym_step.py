@@ -1,7 +1,9 @@
 """How :class:`~acollect.envs.gym.GymEnv` writes a step: cached numpy views, and sub-envs stepped one by one.
 
 :class:`Binding` holds numpy views of the leaves of one ``(next_out, root_out)``
-pair of TensorDicts, so a step writes with numpy and touches no TensorDict.
+pair of TensorDicts, so a step writes with numpy and touches no TensorDict; the
+EnvPool adapter (:mod:`acollect.envs.envpool`) writes through it too, and shares
+:func:`reshape_action`.
 
 :func:`step_sub_envs` steps the sub-envs of a plain ``SyncVectorEnv`` itself,
 one after the other, as the vector env would, and writes each result straight
@@ -24,8 +26,10 @@ from tensordict import TensorDictBase
 
 from acollect.envs.base import DONE_KEYS
 from acollect.envs.gym_spaces import ObsLeaf, pick_leaf
+from acollect.errors import PolicyError
+from acollect.specs import TensorSpec
 
-__all__ = ["Binding", "step_sub_envs"]
+__all__ = ["Binding", "reshape_action", "step_sub_envs"]
 
 
 class Binding:
@@ -126,3 +130,18 @@ def step_sub_envs(envs: Sequence[Any], actions: np.ndarray, b: Binding, leaves: 
             for leaf, dst in zip(leaves, b.root_obs, strict=True):
                 dst[i] = pick_leaf(obs, leaf.path)
     np.logical_or(terminated, truncated, out=b.done)
+
+
+def reshape_action(act: np.ndarray, shape: tuple[int, ...], action_spec: TensorSpec) -> np.ndarray:
+    """``act`` as ``shape`` (``[n_envs, *action_spec.shape]``), for an action with the right size but not shape.
+
+    Raises:
+        PolicyError: the action does not fit ``shape``.
+    """
+    try:
+        return act.reshape(shape)
+    except ValueError as exc:
+        raise PolicyError(
+            f"action of shape {act.shape} does not fit {shape[0]} sub-envs with action_spec "
+            f"{action_spec}: expected shape {shape}"
+        ) from exc

@@ -1,0 +1,232 @@
+"""Adapter for EnvPool: an ``envpool.make_gymnasium(...)`` env behind the batched env protocol.
+
+EnvPool is optional: this module never imports it. An EnvPool env is recognised by
+the classes it is made of (:func:`is_envpool_env`) and driven through its own API:
+``step(actions)`` for every sub-env, ``reset(env_ids)`` for some of them.
+
+Autoreset: EnvPool resets a finished sub-env on the step *after* its episode end,
+ignoring that step's action and returning the reset observation with a reward of
+0 (gymnasium's NEXT_STEP mode, whatever the version says in its metadata). Such a
+step never reaches a batch: a finished sub-env is reset at once with
+``reset(env_ids)``, which also clears EnvPool's pending autoreset, so the next step
+is a real one. The step's observation is the true final one.
+
+Rows: in EnvPool's synchronous mode (``batch_size == num_envs``, the default) a
+call returns its sub-envs in the order their ids were sent, so rows need no
+reordering per step; a reset checks the ids it got back, which would also catch
+envpool 0.8 under numpy 2 (every row comes back as sub-env 0 there; refused when
+the env is wrapped already).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from acollect.envs._versions import installed_release, release
+from acollect.envs.base import DONE_KEYS, EnvBase
+from acollect.envs.gym_spaces import observation_layout, pick_leaf, space_to_spec
+from acollect.envs.gym_step import Binding, reshape_action
+from acollect.errors import ConfigurationError, EnvError
+from acollect.specs import OneHot, TensorSpec, Unbounded
+
+__all__ = ["EnvPoolEnv", "is_envpool_env"]
+
+# The mixin of envpool.make_gymnasium envs; make_gym and make_dm envs have others (other step results, gym spaces).
+_GYMNASIUM_MIXIN = "GymnasiumEnvPoolMixin"
+
+
+def is_envpool_env(obj: object) -> bool:
+    """Whether ``obj`` is an EnvPool env (of any API flavour), without importing envpool.
+
+    Examples:
+        >>> import gymnasium as gym
+        >>> vec = gym.make_vec("CartPole-v1", num_envs=2)
+        >>> is_envpool_env(vec), is_envpool_env(type(vec))
+        (False, False)
+        >>> vec.close()
+    """
+    if isinstance(obj, type):
+        return False
+    # The classes first: reading an attribute of an arbitrary object may run its code.
+    return any(cls.__module__.split(".", 1)[0] == "envpool" for cls in type(obj).__mro__) and hasattr(obj, "config")
+
+
+class EnvPoolEnv(EnvBase):
+    """An EnvPool env, built with ``envpool.make_gymnasium``, as a batched acollect env.
+
+    Collectors wrap an EnvPool env in this class themselves (see :func:`~acollect.envs.make_env`):
+    a factory returning ``envpool.make_gymnasium("CartPole-v1", num_envs=8)`` is all they need.
+    The adapter owns the env: :meth:`close` closes it.
+
+    Args:
+        env: the EnvPool env, in synchronous mode (``batch_size`` left at ``num_envs``) and
+            with one player per sub-env.
+        categorical_action_encoding: a ``Discrete`` action is an int64 index when True, a
+            one-hot vector when False.
+        device: where the env's tensors live.
+
+    Raises:
+        ConfigurationError: ``env`` is not an EnvPool gymnasium env, runs in asynchronous mode,
+            has several players per sub-env, has a space with no spec, or is envpool 0.8 under
+            numpy 2 (which hands every sub-env the first one's data).
+
+    Examples:
+        >>> import pytest
+        >>> envpool = pytest.importorskip("envpool")  # runs where the envpool extra is installed
+        >>> env = EnvPoolEnv(envpool.make_gymnasium("CartPole-v1", num_envs=4))
+        >>> root = env.reset()
+        >>> root["observation"].shape, env.action_spec
+        (torch.Size([4, 4]), Categorical(shape=(), dtype=torch.int64, n=2))
+        >>> nxt = env.step(root.set("action", env.action_spec.rand((4,))))
+        >>> nxt["reward"].shape, nxt["done"].dtype
+        (torch.Size([4, 1]), torch.bool)
+        >>> env.close()
+    """
+
+    def __init__(
+        self, env: Any, *, categorical_action_encoding: bool = True, device: str | torch.device = "cpu"
+    ) -> None:
+        self._env: Any = None
+        self._binding: Binding | None = None
+        _check_envpool(env)
+        config = env.config
+        n = int(config["num_envs"])
+        self.device = torch.device(device)
+        self.batch_size = torch.Size([n])
+        with warnings.catch_warnings():
+            # EnvPool builds its float32 Box spaces from float64 bounds, and gymnasium warns that it casts them:
+            # what EnvPool means, and nothing a user can change.
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
+            obs_space, act_space = env.observation_space, env.action_space  # one sub-env's, in EnvPool
+        self.observation_spec, self._leaves = observation_layout(obs_space, self.device)
+        self.action_spec = space_to_spec(act_space, categorical=categorical_action_encoding, device=self.device)
+        if not isinstance(self.action_spec, TensorSpec):
+            raise ConfigurationError.bad_value("action_space", act_space, "a single (non Dict/Tuple) space")
+        self.reward_spec = Unbounded((1,), dtype=torch.float32, device=self.device)
+        self._env = env
+        self._seed = config.get("seed")
+        self._one_hot = isinstance(self.action_spec, OneHot)
+        self._action_shape = (n, *self.action_spec.shape)
+        self._all_ids = np.arange(n, dtype=np.int32)
+
+    @property
+    def env(self) -> Any:
+        """The wrapped EnvPool env."""
+        return self._env
+
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        self._check_open()
+        if seed is not None:
+            raise ConfigurationError.bad_value(
+                "seed",
+                seed,
+                f"None: EnvPool seeds its sub-envs once, when it is built (this one with seed={self._seed}); "
+                "pass seed= to envpool.make_gymnasium(...) instead of seeding the collector",
+            )
+        ids = self._all_ids
+        if mask is not None:
+            mask_np = np.asarray(mask.detach().cpu().numpy(), dtype=np.bool_).reshape(-1)
+            if mask_np.shape != (self.num_envs,):
+                raise ConfigurationError.bad_value(
+                    "mask", tuple(mask.shape), f"a bool tensor of shape ({self.num_envs},)"
+                )
+            if not mask_np.any():
+                return
+            ids = np.flatnonzero(mask_np).astype(np.int32)
+        obs = self._reset(ids)
+        rows = torch.from_numpy(ids.astype(np.int64)).to(self.device)
+        for leaf in self._leaves:
+            target = out.get(leaf.key)
+            src = torch.as_tensor(np.asarray(pick_leaf(obs, leaf.path))).to(device=target.device, dtype=target.dtype)
+            target[rows] = src.reshape(target[rows].shape)
+        for key in DONE_KEYS:
+            out.get(key)[rows] = False
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        # The hot path: numpy writes into cached views, no TensorDict access (see gym_step.Binding).
+        if self._closed:
+            self._check_open()
+        b = self._binding
+        if b is None or b.next_td is not next_out or b.root_td is not root_out:
+            b = self._binding = Binding(self._leaves, self.num_envs, next_out, root_out)
+        if action.requires_grad or not action.is_cpu:
+            action = action.detach().cpu()
+        act = action.numpy()
+        if act.shape != self._action_shape:
+            act = reshape_action(act, self._action_shape, self.action_spec)
+        if self._one_hot:
+            act = act.argmax(-1)
+        obs, reward, terminated, truncated, _ = self._env.step(act)
+        if b.flat:
+            b.next_obs[0][...] = obs
+        else:
+            for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
+                dst[...] = pick_leaf(obs, leaf.path)
+        b.reward[...] = reward
+        b.terminated[...] = terminated
+        b.truncated[...] = truncated
+        done = np.logical_or(b.terminated, b.truncated, out=b.done)
+        for src, dst in b.obs_pairs:
+            dst[...] = src
+        if np.count_nonzero(done):
+            # Reset the finished sub-envs now: left to EnvPool, their next step would be a no-op reset.
+            ids = np.flatnonzero(done).astype(np.int32)
+            reset_obs = self._reset(ids)
+            for leaf, dst in zip(self._leaves, b.root_obs, strict=True):
+                dst[ids] = pick_leaf(reset_obs, leaf.path)
+        for flag in b.root_flags:
+            flag.fill(False)
+        if b.flush_pairs:
+            b.flush()
+
+    def _reset(self, ids: np.ndarray) -> Any:
+        """Resets the sub-envs ``ids`` (int32, ascending); returns their observations, one row per id, in order."""
+        obs, info = self._env.reset(ids)
+        got = np.asarray(info["env_id"])
+        if not np.array_equal(got, ids):
+            raise EnvError(
+                f"EnvPool answered a reset of sub-envs {ids.tolist()} with sub-envs {got.tolist()}: expected the "
+                f"same ids in the same order (numpy {np.__version__} here; envpool 0.8 needs numpy<2)"
+            )
+        return obs
+
+    def _close(self) -> None:
+        self._binding = None
+        if self._env is not None:
+            self._env.close()
+            self._env = None  # EnvPool's threads stop when the env is collected
+
+    def __repr__(self) -> str:
+        return f"EnvPoolEnv(env={type(self._env).__name__}, num_envs={self.num_envs})"
+
+
+def _check_envpool(env: Any) -> None:
+    """Raises :class:`ConfigurationError` unless ``env`` is an EnvPool env this adapter can drive."""
+    if not is_envpool_env(env):
+        raise ConfigurationError.bad_value("env", env, "an EnvPool env (envpool.make_gymnasium(...))")
+    if not any(cls.__name__ == _GYMNASIUM_MIXIN for cls in type(env).__mro__):
+        raise ConfigurationError.bad_value(
+            "env", env, "an EnvPool env with the gymnasium API, built by envpool.make_gymnasium(...)"
+        )
+    config = env.config
+    n = int(config["num_envs"])
+    if config.get("batch_size", 0) not in (0, n):
+        raise ConfigurationError.bad_value(
+            "env.config['batch_size']",
+            config["batch_size"],
+            f"{n} (num_envs, the default): a collector steps every sub-env at each step, and in asynchronous "
+            "mode EnvPool hands back only the first batch_size of them",
+        )
+    if config.get("max_num_players", 1) != 1:
+        raise ConfigurationError.bad_value("env.config['max_num_players']", config["max_num_players"], "1")
+    version = installed_release("envpool")
+    if version is not None and version < (0, 9) and release(np.__version__) >= (2,):
+        raise ConfigurationError(
+            f"envpool {'.'.join(map(str, version))} does not work with numpy {np.__version__}: it hands every "
+            "sub-env the data of the first one. Install numpy<2, or envpool>=0.9 (pip install 'acollect[envpool]')."
+        )
