@@ -27,6 +27,7 @@ from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool, WorkerState
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
+from acollect.transport.cuda_dma import Copy, DeviceCopier
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import WeightUpdate, as_weights, check_push
@@ -65,6 +66,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._configs = plan.configs
         self._shutdown_limit = settings.shutdown_timeout
         self._storing_device = collector_storing_device(settings)
+        # storing_device on a GPU: batches go there by DMA from the workers' shared memory (transport.cuda_dma).
+        self._copier: DeviceCopier | None = None
+        self._copies: list[Copy] = []  # copies whose source slots are lent until they finished
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         self._pending_seed: int | None = None
@@ -139,7 +143,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
-        self._lent = []
+        self._lent, self._copies = [], []
+        if self._storing_device is not None and self._storing_device.type == "cuda":
+            self._copier = DeviceCopier(self._storing_device)
         await pool.start(self._tasks)
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
@@ -153,6 +159,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._lifecycle.pause_was_applied(paused)
 
     async def _teardown(self) -> None:
+        self._close_copier()  # registered memory is unregistered before the pool unmaps it
         # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
         pool = self._pool
         if pool is not None:
@@ -160,9 +167,16 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._dispatch.reset()
 
     def _release_now(self) -> None:
+        self._close_copier()
         if self._pool is not None:
             self._pool.abandon()
         self._dispatch.reset()
+
+    def _close_copier(self) -> None:
+        copier, self._copier = self._copier, None
+        self._copies = []
+        if copier is not None:
+            copier.close()
 
     @property
     def rejected_messages(self) -> int:
@@ -225,16 +239,30 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pool = self._require_pool()
         await self._before_batch()
         items = await self._dispatch.take(pool, ahead=self._wants_next())
+        copier = self._copier
         try:
-            if self._hands_out_inline(items):
+            if copier is not None:
+                batch = self._to_device(copier, items)
+                if self.settings.postproc is not None or self.settings.split_trajs:
+                    batch = await anyio.to_thread.run_sync(self._finish, batch)
+            elif self._hands_out_inline(items):
                 batch = self._hand_out(items)
             else:
                 # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
                 batch = await anyio.to_thread.run_sync(self._hand_out, items)
         finally:
             for item in items:
-                await self._release(item, lend=self._dispatch.lends(item, copy_batches=self.settings.copy_batches))
+                # Copied to a GPU, an item's slot is read until the copy ended: given back at the next batch.
+                lend = copier is not None or self._dispatch.lends(item, copy_batches=self.settings.copy_batches)
+                await self._release(item, lend=lend)
         return batch
+
+    def _to_device(self, copier: DeviceCopier, items: list[Received]) -> TensorDictBase:
+        """The batch on the GPU: its shared memory copied there by DMA on a side stream, no CPU copy on the way
+        (parts that do not lie in one segment are gathered first), ordered before the caller's next kernels."""
+        copy = copier.copy(self._dispatch.combine(items, copy_batches=False))
+        self._copies.append(copy)
+        return copier.hand_over(copy)
 
     def _wants_next(self) -> bool:
         """Whether workers may begin the batch after this one now: not when it is the last, nor when the
@@ -327,13 +355,18 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     async def _return_lent(self) -> None:
         """Ends the loan of the last batch handed out without a copy: its slots may be written again."""
+        copies, self._copies = self._copies, []
+        if copies and self._copier is not None:
+            for copy in copies:  # long done, most of the time: a trainer used the batch since
+                self._copier.copied(copy)
         lent, self._lent = self._lent, []
         for item in lent:
             await self._give_back(item)
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
-        if self._storing_device is not None and self._storing_device.type != "cpu":
-            batch = batch.to(self._storing_device, non_blocking=True)
+        device = self._storing_device
+        if device is not None and device.type != "cpu" and batch.device != device:
+            batch = batch.to(device, non_blocking=True)
         if self.settings.split_trajs:
             batch = split_trajectories(batch)
         if self.settings.postproc is not None:

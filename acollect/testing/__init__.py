@@ -47,6 +47,7 @@ from acollect.testing.leaks import open_fds as open_fds
 from acollect.testing.leaks import our_children as our_children
 from acollect.testing.leaks import our_segments as our_segments
 from acollect.testing.leaks import our_threads as our_threads
+from acollect.testing.policies import Doubler as Doubler
 from acollect.testing.policies import TwoPartProbe as TwoPartProbe
 from acollect.testing.policies import WeightProbe as WeightProbe
 
@@ -57,6 +58,7 @@ __all__ = [
     "CountingEnv",
     "CountingGymEnv",
     "CrashingEnv",
+    "Doubler",
     "PixelEnv",
     "ResourceSnapshot",
     "SlowEnv",

@@ -8,6 +8,8 @@ which import them by their module path ``acollect.testing.policies``.
 * :class:`WeightProbe`: acts ``clamp(w, 0, 1)`` with one parameter ``w``:
   push ``WeightProbe(1.0)`` to a collector started with ``WeightProbe(0.0)``
   and the actions in its batches go from 0 to 1 once the new weights landed;
+* :class:`Doubler`: ``2 * observation``, no weights: each caller of a batched server can check it got
+  its own rows back;
 * :class:`TwoPartProbe`: two :class:`WeightProbe` sub-models ``a`` and ``b``,
   acting ``clamp(a.w * b.w, 0, 1)``: for updates of several models, or of
   parts of one (``weights_dict={"policy.a": ..., "policy.b": ...}``).
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TwoPartProbe", "WeightProbe"]
+__all__ = ["Doubler", "TwoPartProbe", "WeightProbe"]
 
 
 class WeightProbe(torch.nn.Module):
@@ -75,3 +77,15 @@ class TwoPartProbe(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return (observation[..., 0] * 0 + self.a.w * self.b.w).clamp(0, 1).long()
+
+
+class Doubler(torch.nn.Module):
+    """A policy acting ``2 * observation``: a caller of a batched server sees that the answer is to its own rows.
+
+    Examples:
+        >>> Doubler()(torch.tensor([[1.0, 2.0]])).tolist()
+        [[2.0, 4.0]]
+    """
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation * 2

@@ -1,10 +1,15 @@
-"""Double-buffered workers: two env groups per worker, one stepping while the other waits for its actions."""
+"""Env groups: a worker's envs in groups, each stepping while the others wait for their actions, and passes in flight.
+
+Each scenario checks what must never change with the grouping: the batch layout, every step once in order, each
+env acting on its own observation, the version of the weights behind every frame.
+"""
 
 from __future__ import annotations
 
 import functools
 
 import anyio
+import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
@@ -30,15 +35,18 @@ def layout(batch: object) -> dict[object, tuple[tuple[int, ...], torch.dtype]]:
 KWARGS = {"frames_per_batch": 40, "env_kwargs": {"num_envs": 5}}  # groups of 2 and 3 envs, 8 steps a batch
 
 
-async def test_double_buffered_batches_keep_the_layout_every_step_once_and_each_env_its_own_actions(
-    start_method: str,
+@pytest.mark.parametrize(("groups", "in_flight"), [(2, 1), (3, 2)])
+async def test_grouped_batches_keep_the_layout_every_step_once_and_each_env_its_own_actions(
+    start_method: str, groups: int, in_flight: int
 ) -> None:
     policy = TensorDictModule(Parity(), in_keys=["observation"], out_keys=["action"])
     kwargs = {**KWARGS, "total_frames": 40 * 8, "start_method": start_method}
     with anyio.fail_after(90):
         async with MultiAsyncCollector(envs(), policy, **kwargs) as reference:
             expected = layout(await anext(reference))
-        async with AsyncBatchedCollector(envs(), policy, env_groups=2, max_wait=0.01, **kwargs) as collector:
+        async with AsyncBatchedCollector(
+            envs(), policy, env_groups=groups, passes_in_flight=in_flight, max_wait=0.01, **kwargs
+        ) as collector:
             batches = [batch async for batch in collector]
             stats = collector.stats().inference
     assert len(batches) == 8
@@ -53,17 +61,20 @@ async def test_double_buffered_batches_keep_the_layout_every_step_once_and_each_
             assert owners.setdefault(traj, worker) == worker, f"trajectory id {traj} of two workers"
     assert stats is not None
     assert stats["slot_requests"] > 0
-    assert stats["rows"] / stats["requests"] < 3, "each request holds one group's envs (2 or 3), not all 5"
+    assert stats["rows"] / stats["requests"] <= 5 / groups + 1, "each request holds one group's envs, not all 5"
 
 
-async def test_double_buffered_frames_say_which_weights_chose_them_and_a_pause_keeps_every_step(
-    start_method: str,
+@pytest.mark.parametrize(("groups", "in_flight"), [(2, 1), (5, 3)])
+async def test_grouped_frames_say_which_weights_chose_them_and_a_pause_keeps_every_step(
+    start_method: str, groups: int, in_flight: int
 ) -> None:
     trained = TensorDictModule(WeightProbe(0.0), in_keys=["observation"], out_keys=["action"])
     kwargs = {**KWARGS, "total_frames": -1, "start_method": start_method}
     batches = []
     with anyio.fail_after(90):
-        async with AsyncBatchedCollector(envs(), trained, env_groups=2, credits=1, **kwargs) as collector:
+        async with AsyncBatchedCollector(
+            envs(), trained, env_groups=groups, passes_in_flight=in_flight, credits=1, **kwargs
+        ) as collector:
             async for batch in collector:
                 batches.append(batch.clone())
                 if len(batches) == 3:
