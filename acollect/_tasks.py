@@ -32,7 +32,7 @@ from anyio.abc import TaskGroup
 from acollect._loops import EventLoopRef
 from acollect.errors import CollectorStateError
 
-__all__ = ["BackgroundRun", "CallScope", "TaskOwner"]
+__all__ = ["CallScope", "TaskOwner"]
 
 logger = logging.getLogger("acollect")
 
@@ -225,13 +225,3 @@ class CallScope:
     def __init__(self, interrupt_on_failure: bool) -> None:
         self.scope = anyio.CancelScope()
         self.interrupt_on_failure = interrupt_on_failure
-
-
-class BackgroundRun:
-    """The task ``start()`` spawned: whether it is alive, and whether a batch of it is in flight."""
-
-    __slots__ = ("alive", "busy")
-
-    def __init__(self) -> None:
-        self.alive = False
-        self.busy = False

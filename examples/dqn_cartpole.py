@@ -2,9 +2,12 @@
 
 Shows background collection feeding an off-policy learner in one event loop:
 ``collector.start(replay_buffer=rb)`` steps envs in the collector's thread while
-the trainer samples minibatches from ``rb``; the trainer pushes its weights (and
-its exploration rate, a buffer of the policy module) every few updates; an
-evaluation runs inside ``async with collector.pause()``; ``collector.stats()``
+the trainer samples minibatches from ``rb``, holding a replay ratio of one gradient
+update per ``frames_per_update`` frames (``collector.start(rb, frames_per_update=...)``
+and ``await collector.trained()``: neither side runs ahead of the other, so the
+learning curve does not depend on the machine's speed); the trainer pushes its
+weights (and its exploration rate, a buffer of the policy module) every few updates;
+an evaluation runs inside ``async with collector.pause()``; ``collector.stats()``
 reports the training episodes' returns. Double DQN with a target network.
 Run it with ``python examples/dqn_cartpole.py`` (``--help`` lists the options);
 with the defaults (102,400 frames, about 4 minutes) the greedy policy ends at or near CartPole's
@@ -26,7 +29,6 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from acollect import Collector, GymEnv, ReplayBuffer
-from acollect.testing import wait_until
 
 
 # The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
@@ -45,7 +47,7 @@ class Args:
     frames_per_update: int = 2
     """frames collected per gradient step (the replay ratio is kept there, whatever the machine's speed)"""
     max_lead: int = 512
-    """frames the collector may run ahead of that ratio before it is paused for training to catch up"""
+    """frames the collector may run ahead of that ratio before it waits for the trainer"""
     batch_size: int = 64
     """transitions per sampled minibatch"""
     lr: float = 1e-3
@@ -145,10 +147,6 @@ async def main(args: Args) -> None:
         total_frames=args.total_frames,
     )
 
-    def lead() -> int:
-        """How many frames the collector is ahead of the replay ratio (negative: the trainer is ahead)."""
-        return collector.frames - args.learning_starts - dqn.steps * args.frames_per_update
-
     async def train_step() -> None:
         loss = dqn.update(rb.sample(args.batch_size), min(1.0, collector.frames / args.total_frames))
         if dqn.steps % args.push_every == 0:
@@ -166,25 +164,19 @@ async def main(args: Args) -> None:
                 f"policy lag {stats.policy_lag[0]}",
                 flush=True,
             )
-        await asyncio.sleep(0)  # let the collector's task hand its batches over
 
     start = time.monotonic()
     async with collector:
         collector.set_seed(args.seed)
         await collector.update_policy_weights_(learner)
-        collector.start(replay_buffer=rb)
-        await wait_until(lambda: collector.frames >= args.learning_starts, timeout=120)
-        while not collector.exhausted or lead() >= 0:
-            if lead() < 0:
-                await asyncio.sleep(0.001)  # ahead of the data: wait for the collector
-            elif lead() > args.max_lead:
-                # Far behind the data: hold collection while training catches up, so the replay ratio (and
-                # so the learning curve) does not depend on how fast this machine steps envs.
-                async with collector.pause():
-                    while lead() > 0:
-                        await train_step()
-            else:
-                await train_step()
+        # The replay ratio: the collector waits when it is max_lead frames ahead of one update per
+        # frames_per_update frames, and trained() waits until the frames of the next update are in.
+        collector.start(rb, frames_per_update=args.frames_per_update, learning_starts=args.learning_starts,
+                        max_frames_ahead=args.max_lead)  # fmt: skip
+        await collector.trained(0)  # the warm-up is in the buffer
+        while not collector.exhausted:
+            await train_step()
+            await collector.trained()
         async with collector.pause():
             final = await asyncio.to_thread(evaluate, learner.q, args.eval_episodes, args.seed + 1)
     stats = collector.stats()

@@ -51,10 +51,11 @@ from tensordict import TensorDictBase
 from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._loops import current_backend
 from acollect._notify import Notifier
-from acollect._tasks import BackgroundRun, CallScope, TaskOwner
-from acollect._validate import check_seconds, check_total_frames
+from acollect._tasks import CallScope, TaskOwner
+from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
 from acollect.collectors._reporting import ReportingMixin
+from acollect.collectors.background import BackgroundRun, ReplayRatio
 from acollect.errors import (
     BackgroundCollectionError,
     ClosedCollectorError,
@@ -406,19 +407,45 @@ class CollectorBase(ReportingMixin):
         return batch
 
     # -- background mode -------------------------------------------------------------------
-    def start(self, replay_buffer: SupportsExtend | None = None) -> None:
+    def start(
+        self,
+        replay_buffer: SupportsExtend | None = None,
+        *,
+        frames_per_update: float | None = None,
+        learning_starts: int = 0,
+        max_frames_ahead: int | None = None,
+    ) -> None:
         """Starts collecting in the background, extending ``replay_buffer`` batch after batch.
 
         Call it from a running event loop (asyncio or trio). The task belongs to the collector's task
         group: it stops at :meth:`async_shutdown`, and its failure is raised at the next call.
 
+        With ``frames_per_update``, the collector holds a replay ratio with the trainer, which reports its
+        gradient updates with :meth:`trained` (see :mod:`acollect.collectors.background`): the collector never
+        runs more than ``max_frames_ahead`` frames ahead of ``learning_starts + updates * frames_per_update``, and
+        ``await collector.trained(n)`` returns once the frames of the trainer's next update are in the buffer.
+
         Args:
             replay_buffer: any object with an ``extend(batch)`` method (an :class:`acollect.ReplayBuffer`, a
                 torchrl ``ReplayBuffer``...), written as :func:`~acollect.replay_buffer.extend_from_loop` says.
+            frames_per_update: frames collected per gradient update (DQN's ``train_freq``; below 1, several
+                updates per frame, as SAC's update-to-data ratio above 1); ``None``: no ratio, the collector
+                runs as fast as it can.
+            learning_starts: frames collected before the first update counts (the buffer's warm-up).
+            max_frames_ahead: how far ahead of the ratio the collector may run, in frames (default: one batch, or
+                ``frames_per_update`` if that is more).
 
         Raises:
             CollectorStateError: the collector was already started, or no event loop runs.
-            ConfigurationError: ``replay_buffer`` has no ``extend`` method.
+            ConfigurationError: ``replay_buffer`` has no ``extend`` method, or a bad ratio argument (named).
+
+        Examples:
+            >>> async def train(collector, rb, update):  # doctest: +SKIP
+            ...     collector.start(rb, frames_per_update=4, learning_starts=1_000)  # DQN: one update per 4 frames
+            ...     await collector.trained(0)  # the warm-up is in the buffer
+            ...     while not collector.exhausted:
+            ...         update(rb.sample(64))
+            ...         await collector.trained()  # returns once the next update's frames are in
         """
         self._check_usable("start()")
         if self._lifecycle.background:
@@ -427,10 +454,55 @@ class CollectorBase(ReportingMixin):
             raise ConfigurationError.bad_value(
                 "replay_buffer", replay_buffer, "an object with an extend(batch) method (e.g. acollect.ReplayBuffer)"
             )
+        ratio = None
+        if frames_per_update is not None:
+            ahead = max_frames_ahead
+            if ahead is None:
+                try:
+                    ahead = max(self.frames_per_batch, math.ceil(frames_per_update))
+                except (TypeError, ValueError, OverflowError):
+                    ahead = self.frames_per_batch  # a bad frames_per_update: ReplayRatio names it
+            ratio = ReplayRatio(frames_per_update, learning_starts, ahead)
+        elif learning_starts or max_frames_ahead is not None:
+            raise ConfigurationError.bad_value(
+                "frames_per_update", None, "a number of frames per update when learning_starts or max_frames_ahead "
+                "is given (they are parts of the replay ratio)",
+            )  # fmt: skip
         self._tasks.ensure_group()
         self._lifecycle.enter_background()
         self._run.alive = True
+        self._run.ratio = ratio
         self._tasks.spawn(self._run_background, replay_buffer, name="background")
+
+    async def trained(self, n: int = 1) -> None:
+        """Reports ``n`` gradient updates done; returns once the frames of the next update are in the buffer.
+
+        For a collector started with ``frames_per_update`` (see :meth:`start`): the trainer calls it after its
+        updates (``trained(0)`` before the first, to wait for ``learning_starts``), and the collector, waiting
+        for the trainer when it runs ahead of the ratio, goes on. Returns at once once the collector collected its
+        ``total_frames`` (no more frames will come), or without a ratio.
+
+        Raises:
+            CollectorStateError: the collector was not started, or started without ``frames_per_update``.
+            ClosedCollectorError: the collector was shut down while this waited.
+        """
+        check_int("n", n)
+        ratio = self._run.ratio
+        if ratio is None:
+            raise CollectorStateError(
+                "trained() counts the updates of a replay ratio: start the collector with "
+                "start(replay_buffer, frames_per_update=...)"
+            )
+        ratio.trained(n)
+        self._changes.notify()  # a collector waiting for the trainer may go on
+        with self._call("trained()"):
+            while not ratio.trainer_may_update(self._frames) and not self.exhausted and self._run.alive:
+                await self._changes.wait()
+
+    @property
+    def updates(self) -> int:
+        """Gradient updates the trainer reported with :meth:`trained` (0 without a replay ratio)."""
+        return self._run.ratio.updates if self._run.ratio is not None else 0
 
     @property
     def running_in_background(self) -> bool:
@@ -440,8 +512,10 @@ class CollectorBase(ReportingMixin):
     async def _run_background(self, replay_buffer: SupportsExtend) -> None:
         try:
             await self._ensure_setup()
+            ratio = self._run.ratio
             while not self.exhausted:
-                while self._lifecycle.pauses:
+                # Held by a pause, or ahead of the replay ratio: the trainer's pause exit or trained() wakes it.
+                while self._lifecycle.pauses or (ratio is not None and not ratio.collector_may_collect(self._frames)):
                     await self._changes.wait()
                 self._run.busy = True
                 try:

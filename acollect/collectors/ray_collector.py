@@ -283,9 +283,11 @@ class RayCollector(MultiCollectorBase):
             return []
         return [h.process.actor for h in self._pool.handles if isinstance(h.process, RayWorker)]
 
-    def start(self, replay_buffer: Any = None) -> None:
-        """Collects in the background into ``replay_buffer`` (default: the one given at construction)."""
-        super().start(replay_buffer if replay_buffer is not None else self.replay_buffer)
+    def start(self, replay_buffer: Any = None, **ratio: Any) -> None:
+        """Collects in the background into ``replay_buffer`` (default: the one given at construction); ``ratio``:
+        the replay ratio's arguments, as for every collector (``frames_per_update``, ``learning_starts``,
+        ``max_frames_ahead``)."""
+        super().start(replay_buffer if replay_buffer is not None else self.replay_buffer, **ratio)
 
     async def _setup(self) -> None:
         try:
