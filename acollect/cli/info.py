@@ -51,7 +51,7 @@ _EXTRAS = {
     "examples": ["tyro", "aiohttp"],
     "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"],
     "dev": ["pytest", "pytest-asyncio", "pytest-timeout", "trio", "hypothesis", "ruff", "mypy", "mkdocs",
-            "mkdocs-material", "mkdocstrings", "tyro", "tqdm", "aiohttp"],
+            "mkdocs-material", "mkdocstrings", "tyro", "tqdm", "aiohttp", "ale-py", "envpool"],
 }
 
 

@@ -20,6 +20,7 @@ from acollect._validate import check_int, check_total_frames
 from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.dispatch import Dispatch
+from acollect.collectors.lending import Loans, default_budget
 from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.errors import CollectorStateError
@@ -76,8 +77,10 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._pending_weights: TensorDictBase | None = None
         self._initial_version = 0
         self._last_push = 0
-        # copy_batches=False: the batch handed out last, whose slot goes back to its worker at the next batch.
-        self._lent: list[Received] = []
+        # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
+        self._loans = Loans(settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget())
+        # Copied to a GPU: items whose slots are read until their copy ended (given back at the next batch).
+        self._held: list[Received] = []
 
     def _plan(self, create_env_fn_list: Any) -> WorkerPlan:
         """The workers' configs and what each batch holds, from the env factories and the settings."""
@@ -143,7 +146,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
-        self._lent, self._copies = [], []
+        self._held, self._copies = [], []
         if self._storing_device is not None and self._storing_device.type == "cuda":
             self._copier = DeviceCopier(self._storing_device)
         await pool.start(self._tasks)
@@ -240,27 +243,30 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         await self._before_batch()
         items = await self._dispatch.take(pool, ahead=self._wants_next())
         copier = self._copier
+        loans = None
+        lend = copier is None and not self.settings.copy_batches
+        if lend and await self._dispatch.can_lend(pool, items, self._loans):
+            loans = self._loans
         try:
             if copier is not None:
                 batch = self._to_device(copier, items)
                 if self.settings.postproc is not None or self.settings.split_trajs:
                     batch = await anyio.to_thread.run_sync(self._finish, batch)
-            elif self._hands_out_inline(items):
-                batch = self._hand_out(items)
+            elif self._hands_out_inline(items, lent=loans is not None):
+                batch = self._hand_out(items, loans)
             else:
                 # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
-                batch = await anyio.to_thread.run_sync(self._hand_out, items)
+                batch = await anyio.to_thread.run_sync(self._hand_out, items, loans)
         finally:
             for item in items:
-                # Copied to a GPU, an item's slot is read until the copy ended: given back at the next batch.
-                lend = copier is not None or self._dispatch.lends(item, copy_batches=self.settings.copy_batches)
-                await self._release(item, lend=lend)
+                await self._release(item, lent=loans is not None, held=copier is not None)
         return batch
 
     def _to_device(self, copier: DeviceCopier, items: list[Received]) -> TensorDictBase:
         """The batch on the GPU: its shared memory copied there by DMA on a side stream, no CPU copy on the way
         (parts that do not lie in one segment are gathered first), ordered before the caller's next kernels."""
-        copy = copier.copy(self._dispatch.combine(items, copy_batches=False))
+        # Read where it lies, held until its copy ended (_return_held): no CPU copy on the way.
+        copy = copier.copy(self._dispatch.view(items))
         self._copies.append(copy)
         return copier.hand_over(copy)
 
@@ -275,27 +281,23 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
         return not (pushes and self._batches + 1 - self._last_push >= interval)  # type: ignore[operator]
 
-    def _hands_out_inline(self, items: list[Received]) -> bool:
+    def _hands_out_inline(self, items: list[Received], *, lent: bool) -> bool:
         # A small batch is combined on the event loop: its copy costs less than the hop to a thread (and the
-        # trainer's CPU per batch is what the workers lose on a machine with few cores). User code (postproc)
-        # and moves to another device stay in the thread.
+        # trainer's CPU per batch is what the workers lose on a machine with few cores); a lent one costs no copy.
+        # User code (postproc) and moves to another device stay in the thread.
         storing = self._storing_device
-        copy = self.settings.copy_batches
         return (
             self.settings.postproc is None
             and not self.settings.split_trajs
             and (storing is None or storing.type == "cpu")
-            and (
-                sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES
-                or all(self._dispatch.lends(item, copy_batches=copy) for item in items)  # no copy at all
-            )
+            and (lent or sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES)
         )
 
-    def _hand_out(self, items: list[Received]) -> TensorDictBase:
-        return self._finish(self._dispatch.combine(items, copy_batches=self.settings.copy_batches))
+    def _hand_out(self, items: list[Received], loans: Loans | None) -> TensorDictBase:
+        return self._finish(self._dispatch.combine(items, loans=loans))
 
     async def _before_batch(self) -> None:
-        await self._return_lent()
+        await self._return_held()
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
@@ -325,14 +327,17 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             weights, self._pending_weights = self._pending_weights, None
             await self._push({"policy": _params_of("state_dict", weights)}, range(self.num_workers), 30.0)
 
-    async def _release(self, item: Received, *, lend: bool = False) -> None:
-        """Counts ``item`` and gives its credit (and slot) back, or, with ``lend``, at the next batch."""
+    async def _release(self, item: Received, *, lent: bool = False, held: bool = False) -> None:
+        """Counts ``item`` and gives its credit (and slot) back: at once for a copy; its credit at once and its slot
+        once the caller drops it, when ``lent``; at the next batch, when ``held`` (a copy to a GPU reads it)."""
         header = item.header
         # The worker counted its episodes: statistics cost no message of their own.
         self._record_worker(item.worker, item.data.numel(), self._batch_version(item),
                             EpisodeSummary.from_header(header.get("episodes")))  # fmt: skip
-        if lend:
-            self._lent.append(item)
+        if lent:
+            await self._dispatch.lent(self._require_pool(), item)
+        elif held:
+            self._held.append(item)
         else:
             await self._give_back(item)
 
@@ -353,15 +358,27 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         if item.generation == handle.generation and (slot is not None or pool.credits is not None):
             await pool.send(handle, P.CREDIT, {"slot": slot})
 
-    async def _return_lent(self) -> None:
-        """Ends the loan of the last batch handed out without a copy: its slots may be written again."""
+    async def _return_held(self) -> None:
+        """Gives back what the caller dropped since the last batch, and what a finished copy to a GPU held."""
+        pool = self._require_pool()
+        for key, token in self._loans.returned():
+            await self._dispatch.loan_returned(pool, key, token)
         copies, self._copies = self._copies, []
         if copies and self._copier is not None:
             for copy in copies:  # long done, most of the time: a trainer used the batch since
                 self._copier.copied(copy)
-        lent, self._lent = self._lent, []
-        for item in lent:
+        held, self._held = self._held, []
+        for item in held:
             await self._give_back(item)
+
+    @property
+    def lent(self) -> dict[str, int]:
+        """What the caller holds of the workers' shared memory: ``batches`` lent now, ``bytes`` lent now,
+        ``budget`` (``max_lent_bytes``), ``lent_so_far``, and ``copies_over_budget`` (batches handed out as copies
+        because lending them would have passed the budget)."""
+        loans = self._loans
+        return {"batches": loans.outstanding, "bytes": loans.lent_bytes, "budget": loans.budget,
+                "lent_so_far": loans.lent_batches, "copies_over_budget": loans.over_budget}  # fmt: skip
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         device = self._storing_device

@@ -19,6 +19,7 @@ its strategy in ``__init__`` with :func:`dispatch_for`, the one place where ``sy
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from typing import Any, ClassVar, cast
 
 import torch
@@ -26,6 +27,7 @@ from tensordict import TensorDictBase
 
 from acollect._validate import check_bool, check_choice, check_int
 from acollect.collectors._handout import HandOutBuffers
+from acollect.collectors.lending import Loans
 from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
 from acollect.pool import Received, Request, WorkerHandle, WorkerPool
@@ -35,6 +37,8 @@ from acollect.worker import protocol as P
 __all__ = ["Dispatch", "FirstReady", "Lockstep", "ModeOptions", "dispatch_for"]
 
 _CAT_RESULTS = (None, "stack", 0, -1)
+#: the loans key of the lockstep segments every worker writes (their memory is the collector's)
+_SHARED = "shared"
 
 
 class ModeOptions(WorkerOptions, total=False):
@@ -72,13 +76,26 @@ class Dispatch:
         """
         raise NotImplementedError
 
-    def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
-        """Makes the batch handed out from ``items`` (in a thread: combining large batches takes milliseconds)."""
+    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
+        """Makes the batch handed out from ``items``: their shared memory lent through ``loans`` (where
+        :meth:`can_lend` said so), else a copy (in a thread: copying large batches takes milliseconds)."""
         raise NotImplementedError
 
-    def lends(self, item: Received, *, copy_batches: bool) -> bool:
-        """Whether the batch handed out is ``item``'s slot itself (given back at the next batch, not now)."""
+    def view(self, items: list[Received]) -> TensorDictBase:
+        """The batch of ``items`` as views of the memory it lies in, without a copy where it is one piece (read at
+        once, before the memory is given back: a copy to a GPU)."""
+        return self.combine(items)
+
+    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
+        """Whether the batch of ``items`` can be lent (it is one piece of shared memory, the budget has room) and its
+        workers can go on collecting meanwhile (getting more slots if they need them)."""
         return False
+
+    async def lent(self, pool: WorkerPool, item: Received) -> None:
+        """``item``'s memory was lent: what its worker is told now (the memory itself comes back later)."""
+
+    async def loan_returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
+        """The caller dropped the last tensor of a lent batch: its memory is given back (see :meth:`Loans.lend`)."""
 
     def give_back(self, item: Received) -> bool:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
@@ -134,7 +151,6 @@ class Lockstep(Dispatch):
         stack = self.cat_results in (None, "stack")
         self.shared_batches = "stack" if stack else "cat" if self.cat_results == 0 else None
         self._changes_seen = -1  # the pool's boundary messages when the last batch was taken
-        self._out: TensorDictBase | None = None  # the reused batch of copy_batches=False (parts gathered)
         self._buffers = HandOutBuffers()  # copy_batches=True: memory of dropped batches, mapped already
         self._shared: SharedBatches | None = None  # the pool's, where batches are written in place
         self._number = 1  # the batch the next take() hands out (batches are numbered from 1, as asked of workers)
@@ -235,11 +251,24 @@ class Lockstep(Dispatch):
             return None
         return self._shared.batch(slot)
 
-    def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
+        if self._in_place(items) is None or self._shared is None:
+            return False  # gathered from parts: a copy is made anyway
+        if not loans.room_for(sum(item.nbytes for item in items)):
+            return False
+        # Lent segments, this one, and two more: the next batch's and the one asked for ahead.
+        missing = loans.held(_SHARED) + 3 - len(self._shared)
+        return missing <= 0 or await pool.grow_shared(missing)
+
+    def view(self, items: list[Received]) -> TensorDictBase:
+        whole = self._in_place(items)
+        return whole.copy() if whole is not None else self.combine(items)
+
+    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
         whole = self._in_place(items)
         if whole is not None:
-            if not copy_batches:
-                return whole.copy()  # a new TensorDict over the segment: the segment itself is lent
+            if loans is not None:  # the segment itself, given back when the caller drops it
+                return loans.lend(whole, key=_SHARED, token=items[0].header["slot"])
             reused = self._buffers.take("shared")  # the memory of a batch the caller dropped: one copy_, no faults
             if reused is not None:
                 return reused.copy_(whole)
@@ -248,20 +277,14 @@ class Lockstep(Dispatch):
             return batch
         parts = [item.data for item in items]
         stack = self.cat_results in (None, "stack")
-        if not copy_batches and self._out is not None:
-            try:  # into the batch handed out last time: warm memory, no allocation
-                return self._into(parts, self._out)
-            except (RuntimeError, ValueError, KeyError):
-                self._out = None  # the layout changed (a postproc kept a reference, a new key): start afresh
         # Which incarnation of which worker made each part: the layout of what is combined.
         key = tuple((item.worker, item.generation) for item in items)
-        if copy_batches:
-            reused = self._buffers.take(key)  # the memory of a batch the caller dropped
-            if reused is not None:
-                try:
-                    return self._into(parts, reused)
-                except (RuntimeError, ValueError, KeyError):
-                    self._buffers.forget(reused)
+        reused = self._buffers.take(key)  # the memory of a batch the caller dropped
+        if reused is not None:
+            try:
+                return self._into(parts, reused)
+            except (RuntimeError, ValueError, KeyError):
+                self._buffers.forget(reused)
         try:
             if stack:
                 batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
@@ -275,19 +298,20 @@ class Lockstep(Dispatch):
                 f"a way to combine worker batches of shapes {shapes} (stack needs equal shapes, 0 equal T, "
                 f"-1 equal n_envs): {exc}",
             ) from exc
-        if not copy_batches:
-            self._out = batch
-        else:
-            self._buffers.adopt(batch, key)
+        self._buffers.adopt(batch, key)
         return batch
+
+    async def lent(self, pool: WorkerPool, item: Received) -> None:
+        pass  # the segment stays taken until the caller drops the batch; a lockstep worker holds no credits
+
+    async def loan_returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
+        if self._shared is not None and key == _SHARED and isinstance(token, int):
+            self._shared.give_back_whole(token)
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         # A worker collecting ahead stops at its next step, keeping the batch.
         if pool is not None:
             await pool.order_pause(paused)
-
-    def lends(self, item: Received, *, copy_batches: bool) -> bool:
-        return not copy_batches and item.in_slot and self._shared is not None
 
     def give_back(self, item: Received) -> bool:
         if self._shared is None or not item.in_slot or type(item.header.get("slot")) is not int:
@@ -296,7 +320,6 @@ class Lockstep(Dispatch):
         return True
 
     def reset(self) -> None:
-        self._out = None
         self._buffers.clear()
         self._shared, self._segments = None, {}
 
@@ -330,11 +353,30 @@ class FirstReady(Dispatch):
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         return [pool.ready_queue.popleft()]
 
-    def combine(self, items: list[Received], *, copy_batches: bool) -> TensorDictBase:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
+        (item,) = items
+        handle = pool.handles[item.worker]
+        if not item.in_slot or item.generation != handle.generation or handle.ring is None:
+            return False  # over message frames (the caller's already), or from a worker that died since
+        if not loans.room_for(item.nbytes):
+            return False
+        # Its worker collects on its credits, each into a slot of its ring: slots enough for those and every one lent.
+        missing = self.credits + loans.held((item.worker, item.generation)) + 1 - len(handle.ring)
+        return missing <= 0 or await pool.grow_ring(handle, missing)
+
+    def view(self, items: list[Received]) -> TensorDictBase:
+        (item,) = items
+        batch = item.data.copy()  # a new TensorDict over the slot's memory
+        batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
+        return batch
+
+    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
         (item,) = items
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
-        elif copy_batches:
+        elif loans is not None:  # the slot itself, given back to its worker when the caller drops the batch
+            batch = loans.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"])
+        else:
             buffers = self._buffers.setdefault(item.worker, HandOutBuffers())
             reused = buffers.take(item.generation)
             if reused is not None:
@@ -342,13 +384,19 @@ class FirstReady(Dispatch):
             else:
                 batch = item.data.clone()
                 buffers.adopt(batch, item.generation)
-        else:
-            batch = item.data.copy()  # a new TensorDict over the slot's memory: the slot itself is lent
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
         return batch
 
-    def lends(self, item: Received, *, copy_batches: bool) -> bool:
-        return item.in_slot and not copy_batches
+    async def lent(self, pool: WorkerPool, item: Received) -> None:
+        handle = pool.handles[item.worker]
+        if item.generation == handle.generation:
+            await pool.send(handle, P.CREDIT, {})  # the credit now (it collects on); the slot when the loan ends
+
+    async def loan_returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
+        worker, generation = cast(tuple[int, int], key)
+        handle = pool.handles[worker]
+        if generation == handle.generation and handle.ready:  # else its slots died with it
+            await pool.send(handle, P.FREE, {"slot": token})
 
     def reset(self) -> None:
         self._buffers.clear()

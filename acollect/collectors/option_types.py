@@ -130,8 +130,11 @@ class ProcessOptions(RolloutOptions, total=False):
     #: CURVE keys: workers must authenticate (a key directory from `acollect keys`)
     keys: ServerKeys | str | os.PathLike[str] | None
 
-    #: hand out copies (False: lend the shared memory)
+    #: hand out copies of the workers' shared memory (False: lend it, given back once the caller drops the batch)
     copy_batches: bool
+
+    #: shared memory lent at most, in bytes (beyond it: copies; None: 1 GiB or a quarter of /dev/shm)
+    max_lent_bytes: int | None
 
     #: silence Python warnings in the workers
     filter_worker_warnings: bool

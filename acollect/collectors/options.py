@@ -337,7 +337,11 @@ class ProcessSettings(RolloutSettings):
         None, check=_keys, accepts="ServerKeys | str | os.PathLike[str] | None",
         doc="CURVE keys: workers must authenticate (a key directory from `acollect keys`)",
     )  # fmt: skip
-    copy_batches: bool = option(True, check=check_bool, doc="hand out copies (False: lend the shared memory)")
+    copy_batches: bool = option(False, check=check_bool, doc="hand out copies of the workers' shared memory (False: "
+                                "lend it, given back once the caller drops the batch)")
+    max_lent_bytes: int | None = option(None, check=_int(1, optional=True),
+                                        doc="shared memory lent at most, in bytes (beyond it: copies; None: 1 GiB or "
+                                        "a quarter of /dev/shm)")
     filter_worker_warnings: bool = option(True, check=check_bool, doc="silence Python warnings in the workers")
 
     def __post_init__(self) -> None:

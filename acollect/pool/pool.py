@@ -272,6 +272,40 @@ class WorkerPool:
         for handle in self.handles:
             await self._send_slots(handle)
 
+    async def grow_ring(self, handle: WorkerHandle, count: int) -> bool:
+        """``count`` more slots for a worker whose slots are lent to the caller; ``False`` where none could be had
+        (no ring, a worker not ready, ``/dev/shm`` full)."""
+        ring = handle.ring
+        if ring is None or not handle.ready or self.shared is not None:
+            return False
+        try:
+            names = ring.grow(count)
+        except TransportError as exc:
+            logger.debug("no more shared memory for worker %d's slots (%s): its batch is handed out as a copy",
+                         handle.index, exc)  # fmt: skip
+            return False
+        await self.send(handle, P.SLOTS, {"names": names, "layout": ring.layout, "add": True})
+        return True
+
+    async def grow_shared(self, count: int) -> bool:
+        """``count`` more lockstep segments (each worker told of its rows of them); ``False`` where none could be
+        had."""
+        shared = self.shared
+        if shared is None:
+            return False
+        try:
+            names = shared.grow(count)
+        except TransportError as exc:
+            logger.debug("no more shared memory for lockstep batches (%s): this one is handed out as a copy", exc)
+            return False
+        # The workers' part rings are views of the collector's: new views carry the new segments.
+        for handle in self.handles:
+            handle.use_ring(shared.part_ring(handle.index))
+            if handle.ready:
+                message = shared.slots_message(handle.index)
+                await self.send(handle, P.SLOTS, {**message, "names": names, "add": True})
+        return True
+
     async def _send_slots(self, handle: WorkerHandle) -> None:
         if handle.ring is None:
             return

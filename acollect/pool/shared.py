@@ -75,6 +75,21 @@ class SharedBatches:
             self._given_back[slot] = 0
             self.ring.release(slot)
 
+    def give_back_whole(self, slot: int) -> None:
+        """The batch in ``slot`` was lent whole and dropped: every part of it is given back at once."""
+        self._given_back[slot] = 0
+        self.ring.release(slot)
+
+    def grow(self, count: int) -> list[str]:
+        """``count`` more segments, free (for batches lent to the caller); returns their names.
+
+        Raises:
+            TransportError: the shared memory could not be had: nothing was added.
+        """
+        names = self.ring.grow(count)
+        self._given_back.extend([0] * count)
+        return names
+
     def batch(self, slot: int) -> TensorDictBase:
         """The whole batch in ``slot``: views of shared memory (valid while the segment is not given back)."""
         return self.ring[slot].tensordict

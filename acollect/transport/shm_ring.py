@@ -71,6 +71,34 @@ class ShmSlotRing:
             raise
         return cls(slots)
 
+    def grow(self, count: int) -> list[str]:
+        """Creates (and owns) ``count`` more slots of this ring's layout, free; returns their names.
+
+        Raises:
+            TransportError: the shared memory could not be had (``/dev/shm`` full): nothing was added.
+        """
+        added: list[ShmTensorDictSlot] = []
+        try:
+            added.extend(ShmTensorDictSlot.create(self.layout) for _ in range(count))
+        except BaseException:
+            for slot in added:
+                slot.close()
+                slot.unlink()
+            raise
+        return self.extend(added)
+
+    def attach_more(self, names: Sequence[str], *, part: object = None) -> None:
+        """Attaches to more slots the owner added (see :meth:`grow`), free."""
+        layout = self.layout
+        self.extend([ShmTensorDictSlot.attach(name, layout, part=part) for name in names])
+
+    def extend(self, slots: Sequence[ShmTensorDictSlot]) -> list[str]:
+        """Adds ``slots`` (of this ring's layout) at the end, free; returns their names."""
+        first = len(self._slots)
+        self._slots = (*self._slots, *slots)
+        self._free.extend(range(first, len(self._slots)))
+        return [slot.name for slot in slots]
+
     def part_view(self, part: object) -> ShmSlotRing:
         """A ring over the same segments, each slot seen as that one part (see :meth:`ShmTensorDictSlot.part_view`)."""
         return type(self)([slot.part_view(part) for slot in self._slots])

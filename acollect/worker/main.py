@@ -234,8 +234,12 @@ class _Worker(StagingMixin):
             return
         with self.cond:
             if kind == P.SLOTS:
-                # With ``part``: this worker's rows of segments every worker writes (acollect.pool.shared).
-                self.ring = ShmSlotRing.attach(header["names"], header["layout"], part=header.get("part"))
+                # With ``part``: this worker's rows of segments every worker writes (acollect.pool.shared). With
+                # ``add``: more slots for a ring whose slots are lent to the trainer (see acollect.transport.loans).
+                if header.get("add") and self.ring is not None:
+                    self.ring.attach_more(header["names"], part=header.get("part"))
+                else:
+                    self.ring = ShmSlotRing.attach(header["names"], header["layout"], part=header.get("part"))
             elif kind == P.COLLECT:
                 slot = header.get("slot")
                 if slot is not None and (self.ring is None or type(slot) is not int or not 0 <= slot < len(self.ring)):
@@ -247,8 +251,8 @@ class _Worker(StagingMixin):
                 self.asked = max(self.asked, number)
             elif kind == P.RUN:
                 self.credits = int(header["credits"])
-            elif kind == P.CREDIT:
-                if self.credits is not None:
+            elif kind in (P.CREDIT, P.FREE):
+                if kind == P.CREDIT and self.credits is not None:
                     self.credits += 1
                 slot = header.get("slot")
                 if slot is not None and self.ring is not None:

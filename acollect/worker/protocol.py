@@ -71,6 +71,7 @@ __all__ = [
     "CREDIT",
     "DIST_INIT",
     "ERROR",
+    "FREE",
     "HEARTBEAT",
     "HELLO",
     "JOIN",
@@ -99,6 +100,8 @@ SLOTS = "slots"
 COLLECT = "collect"
 RUN = "run"
 CREDIT = "credit"
+#: a slot given back without a credit: the batch it held was lent to the caller, who dropped it only now
+FREE = "free"
 WEIGHTS = "weights"
 PAUSE = "pause"
 RESUME = "resume"
@@ -116,7 +119,8 @@ BOUNDARY = frozenset({WEIGHTS, SEED, LOAD_STATE})
 #: counted (it would otherwise be handed out after the caller asked for a fresh, seeded start).
 RESETS = frozenset({SEED, LOAD_STATE})
 TO_WORKER = frozenset(
-    {SLOTS, COLLECT, RUN, CREDIT, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT, HEARTBEAT}
+    {SLOTS, COLLECT, RUN, CREDIT, FREE, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT,
+     HEARTBEAT}
 )
 
 # worker -> collector

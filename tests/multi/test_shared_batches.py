@@ -46,8 +46,17 @@ async def test_a_lent_batch_is_one_segment_holding_each_workers_rows_in_order(st
         assert second["observation"].data_ptr() != obs.data_ptr()
         assert (second["observation"] - kept["observation"] == 4).all()  # contiguous streams
         third = await anext(collector)
-        assert third["observation"].data_ptr() == obs.data_ptr()  # two segments, taking turns
+        assert third["observation"].data_ptr() not in (obs.data_ptr(), second["observation"].data_ptr())
+        assert (first == kept).all(), "a segment lent and held is never written: the workers write others"
         assert (third["observation"] - kept["observation"] == 8).all()
+        address = obs.data_ptr()
+        del first, obs
+        for _ in range(4):  # dropped: its segment goes back to the workers, and comes round again
+            batch = await anext(collector)
+            if batch["observation"].data_ptr() == address:
+                break
+        else:
+            raise AssertionError("the segment of a dropped batch never came back")
 
 
 async def test_concatenated_batches_are_written_in_place_too(start_method: str) -> None:
@@ -69,9 +78,9 @@ async def test_concatenated_batches_are_written_in_place_too(start_method: str) 
         assert_counting_batch(batch)
 
 
-async def test_default_batches_are_copied_out_of_the_segments(start_method: str) -> None:
+async def test_copied_batches_are_copied_out_of_the_segments(start_method: str) -> None:
     async with MultiSyncCollector(
-        [counting()] * 2, frames_per_batch=16, use_shared_memory=True, start_method=start_method
+        [counting()] * 2, frames_per_batch=16, use_shared_memory=True, copy_batches=True, start_method=start_method
     ) as collector:
         first = await anext(collector)
         kept = first.clone()
