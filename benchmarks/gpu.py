@@ -10,9 +10,9 @@ root, with the project's environment (``pip install -e '.[dev]'``: torch, tensor
 Parts (each a few tens of seconds; contenders alternate, as everywhere in benchmarks/):
 
 * ``handout``: ``MultiAsyncCollector``, ``--workers`` x 16 :class:`~acollect.testing.PixelEnv` (84x84x4 uint8, no
-  step cost), random actions in the workers, batches of one worker's ``[16, 16]``: batches copied
-  (``copy_batches=True``), lent (the default), and written to the GPU (``storing_device="cuda"``, by DMA) against
-  the CPU hand-out followed by the caller's own ``.to("cuda")``;
+  step cost), random actions in the workers, batches of one worker's ``[16, 16]``: lent (the default), copied
+  (``copy_batches=True``), and written to the GPU (``storing_device="cuda"``, by DMA) against the CPU hand-out
+  followed by the caller's own ``.to("cuda")``;
 * ``pass``: the Nature CNN's pass measured bare in this process (B=128 and 224: pageable copy + forward + actions
   back; the same from page-locked memory; the forward alone; the forward as a CUDA graph), against the inference
   server's own ``forward_ms_mean`` over the same workload (``AsyncBatchedCollector``, the CNN on cuda);
@@ -82,17 +82,16 @@ async def handout(args: argparse.Namespace) -> dict[str, Any]:
     env = functools.partial(pixels, 16)
     common = {"num_workers": args.workers, "frames_per_batch": 256, "start_method": "forkserver"}
     contenders: dict[str, Callable[[], Any]] = {
+        "lent (the default)": lambda: _rate(MultiAsyncCollector(env, None, **common), args.seconds),
         "copied (copy_batches=True)": lambda: _rate(MultiAsyncCollector(env, None, copy_batches=True, **common),
                                                     args.seconds),
-        "lent (copy_batches=False)": lambda: _rate(MultiAsyncCollector(env, None, copy_batches=False, **common),
-                                                   args.seconds),
     }
     if cuda():
         contenders["storing_device='cuda' (DMA)"] = lambda: _rate(
             MultiAsyncCollector(env, None, storing_device="cuda", **common), args.seconds
         )
         contenders["lent, then the caller's .to('cuda')"] = lambda: _rate(
-            MultiAsyncCollector(env, None, copy_batches=False, **common), args.seconds, to_cuda=True
+            MultiAsyncCollector(env, None, **common), args.seconds, to_cuda=True
         )
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     for turn in range(args.turns):
