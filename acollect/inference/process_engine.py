@@ -68,6 +68,7 @@ class ProcessEngine:
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
+        self.policy_device: torch.device | None = None  # where the policy copy's weights are, as its hello said
         self.pid: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -130,6 +131,7 @@ class ProcessEngine:
         board.unlink()  # mapped on both sides: no name left to outlive them
         self.address, self.slot_address = hello.get("address"), hello.get("slots")
         self.structure = decode_structure(hello.get("structure")) or {}
+        self.policy_device = torch.device(hello["device"]) if isinstance(hello.get("device"), str) else None
         if self.structure:
             staging = TensorDict({}, batch_size=[])
             for key, (shape, dtype) in self.structure.items():

@@ -33,7 +33,7 @@ from acollect._spawn import bootstrap, exit_now
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import control
 from acollect.inference.batching import BOARD_SIZE, Batcher, Forward, Request, StatsRecorder
-from acollect.inference.build import ServerSpec, bind, build_policy, device_of
+from acollect.inference.build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference.loop import ServerLoop, Ticket
 from acollect.transport.server_socket import ServerSocket
 from acollect.transport.shm import ShmSegment, ShmTensorDictSlot
@@ -176,6 +176,7 @@ def run_server_process(config: ProcessConfig) -> int:
             "address": server_socket.address if server_socket is not None else None,
             "slots": hub.path if hub is not None else None,
             "structure": encode_structure(module),
+            "device": str(weights_device(module) or forward.device),
         })  # fmt: skip
         loop.serve(stop)
     except BaseException as exc:

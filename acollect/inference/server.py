@@ -184,6 +184,15 @@ class InferenceServer:
         return self._engine.pid if isinstance(self._engine, ProcessEngine) else None
 
     @property
+    def policy_device(self) -> torch.device | None:
+        """Where the server's copy of the policy is, once started: the device of its weights (for a policy without
+        any, the device its forward pass runs on), as the server process (or thread) found it after building it.
+
+        ``device`` is what was asked for (``None``: let the policy say); this is what came of it.
+        """
+        return self._engine.policy_device if self._engine is not None else None
+
+    @property
     def secure(self) -> bool:
         """Whether connections to :attr:`address` are encrypted and authenticated (``keys=``)."""
         return self._keys is not None

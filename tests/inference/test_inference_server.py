@@ -131,6 +131,18 @@ async def test_a_policy_that_raises_in_the_server_process_fails_its_callers_with
             assert "in forward" in cause.remote_traceback
 
 
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_the_server_says_where_its_policy_copy_is(mode: str) -> None:
+    net = TensorDictModule(Doubler(), in_keys=["observation"], out_keys=["action"])
+    server = InferenceServer(net, max_wait=0.0, mode=mode)
+    assert server.policy_device is None  # nothing is built before the start
+    with anyio.fail_after(60):
+        async with server:
+            assert server.policy_device == torch.device("cpu")  # in process mode, as the server process's hello said
+            await server.infer(obs([1.0]))
+    assert server.device is None  # what was asked for stays as it was given
+
+
 async def test_closing_answers_a_waiting_caller() -> None:
     server = InferenceServer(Doubler(), max_batch_size=100, max_wait=30.0)  # would wait 30 s for company
     await server.start()
