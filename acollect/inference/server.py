@@ -42,7 +42,7 @@ from acollect._tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
 from acollect.devices import DeviceLike
-from acollect.errors import CollectorStateError, ConfigurationError, PolicyError
+from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
 from acollect.inference.batching import InferenceStats, Request, StatsRecorder
 from acollect.inference.build import ServerSpec
 from acollect.inference.codec import leaves_of
@@ -240,9 +240,10 @@ class InferenceServer:
             "the policy's forward has not returned"
         )
 
-    def failure_now(self) -> PolicyError | None:
-        """The server's own end if it has ended (a server process that died or failed), else ``None``: what a
-        collector reports instead of its workers' view of it (they only see their connection close)."""
+    def failure_now(self) -> InferenceServerError | None:
+        """The server's own end if it has ended (a server process that died, or failed: an
+        :class:`~acollect.errors.InferencePolicyError` where its policy raised), else ``None``: what a collector
+        reports instead of its workers' view of it (they only see their connection close)."""
         engine = self._engine
         return engine.failure_now() if engine is not None else None
 
