@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "ConfigurationError": "acollect.errors",
     "EmptyBufferError": "acollect.errors",
     "EnvError": "acollect.errors",
+    "InferencePolicyError": "acollect.errors",
+    "InferenceServerError": "acollect.errors",
     "PolicyError": "acollect.errors",
     "ProtocolError": "acollect.errors",
     "RemoteError": "acollect.errors",
@@ -104,6 +106,8 @@ if _typing.TYPE_CHECKING:  # the same names, for type checkers and editors (test
     from acollect.errors import ConfigurationError as ConfigurationError
     from acollect.errors import EmptyBufferError as EmptyBufferError
     from acollect.errors import EnvError as EnvError
+    from acollect.errors import InferencePolicyError as InferencePolicyError
+    from acollect.errors import InferenceServerError as InferenceServerError
     from acollect.errors import PolicyError as PolicyError
     from acollect.errors import ProtocolError as ProtocolError
     from acollect.errors import RemoteError as RemoteError
@@ -136,7 +140,9 @@ __all__ = [
     "EnvBase",
     "EnvError",
     "GymEnv",
+    "InferencePolicyError",
     "InferenceServer",
+    "InferenceServerError",
     "InferenceStats",
     "MultiAsyncCollector",
     "MultiSyncCollector",

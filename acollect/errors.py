@@ -10,11 +10,15 @@ errors pass through untouched::
     │   └── ClosedCollectorError    *you* closed the collector: async_shutdown() was called
     ├── BackgroundCollectionError   the background task died; raised at the next call, never lost
     ├── EnvError                    an env broke its contract (wrong shapes, closed env, …)
-    ├── PolicyError                 the policy broke its contract (no "action", wrong shape, …)
+    ├── PolicyError                 the policy broke its contract (no "action", wrong shape, a pass that hangs, …)
+    │   └── InferencePolicyError    (also an InferenceServerError) the policy raised in the inference server process
     ├── WorkerError                 something *else* broke the collector: a worker
     │   ├── WorkerCrashedError      the worker process died (exit code / signal)
     │   ├── WorkerTimeoutError      the worker stopped sending heartbeats (hung)
     │   └── RemoteError             an exception inside the worker (original type name + traceback)
+    ├── InferenceServerError        something *else* broke the collector: its inference server process died
+    │   │                           (exit code / signal) or failed (type name + traceback); pid, exit code
+    │   └── InferencePolicyError    the failure was its policy's (see above: also a PolicyError)
     ├── EmptyBufferError            (also an IndexError) sampling a replay buffer that holds nothing
     ├── WeightSyncError             a weight push was not acknowledged in time (names the workers)
     └── TransportError              the wire broke (ZeroMQ, shared memory)
@@ -22,7 +26,9 @@ errors pass through untouched::
 
 "Closed" and "broken" are two different exceptions on purpose: a
 :class:`ClosedCollectorError` means the caller shut the collector down, a
-:class:`WorkerError` means something else broke it.
+:class:`WorkerError` or an :class:`InferenceServerError` means something else broke it.
+``except PolicyError`` catches a policy that raised in the inference server process
+(:class:`InferencePolicyError`), and not that process's death.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ __all__ = [
     "ConfigurationError",
     "EmptyBufferError",
     "EnvError",
+    "InferencePolicyError",
     "InferenceServerError",
     "PolicyError",
     "ProtocolError",
@@ -93,8 +100,11 @@ class PolicyError(AcollectError):
     """A policy broke its contract (did not write ``"action"``, wrong shape, ...)."""
 
 
-class InferenceServerError(PolicyError):
-    """An inference server process failed: its policy raised, or the process died.
+class InferenceServerError(AcollectError):
+    """The inference server process broke the collector (or its in-process callers): it died, or failed.
+
+    Something else than the caller broke it, as a worker's death is (:class:`WorkerError`): it is no
+    :class:`PolicyError`, unless the failure was the policy's (:class:`InferencePolicyError`).
 
     Attributes:
         pid: the server process's id.
@@ -123,6 +133,19 @@ class InferenceServerError(PolicyError):
         if self.remote_traceback:
             return f"{base}\n\nTraceback in the inference server process (pid {self.pid}):\n{self.remote_traceback}"
         return base
+
+
+class InferencePolicyError(InferenceServerError, PolicyError):
+    """The policy raised in the inference server process: while the server built it, or in a forward pass.
+
+    Both a :class:`PolicyError` (``except PolicyError`` catches it) and an :class:`InferenceServerError` (with the
+    server's ``pid``, the exception's ``type_name`` and the ``remote_traceback``).
+
+    Examples:
+        >>> err = InferencePolicyError("the policy raised", pid=7, type_name="builtins.ValueError")
+        >>> isinstance(err, PolicyError), isinstance(err, InferenceServerError), err.type_name
+        (True, True, 'builtins.ValueError')
+    """
 
 
 class WorkerError(AcollectError):

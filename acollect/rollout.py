@@ -1,9 +1,10 @@
-"""The one synchronous rollout engine.
+"""The rollout engine of batched envs stepped by blocking code.
 
 :class:`RolloutEngine` drives a batched env with a policy and fills preallocated ``[n_envs, T]`` buffers. It is
 plain blocking code: the in-process :class:`~acollect.Collector` runs it in a thread so the event loop never
-blocks, and every worker process runs the same engine (two, interleaved by :meth:`RolloutEngine.stepper`, in a
-worker of central inference whose envs step in groups).
+blocks, and a worker process runs the same engine (several, interleaved by :meth:`RolloutEngine.stepper`, in a
+worker of central inference whose envs step in groups: :mod:`acollect.worker.groups`). Coroutine envs have an
+engine of their own (:mod:`acollect.async_rollout`; in a worker, behind :mod:`acollect.loop_rollout`).
 
 The hot loop allocates no TensorDict per step: the env writes into two TensorDicts allocated once (``root``: what
 the next step starts from; ``next``: the result of the step), and the engine copies their leaves into per-step

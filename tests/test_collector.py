@@ -347,13 +347,13 @@ async def test_collection_thread_offers_the_gil_at_step_boundaries(
     import acollect._threads as threads_module
 
     offers: list[str] = []
-    offer = threads_module._yield_gil
+    offer = threads_module.yield_gil
 
     def counted() -> object:  # the real offer, counted by the thread that makes it
         offers.append(threading.current_thread().name)
         return offer()
 
-    monkeypatch.setattr(threads_module, "_yield_gil", counted)
+    monkeypatch.setattr(threads_module, "yield_gil", counted)
     async with Collector(lambda: CountingEnv(num_envs=4), None, frames_per_batch=64, total_frames=128,
                          gil_handover_interval=interval) as c:  # fmt: skip
         assert [batch.shape[-1] async for batch in c] == [16, 16]

@@ -204,7 +204,7 @@ def test_two_consumers_are_served_in_turn(kind: str, backend: str) -> None:
 
 def progress(collector: CollectorBase, rb: ReplayBuffer) -> tuple[int, ...]:
     """Frames in the buffer, and each worker's env steps as its last heartbeat said (workers step ahead)."""
-    pool = getattr(collector, "_pool", None)
+    pool = getattr(collector, "pool", None)
     return (len(rb), *(handle.last_steps for handle in (pool.handles if pool is not None else [])))
 
 

@@ -68,9 +68,9 @@ def test_circular_overwrite_keeps_newest_in_order() -> None:
     rb.extend(collector_batch(2, 3, start=6))  # ids 6..11, wraps: 0 and 1 overwritten
     assert len(rb) == 10
     assert stored_ids(rb) == list(range(2, 12))
-    # The raw slots show where the wrap went: 10 and 11 overwrote slots 0 and 1.
-    assert rb._storage is not None
-    assert rb._storage["action"].tolist() == [10, 11, 2, 3, 4, 5, 6, 7, 8, 9]
+    rb.extend(collector_batch(1, 3, start=12))  # and on: the three oldest go, the order holds
+    assert stored_ids(rb) == list(range(5, 15))
+    assert set(rb.sample(200, generator=torch.Generator().manual_seed(0))["action"].tolist()) == set(range(5, 15))
 
 
 def test_batch_larger_than_capacity_keeps_last_capacity() -> None:

@@ -350,7 +350,7 @@ async def test_stop_ends_the_loop_with_exit_code_zero_and_closes_the_env() -> No
         await collector.send(P.STOP)
         await thread.join()
         assert (thread.result, thread.error) == (0, None)
-        assert envs[0]._closed
+        assert envs[0].is_closed
 
 
 async def test_stop_interrupts_a_batch_in_progress() -> None:

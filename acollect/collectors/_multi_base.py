@@ -33,6 +33,7 @@ from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import WeightUpdate, as_weights, check_push
 from acollect.worker import protocol as P
+from acollect.worker.protocol import WorkerConfig
 
 __all__ = ["INLINE_HAND_OUT_BYTES", "MultiCollectorBase"]
 
@@ -116,6 +117,42 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     def sync(self) -> bool:
         """``True``: lockstep batches from every worker; ``False``: each worker's batch, first ready first served."""
         return self._dispatch.sync
+
+    @property
+    def credits(self) -> int | None:
+        """Batches each worker may collect ahead of the caller (first ready, ``sync=False``); ``None`` in lockstep,
+        where a worker collects only the parts it is asked for."""
+        return self._dispatch.credits
+
+    @property
+    def worker_configs(self) -> tuple[WorkerConfig, ...]:
+        """What each worker is started from, by worker id: its env factory and ``env_kwargs``, its devices, its
+        ``frames_per_batch`` (what it collects per batch it sends), its policy or ``policy_factory``.
+
+        Built at construction (``RayCollector.add_collectors`` builds them again; ``AsyncBatchedCollector`` adds
+        where its inference server listens when it starts). Each process started in a worker's slot, a restart
+        too, gets its slot's config with the collector's address and the slot's counters filled in.
+
+        Examples:
+            >>> from acollect import MultiSyncCollector
+            >>> from acollect.testing import CountingEnv
+            >>> collector = MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8)
+            >>> [config.frames_per_batch for config in collector.worker_configs]  # lockstep: a part each
+            [4, 4]
+        """
+        return tuple(self._configs)
+
+    @property
+    def pool(self) -> WorkerPool | None:
+        """The worker pool behind the collector: ``None`` until it starts; after shutdown, the closed pool.
+
+        For looking at the workers: ``pool.handles[i]`` is what the collector knows of worker ``i`` (its
+        :class:`~acollect.pool.WorkerState`, ``pid``, ``where`` it runs, its launched ``process``, restarts, the
+        parts it holds), ``pool.launcher`` starts them and ``pool.failure`` is what broke the pool. Commands sent
+        through the pool itself (``send``, ``push_weights``) skip the collector's own checks: use the collector's
+        methods to change its workers.
+        """
+        return self._pool
 
     # -- lifecycle -----------------------------------------------------------------------
     def _require_pool(self) -> WorkerPool:

@@ -20,7 +20,7 @@ from acollect.transport.auth import ServerKeys
 from acollect.transport.server_socket import ServerSocket
 from acollect.transport.shm import shm_available
 
-__all__ = ["ServerSpec", "bind", "build_policy", "device_of"]
+__all__ = ["ServerSpec", "bind", "build_policy", "device_of", "weights_device"]
 
 
 @dataclass
@@ -59,10 +59,15 @@ def device_of(module: Any, device: torch.device | None) -> torch.device:
     """Where the forward pass runs: ``device``, else where the module's tensors are, else the CPU."""
     if device is not None:
         return device
+    return weights_device(module) or torch.device("cpu")
+
+
+def weights_device(module: Any) -> torch.device | None:
+    """Where ``module``'s first parameter (or buffer) is; ``None`` for a module without any, or a plain callable."""
     if isinstance(module, torch.nn.Module):
         for tensor in (*module.parameters(), *module.buffers()):
             return tensor.device
-    return torch.device("cpu")
+    return None
 
 
 def bind(spec: ServerSpec) -> tuple[ServerSocket, SlotHub | None]:

@@ -181,6 +181,9 @@ class ServerLoop:
         self._layouts = LayoutCache(P.TO_SERVER)
         self._encoder = Encoder()
         self._drops = DropReport()
+        #: what a forward pass raised, which ended the loop: the policy's failure (else the loop's end was not the
+        #: policy's, say a message that broke the protocol); a server process tells its trainer which it was
+        self.failed_pass: BaseException | None = None
         if hub is not None:
             hub.on_malformed = self._dropped
 
@@ -279,6 +282,7 @@ class ServerLoop:
         """Answers what the passes that ended left to this thread; raises a pass's failure (its callers told)."""
         for done in runner.finished():
             if done.error is not None:
+                self.failed_pass = done.error
                 for request in done.requests:  # the callers of this pass get the policy's own error
                     if request.route is None and request.answer is None:
                         request.error = done.error

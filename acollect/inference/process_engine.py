@@ -31,6 +31,7 @@ from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect.errors import (
     CollectorStateError,
+    InferencePolicyError,
     InferenceServerError,
     ProtocolError,
     TransportError,
@@ -68,6 +69,7 @@ class ProcessEngine:
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
+        self.policy_device: torch.device | None = None  # where the policy copy's weights are, as its hello said
         self.pid: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -130,6 +132,7 @@ class ProcessEngine:
         board.unlink()  # mapped on both sides: no name left to outlive them
         self.address, self.slot_address = hello.get("address"), hello.get("slots")
         self.structure = decode_structure(hello.get("structure")) or {}
+        self.policy_device = torch.device(hello["device"]) if isinstance(hello.get("device"), str) else None
         if self.structure:
             staging = TensorDict({}, batch_size=[])
             for key, (shape, dtype) in self.structure.items():
@@ -185,8 +188,7 @@ class ProcessEngine:
                 return  # its caller gave up
             item.version = int(message.get("version") or 0)
             if message.get("error") is not None:
-                item.error = InferenceServerError(f"the inference server process failed: {message['error']}",
-                                                  exitcode=None, pid=self.pid)  # fmt: skip
+                item.error = self._failed(str(message["error"]), policy=message.get("policy") is True)
             elif isinstance(item, Request) and message.get("outputs") is not None:
                 item.outputs = control.tensors_from_wire(message["outputs"])
             self._on_answer(item)
@@ -195,15 +197,24 @@ class ProcessEngine:
             if event is not None:
                 event.set()
         elif kind == "failed":
-            self._failure = InferenceServerError(
-                f"the inference server process (pid {self.pid}) failed: "
-                f"{message.get('type')}: {message.get('message')}",
-                pid=self.pid, type_name=str(message.get("type")), remote_traceback=str(message.get("traceback")),
+            self._failure = self._failed(
+                f"{message.get('type')}: {message.get('message')}", policy=message.get("policy") is True,
+                type_name=str(message.get("type")), remote_traceback=str(message.get("traceback")),
             )  # fmt: skip
             self._answer_all(self._failure)
             raise self._failure
         elif kind not in ("hello", "staged"):
             raise ProtocolError(f"an unknown message {kind!r:.40} from the inference server process")
+
+    def _failed(
+        self, what: str, *, policy: bool, type_name: str = "", remote_traceback: str = ""
+    ) -> InferenceServerError:
+        """The error for a failure the process reported: the policy's (it raised there), or the server's own."""
+        details: dict[str, Any] = {"pid": self.pid, "type_name": type_name, "remote_traceback": remote_traceback}
+        if policy:
+            return InferencePolicyError(f"the policy raised in the inference server process (pid {self.pid}): {what}",
+                                        **details)  # fmt: skip
+        return InferenceServerError(f"the inference server process (pid {self.pid}) failed: {what}", **details)
 
     async def _death(self) -> InferenceServerError:
         """The error for a process whose control socket closed: its failure, or how it ended."""

@@ -5,7 +5,8 @@ like a spawned worker), it builds the policy from the spec (the policy, cloudpic
 called here), binds the address env workers reach it on (and their shared-memory slot listener), says hello
 on its control socket and serves until told to stop, or until that socket closes: the trainer is gone (even
 killed with SIGKILL), so nothing is left running. Whatever it bound or mapped is closed on the way out; a
-failure of the policy goes to the trainer, traceback included, before the process exits with code 1.
+failure goes to the trainer, traceback included and saying whether it was the policy's (raised while the policy was
+built or in a forward pass), before the process exits with code 1.
 
 The trainer reads its figures, its weight version and the start of a pass in progress from a stats board in
 shared memory (:class:`~acollect.inference.batching.StatsRecorder`); new weights come through a staging slot in
@@ -33,7 +34,7 @@ from acollect._spawn import bootstrap, exit_now
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import control
 from acollect.inference.batching import BOARD_SIZE, Batcher, Forward, Request, StatsRecorder
-from acollect.inference.build import ServerSpec, bind, build_policy, device_of
+from acollect.inference.build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference.loop import ServerLoop, Ticket
 from acollect.transport.server_socket import ServerSocket
 from acollect.transport.shm import ShmSegment, ShmTensorDictSlot
@@ -126,11 +127,15 @@ class ControlMailbox:
     def answer(self, item: Request | Ticket) -> None:
         """Sends an answer to the trainer: a request's outputs, or a weight update's version."""
         error = None if item.error is None else f"{type(item.error).__name__}: {item.error}"
+        # Whether the error is the policy's own (a forward pass raised it), which the trainer raises as a PolicyError.
+        policy = item.error is not None and self.loop is not None and item.error is self.loop.failed_pass
         if isinstance(item, Ticket):
-            message = {"k": "applied", "id": self._ids.pop(id(item), 0), "version": item.version, "error": error}
+            message = {"k": "applied", "id": self._ids.pop(id(item), 0), "version": item.version, "error": error,
+                       "policy": policy}  # fmt: skip
         else:
             outputs = None if item.outputs is None else control.tensors_to_wire(item.outputs)
-            message = {"k": "answer", "id": item.seq, "version": item.version, "outputs": outputs, "error": error}
+            message = {"k": "answer", "id": item.seq, "version": item.version, "outputs": outputs, "error": error,
+                       "policy": policy}  # fmt: skip
         with contextlib.suppress(OSError, TransportError):  # the trainer is gone: nobody to tell
             control.send(self.sock, message)
 
@@ -158,10 +163,13 @@ def run_server_process(config: ProcessConfig) -> int:
     stop = threading.Event()
     mail = ControlMailbox(sock, stop)
     server_socket = hub = None
+    loop: ServerLoop | None = None
+    built = False  # a failure before the policy is built is the policy's (its factory raised, or it cannot move)
     code = 0
     try:
         recorder = StatsRecorder(spec.max_batch_size, board)
         module = build_policy(spec)
+        built = True
         forward = Forward(module, device_of(module, spec.device), spec.exploration)
         if spec.address is not None:
             server_socket, hub = bind(spec)
@@ -176,6 +184,7 @@ def run_server_process(config: ProcessConfig) -> int:
             "address": server_socket.address if server_socket is not None else None,
             "slots": hub.path if hub is not None else None,
             "structure": encode_structure(module),
+            "device": str(weights_device(module) or forward.device),
         })  # fmt: skip
         loop.serve(stop)
     except BaseException as exc:
@@ -186,6 +195,7 @@ def run_server_process(config: ProcessConfig) -> int:
                 "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
                 "message": str(exc),
                 "traceback": "".join(traceback.format_exception(exc)),
+                "policy": not built or (loop is not None and exc is loop.failed_pass),
             })  # fmt: skip
     finally:
         for resource in (hub, server_socket):

@@ -42,7 +42,7 @@ from acollect._tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
 from acollect.devices import DeviceLike
-from acollect.errors import CollectorStateError, ConfigurationError, PolicyError
+from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
 from acollect.inference.batching import InferenceStats, Request, StatsRecorder
 from acollect.inference.build import ServerSpec
 from acollect.inference.codec import leaves_of
@@ -184,6 +184,15 @@ class InferenceServer:
         return self._engine.pid if isinstance(self._engine, ProcessEngine) else None
 
     @property
+    def policy_device(self) -> torch.device | None:
+        """Where the server's copy of the policy is, once started: the device of its weights (for a policy without
+        any, the device its forward pass runs on), as the server process (or thread) found it after building it.
+
+        ``device`` is what was asked for (``None``: let the policy say); this is what came of it.
+        """
+        return self._engine.policy_device if self._engine is not None else None
+
+    @property
     def secure(self) -> bool:
         """Whether connections to :attr:`address` are encrypted and authenticated (``keys=``)."""
         return self._keys is not None
@@ -231,9 +240,10 @@ class InferenceServer:
             "the policy's forward has not returned"
         )
 
-    def failure_now(self) -> PolicyError | None:
-        """The server's own end if it has ended (a server process that died or failed), else ``None``: what a
-        collector reports instead of its workers' view of it (they only see their connection close)."""
+    def failure_now(self) -> InferenceServerError | None:
+        """The server's own end if it has ended (a server process that died, or failed: an
+        :class:`~acollect.errors.InferencePolicyError` where its policy raised), else ``None``: what a collector
+        reports instead of its workers' view of it (they only see their connection close)."""
         engine = self._engine
         return engine.failure_now() if engine is not None else None
 

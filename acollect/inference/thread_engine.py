@@ -12,11 +12,12 @@ import contextlib
 from collections.abc import Callable
 
 import anyio
+import torch
 
 from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
-from acollect.inference.build import ServerSpec, bind, build_policy, device_of
+from acollect.inference.build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference.loop import Mailbox, ServerLoop, Ticket
 from acollect.inference.slot_hub import SlotHub
 from acollect.transport.auth import ClientKeys
@@ -42,6 +43,7 @@ class ThreadEngine:
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
+        self.policy_device: torch.device | None = None  # where the policy copy's weights are, once built
         self.loop: ServerLoop | None = None
         self._mail = Mailbox()
         self._sock: ServerSocket | None = None
@@ -61,6 +63,7 @@ class ThreadEngine:
         module = await run_in_thread(lambda _stop: build_policy(self.spec), name="inference-build")
         self.structure = structure_of(module)
         forward = Forward(module, device_of(module, self.spec.device), self.spec.exploration)
+        self.policy_device = weights_device(module) or forward.device
         if self.spec.address is not None:
             self._sock, self._hub = bind(self.spec)
             self._bound = self._sock

@@ -189,6 +189,15 @@ class SubmititLauncher(Launcher):
         self._tmp_folder: str | None = None
         self._workers: list[SubmititWorker] = []
 
+    @property
+    def job_folder(self) -> Path | None:
+        """Where the jobs' files and logs are: ``folder``, or for the local executor without one the temporary
+        folder made at start-up (removed when the launcher closes, at the collector's shutdown); ``None`` while
+        there is none."""
+        if self.folder is not None:
+            return self.folder
+        return Path(self._tmp_folder) if self._tmp_folder is not None else None
+
     def prepare(self) -> None:
         """Builds the executor (and a temporary job folder for the local executor)."""
         if self._executor is not None:

@@ -2,7 +2,11 @@
 
 Every message is a wire message (:func:`acollect.transport.wire.pack_message`):
 a msgpack header whose ``"kind"`` is one of the names below, plus raw tensor
-frames for batches and weights. Nothing here is ever pickled.
+frames for batches and weights. Nothing a worker sends is ever unpickled. One
+message may carry a pickle, the other way: the ``config`` of a worker started by
+hand whose env factory or policy is a Python object (cloudpickled, see
+:mod:`acollect.worker.config_codec`), which the worker unpickles only once the
+CURVE handshake proved the collector, and never with ``--no-pickle``.
 
 Collector -> worker:
 

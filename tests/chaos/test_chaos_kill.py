@@ -229,7 +229,7 @@ async def test_a_seed_or_state_while_a_worker_restarts_does_not_restart_its_succ
         victim = collector.worker_pids[0]
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
-        pool = collector._pool
+        pool = collector.pool
         assert pool is not None
         handle = pool.handles[0]
         # The successor is launched and not connected yet: that is when the change goes out.

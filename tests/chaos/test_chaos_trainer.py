@@ -34,7 +34,7 @@ TRAINER = textwrap.dedent(
         async with collector:
             await anext(collector)
             await collector.update_policy_weights_(LedgerPolicy(1.0))  # weights through a segment too
-            address = collector._pool.endpoint.address
+            address = collector.endpoint_address
             print(os.getpid(), address, *collector.worker_pids, flush=True)
             async for _ in collector:
                 await anyio.sleep(0.01)

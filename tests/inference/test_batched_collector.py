@@ -10,7 +10,7 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, CollectorState, ConfigurationError, MultiAsyncCollector
-from acollect.errors import InferenceServerError
+from acollect.errors import InferencePolicyError
 from acollect.testing import CountingEnv, assert_counting_batch
 
 
@@ -81,7 +81,7 @@ async def test_a_policy_that_raises_in_the_server_breaks_the_collector_with_its_
                         pass
                 assert any(entry.name == "forward" for entry in info.traceback)
             else:  # the server process's report: the type, the message and the traceback from there
-                with pytest.raises(InferenceServerError, match="the policy broke") as failed:
+                with pytest.raises(InferencePolicyError, match="the policy broke") as failed:  # a PolicyError
                     async for _ in collector:
                         pass
                 assert failed.value.type_name == "builtins.ValueError"

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from acollect import ConfigurationError, InferenceServer
-from acollect.errors import CollectorStateError, InferenceServerError
+from acollect.errors import CollectorStateError, InferencePolicyError
 from acollect.inference.batching import Batcher, Request
 from acollect.testing import wait_until
 
@@ -118,7 +118,7 @@ async def test_a_policy_that_raises_fails_its_callers_with_the_traceback_and_lat
 async def test_a_policy_that_raises_in_the_server_process_fails_its_callers_with_the_remote_traceback() -> None:
     with anyio.fail_after(30):
         async with InferenceServer(Broken(), max_wait=0.0) as server:
-            with pytest.raises(InferenceServerError, match="bad policy") as info:
+            with pytest.raises(InferencePolicyError, match="bad policy") as info:  # a PolicyError
                 await server.infer(obs([1.0]))
             assert info.value.pid == server.pid
             # The process's own report follows the answer: its type and traceback, the policy's frame in it.
@@ -126,9 +126,21 @@ async def test_a_policy_that_raises_in_the_server_process_fails_its_callers_with
             with pytest.raises(CollectorStateError, match="failed") as later:
                 await server.infer(obs([1.0]))
             cause = later.value.__cause__
-            assert isinstance(cause, InferenceServerError)
+            assert isinstance(cause, InferencePolicyError)
             assert cause.type_name == "builtins.ValueError"
             assert "in forward" in cause.remote_traceback
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+async def test_the_server_says_where_its_policy_copy_is(mode: str) -> None:
+    net = TensorDictModule(Doubler(), in_keys=["observation"], out_keys=["action"])
+    server = InferenceServer(net, max_wait=0.0, mode=mode)
+    assert server.policy_device is None  # nothing is built before the start
+    with anyio.fail_after(60):
+        async with server:
+            assert server.policy_device == torch.device("cpu")  # in process mode, as the server process's hello said
+            await server.infer(obs([1.0]))
+    assert server.device is None  # what was asked for stays as it was given
 
 
 async def test_closing_answers_a_waiting_caller() -> None:

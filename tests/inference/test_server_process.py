@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, CollectorState, InferenceServer
-from acollect.errors import CollectorStateError, InferenceServerError
+from acollect.errors import CollectorStateError, InferencePolicyError, InferenceServerError, PolicyError
 from acollect.testing import CountingEnv, assert_counting_batch, wait_until
 
 ENVS = [functools.partial(CountingEnv, num_envs=2, episode_length=5, start=1000 * k) for k in range(2)]
@@ -61,6 +61,7 @@ async def test_a_killed_server_process_breaks_the_collector_with_its_exit_code(s
                     pass
         assert info.value.exitcode == -signal.SIGKILL
         assert info.value.pid == pid
+        assert not isinstance(info.value, PolicyError), "a dead server is something else's failure, not the policy's"
         assert collector.state is CollectorState.BROKEN
     finally:
         await collector.async_shutdown()
@@ -80,6 +81,7 @@ async def test_a_killed_server_process_fails_its_waiting_callers_and_later_calls
             await server.infer(obs)
         cause = info.value.__cause__
         assert isinstance(cause, InferenceServerError)
+        assert not isinstance(cause, PolicyError)
         assert cause.exitcode == -signal.SIGKILL
 
 
@@ -203,7 +205,16 @@ def _broken_factory() -> torch.nn.Module:
 @pytest.mark.parametrize("mode", ["process", "thread"])
 async def test_a_policy_that_fails_to_build_fails_the_start_and_leaves_nothing(mode: str) -> None:
     server = InferenceServer(policy_factory=_broken_factory, address="ipc", mode=mode)
-    expected = InferenceServerError if mode == "process" else RuntimeError
+    expected = InferencePolicyError if mode == "process" else RuntimeError  # the policy's factory raised
     with anyio.fail_after(60), pytest.raises(expected, match="no policy today"):
         await server.start()
     await server.async_shutdown()  # the way out of a failed start; the leak check then finds nothing
+
+
+async def test_a_server_process_that_cannot_bind_fails_with_its_own_error_not_the_policys(tmp_path: Path) -> None:
+    server = InferenceServer(policy(), address=f"ipc://{tmp_path}/no-such-dir/server.sock")
+    with anyio.fail_after(60), pytest.raises(InferenceServerError, match="an address this process can bind") as info:
+        await server.start()
+    assert not isinstance(info.value, PolicyError)
+    assert info.value.type_name == "acollect.errors.ConfigurationError"
+    await server.async_shutdown()

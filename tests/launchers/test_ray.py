@@ -105,7 +105,7 @@ async def test_killed_actor_without_restarts_is_reported_with_its_actor() -> Non
     )
     async with collector:
         await anext(collector)
-        pool = collector._pool
+        pool = collector.pool
         assert pool is not None
         victim = pool.handles[1].process
         ray.kill(victim.actor, no_restart=True)  # type: ignore[union-attr]

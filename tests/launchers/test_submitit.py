@@ -41,22 +41,32 @@ async def test_jobs_collect_take_weights_and_leave_nothing_behind() -> None:
         await collector.update_policy_weights_(WeightProbe(1.0))
         batch = await anext(collector)
         assert batch["action"].eq(1).all()
-        pool = collector._pool
+        pool = collector.pool
         assert pool is not None
         assert all(h.where.startswith("submitit job ") for h in pool.handles)
-        folder = launcher._tmp_folder
+        folder = launcher.job_folder
         assert folder is not None
-        assert Path(folder).is_dir()  # noqa: ASYNC240 - a test's one stat call
+        assert folder.is_dir()
         jobs = [h.process for h in pool.handles]
     assert all(job is not None and job.exitcode == 0 for job in jobs), "each job ended on the collector's stop"
-    assert not Path(folder).exists(), "the temporary job folder is removed at shutdown"  # noqa: ASYNC240
+    assert not folder.exists(), "the temporary job folder is removed at shutdown"
+    assert launcher.job_folder is None
+
+
+def test_a_given_folder_is_the_job_folder_and_outlives_the_launcher(tmp_path: Path) -> None:
+    launcher = SubmititLauncher(tmp_path, cluster="local")
+    assert launcher.job_folder == tmp_path
+    launcher.prepare()
+    launcher.close()
+    assert launcher.job_folder == tmp_path
+    assert tmp_path.is_dir(), "a folder the caller gave is the caller's: only a temporary one is removed"
 
 
 async def test_cancelled_job_is_reported() -> None:
     launcher = SubmititLauncher(cluster="local")
     async with MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8, launcher=launcher) as collector:
         await anext(collector)
-        pool = collector._pool
+        pool = collector.pool
         assert pool is not None
         pool.handles[0].process.job.cancel(check=False)  # type: ignore[union-attr]
         with pytest.raises(WorkerCrashedError, match=r"worker 0 \(submitit job \d+ \(ended: job state"):
@@ -91,7 +101,7 @@ async def test_an_unpicklable_env_factory_is_named_before_any_job_starts() -> No
     collector = MultiSyncCollector([lambda: (lock, CountingEnv())[1]], frames_per_batch=4, launcher=launcher)
     with pytest.raises(ConfigurationError, match=r"cannot send the env factory or policy to worker 0.*cloudpickle"):
         await collector.__aenter__()
-    assert launcher._tmp_folder is None, "the launcher released its job folder"
+    assert launcher.job_folder is None, "the launcher released its job folder"
 
 
 async def test_central_inference_serves_workers_running_as_jobs_over_tcp() -> None:

@@ -116,9 +116,9 @@ async def test_a_batch_begun_ahead_is_handed_out_with_the_version_that_made_it(s
     ) as collector:
         await anext(collector)
         second = await anext(collector)
-        assert collector._pool is not None
+        assert collector.pool is not None
         with anyio.fail_after(30):  # the batch begun ahead arrives (made with version 0)
-            while not all(h.inbox for h in collector._pool.handles):  # noqa: ASYNC110 - polled on purpose
+            while not all(h.inbox for h in collector.pool.handles):  # noqa: ASYNC110 - polled on purpose
                 await anyio.sleep(0.01)
         await collector.update_policy_weights_(WeightProbe(1.0))
         third = await anext(collector)
@@ -140,10 +140,10 @@ async def test_a_batch_begun_ahead_before_a_reseed_is_dropped_and_counted(start_
         [counting(episode_length=1000)] * 2, WeightProbe(0.0), frames_per_batch=16, start_method=start_method
     ) as collector:
         await anext(collector)
-        assert collector._pool is not None
+        assert collector.pool is not None
         second = await anext(collector)
         with anyio.fail_after(30):
-            while not all(h.inbox for h in collector._pool.handles):  # noqa: ASYNC110 - polled on purpose
+            while not all(h.inbox for h in collector.pool.handles):  # noqa: ASYNC110 - polled on purpose
                 await anyio.sleep(0.01)
         collector.set_seed(3)  # sent before the next batch is taken
         third = await anext(collector)

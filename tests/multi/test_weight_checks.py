@@ -129,7 +129,7 @@ async def test_a_worker_refuses_weights_that_skipped_the_check_and_lives_on(star
         [counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method
     ) as c:
         await anext(c)
-        pool, pids = c._pool, c.worker_pids
+        pool, pids = c.pool, c.worker_pids
         assert pool is not None
         # As a peer that skipped the collector's check would: straight to the pool.
         bad = TensorDict({"net": {"0": {"w": torch.ones(3)}}}, batch_size=[])
@@ -171,7 +171,7 @@ async def test_a_malformed_weights_message_leaves_the_worker_alive(
         [counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method
     ) as c:
         await anext(c)
-        pool, pids = c._pool, c.worker_pids
+        pool, pids = c.pool, c.worker_pids
         assert pool is not None
         handle = pool.handles[0]
         td = TensorDict(frames, batch_size=[]) if frames is not None else None
