@@ -2,8 +2,8 @@
 
 :class:`RolloutEngine` drives a batched env with a policy and fills preallocated ``[n_envs, T]`` buffers. It is
 plain blocking code: the in-process :class:`~acollect.Collector` runs it in a thread so the event loop never
-blocks, and every worker process runs the same engine (two, interleaved by :meth:`RolloutEngine.stepper`, in a
-worker of central inference whose envs step in groups).
+blocks, and every worker process runs the same engine (several, interleaved by :meth:`RolloutEngine.stepper`, in
+a worker of central inference whose envs step in groups).
 
 The hot loop allocates no TensorDict per step: the env writes into two TensorDicts allocated once (``root``: what
 the next step starts from; ``next``: the result of the step), and the engine copies their leaves into per-step
@@ -34,7 +34,16 @@ from acollect._time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
-from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, build_policy, check_policy_outputs
+from acollect.errors import ConfigurationError
+from acollect.policy import (
+    ModulePolicy,
+    NestedKey,
+    PolicyAdapter,
+    RandomPolicy,
+    SplitPolicy,
+    build_policy,
+    check_policy_outputs,
+)
 
 __all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "exploration", "frames_per_batch_for"]
 
@@ -133,8 +142,8 @@ class RolloutEngine:
         self.policy_version = 0
         #: env steps taken so far (workers report it in heartbeats: a hung env stops it)
         self.steps = 0
-        #: :meth:`steps` yields between a step's ``policy.submit`` and ``policy.receive`` (env groups)
-        self.pipelined = False
+        # Set by split_policy_calls(): the steps yield between sending the observations and taking the actions.
+        self._split: SplitPolicy | None = None
         self._next_traj_counter = 0
 
         self._root = env.make_root()
@@ -174,6 +183,25 @@ class RolloutEngine:
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
         # A policy answered by an inference server says, per step, which weights chose the action.
         self._versions_from_policy = (_COLLECTOR, "policy_version") in self._out_specs
+
+    def split_policy_calls(self) -> SplitPolicy:
+        """From now on, :meth:`stepper` yields in every step between sending the observations and taking the actions.
+
+        A caller stepping several engines in turn (:class:`~acollect.worker.groups.EngineGroups`) steps the others
+        while this one's actions are computed elsewhere.
+
+        Returns:
+            The policy, to wait on its answer (:meth:`~acollect.policy.SplitPolicy.answer_fileno`).
+
+        Raises:
+            ConfigurationError: the policy's calls do not split (it is no :class:`~acollect.policy.SplitPolicy`).
+        """
+        if not isinstance(self.policy, SplitPolicy):
+            raise ConfigurationError.bad_value(
+                "policy", type(self.policy).__name__, "a policy whose calls split in two (submit, receive), such as "
+                "an inference server's client")  # fmt: skip
+        self._split = self.policy
+        return self.policy
 
     # -- state ---------------------------------------------------------------------
     def seed(self, seed: int) -> None:
@@ -284,8 +312,8 @@ class RolloutEngine:
         out: TensorDict | None = None,
         between_steps: Callable[[], object] | None = None,
     ) -> Generator[None, None, TensorDict]:
-        """:meth:`collect` as a generator, for a caller that interleaves two engines (and holds inference mode
-        and the exploration type around it): with :attr:`pipelined`, it yields between sending a step's
+        """:meth:`collect` as a generator, for a caller that interleaves several engines (and holds inference mode
+        and the exploration type around it): after :meth:`split_policy_calls`, it yields between sending a step's
         observations (``policy.submit``) and waiting for the actions (``policy.receive``). Returns the batch.
         """
         start = 0
@@ -323,7 +351,7 @@ class RolloutEngine:
         next_copies = TimeSlices([(next_td.get(k), nxt.get(k)) for k in next_keys])
         traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), self._traj_ids)])
         out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
-        policy = self.policy
+        policy, split = self.policy, self._split
         random_until = self.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
         max_traj = self.max_frames_per_traj
@@ -340,11 +368,11 @@ class RolloutEngine:
             root_copies.copy(t)
             if self.frames + t * n < random_until:
                 outputs = self._random(None)
-            elif self.pipelined:
-                policy.submit(self._policy_input())  # type: ignore[attr-defined]
+            elif split is not None:
+                split.submit(self._policy_input())
                 try:
-                    yield  # the other env group steps while the server runs this one's pass
-                    outputs = policy.receive()  # type: ignore[attr-defined]
+                    yield  # the other env groups step while the server runs this one's pass
+                    outputs = split.receive()
                 except (GeneratorExit, RolloutInterrupted):
                     self._partial = (batch, t)  # step t not taken: continued later (its late answer dropped)
                     raise
