@@ -81,7 +81,7 @@ class SplitPolicy(Protocol):
     """A policy whose call splits in two: the observations go out, the actions come back later.
 
     An inference server's client (:class:`~acollect.inference.client.RemotePolicy`) is one. A worker whose envs
-    step in groups (:class:`~acollect.worker.groups.EngineGroups`) sends one group's observations, steps the other
+    step in groups (:class:`~acollect.engine_groups.EngineGroups`) sends one group's observations, steps the other
     groups meanwhile, and then takes the first group's actions.
 
     Examples:

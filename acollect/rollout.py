@@ -187,7 +187,7 @@ class RolloutEngine:
     def split_policy_calls(self) -> SplitPolicy:
         """From now on, :meth:`stepper` yields in every step between sending the observations and taking the actions.
 
-        A caller stepping several engines in turn (:class:`~acollect.worker.groups.EngineGroups`) steps the others
+        A caller stepping several engines in turn (:class:`~acollect.engine_groups.EngineGroups`) steps the others
         while this one's actions are computed elsewhere.
 
         Returns:

@@ -10,7 +10,7 @@ below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the
     errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
     devices
     envs, policy, trajectories, stats, progress, replay_buffer
-    rollout, _time_slices, weights, async_rollout, _row_ring, loop_rollout
+    rollout, _time_slices, weights, async_rollout, _row_ring, loop_rollout, engine, engine_groups
     transport
     inference
     worker
@@ -48,7 +48,7 @@ LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_machine",
      "_pickling", "_spawn", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
-    {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "loop_rollout"},
+    {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "loop_rollout", "engine", "engine_groups"},
     {"transport"},
     {"inference"},
     {"worker"},

@@ -20,9 +20,17 @@ from tensordict import TensorDict, TensorDictBase
 from acollect.devices import resolve_devices
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.policy import PolicyAdapter, wrap_policy
+from acollect.policy import wrap_policy
 from acollect.rollout import RolloutEngine, RolloutInterrupted, frames_per_batch_for
-from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, CountingGymEnv, WeightProbe, assert_counting_batch
+from acollect.testing import (
+    ENV_STRIDE,
+    RESET_JUMP,
+    CountingEnv,
+    CountingGymEnv,
+    SplitProbe,
+    WeightProbe,
+    assert_counting_batch,
+)
 
 ROOT_KEYS = {"observation", "action", "done", "terminated", "truncated"}
 NEXT_KEYS = {("next", k) for k in ("observation", "reward", "done", "terminated", "truncated")}
@@ -323,35 +331,13 @@ def test_stop_from_another_thread_interrupts_a_slow_batch(make_engine: Callable[
     assert time.monotonic() - started < 2.0  # noticed at the next step, not at the end of the batch
 
 
-class HalfCalls(PolicyAdapter):
-    """A split policy (submit, then receive) acting 1, that records the order of its calls."""
-
-    def __init__(self, calls: list[str]) -> None:
-        self.calls = calls
-        self._rows = 0
-
-    def __call__(self, td: TensorDictBase) -> dict[Any, torch.Tensor]:
-        self.submit(td)
-        return self.receive()
-
-    def submit(self, td: TensorDictBase) -> None:
-        self.calls.append("submit")
-        self._rows = td.batch_size[0]
-
-    def receive(self) -> dict[Any, torch.Tensor]:
-        self.calls.append("receive")
-        return {"action": torch.ones(self._rows, dtype=torch.int64)}
-
-    def answer_fileno(self) -> int | None:
-        return None
-
-
 def test_split_policy_calls_yield_between_sending_and_taking_each_step(
     make_engine: Callable[..., RolloutEngine],
 ) -> None:
-    calls: list[str] = []
-    engine = make_engine(CountingEnv(num_envs=2), HalfCalls(calls), frames_per_batch=6)
-    assert engine.split_policy_calls() is engine.policy
+    policy = SplitProbe(1)
+    engine = make_engine(CountingEnv(num_envs=2), policy, frames_per_batch=6)
+    assert engine.split_policy_calls() is policy
+    calls = policy.calls
     calls.clear()  # the probe's call
     steps = engine.stepper()
     for _ in range(3):

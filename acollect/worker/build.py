@@ -15,6 +15,8 @@ import torch
 
 from acollect import rollout
 from acollect.async_rollout import AsyncRollout
+from acollect.engine import Engine
+from acollect.engine_groups import EngineGroups
 from acollect.envs import AsyncEnvPool, make_env
 from acollect.errors import ConfigurationError
 from acollect.inference.client import RemotePolicy
@@ -23,7 +25,6 @@ from acollect.policy import build_policy, parse_exploration_type
 from acollect.rollout import RolloutEngine
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
-from acollect.worker.groups import EngineGroups
 
 __all__ = ["build_engine", "resolve_model"]
 
@@ -35,7 +36,7 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
     collector's inference server; ``interrupt`` (the worker's pause and stop) abandons a step waiting on it.
     With ``config.inference["env_groups"]`` above 1 and ``num_envs >= 2`` in ``env_kwargs``, the envs are built
     as that many groups (at most one per env), each stepping while the others wait for their actions
-    (:class:`~acollect.worker.groups.EngineGroups`).
+    (:class:`~acollect.engine_groups.EngineGroups`).
     """
     groups = _groups(config)
     if groups is None:
@@ -161,7 +162,7 @@ def _build_looped(
     return cast(RolloutEngine, LoopRollout(engine))
 
 
-def resolve_model(engine: RolloutEngine, model_id: str) -> torch.nn.Module:
+def resolve_model(engine: Engine, model_id: str) -> torch.nn.Module:
     """``"policy"``, ``"policy.<attr>..."`` or ``"env.<attr>..."`` -> the module whose weights are updated."""
     head, _, rest = model_id.partition(".")
     roots: dict[str, Any] = {"policy": engine.policy.weights_module, "env": engine.env}
