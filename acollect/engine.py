@@ -14,7 +14,8 @@ drives one (``allocate``, ``collect(stop, out=)``, ``close``): every engine a wo
 is the engine the in-process :class:`~acollect.Collector` runs in a thread. The in-process collector steps an
 ``AsyncRollout`` on its event loop through that class's own coroutines instead.
 
-mypy checks each class against these protocols where it is built and where it is used; nothing is cast.
+mypy checks each class against these protocols where it is built (:func:`acollect.engine_builder.build_engine`)
+and where it is used; nothing is cast.
 
 Examples:
     >>> from acollect.devices import resolve_devices

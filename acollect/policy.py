@@ -319,7 +319,8 @@ def build_policy(
 ) -> tuple[PolicyAdapter, Devices]:
     """Builds the policy (given, or built by ``policy_factory``) for ``env``, resolves the devices, wraps it.
 
-    The one place a policy is placed and wrapped: :func:`build_engine` and the coroutine-env engine call it.
+    The one place a policy is placed and wrapped: the one engine builder
+    (:func:`~acollect.engine_builder.build_engine`) calls it for every engine.
     """
     if policy_factory is not None:
         policy = policy_factory()

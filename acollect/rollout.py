@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +32,6 @@ from tensordict.nn import InteractionType, set_interaction_type
 from acollect._time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices
 from acollect.envs.base import EnvBase
-from acollect.envs.factory import make_env
 from acollect.errors import ConfigurationError
 from acollect.policy import (
     ModulePolicy,
@@ -41,11 +39,10 @@ from acollect.policy import (
     PolicyAdapter,
     RandomPolicy,
     SplitPolicy,
-    build_policy,
     check_policy_outputs,
 )
 
-__all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "exploration", "frames_per_batch_for"]
+__all__ = ["RolloutEngine", "RolloutInterrupted", "exploration", "frames_per_batch_for"]
 
 _COLLECTOR = "collector"
 
@@ -425,44 +422,3 @@ class RolloutEngine:
     def output_keys(self) -> list[NestedKey]:
         """The policy's output keys, as learnt from the probe call."""
         return list(self._out_specs)
-
-
-def build_engine(
-    create_env_fn: Any,
-    *,
-    env_kwargs: Mapping[str, Any],
-    policy: Any,
-    policy_factory: Callable[[], Any] | None,
-    devices: Mapping[str, Any],
-    frames_per_batch: int,
-    max_frames_per_traj: int | None,
-    init_random_frames: int,
-    reset_at_each_iter: bool,
-    exploration_type: InteractionType | None,
-    traj_id_offset: int = 0,
-    traj_id_stride: int = 1,
-) -> RolloutEngine:
-    """Builds the env, the policy (given, or built by ``policy_factory``), the devices and the engine.
-
-    The one builder: the in-process :class:`~acollect.Collector` and every worker process call it, so
-    an env or a policy is checked, placed and wrapped the same way wherever it runs. The env is closed
-    if anything after it fails.
-    """
-    env = make_env(create_env_fn, **env_kwargs)
-    try:
-        adapter, resolved = build_policy(env, policy=policy, policy_factory=policy_factory, devices=devices)
-        return RolloutEngine(
-            env,
-            adapter,
-            frames_per_batch=frames_per_batch,
-            devices=resolved,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            exploration_type=exploration_type,
-            traj_id_offset=traj_id_offset,
-            traj_id_stride=traj_id_stride,
-        )
-    except BaseException:
-        env.close()
-        raise
