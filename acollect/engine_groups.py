@@ -30,7 +30,7 @@ _POLL_MS = 50  # how often a worker waiting for any group's actions looks at its
 
 
 class EngineGroups:
-    """Several engines over shares of a worker's envs, stepped in turn; the interface of one engine.
+    """Several engines over shares of a worker's envs, stepped in turn, as one :class:`~acollect.engine.BlockingEngine`.
 
     Args:
         engines: the engines, in the order of their rows in each batch (the first over rows ``[0, n_0)``, the
@@ -71,7 +71,7 @@ class EngineGroups:
         self._turns = 0
         self._poller = select.poll()
 
-    # -- the engine's interface -----------------------------------------------------------
+    # -- the BlockingEngine protocol ------------------------------------------------------
     @property
     def steps(self) -> int:
         """Env steps taken by every group (heartbeats carry it)."""
