@@ -1,10 +1,10 @@
 """Coroutine envs driven from blocking code: :class:`LoopRollout`, one batch at a time on a loop of its own.
 
 A worker process (``MultiSyncCollector`` and the other worker collectors) runs plain blocking code
-around a :class:`~acollect.rollout.RolloutEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
-it runs a :class:`LoopRollout` instead: the same surface (``collect(stop, out=)``, ``allocate()``,
-the counters, ``seed``/``restart``), over an :class:`~acollect.async_rollout.AsyncRollout` on an
-event loop the worker owns. Each ``collect`` runs that loop until the batch is complete, so the
+around a :class:`~acollect.engine.BlockingEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
+it runs a :class:`LoopRollout`: that surface (``collect(stop, out=)``, ``allocate()``, the counters,
+``seed``/``restart``) over an :class:`~acollect.async_rollout.AsyncRollout` on an event loop the
+engine owns. Each ``collect`` runs that loop until the batch is complete, so the
 worker's envs follow the same batching rule as in the in-process ``Collector``; between batches the
 loop stands still (and so do the envs). Setting ``stop`` ends ``collect`` with
 :class:`~acollect.rollout.RolloutInterrupted` within a few milliseconds, losing nothing.
@@ -31,7 +31,7 @@ _STOP_POLL_SECONDS = 0.005
 
 
 class LoopRollout:
-    """An :class:`AsyncRollout` with :class:`~acollect.rollout.RolloutEngine`'s blocking surface.
+    """An :class:`AsyncRollout` driven from blocking code: a :class:`~acollect.engine.BlockingEngine`.
 
     Examples:
         >>> from acollect.devices import resolve_devices
@@ -51,7 +51,7 @@ class LoopRollout:
         self._tasks: TaskOwner | None = None
         self._failure: BaseException | None = None
 
-    # -- RolloutEngine's surface ---------------------------------------------------------
+    # -- the BlockingEngine protocol -------------------------------------------------------
     @property
     def env(self) -> AsyncEnvPool:
         return self.rollout.env

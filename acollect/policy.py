@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from tensordict import TensorDictBase
@@ -38,6 +38,7 @@ __all__ = [
     "ModulePolicy",
     "PolicyAdapter",
     "RandomPolicy",
+    "SplitPolicy",
     "TensorDictPolicy",
     "build_policy",
     "check_policy_outputs",
@@ -73,6 +74,39 @@ class PolicyAdapter:
 
     def close(self) -> None:
         """Frees what the policy holds besides its module (a remote policy's connection); idempotent."""
+
+
+@runtime_checkable
+class SplitPolicy(Protocol):
+    """A policy whose call splits in two: the observations go out, the actions come back later.
+
+    An inference server's client (:class:`~acollect.inference.client.RemotePolicy`) is one. A worker whose envs
+    step in groups (:class:`~acollect.engine_groups.EngineGroups`) sends one group's observations, steps the other
+    groups meanwhile, and then takes the first group's actions.
+
+    Examples:
+        >>> class Echo:
+        ...     def submit(self, td):
+        ...         self.td = td
+        ...     def receive(self):
+        ...         return {"action": self.td["observation"]}
+        ...     def answer_fileno(self):
+        ...         return None
+        >>> isinstance(Echo(), SplitPolicy)
+        True
+    """
+
+    def submit(self, td: TensorDictBase) -> None:
+        """Sends the observations of ``td`` (a step's first half)."""
+        ...
+
+    def receive(self) -> dict[NestedKey, torch.Tensor]:
+        """The outputs for the observations last submitted (blocking)."""
+        ...
+
+    def answer_fileno(self) -> int | None:
+        """A descriptor that turns readable when the answer may have come (``None``: none to wait on)."""
+        ...
 
 
 class RandomPolicy(PolicyAdapter):
@@ -285,7 +319,8 @@ def build_policy(
 ) -> tuple[PolicyAdapter, Devices]:
     """Builds the policy (given, or built by ``policy_factory``) for ``env``, resolves the devices, wraps it.
 
-    The one place a policy is placed and wrapped: :func:`build_engine` and the coroutine-env engine call it.
+    The one place a policy is placed and wrapped: the one engine builder
+    (:func:`~acollect.engine_builder.build_engine`) calls it for every engine.
     """
     if policy_factory is not None:
         policy = policy_factory()

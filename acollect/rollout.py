@@ -2,8 +2,8 @@
 
 :class:`RolloutEngine` drives a batched env with a policy and fills preallocated ``[n_envs, T]`` buffers. It is
 plain blocking code: the in-process :class:`~acollect.Collector` runs it in a thread so the event loop never
-blocks, and a worker process runs the same engine (several, interleaved by :meth:`RolloutEngine.stepper`, in a
-worker of central inference whose envs step in groups: :mod:`acollect.worker.groups`). Coroutine envs have an
+blocks, and every worker process runs the same engine (several, interleaved by :meth:`RolloutEngine.stepper`, in
+a worker of central inference whose envs step in groups: :mod:`acollect.engine_groups`). Coroutine envs have an
 engine of their own (:mod:`acollect.async_rollout`; in a worker, behind :mod:`acollect.loop_rollout`).
 
 The hot loop allocates no TensorDict per step: the env writes into two TensorDicts allocated once (``root``: what
@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import numpy as np
 import torch
@@ -34,10 +33,17 @@ from tensordict.nn import InteractionType, set_interaction_type
 from acollect._time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices
 from acollect.envs.base import EnvBase
-from acollect.envs.factory import make_env
-from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, build_policy, check_policy_outputs
+from acollect.errors import ConfigurationError
+from acollect.policy import (
+    ModulePolicy,
+    NestedKey,
+    PolicyAdapter,
+    RandomPolicy,
+    SplitPolicy,
+    check_policy_outputs,
+)
 
-__all__ = ["RolloutEngine", "RolloutInterrupted", "build_engine", "exploration", "frames_per_batch_for"]
+__all__ = ["RolloutEngine", "RolloutInterrupted", "exploration", "frames_per_batch_for"]
 
 _COLLECTOR = "collector"
 
@@ -134,8 +140,8 @@ class RolloutEngine:
         self.policy_version = 0
         #: env steps taken so far (workers report it in heartbeats: a hung env stops it)
         self.steps = 0
-        #: :meth:`steps` yields between a step's ``policy.submit`` and ``policy.receive`` (env groups)
-        self.pipelined = False
+        # Set by split_policy_calls(): the steps yield between sending the observations and taking the actions.
+        self._split: SplitPolicy | None = None
         self._next_traj_counter = 0
 
         self._root = env.make_root()
@@ -175,6 +181,25 @@ class RolloutEngine:
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
         # A policy answered by an inference server says, per step, which weights chose the action.
         self._versions_from_policy = (_COLLECTOR, "policy_version") in self._out_specs
+
+    def split_policy_calls(self) -> SplitPolicy:
+        """From now on, :meth:`stepper` yields in every step between sending the observations and taking the actions.
+
+        A caller stepping several engines in turn (:class:`~acollect.engine_groups.EngineGroups`) steps the others
+        while this one's actions are computed elsewhere.
+
+        Returns:
+            The policy, to wait on its answer (:meth:`~acollect.policy.SplitPolicy.answer_fileno`).
+
+        Raises:
+            ConfigurationError: the policy's calls do not split (it is no :class:`~acollect.policy.SplitPolicy`).
+        """
+        if not isinstance(self.policy, SplitPolicy):
+            raise ConfigurationError.bad_value(
+                "policy", type(self.policy).__name__, "a policy whose calls split in two (submit, receive), such as "
+                "an inference server's client")  # fmt: skip
+        self._split = self.policy
+        return self.policy
 
     # -- state ---------------------------------------------------------------------
     def seed(self, seed: int) -> None:
@@ -285,8 +310,8 @@ class RolloutEngine:
         out: TensorDict | None = None,
         between_steps: Callable[[], object] | None = None,
     ) -> Generator[None, None, TensorDict]:
-        """:meth:`collect` as a generator, for a caller that interleaves two engines (and holds inference mode
-        and the exploration type around it): with :attr:`pipelined`, it yields between sending a step's
+        """:meth:`collect` as a generator, for a caller that interleaves several engines (and holds inference mode
+        and the exploration type around it): after :meth:`split_policy_calls`, it yields between sending a step's
         observations (``policy.submit``) and waiting for the actions (``policy.receive``). Returns the batch.
         """
         start = 0
@@ -324,7 +349,7 @@ class RolloutEngine:
         next_copies = TimeSlices([(next_td.get(k), nxt.get(k)) for k in next_keys])
         traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), self._traj_ids)])
         out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
-        policy = self.policy
+        policy, split = self.policy, self._split
         random_until = self.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
         max_traj = self.max_frames_per_traj
@@ -341,11 +366,11 @@ class RolloutEngine:
             root_copies.copy(t)
             if self.frames + t * n < random_until:
                 outputs = self._random(None)
-            elif self.pipelined:
-                policy.submit(self._policy_input())  # type: ignore[attr-defined]
+            elif split is not None:
+                split.submit(self._policy_input())
                 try:
-                    yield  # the other env group steps while the server runs this one's pass
-                    outputs = policy.receive()  # type: ignore[attr-defined]
+                    yield  # the other env groups step while the server runs this one's pass
+                    outputs = split.receive()
                 except (GeneratorExit, RolloutInterrupted):
                     self._partial = (batch, t)  # step t not taken: continued later (its late answer dropped)
                     raise
@@ -398,44 +423,3 @@ class RolloutEngine:
     def output_keys(self) -> list[NestedKey]:
         """The policy's output keys, as learnt from the probe call."""
         return list(self._out_specs)
-
-
-def build_engine(
-    create_env_fn: Any,
-    *,
-    env_kwargs: Mapping[str, Any],
-    policy: Any,
-    policy_factory: Callable[[], Any] | None,
-    devices: Mapping[str, Any],
-    frames_per_batch: int,
-    max_frames_per_traj: int | None,
-    init_random_frames: int,
-    reset_at_each_iter: bool,
-    exploration_type: InteractionType | None,
-    traj_id_offset: int = 0,
-    traj_id_stride: int = 1,
-) -> RolloutEngine:
-    """Builds the env, the policy (given, or built by ``policy_factory``), the devices and the engine.
-
-    The one builder: the in-process :class:`~acollect.Collector` and every worker process call it, so
-    an env or a policy is checked, placed and wrapped the same way wherever it runs. The env is closed
-    if anything after it fails.
-    """
-    env = make_env(create_env_fn, **env_kwargs)
-    try:
-        adapter, resolved = build_policy(env, policy=policy, policy_factory=policy_factory, devices=devices)
-        return RolloutEngine(
-            env,
-            adapter,
-            frames_per_batch=frames_per_batch,
-            devices=resolved,
-            max_frames_per_traj=max_frames_per_traj,
-            init_random_frames=init_random_frames,
-            reset_at_each_iter=reset_at_each_iter,
-            exploration_type=exploration_type,
-            traj_id_offset=traj_id_offset,
-            traj_id_stride=traj_id_stride,
-        )
-    except BaseException:
-        env.close()
-        raise

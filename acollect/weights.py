@@ -34,8 +34,7 @@ from acollect._validate import check_int, check_seconds
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
-    from acollect.async_rollout import AsyncRollout
-    from acollect.rollout import RolloutEngine
+    from acollect.engine import Engine
 
 __all__ = [
     "PolicyWeights",
@@ -409,7 +408,7 @@ class PolicyWeights:
                 self.version += 1
             return self.version
 
-    def apply_pending(self, engine: RolloutEngine | AsyncRollout) -> None:
+    def apply_pending(self, engine: Engine) -> None:
         """Copies staged weights into the engine's policy and stamps the version. Call between batches.
 
         Nothing changes while the engine holds a batch an interruption left half-way: one version chooses

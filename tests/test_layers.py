@@ -10,7 +10,8 @@ below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the
     errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
     devices
     envs, policy, trajectories, stats, progress, replay_buffer
-    rollout, _time_slices, weights, async_rollout, _row_ring, loop_rollout
+    rollout, _time_slices, weights, async_rollout, _row_ring, _env_turns, _env_steps, _policy_passes, loop_rollout,
+    engine, engine_groups, engine_builder
     transport
     inference
     worker
@@ -48,7 +49,8 @@ LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_machine",
      "_pickling", "_spawn", "specs", "devices"},
     {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
-    {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "loop_rollout"},
+    {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "_env_turns", "_env_steps", "_policy_passes",
+     "loop_rollout", "engine", "engine_groups", "engine_builder"},
     {"transport"},
     {"inference"},
     {"worker"},
@@ -195,7 +197,7 @@ def test_every_module_has_a_layer() -> None:
 def test_the_graph_sees_known_imports() -> None:
     # Guards the parser: a broken resolution would make the other tests pass vacuously.
     assert "acollect.worker.protocol" in GRAPH["acollect.worker.main"]  # `from acollect.worker import protocol`
-    assert "acollect.envs.factory" in GRAPH["acollect.rollout"]  # `from acollect.envs.factory import make_env`
+    assert "acollect.envs.factory" in GRAPH["acollect.engine_builder"]  # `from acollect.envs.factory import make_env`
     assert "acollect.errors" in GRAPH["acollect.transport.wire"]
 
 

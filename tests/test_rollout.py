@@ -19,10 +19,18 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect.devices import resolve_devices
 from acollect.envs import EnvBase, GymEnv
-from acollect.errors import PolicyError
+from acollect.errors import ConfigurationError, PolicyError
 from acollect.policy import wrap_policy
 from acollect.rollout import RolloutEngine, RolloutInterrupted, frames_per_batch_for
-from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, CountingGymEnv, WeightProbe, assert_counting_batch
+from acollect.testing import (
+    ENV_STRIDE,
+    RESET_JUMP,
+    CountingEnv,
+    CountingGymEnv,
+    SplitProbe,
+    WeightProbe,
+    assert_counting_batch,
+)
 
 ROOT_KEYS = {"observation", "action", "done", "terminated", "truncated"}
 NEXT_KEYS = {("next", k) for k in ("observation", "reward", "done", "terminated", "truncated")}
@@ -321,6 +329,34 @@ def test_stop_from_another_thread_interrupts_a_slow_batch(make_engine: Callable[
         timer.cancel()
         timer.join()
     assert time.monotonic() - started < 2.0  # noticed at the next step, not at the end of the batch
+
+
+def test_split_policy_calls_yield_between_sending_and_taking_each_step(
+    make_engine: Callable[..., RolloutEngine],
+) -> None:
+    policy = SplitProbe(1)
+    engine = make_engine(CountingEnv(num_envs=2), policy, frames_per_batch=6)
+    assert engine.split_policy_calls() is policy
+    calls = policy.calls
+    calls.clear()  # the probe's call
+    steps = engine.stepper()
+    for _ in range(3):
+        next(steps)
+        assert calls[-1] == "submit", "the caller gets control while the actions are computed"
+    with pytest.raises(StopIteration) as finished:
+        next(steps)
+    assert calls == ["submit", "receive"] * 3
+    assert (finished.value.value["action"] == 1).all()
+
+
+def test_split_policy_calls_refuse_a_policy_whose_calls_do_not_split(
+    make_engine: Callable[..., RolloutEngine],
+) -> None:
+    engine = make_engine(CountingEnv(num_envs=2), WeightProbe(0.0), frames_per_batch=4)
+    with pytest.raises(ConfigurationError, match="policy='ModulePolicy' is invalid: expected a policy whose calls"):
+        engine.split_policy_calls()
+    assert not engine.in_batch
+    assert engine.collect().batch_size == (2, 2)  # the engine goes on calling the policy whole
 
 
 def test_policy_version_is_stamped_on_every_frame(make_engine: Callable[..., RolloutEngine]) -> None:

@@ -39,11 +39,11 @@ from acollect.collectors.options import (
     parse,
     settle_frames_per_batch,
 )
-from acollect.envs.async_pool import AsyncEnvPool
-from acollect.envs.factory import check_env_arg, known_num_envs, make_env
+from acollect.engine_builder import EngineSpec, build_engine
+from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
-from acollect.policy import PolicyLike, build_policy
-from acollect.rollout import RolloutEngine, build_engine
+from acollect.policy import PolicyLike
+from acollect.rollout import RolloutEngine
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, WeightUpdate, structure_of, weights_of
@@ -142,48 +142,33 @@ class Collector(CollectorBase):
         """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
         return self.settings.frames_per_batch
 
-    def _build_engine(self, _stop: threading.Event) -> RolloutEngine | AsyncRollout:
+    def _build_engine(self) -> RolloutEngine | AsyncRollout:
         settings = self.settings
         assert not isinstance(settings.policy_factory, str)  # refused at construction: no import paths in-process
-        devices = {name: getattr(settings, name) for name in DEVICE_OPTIONS}
-        env = make_env(self.create_env_fn, **settings.env_kwargs)
-        if isinstance(env, AsyncEnvPool):  # coroutine envs: stepped on the event loop, see _setup
-            try:
-                if settings.reset_at_each_iter:
-                    raise ConfigurationError.bad_value(
-                        "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the "
-                        "next batch: call set_seed() to start afresh)")  # fmt: skip
-                adapter, resolved = build_policy(env, policy=self._policy_arg, policy_factory=settings.policy_factory,
-                                                 devices=devices)  # fmt: skip
-                return AsyncRollout(env, adapter, frames_per_batch=settings.frames_per_batch, devices=resolved,
-                                    max_frames_per_traj=settings.max_frames_per_traj,
-                                    init_random_frames=settings.init_random_frames,
-                                    exploration_type=settings.exploration_type, weights=self._weights)  # fmt: skip
-            except BaseException:
-                env.close()
-                raise
-        return build_engine(
-            env,
-            env_kwargs={},
+        spec = EngineSpec(
+            create_env_fn=self.create_env_fn,
+            env_kwargs=settings.env_kwargs,
             policy=self._policy_arg,
             policy_factory=settings.policy_factory,
-            devices=devices,
+            devices={name: getattr(settings, name) for name in DEVICE_OPTIONS},
             frames_per_batch=settings.frames_per_batch,
             max_frames_per_traj=settings.max_frames_per_traj,
             init_random_frames=settings.init_random_frames,
             reset_at_each_iter=settings.reset_at_each_iter,
             exploration_type=settings.exploration_type,
         )
+        # Coroutine envs step on the event loop (see _setup), applying staged weights between policy passes.
+        return build_engine(spec, blocking=False, weights=self._weights)
 
-    def _build_and_keep(self, stop: threading.Event, torch_threads: int) -> None:
+    def _build_and_keep(self, torch_threads: int) -> None:
         torch.set_num_threads(torch_threads)  # the policy's probe call runs here (see _collect_in_thread)
         # Kept from the thread itself: a set-up cancelled while the env is built still leaves an engine
         # that _teardown closes, never an env nobody knows of.
-        self._engine = self._build_engine(stop)
+        self._engine = self._build_engine()
 
     async def _setup(self) -> None:
         threads = torch.get_num_threads()
-        await run_in_thread(lambda stop: self._build_and_keep(stop, threads), name="build-env")
+        await run_in_thread(lambda _stop: self._build_and_keep(threads), name="build-env")
         assert self._engine is not None
         if isinstance(self._engine, AsyncRollout):  # resets every env, probes the policy, starts the env tasks
             await self._engine.ensure_running(self._tasks.spawn)

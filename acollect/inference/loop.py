@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -29,7 +30,7 @@ from acollect.inference.passes import PassRunner
 from acollect.inference.slot_hub import SlotHub
 from acollect.transport.server_socket import Ready, ServerSocket, Waiter
 
-__all__ = ["DropReport", "Mailbox", "ServerLoop", "Ticket"]
+__all__ = ["DropReport", "Mail", "Mailbox", "ServerLoop", "Ticket"]
 
 _IDLE_POLL_MS = 50  # how often an idle server thread looks at its stop event
 _CLOSE_PASSES_S = 5.0  # how long a stopping server waits for the passes that run to end
@@ -104,6 +105,28 @@ class Ticket:
         self.abandoned = False
 
 
+class Mail(Protocol):
+    """What the server's loop uses of its mail: a :class:`Mailbox` shared with the event loop in this process, or a
+    server process's control socket (:class:`~acollect.inference.process_main.ControlMailbox`)."""
+
+    #: requests from clients in this process, for the loop
+    inbox: deque[Request]
+    #: weight updates, for the loop
+    tickets: deque[Ticket]
+
+    def fileno(self) -> int:
+        """The descriptor the loop waits on for its mail."""
+        ...
+
+    def receive(self) -> None:
+        """Takes what woke the loop (the requests and tickets land in :attr:`inbox` and :attr:`tickets`)."""
+        ...
+
+    def answer(self, item: Request | Ticket) -> None:
+        """Hands ``item``, answered or applied, back to whoever sent it."""
+        ...
+
+
 class Mailbox:
     """What the event loop and the server thread hand each other."""
 
@@ -159,7 +182,7 @@ class ServerLoop:
 
     def __init__(
         self,
-        mailbox: Mailbox,
+        mailbox: Mail,
         batcher: Batcher,
         forward: Forward,
         recorder: StatsRecorder,

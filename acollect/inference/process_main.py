@@ -60,8 +60,9 @@ class ProcessConfig:
 class ControlMailbox:
     """The server loop's mail in a server process: orders from the control socket, answers back on it.
 
-    Plays :class:`~acollect.inference.loop.Mailbox`'s part for :class:`ServerLoop`: ``inbox`` and ``tickets``
-    filled by :meth:`receive`, :meth:`answer` sending.
+    Plays :class:`~acollect.inference.loop.Mailbox`'s part for :class:`ServerLoop` (both are the loop's
+    :class:`~acollect.inference.loop.Mail`): ``inbox`` and ``tickets`` filled by :meth:`receive`,
+    :meth:`answer` sending.
     """
 
     def __init__(self, sock: socket.socket, stop: threading.Event) -> None:
@@ -174,7 +175,7 @@ def run_server_process(config: ProcessConfig) -> int:
         if spec.address is not None:
             server_socket, hub = bind(spec)
         mail.server_socket = server_socket
-        loop = ServerLoop(mail, Batcher(spec.max_batch_size, spec.max_wait), forward, recorder,  # type: ignore[arg-type]
+        loop = ServerLoop(mail, Batcher(spec.max_batch_size, spec.max_wait), forward, recorder,
                           server_socket, lambda: None, hub, in_flight=spec.passes_in_flight)  # fmt: skip
         mail.loop = loop
         loop.housekeeping = mail.publish

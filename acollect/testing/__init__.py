@@ -11,7 +11,8 @@
   :func:`no_leaks`, and :func:`our_children`, :func:`our_segments`,
   :func:`our_threads`, :func:`open_fds`;
 * probe policies (:mod:`acollect.testing.policies`): :class:`WeightProbe`
-  and :class:`TwoPartProbe`, whose actions show which weights collected a batch.
+  and :class:`TwoPartProbe`, whose actions show which weights collected a batch, and
+  :class:`SplitProbe`, whose calls split in two as an inference server's client's do.
 
 Examples:
     >>> import anyio
@@ -48,6 +49,7 @@ from acollect.testing.leaks import our_children as our_children
 from acollect.testing.leaks import our_segments as our_segments
 from acollect.testing.leaks import our_threads as our_threads
 from acollect.testing.policies import Doubler as Doubler
+from acollect.testing.policies import SplitProbe as SplitProbe
 from acollect.testing.policies import TwoPartProbe as TwoPartProbe
 from acollect.testing.policies import WeightProbe as WeightProbe
 
@@ -62,6 +64,7 @@ __all__ = [
     "PixelEnv",
     "ResourceSnapshot",
     "SlowEnv",
+    "SplitProbe",
     "TwoPartProbe",
     "WeightProbe",
     "assert_counting_batch",

@@ -13,13 +13,20 @@ which import them by their module path ``acollect.testing.policies``.
 * :class:`TwoPartProbe`: two :class:`WeightProbe` sub-models ``a`` and ``b``,
   acting ``clamp(a.w * b.w, 0, 1)``: for updates of several models, or of
   parts of one (``weights_dict={"policy.a": ..., "policy.b": ...}``).
+
+Besides them, :class:`SplitProbe` is a policy adapter whose calls split in two as an inference server's
+client's do (:class:`~acollect.policy.SplitPolicy`), and which records them: env groups run on it without
+a server.
 """
 
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDictBase
 
-__all__ = ["Doubler", "TwoPartProbe", "WeightProbe"]
+from acollect.policy import NestedKey, PolicyAdapter
+
+__all__ = ["Doubler", "SplitProbe", "TwoPartProbe", "WeightProbe"]
 
 
 class WeightProbe(torch.nn.Module):
@@ -89,3 +96,44 @@ class Doubler(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return observation * 2
+
+
+class SplitProbe(PolicyAdapter):
+    """A policy adapter acting ``action`` on every env, whose calls split in two (``submit``, then ``receive``).
+
+    It is a :class:`~acollect.policy.SplitPolicy`, as an inference server's client is, and appends
+    ``"submit"`` and ``"receive"`` to :attr:`calls` as they come: a test sees where an engine yields.
+
+    Args:
+        action: the action of every env.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> probe = SplitProbe(1)
+        >>> probe.submit(TensorDict({}, batch_size=[3]))
+        >>> probe.receive()["action"].tolist(), probe.calls
+        ([1, 1, 1], ['submit', 'receive'])
+    """
+
+    def __init__(self, action: int = 0) -> None:
+        self.action = action
+        #: the calls so far, in order
+        self.calls: list[str] = []
+        self._rows = 0
+
+    def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
+        self.submit(td)
+        return self.receive()
+
+    def submit(self, td: TensorDictBase) -> None:
+        self.calls.append("submit")
+        self._rows = int(td.batch_size[0])
+
+    def receive(self) -> dict[NestedKey, torch.Tensor]:
+        self.calls.append("receive")
+        return {"action": torch.full((self._rows,), self.action, dtype=torch.int64)}
+
+    def answer_fileno(self) -> int | None:
+        """``None``: the answer is there as soon as it is asked for."""
+        return None

@@ -37,7 +37,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from acollect.rollout import RolloutEngine, RolloutInterrupted
+from acollect.engine import BlockingEngine
+from acollect.rollout import RolloutInterrupted
 from acollect.stats import EpisodeTracker
 from acollect.transport.shm_ring import ShmSlotRing
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
@@ -75,7 +76,7 @@ class _Worker(StagingMixin):
         self.config = config
         self.identity = P.worker_identity(config.index, config.generation)
         self.control = WorkerSocket(config.address, self.identity, keys=config.keys)
-        self.engine: RolloutEngine | None = None
+        self.engine: BlockingEngine | None = None
         self.cond = threading.Condition()
         # Runner state, guarded by `cond`.
         # One-shot batches asked for (``collect``): each one's number and the shared segment it names (None: any free

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect.engine import BlockingEngine, Engine
 from acollect.errors import ProtocolError
-from acollect.rollout import RolloutEngine
 from acollect.transport.shm import ShmSegment
 from acollect.transport.weight_sync import Staged, WeightPlan, copy_planned, plan_unflatten, read_weights
 from acollect.worker import protocol as P
@@ -34,7 +34,7 @@ from acollect.worker.build import resolve_model
 __all__ = ["StagingMixin", "plan_weights"]
 
 
-def plan_weights(engine: RolloutEngine | None, weights: Staged) -> list[WeightPlan]:
+def plan_weights(engine: Engine | None, weights: Staged) -> list[WeightPlan]:
     """Checks every model before any is copied, so a bad push changes nothing."""
     if engine is None:
         raise ProtocolError("this worker has no policy to load weights into")
@@ -45,7 +45,7 @@ def plan_weights(engine: RolloutEngine | None, weights: Staged) -> list[WeightPl
 class StagingMixin:
     """Staged weights, seed and state of a worker (mixed into its main loop, :mod:`acollect.worker.main`)."""
 
-    engine: RolloutEngine | None
+    engine: BlockingEngine | None
     dist: Any
     requested: deque[tuple[int, int | None]]  # the worker's one-shot requests: (number, named segment)
 

@@ -14,7 +14,8 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, MultiAsyncCollector
-from acollect.testing import CountingEnv, WeightProbe, assert_counting_batch
+from acollect.envs import AsyncEnvPool
+from acollect.testing import AsyncCountingEnv, CountingEnv, WeightProbe, assert_counting_batch
 
 
 class Parity(torch.nn.Module):
@@ -92,3 +93,17 @@ async def test_grouped_frames_say_which_weights_chose_them_and_a_pause_keeps_eve
         assert (version.diff(dim=1) >= 0).all(), "versions step up along time, never down"
         assert_counting_batch(batch)
     assert int(batches[-1]["collector", "policy_version"].min()) == 1
+
+
+def async_pool(num_envs: int) -> AsyncEnvPool:
+    return AsyncEnvPool(AsyncCountingEnv, num_envs)
+
+
+async def test_coroutine_envs_step_as_one_group_when_env_groups_are_asked_for(start_method: str) -> None:
+    # A pool's envs step while the others wait for their actions already: it is not split, and runs as one group.
+    kwargs = {"frames_per_batch": 16, "total_frames": 32, "env_kwargs": {"num_envs": 4}, "start_method": start_method}
+    with anyio.fail_after(90):
+        async with AsyncBatchedCollector([async_pool], WeightProbe(1.0), env_groups=2, **kwargs) as collector:
+            batches = [batch async for batch in collector]
+    assert [batch.batch_size for batch in batches] == [(4, 4), (4, 4)]
+    assert all((batch["action"] == 1).all() for batch in batches)

@@ -3,7 +3,7 @@
 With its policy on an inference server, a worker would otherwise wait for the round trip at every step, its
 core idle. :class:`EngineGroups` drives several :class:`~acollect.rollout.RolloutEngine` (each over a share of
 the worker's envs, built from the same factory, each with its own connection to the server) in turn, with their
-policy calls split (:attr:`~acollect.rollout.RolloutEngine.pipelined`): group A sends its observations, group B
+policy calls split (:meth:`~acollect.rollout.RolloutEngine.split_policy_calls`): group A sends its observations, group B
 receives its actions and steps, sends; group C ..., group A receives and steps, ... So the server's passes for
 some groups run while the worker steps the others, and a pass takes the requests of every group that waits.
 
@@ -30,11 +30,16 @@ _POLL_MS = 50  # how often a worker waiting for any group's actions looks at its
 
 
 class EngineGroups:
-    """Several engines over shares of a worker's envs, stepped in turn; the interface of one engine.
+    """Several engines over shares of a worker's envs, stepped in turn, as one :class:`~acollect.engine.BlockingEngine`.
 
     Args:
         engines: the engines, in the order of their rows in each batch (the first over rows ``[0, n_0)``, the
-            next over the following ``n_1`` rows, ...); the same ``time_steps``; at least two.
+            next over the following ``n_1`` rows, ...); the same ``time_steps``; at least two; each with a policy
+            whose calls split in two (:class:`~acollect.policy.SplitPolicy`, an inference server's client).
+
+    Raises:
+        ValueError: fewer than two engines, or engines that step unlike.
+        ConfigurationError: a policy whose calls do not split.
     """
 
     def __init__(self, engines: Sequence[RolloutEngine]) -> None:
@@ -44,8 +49,8 @@ class EngineGroups:
         if len(steps) != 1:
             raise ValueError(f"the groups step {sorted(steps)} times per batch: they must step alike")
         self.engines = tuple(engines)
-        for engine in self.engines:
-            engine.pipelined = True
+        # Each group's policy calls split in two, so the worker steps the others while a group's pass runs.
+        self._policies = [engine.split_policy_calls() for engine in self.engines]
         first = self.engines[0]
         self.policy = first.policy
         self.env = first.env
@@ -66,7 +71,7 @@ class EngineGroups:
         self._turns = 0
         self._poller = select.poll()
 
-    # -- the engine's interface -----------------------------------------------------------
+    # -- the BlockingEngine protocol ------------------------------------------------------
     @property
     def steps(self) -> int:
         """Env steps taken by every group (heartbeats carry it)."""
@@ -160,7 +165,7 @@ class EngineGroups:
         order = sorted(live, key=self._asked.__getitem__)
         fds = {}
         for i in order:
-            fd = getattr(self.engines[i].policy, "answer_fileno", lambda: None)()
+            fd = self._policies[i].answer_fileno()
             if fd is None:
                 return order[0]  # answers as messages: taken in the order asked
             fds[fd] = i

@@ -1,0 +1,261 @@
+"""The one engine builder: an env, a policy and devices in, the engine that drives them out.
+
+Which engine :func:`build_engine` builds (each an :class:`~acollect.engine.Engine`):
+
+* for an :class:`~acollect.envs.AsyncEnvPool` (coroutine envs), an :class:`~acollect.async_rollout.AsyncRollout`,
+  each env a task on the caller's event loop; for blocking code (a worker process), the same inside a
+  :class:`~acollect.loop_rollout.LoopRollout`, on an event loop of its own;
+* for any other env, a :class:`~acollect.rollout.RolloutEngine`;
+* for a worker of central inference whose envs step in groups, one ``RolloutEngine`` per group in an
+  :class:`~acollect.engine_groups.EngineGroups`.
+
+The in-process :class:`~acollect.Collector` and every worker process call it, so an env or a policy is checked,
+placed and wrapped the same way wherever it runs, an option that does not apply to coroutine envs is refused in
+one place, and whatever was built is closed if anything after it fails.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeVar, overload
+
+from tensordict.nn import InteractionType
+
+from acollect.async_rollout import AsyncRollout
+from acollect.devices import Devices
+from acollect.engine import BlockingEngine, Engine
+from acollect.engine_groups import EngineGroups
+from acollect.envs.async_pool import AsyncEnvPool
+from acollect.envs.base import EnvBase
+from acollect.envs.factory import make_env
+from acollect.errors import ConfigurationError
+from acollect.loop_rollout import LoopRollout
+from acollect.policy import PolicyAdapter, build_policy
+from acollect.rollout import RolloutEngine, frames_per_batch_for
+from acollect.weights import PolicyWeights
+
+__all__ = ["EngineSpec", "build_engine"]
+
+_E = TypeVar("_E")
+#: builds the engine that owns an env and a policy adapter, once both are built
+_Make = Callable[[EnvBase, PolicyAdapter, Devices], _E]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """What an engine is built from: the env, its policy, and how batches are collected.
+
+    Attributes:
+        create_env_fn: an env, a gymnasium id, or a callable returning an env (:func:`~acollect.envs.make_env`).
+        frames_per_batch: frames per batch, rounded up to a multiple of the number of envs.
+        env_kwargs: keyword arguments for building the env.
+        policy: the policy (:func:`~acollect.policy.wrap_policy`); ``None``: random actions.
+        policy_factory: a zero-argument callable building the policy where the engine runs, instead of ``policy``.
+        devices: the devices given (``device``, ``env_device``, ``policy_device``, ``storing_device``).
+        max_frames_per_traj: truncate (and reset) trajectories longer than this.
+        init_random_frames: act randomly until this many frames were collected.
+        reset_at_each_iter: reset every env at the start of each batch (refused for coroutine envs).
+        exploration_type: the tensordict interaction type set while the policy runs.
+        traj_id_offset: the first trajectory id; with ``traj_id_stride`` it keeps the ids of workers apart.
+        traj_id_stride: the step between consecutive trajectory ids.
+    """
+
+    create_env_fn: Any
+    frames_per_batch: int
+    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    policy: Any = None
+    policy_factory: Callable[[], Any] | None = None
+    devices: Mapping[str, Any] = field(default_factory=dict)
+    max_frames_per_traj: int | None = None
+    init_random_frames: int = 0
+    reset_at_each_iter: bool = False
+    exploration_type: InteractionType | None = InteractionType.RANDOM
+    traj_id_offset: int = 0
+    traj_id_stride: int = 1
+
+
+@overload
+def build_engine(
+    spec: EngineSpec, *, blocking: Literal[False], weights: PolicyWeights | None = None
+) -> RolloutEngine | AsyncRollout: ...
+
+
+@overload
+def build_engine(
+    spec: EngineSpec,
+    *,
+    blocking: Literal[True],
+    remote_policy: Callable[[int], PolicyAdapter] | None = None,
+    env_groups: int = 1,
+) -> BlockingEngine: ...
+
+
+def build_engine(
+    spec: EngineSpec,
+    *,
+    blocking: bool,
+    weights: PolicyWeights | None = None,
+    remote_policy: Callable[[int], PolicyAdapter] | None = None,
+    env_groups: int = 1,
+) -> Engine:
+    """Builds the env, the policy, the devices and the engine that drives them.
+
+    Args:
+        spec: what to build.
+        blocking: whether blocking code drives the engine (a worker process): coroutine envs then step on an
+            event loop of the engine's own (:class:`~acollect.loop_rollout.LoopRollout`). ``False``: the caller
+            runs an event loop (the in-process collector), and coroutine envs step on it as tasks.
+        weights: weights staged by the caller, which coroutine envs' engine applies between its policy passes
+            (``blocking=False`` only; a blocking engine's caller applies them between batches).
+        remote_policy: central inference (``blocking=True`` only): builds the policy of env group ``g``, a client
+            of the inference server whose calls split in two, in place of ``spec.policy`` and its factory.
+        env_groups: central inference (with ``remote_policy``): the envs are built as this many groups (at most
+            one per env, ``env_kwargs["num_envs"]`` shared out among them), each stepping while the others wait
+            for their actions. Applies where ``num_envs >= 2`` and ``init_random_frames`` is 0; coroutine envs are
+            never split, their envs stepping while the others wait already.
+
+    Returns:
+        The engine. It owns the env and the policy adapter: its ``close()`` (``aclose()`` for an ``AsyncRollout``)
+        closes them.
+
+    Raises:
+        ConfigurationError: ``reset_at_each_iter`` with coroutine envs, or the env or the policy would not do.
+
+    Examples:
+        >>> from acollect.testing import CountingEnv
+        >>> spec = EngineSpec(create_env_fn=CountingEnv, env_kwargs={"num_envs": 2}, frames_per_batch=8)
+        >>> engine = build_engine(spec, blocking=True)
+        >>> type(engine).__name__, engine.collect().batch_size
+        ('RolloutEngine', torch.Size([2, 4]))
+        >>> engine.close()
+    """
+    if blocking:
+        return _blocking_engine(spec, remote_policy, env_groups)
+    return _owning(spec, None, lambda: spec.policy, functools.partial(_on_loop, spec, weights))
+
+
+def _blocking_engine(
+    spec: EngineSpec, remote_policy: Callable[[int], PolicyAdapter] | None, env_groups: int
+) -> BlockingEngine:
+    if remote_policy is None:
+        return _owning(spec, None, lambda: spec.policy, functools.partial(_on_own_loop, spec))
+    spec = replace(spec, policy=None, policy_factory=None)  # the inference server runs the policy
+    sizes = _group_sizes(spec, env_groups)
+    if sizes is not None:
+        first = make_env(spec.create_env_fn, **{**spec.env_kwargs, "num_envs": sizes[0]})
+        if not isinstance(first, AsyncEnvPool):
+            return _groups(spec, sizes, first, remote_policy)
+        # Coroutine envs are one group: each already steps while the others wait for their actions.
+        first.close()
+    return _owning(spec, None, functools.partial(remote_policy, 0), functools.partial(_on_own_loop, spec))
+
+
+def _group_sizes(spec: EngineSpec, wanted: int) -> list[int] | None:
+    """The sizes of the env groups, as even as can be (``None``: one group)."""
+    n_envs = spec.env_kwargs.get("num_envs")
+    if type(wanted) is not int or wanted < 2 or spec.init_random_frames:
+        return None
+    if type(n_envs) is not int or n_envs < 2:
+        return None
+    count = min(wanted, n_envs)
+    return [n_envs // count + (1 if g < n_envs % count else 0) for g in range(count)]
+
+
+def _groups(
+    spec: EngineSpec, sizes: list[int], first: EnvBase, remote_policy: Callable[[int], PolicyAdapter]
+) -> EngineGroups:
+    # Each group takes as many steps per batch as one env of num_envs would: the batch is theirs side by side.
+    steps = frames_per_batch_for(spec.frames_per_batch, sum(sizes)) // sum(sizes)
+    with ExitStack() as undo:
+        engines: list[RolloutEngine] = []
+        for g, n_envs in enumerate(sizes):
+            # Trajectory ids: group g of a worker with offset k and stride n takes offset k + g * n, stride G * n.
+            part = replace(
+                spec,
+                env_kwargs={**spec.env_kwargs, "num_envs": n_envs},
+                frames_per_batch=n_envs * steps,
+                traj_id_offset=spec.traj_id_offset + g * spec.traj_id_stride,
+                traj_id_stride=len(sizes) * spec.traj_id_stride,
+            )
+            env = first if g == 0 else None
+            engine = _owning(part, env, functools.partial(remote_policy, g), functools.partial(_rollout_engine, part))
+            undo.callback(engine.close)
+            engines.append(engine)
+        groups = EngineGroups(engines)
+        undo.pop_all()
+    return groups
+
+
+def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any], make: _Make[_E]) -> _E:
+    """Builds the env (unless given), the policy and, with ``make``, the engine that owns both.
+
+    Whatever was built (or given) is closed if anything fails.
+    """
+    with ExitStack() as undo:
+        if env is None:
+            env = make_env(spec.create_env_fn, **spec.env_kwargs)
+        undo.callback(env.close)
+        if isinstance(env, AsyncEnvPool) and spec.reset_at_each_iter:
+            raise ConfigurationError.bad_value(
+                "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the next batch: "
+                "call set_seed() to start afresh)")  # fmt: skip
+        policy = make_policy()
+        if isinstance(policy, PolicyAdapter):  # a central inference client holds a connection
+            undo.callback(policy.close)
+        adapter, devices = build_policy(env, policy=policy, policy_factory=spec.policy_factory, devices=spec.devices)
+        if adapter is not policy:
+            undo.callback(adapter.close)
+        engine = make(env, adapter, devices)
+        undo.pop_all()
+    return engine
+
+
+def _rollout_engine(spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices) -> RolloutEngine:
+    return RolloutEngine(
+        env,
+        adapter,
+        frames_per_batch=spec.frames_per_batch,
+        devices=devices,
+        max_frames_per_traj=spec.max_frames_per_traj,
+        init_random_frames=spec.init_random_frames,
+        reset_at_each_iter=spec.reset_at_each_iter,
+        exploration_type=spec.exploration_type,
+        traj_id_offset=spec.traj_id_offset,
+        traj_id_stride=spec.traj_id_stride,
+    )
+
+
+def _async_rollout(
+    spec: EngineSpec, pool: AsyncEnvPool, adapter: PolicyAdapter, devices: Devices, weights: PolicyWeights | None
+) -> AsyncRollout:
+    return AsyncRollout(
+        pool,
+        adapter,
+        frames_per_batch=spec.frames_per_batch,
+        devices=devices,
+        max_frames_per_traj=spec.max_frames_per_traj,
+        init_random_frames=spec.init_random_frames,
+        exploration_type=spec.exploration_type,
+        weights=weights,
+        traj_id_offset=spec.traj_id_offset,
+        traj_id_stride=spec.traj_id_stride,
+    )
+
+
+def _on_loop(
+    spec: EngineSpec, weights: PolicyWeights | None, env: EnvBase, adapter: PolicyAdapter, devices: Devices
+) -> RolloutEngine | AsyncRollout:
+    """The engine for a caller with an event loop: coroutine envs step on it."""
+    if isinstance(env, AsyncEnvPool):
+        return _async_rollout(spec, env, adapter, devices, weights)
+    return _rollout_engine(spec, env, adapter, devices)
+
+
+def _on_own_loop(spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices) -> BlockingEngine:
+    """The engine for blocking code: coroutine envs step on an event loop of the engine's own."""
+    if isinstance(env, AsyncEnvPool):
+        return LoopRollout(_async_rollout(spec, env, adapter, devices, None))
+    return _rollout_engine(spec, env, adapter, devices)
