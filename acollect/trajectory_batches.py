@@ -33,6 +33,7 @@ Examples:
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import cast
 
 import torch
 from tensordict import TensorDictBase
@@ -100,7 +101,7 @@ class TrajectoryAssembler:
 
 
 def _join(pieces: list[TensorDictBase]) -> TensorDictBase:
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 0)  # type: ignore[return-value]
+    return pieces[0] if len(pieces) == 1 else cast(TensorDictBase, torch.cat(pieces, 0))  # type: ignore[arg-type]
 
 
 def _pad(trajs: list[TensorDictBase]) -> TensorDictBase:
@@ -109,11 +110,10 @@ def _pad(trajs: list[TensorDictBase]) -> TensorDictBase:
     for traj in trajs:
         length = traj.shape[0]
         if length < longest:
-            filler = traj[:1].apply(lambda x: torch.zeros_like(x).expand(longest - length, *x.shape[1:]).clone(),
-                                    batch_size=[longest - length])  # fmt: skip
-            traj = torch.cat([traj, filler], 0)  # type: ignore[assignment]
+            filler = traj[:1].expand(longest - length).clone().zero_()
+            traj = _join([traj, filler])
         padded.append(traj)
-    out: TensorDictBase = torch.stack(padded, 0)  # type: ignore[assignment]
+    out = cast(TensorDictBase, torch.stack(padded, 0))  # type: ignore[arg-type]
     mask = torch.zeros(out.shape[:2], dtype=torch.bool)
     for i, traj in enumerate(trajs):
         mask[i, : traj.shape[0]] = True
