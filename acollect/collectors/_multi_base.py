@@ -25,6 +25,7 @@ from acollect.collectors.worker_configs import WorkerPlan, collector_storing_dev
 from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool, WorkerState
+from acollect.pool.settings import PoolSettings
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.shm import shm_available
@@ -116,26 +117,28 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             raise CollectorStateError("the collector's workers are not running")
         return self._pool
 
-    def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
+    def _new_pool(self, settings: PoolSettings) -> WorkerPool:
         """Builds the worker pool (subclasses moving data another way return a subclass of it)."""
-        return WorkerPool(*args, **kwargs)
+        return WorkerPool(self._configs, settings, on_failure=self._fail)
+
+    def _pool_settings(self) -> PoolSettings:
+        """What the pool is told: the collector's options and what its dispatch strategy asks of the workers."""
+        settings, dispatch = self.settings, self._dispatch
+        return PoolSettings(
+            launcher=settings.launcher,
+            address=settings.address,
+            keys=settings.keys,
+            use_shared_memory=settings.use_shared_memory,
+            credits=dispatch.credits,
+            slots=dispatch.slots,
+            shared_batches=dispatch.shared_batches,
+            heartbeat_timeout=settings.heartbeat_timeout,
+            startup_timeout=settings.startup_timeout,
+            max_restarts=settings.max_worker_restarts,
+        )
 
     async def _setup(self) -> None:
-        pool = self._new_pool(
-            self._configs,
-            start_method=self.settings.start_method,
-            launcher=self.settings.launcher,
-            address=self.settings.address,
-            credits=self._dispatch.credits,
-            slots=self._dispatch.slots,
-            shared_batches=self._dispatch.shared_batches,
-            use_shared_memory=self.settings.use_shared_memory,
-            heartbeat_timeout=self.settings.heartbeat_timeout,
-            startup_timeout=self.settings.startup_timeout,
-            max_restarts=self.settings.max_worker_restarts,
-            keys=self.settings.keys,
-            on_failure=self._fail,
-        )
+        pool = self._new_pool(self._pool_settings())
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool

@@ -45,6 +45,7 @@ from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import WorkerPool
 from acollect.pool.distributed import DistPool
+from acollect.pool.settings import PoolSettings
 from acollect.transport.torch_dist import check_backend
 from acollect.transport.weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import WeightUpdate
@@ -122,8 +123,8 @@ class DistributedCollector(MultiCollectorBase):
         self._dist_options = {"backend": backend, "init_method": init_method, "timeout": timeout}
         super().__init__(create_env_fn, policy, opts, dispatch=dispatch)
 
-    def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
-        return DistPool(*args, dist_options=self._dist_options, **kwargs)
+    def _new_pool(self, settings: PoolSettings) -> WorkerPool:
+        return DistPool(self._configs, settings, on_failure=self._fail, dist_options=self._dist_options)
 
     def _default_scheme(self) -> WeightSyncScheme:
         return ZmqWeightSyncScheme()  # flat buffers, which the broadcast carries

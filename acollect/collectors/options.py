@@ -48,6 +48,7 @@ from acollect.rollout import frames_per_batch_for
 from acollect.transport.auth import ServerKeys, as_server_keys
 from acollect.transport.weight_sync import WeightSyncScheme
 from acollect.worker.process import START_METHODS
+from acollect.worker.protocol import HEARTBEAT_TIMEOUT
 
 __all__ = [
     "PER_WORKER_OPTIONS",
@@ -322,7 +323,9 @@ class ProcessSettings(RolloutSettings):
         doc="how each model's weights travel (model id -> scheme)",
     )  # fmt: skip
     max_worker_restarts: int = option(0, check=_int(0), doc="restarts allowed per worker before a failure is raised")
-    heartbeat_timeout: float = option(30.0, check=check_seconds, doc="seconds without progress before a worker hangs")
+    heartbeat_timeout: float = option(
+        HEARTBEAT_TIMEOUT, check=check_seconds, doc="seconds without progress before a worker hangs"
+    )
     startup_timeout: float = option(120.0, check=check_seconds, doc="seconds a worker may take to start")
     shutdown_timeout: float = option(5.0, check=check_seconds, doc="seconds async_shutdown() takes at most")
     address: str | None = option(None, check=_address, doc="where workers connect: ipc:// or tcp:// (None: private)")
