@@ -16,7 +16,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect._validate import check_int, check_total_frames
+from acollect._validate import check_int
 from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.dispatch import Dispatch
@@ -61,8 +61,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = self._plan(create_env_fn_list)
-        super().__init__(frames_per_batch=plan.frames_per_batch, total_frames=settings.total_frames,
-                         progress=settings.progress)  # fmt: skip
+        super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=plan.frames_per_batch,
+                         total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
         self._configs = plan.configs
         self._shutdown_limit = settings.shutdown_timeout
         self._storing_device = collector_storing_device(settings)
@@ -95,11 +95,6 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         requested = self.settings.frames_per_batch
         worker_frames = self._dispatch.worker_frames(requested, len(n_envs))
         return settle_frames_per_batch(requested, shown, worker_frames, known, stacked=self._dispatch.sync)
-
-    @property
-    def requested_frames_per_batch(self) -> int:
-        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
-        return self.settings.frames_per_batch
 
     @property
     def num_workers(self) -> int:
@@ -146,10 +141,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         await pool.start(self._tasks)
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
-        frames = self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles])
-        if frames != self.frames_per_batch:
-            self.frames_per_batch = frames
-            check_total_frames(self.total_frames, frames)
+        self._settle_frames_per_batch(self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles]))
         await self._apply_pending()
         paused = self._lifecycle.pauses > 0
         await self._dispatch.start(pool, paused=paused)

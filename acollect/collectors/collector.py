@@ -28,7 +28,7 @@ from tensordict import TensorDict, TensorDictBase
 from typing_extensions import Unpack
 
 from acollect._threads import GilHandover, run_in_thread
-from acollect._validate import check_int, check_total_frames
+from acollect._validate import check_int
 from acollect.async_rollout import AsyncRollout
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
@@ -119,7 +119,8 @@ class Collector(CollectorBase):
         n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
         if n_envs is not None:
             frames = settle_frames_per_batch(frames, frames, frames, [n_envs], stacked=False)
-        super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
+        super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=frames,
+                         total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
         for name in DEVICE_OPTIONS:
             value = getattr(settings, name)
             if isinstance(value, list):
@@ -137,11 +138,6 @@ class Collector(CollectorBase):
         self._episodes = EpisodeTracker()  # used by the collection thread only
 
     # -- building --------------------------------------------------------------------
-    @property
-    def requested_frames_per_batch(self) -> int:
-        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
-        return self.settings.frames_per_batch
-
     def _build_engine(self, _stop: threading.Event) -> RolloutEngine | AsyncRollout:
         settings = self.settings
         assert not isinstance(settings.policy_factory, str)  # refused at construction: no import paths in-process
@@ -189,10 +185,9 @@ class Collector(CollectorBase):
             await self._engine.ensure_running(self._tasks.spawn)
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
         requested, shown = self.requested_frames_per_batch, self.frames_per_batch
-        actual = settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
-        if actual != shown:
-            self.frames_per_batch = actual
-            check_total_frames(self.total_frames, actual)
+        self._settle_frames_per_batch(
+            settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
+        )
         if self._pending_state is not None:
             self._load_engine_state(self._pending_state)
             self._pending_state = None
