@@ -1,16 +1,17 @@
 """What the multi-process collectors share: the worker pool, weights, seeds, state and the batch loop.
 
-Their options are checked in :mod:`acollect.collectors.options` and turned into per-worker configs in
-:mod:`acollect.collectors.worker_configs`. What differs between lockstep (sync) and first-ready (async)
-collection is the collector's dispatch strategy (:mod:`acollect.collectors.dispatch`), given to
-:class:`MultiCollectorBase` by each class: fixed (``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen
-by a ``sync`` argument (``DistributedCollector``, ``RayCollector``).
+Each public class checks its options once into its settings class (:mod:`acollect.collectors.collector_settings`),
+which are turned into per-worker configs in :mod:`acollect.collectors.worker_configs`. What differs between
+lockstep (sync) and first-ready (async) collection is the collector's dispatch strategy
+(:mod:`acollect.collectors.dispatch`), which follows from the settings: fixed by the class
+(``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen by a ``sync`` option (``DistributedCollector``,
+``RayCollector``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import torch
@@ -19,8 +20,9 @@ from tensordict import TensorDictBase
 from acollect._validate import check_int
 from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase
-from acollect.collectors.dispatch import Dispatch
-from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
+from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
+from acollect.collectors.dispatch import Dispatch, dispatch_for
+from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
@@ -48,16 +50,17 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     """Shared machinery of the multi-process collectors (see :class:`MultiSyncCollector` and
     :class:`MultiAsyncCollector`): each holds the worker pool and one dispatch strategy."""
 
-    def __init__(
-        self, create_env_fn_list: Any, policy: PolicyLike, options: Mapping[str, Any], *, dispatch: Dispatch
-    ) -> None:
-        """Checks ``options`` (the public class's ``**options``) once, and builds the workers' configs.
+    settings_class: ClassVar[type[MultiSyncSettings] | type[MultiAsyncSettings]]
+    #: The options given, checked, every default filled in.
+    settings: MultiSyncSettings | MultiAsyncSettings
 
-        ``dispatch`` (:class:`~acollect.collectors.dispatch.Lockstep` or
-        :class:`~acollect.collectors.dispatch.FirstReady`) is how batches are taken from the workers.
-        """
-        self._dispatch = dispatch
-        self.settings = settings = parse(options, WorkerSettings, owner=type(self))
+    def __init__(
+        self, create_env_fn_list: Any, policy: PolicyLike, settings: MultiSyncSettings | MultiAsyncSettings
+    ) -> None:
+        """Builds the workers' configs, and the dispatch strategy (how batches are taken from the workers), from
+        ``settings``: the public class's ``**options`` checked once by :func:`parse` into its ``settings_class``."""
+        self.settings = settings
+        self._dispatch: Dispatch = dispatch_for(settings)
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = self._plan(create_env_fn_list)
@@ -65,7 +68,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
                          total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
         self._configs = plan.configs
         self._shutdown_limit = settings.shutdown_timeout
-        self._storing_device = collector_storing_device(settings)
+        self._storing_device = collector_storing_device(self._worker_policy()[1])
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         self._pending_seed: int | None = None

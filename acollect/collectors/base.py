@@ -43,7 +43,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
@@ -67,6 +67,7 @@ from acollect.weights import WeightUpdate
 if TYPE_CHECKING:
     import torch
 
+    from acollect.collectors.options import RolloutSettings
     from acollect.weights import Weights
 
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
@@ -83,9 +84,14 @@ _DRAIN_TIMEOUT = 10.0
 class CollectorBase(ReportingMixin):
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
-    Subclasses call ``super().__init__(requested_frames_per_batch=..., frames_per_batch=..., total_frames=...,
-    progress=...)`` and implement ``_setup``, ``_collect_batch`` and ``_teardown``.
+    Subclasses name the class of their options (``settings_class``), call ``super().__init__(
+    requested_frames_per_batch=..., frames_per_batch=..., total_frames=..., progress=...)`` and implement
+    ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
+
+    #: The class of this collector's checked options (``collector.settings``): its docstring's "Keyword Args"
+    #: are generated from it.
+    settings_class: ClassVar[type[RolloutSettings]]
 
     def __init__(
         self, *, requested_frames_per_batch: int, frames_per_batch: int, total_frames: int, progress: bool | str = False
