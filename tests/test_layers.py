@@ -9,7 +9,7 @@ below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the
 
     errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
     devices
-    envs, policy, trajectories, stats, progress, replay_buffer
+    envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
     rollout, _time_slices, weights, async_rollout, _row_ring, _env_turns, _env_steps, _policy_passes, loop_rollout,
     engine, engine_groups, engine_builder
     transport
@@ -48,7 +48,7 @@ PACKAGE = ROOT / "acollect"
 LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_machine",
      "_pickling", "_spawn", "specs", "devices"},
-    {"envs", "policy", "trajectories", "stats", "progress", "replay_buffer"},
+    {"envs", "policy", "trajectories", "trajectory_batches", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "_env_turns", "_env_steps", "_policy_passes",
      "loop_rollout", "engine", "engine_groups", "engine_builder"},
     {"transport"},

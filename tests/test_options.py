@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from acollect import (
+    AsyncBatchedCollector,
     AsyncCollector,
     Collector,
     ConfigurationError,
@@ -184,3 +187,133 @@ def test_every_option_has_a_doc_and_a_check_or_says_who_checks_it() -> None:
     for f in fields(WorkerSettings):
         assert f.metadata.get("doc"), f"{f.name} has no doc"
         assert f.metadata.get("check") is not None or "checked" in f.metadata["doc"], f"{f.name}: who checks it?"
+
+
+# -- every option declared once: the docs users read are generated from the declarations ---------------------
+def _public_collectors() -> set[type]:
+    import acollect
+    from acollect.collectors.base import CollectorBase
+
+    found = {getattr(acollect, name) for name in acollect.__all__}
+    return {c for c in found if isinstance(c, type) and issubclass(c, CollectorBase) and c is not CollectorBase}
+
+
+def test_every_public_collector_has_its_keyword_args_generated() -> None:
+    from acollect.collectors.option_codegen import collectors
+
+    assert set(collectors()) == _public_collectors()
+    assert len(collectors()) == 8
+
+
+@pytest.mark.parametrize("collector", sorted(_public_collectors(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_the_docstring_lists_each_option_as_declared(collector: type) -> None:
+    # What help(collector) and the API page show is what the declarations say: each keyword the collector takes,
+    # its type, doc and default. After changing a declaration (or a collector's OVERRIDES), regenerate.
+    from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_section
+
+    assert docstring_keyword_args(collector) == keyword_args_section(collector), (
+        f"{collector.__name__}'s Keyword Args differ from its option declarations: run "
+        "python -c 'from acollect.collectors.option_codegen import write_all; write_all()'"
+    )
+
+
+def test_the_docstring_check_sees_a_section_that_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A collector whose docstring was written for another collector's options: the check tells them apart, and
+    # the writer rewrites the section in its source file (the rest of the docstring kept).
+    from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_section, write_keyword_args
+
+    source = '''from acollect import MultiAsyncCollector, MultiSyncCollector
+
+
+class Stale(MultiAsyncCollector):
+    """A collector documented with MultiSyncCollector's options.
+
+    Keyword Args:
+{section}
+
+    Raises:
+        ConfigurationError: a bad argument.
+    """
+'''
+    written = "\n".join(f"    {line}" if line else "" for line in keyword_args_section(MultiSyncCollector).splitlines())
+    (tmp_path / "stale_collector.py").write_text(source.format(section=written))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("stale_collector")
+    assert "cat_results (" in docstring_keyword_args(module.Stale)
+    assert docstring_keyword_args(module.Stale) != keyword_args_section(module.Stale)
+    write_keyword_args(module.Stale)
+    rewritten = (tmp_path / "stale_collector.py").read_text()
+    namespace: dict[str, Any] = {}
+    exec(compile(rewritten, "stale_collector.py", "exec"), namespace)
+    stale = namespace["Stale"]
+    assert docstring_keyword_args(stale) == keyword_args_section(MultiAsyncCollector)
+    assert "credits (int): batches each worker may collect ahead" in stale.__doc__
+    assert "cat_results" not in stale.__doc__
+    assert stale.__doc__.rstrip().endswith("ConfigurationError: a bad argument.")
+
+
+SETTINGS_CLASSES = sorted(
+    {c.settings_class for c in _public_collectors()} | {WorkerSettings}, key=lambda s: s.__name__
+)
+
+
+@pytest.mark.parametrize("settings", SETTINGS_CLASSES, ids=lambda s: s.__name__)
+def test_every_declared_option_says_what_it_does_and_who_checks_it(settings: type) -> None:
+    from dataclasses import fields
+
+    for f in fields(settings):
+        doc = f.metadata.get("doc") or ""
+        assert doc.endswith("."), f"{settings.__name__}.{f.name}: its doc is what users read, a sentence"
+        checked = f.metadata.get("check") is not None or "checked" in doc or "ignored" in doc
+        assert checked, f"{settings.__name__}.{f.name}: who checks it?"
+    for name, override in settings.OVERRIDES.items():
+        assert name in {f.name for f in fields(settings)} or override.refused, f"{settings.__name__}: {name}?"
+
+
+@pytest.mark.parametrize(
+    ("build", "keyword", "why"),
+    [
+        (lambda **kw: AsyncCollector(CountingEnv, **kw), "num_workers", "an AsyncCollector has one worker"),
+        (lambda **kw: RayCollector([CountingEnv] * 2, **kw), "launcher", "workers are Ray actors"),
+        (lambda **kw: RayCollector([CountingEnv] * 2, **kw), "num_workers", "workers are Ray actors"),
+        (lambda **kw: DistributedSyncCollector([CountingEnv] * 2, **kw), "sync", "is sync=True"),
+    ],
+)
+def test_a_refused_keyword_is_named_with_the_reason_and_left_out_of_the_docs(
+    build: Callable[..., Any], keyword: str, why: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=rf"^{keyword}=2 is invalid: expected no value: .*{why}"):
+        build(frames_per_batch=8, **{keyword: 2})
+    collector = build(frames_per_batch=8)
+    assert f"\n{keyword} (" not in "\n" + type(collector).__doc__
+
+
+def test_a_collector_own_default_applies_where_the_keyword_is_not_given() -> None:
+    from acollect.collectors.collector_settings import BatchedSettings
+
+    assert parse({"frames_per_batch": 8}, BatchedSettings).storing_device == "cpu"
+    assert parse({"frames_per_batch": 8, "storing_device": None}, BatchedSettings).storing_device is None
+    assert "storing_device (Devices): where batches land (the workers' envs make them" in AsyncBatchedCollector.__doc__
+    assert "Defaults to ``'cpu'``." in AsyncBatchedCollector.__doc__
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "sync"), [("cat_results", 0, False), ("credits", 3, True)]
+)
+def test_a_mode_option_is_refused_in_the_other_mode_and_documented_with_its_mode(
+    keyword: str, value: object, sync: bool
+) -> None:
+    from acollect.collectors.collector_settings import ModeSettings
+
+    with pytest.raises(ConfigurationError, match=rf"^{keyword}={value} is invalid: expected no value with sync={sync}"):
+        parse({"frames_per_batch": 8, "sync": sync, keyword: value}, ModeSettings)
+    assert getattr(parse({"frames_per_batch": 8, "sync": not sync, keyword: value}, ModeSettings), keyword) == value
+    assert f"Only with ``sync={not sync}``." in DistributedCollector.__doc__
+    assert "Only with" not in MultiSyncCollector.__doc__  # its class fixes the mode
+
+
+def test_frames_per_batch_says_what_each_batch_holds_and_cannot_be_set() -> None:
+    collector = Collector(lambda: CountingEnv(num_envs=3), frames_per_batch=10)
+    assert (collector.requested_frames_per_batch, collector.frames_per_batch) == (10, 10)  # envs unknown yet
+    with pytest.raises(AttributeError):
+        collector.frames_per_batch = 12  # type: ignore[misc]

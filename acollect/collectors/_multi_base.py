@@ -1,31 +1,34 @@
 """What the multi-process collectors share: the worker pool, weights, seeds, state and the batch loop.
 
-Their options are checked in :mod:`acollect.collectors.options` and turned into per-worker configs in
-:mod:`acollect.collectors.worker_configs`. What differs between lockstep (sync) and first-ready (async)
-collection is the collector's dispatch strategy (:mod:`acollect.collectors.dispatch`), given to
-:class:`MultiCollectorBase` by each class: fixed (``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen
-by a ``sync`` argument (``DistributedCollector``, ``RayCollector``).
+Each public class checks its options once into its settings class (:mod:`acollect.collectors.collector_settings`),
+which are turned into per-worker configs in :mod:`acollect.collectors.worker_configs`. What differs between
+lockstep (sync) and first-ready (async) collection is the collector's dispatch strategy
+(:mod:`acollect.collectors.dispatch`), which follows from the settings: fixed by the class
+(``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen by a ``sync`` option (``DistributedCollector``,
+``RayCollector``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect._validate import check_int, check_total_frames
+from acollect._validate import check_int
 from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase
-from acollect.collectors.dispatch import Dispatch
+from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
+from acollect.collectors.dispatch import Dispatch, dispatch_for
 from acollect.collectors.lending import Loans, default_budget
-from acollect.collectors.options import WorkerSettings, check_policy_args, parse, settle_frames_per_batch
+from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool, WorkerState
+from acollect.pool.settings import PoolSettings
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.transport.cuda_dma import Copy, DeviceCopier
@@ -50,24 +53,25 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     """Shared machinery of the multi-process collectors (see :class:`MultiSyncCollector` and
     :class:`MultiAsyncCollector`): each holds the worker pool and one dispatch strategy."""
 
-    def __init__(
-        self, create_env_fn_list: Any, policy: PolicyLike, options: Mapping[str, Any], *, dispatch: Dispatch
-    ) -> None:
-        """Checks ``options`` (the public class's ``**options``) once, and builds the workers' configs.
+    settings_class: ClassVar[type[MultiSyncSettings] | type[MultiAsyncSettings]]
+    #: The options given, checked, every default filled in.
+    settings: MultiSyncSettings | MultiAsyncSettings
 
-        ``dispatch`` (:class:`~acollect.collectors.dispatch.Lockstep` or
-        :class:`~acollect.collectors.dispatch.FirstReady`) is how batches are taken from the workers.
-        """
-        self._dispatch = dispatch
-        self.settings = settings = parse(options, WorkerSettings, owner=type(self))
+    def __init__(
+        self, create_env_fn_list: Any, policy: PolicyLike, settings: MultiSyncSettings | MultiAsyncSettings
+    ) -> None:
+        """Builds the workers' configs, and the dispatch strategy (how batches are taken from the workers), from
+        ``settings``: the public class's ``**options`` checked once by :func:`parse` into its ``settings_class``."""
+        self.settings = settings
+        self._dispatch: Dispatch = dispatch_for(settings)
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = self._plan(create_env_fn_list)
-        super().__init__(frames_per_batch=plan.frames_per_batch, total_frames=settings.total_frames,
-                         progress=settings.progress)  # fmt: skip
+        super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=plan.frames_per_batch,
+                         total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
         self._configs = plan.configs
         self._shutdown_limit = settings.shutdown_timeout
-        self._storing_device = collector_storing_device(settings)
+        self._storing_device = collector_storing_device(self._worker_policy()[1])
         # storing_device on a GPU: batches go there by DMA from the workers' shared memory (transport.cuda_dma).
         self._copier: DeviceCopier | None = None
         self._copies: list[Copy] = []  # copies whose source slots are lent until they finished
@@ -102,11 +106,6 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         requested = self.settings.frames_per_batch
         worker_frames = self._dispatch.worker_frames(requested, len(n_envs))
         return settle_frames_per_batch(requested, shown, worker_frames, known, stacked=self._dispatch.sync)
-
-    @property
-    def requested_frames_per_batch(self) -> int:
-        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
-        return self.settings.frames_per_batch
 
     @property
     def num_workers(self) -> int:
@@ -160,26 +159,28 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             raise CollectorStateError("the collector's workers are not running")
         return self._pool
 
-    def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
+    def _new_pool(self, settings: PoolSettings) -> WorkerPool:
         """Builds the worker pool (subclasses moving data another way return a subclass of it)."""
-        return WorkerPool(*args, **kwargs)
+        return WorkerPool(self._configs, settings, on_failure=self._fail)
+
+    def _pool_settings(self) -> PoolSettings:
+        """What the pool is told: the collector's options and what its dispatch strategy asks of the workers."""
+        settings, dispatch = self.settings, self._dispatch
+        return PoolSettings(
+            launcher=settings.launcher,
+            address=settings.address,
+            keys=settings.keys,
+            use_shared_memory=settings.use_shared_memory,
+            credits=dispatch.credits,
+            slots=dispatch.slots,
+            shared_batches=dispatch.shared_batches,
+            heartbeat_timeout=settings.heartbeat_timeout,
+            startup_timeout=settings.startup_timeout,
+            max_restarts=settings.max_worker_restarts,
+        )
 
     async def _setup(self) -> None:
-        pool = self._new_pool(
-            self._configs,
-            start_method=self.settings.start_method,
-            launcher=self.settings.launcher,
-            address=self.settings.address,
-            credits=self._dispatch.credits,
-            slots=self._dispatch.slots,
-            shared_batches=self._dispatch.shared_batches,
-            use_shared_memory=self.settings.use_shared_memory,
-            heartbeat_timeout=self.settings.heartbeat_timeout,
-            startup_timeout=self.settings.startup_timeout,
-            max_restarts=self.settings.max_worker_restarts,
-            keys=self.settings.keys,
-            on_failure=self._fail,
-        )
+        pool = self._new_pool(self._pool_settings())
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
@@ -189,10 +190,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         await pool.start(self._tasks)
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
-        frames = self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles])
-        if frames != self.frames_per_batch:
-            self.frames_per_batch = frames
-            check_total_frames(self.total_frames, frames)
+        self._settle_frames_per_batch(self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles]))
         await self._apply_pending()
         paused = self._lifecycle.pauses > 0
         await self._dispatch.start(pool, paused=paused)

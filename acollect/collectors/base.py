@@ -43,7 +43,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
@@ -68,6 +68,7 @@ from acollect.weights import WeightUpdate
 if TYPE_CHECKING:
     import torch
 
+    from acollect.collectors.options import RolloutSettings
     from acollect.weights import Weights
 
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
@@ -84,12 +85,21 @@ _DRAIN_TIMEOUT = 10.0
 class CollectorBase(ReportingMixin):
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
-    Subclasses call ``super().__init__(frames_per_batch=..., total_frames=..., progress=...)`` and implement
+    Subclasses name the class of their options (``settings_class``), call ``super().__init__(
+    requested_frames_per_batch=..., frames_per_batch=..., total_frames=..., progress=...)`` and implement
     ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
 
-    def __init__(self, *, frames_per_batch: int, total_frames: int, progress: bool | str = False) -> None:
-        self.frames_per_batch = frames_per_batch
+    #: The class of this collector's checked options (``collector.settings``): its docstring's "Keyword Args"
+    #: are generated from it.
+    settings_class: ClassVar[type[RolloutSettings]]
+
+    def __init__(
+        self, *, requested_frames_per_batch: int, frames_per_batch: int, total_frames: int, progress: bool | str = False
+    ) -> None:
+        """``frames_per_batch``: what each batch holds as far as the arguments tell (else what was requested)."""
+        self._requested_frames_per_batch = requested_frames_per_batch
+        self._frames_per_batch = frames_per_batch
         self.total_frames = check_total_frames(total_frames, frames_per_batch)
         self._init_reporting(progress)
         self._lifecycle = Lifecycle()  # the state, and all it depends on: read it, never keep a copy
@@ -126,6 +136,28 @@ class CollectorBase(ReportingMixin):
         """Releases everything ``_setup`` built without waiting: nothing can be awaited (the event loop ended, or
         the collector is being garbage collected). Workers are killed, sockets closed with ``linger=0``, shared
         memory unlinked. Must not block, nor raise."""
+
+    # -- frames per batch: what was asked, what each batch holds -------------------------
+    @property
+    def requested_frames_per_batch(self) -> int:
+        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
+        return self._requested_frames_per_batch
+
+    @property
+    def frames_per_batch(self) -> int:
+        """The frames each batch holds: :attr:`requested_frames_per_batch` rounded up so that every env steps
+        equally often (with a warning when it differs). Known at construction where the arguments say how many
+        envs there are (a gymnasium id and its ``num_envs``), else once the envs are built, at set-up."""
+        return self._frames_per_batch
+
+    def _settle_frames_per_batch(self, frames: int) -> None:
+        """Records what each batch holds, once the built envs told (the one place it changes after construction).
+
+        ``total_frames`` is checked against it again (a warning where it is no multiple of it any more).
+        """
+        if frames != self._frames_per_batch:
+            self._frames_per_batch = frames
+            check_total_frames(self.total_frames, frames)
 
     # -- state -----------------------------------------------------------------------
     @property

@@ -27,24 +27,25 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
-from acollect._validate import check_int, check_seconds
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors.dispatch import FirstReady
-from acollect.collectors.options import WorkerOptions, WorkerSettings
+from acollect.collectors.collector_settings import BatchedSettings
+from acollect.collectors.options import WorkerSettings, parse
 from acollect.errors import CollectorStateError, ConfigurationError, WorkerError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY
-from acollect.inference.server import MODES
 from acollect.policy import PolicyLike
 from acollect.pool import Received
 from acollect.stats import CollectorStats
 from acollect.weights import WeightUpdate
+
+if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
+    from acollect.collectors.option_types import BatchedOptions
 
 __all__ = ["GPU_ENV_GROUPS", "AsyncBatchedCollector"]
 
@@ -79,92 +80,138 @@ class AsyncBatchedCollector(MultiCollectorBase):
             :meth:`update_policy_weights_` copies its weights into the server's copy.
 
     Keyword Args:
-        policy_factory (callable | None): builds the server's policy instead of ``policy`` (in the server process).
-        max_batch_size (int | None): the most observations in one forward pass (default: every env of every
-            worker).
-        max_wait (float): seconds a waiting observation may wait for others to join its forward pass (default
-            0.002). A pass runs at once when every worker is waiting.
-        device (device | None): where the policy runs (default: where its parameters are).
-        credits (int): batches each worker may collect ahead of the trainer (default 2).
+        frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
+            from each (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or
+            worker. Rounded up to a multiple of the number of envs, so that every env steps equally often (with a
+            warning): ``collector.frames_per_batch`` then says what each batch holds,
+            ``collector.requested_frames_per_batch`` what was asked. Required.
+        total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
+            ``-1``.
+        max_batch_size (int | None): the most observations in one forward pass (``None``: every env of every worker).
+            Defaults to ``None``.
+        max_wait (float): seconds a waiting observation may wait for others to join its forward pass; a pass runs at
+            once when every worker is waiting. Defaults to ``0.002``.
         env_groups (int | None): each worker builds its envs as this many groups (from the env factory, with
-            ``num_envs`` shared out among them) and steps one group while the others wait for their actions,
-            hiding the round trip to the server: a worker never idles while a pass runs, and a pass takes the
-            requests of every group that waits. ``1`` steps every env together (a worker waits for each pass).
-            ``None`` (the default) picks what measured best (``docs/central-inference.md``): 4 with a policy on a
-            GPU (a pass frees the CPU: the workers step while it runs); on a CPU, 2 where a core is left for the
-            server beside the workers, else 1 (the server's pass needs the core the groups would step on).
-            Applies where ``env_kwargs`` has ``num_envs >= 2`` and ``init_random_frames`` is 0; batches keep
-            their layout.
-        passes_in_flight (int | None): forward passes the server may run at once, each in a thread of its own
-            (with its own CUDA stream and page-locked buffers on a GPU): requests gather into the next pass while
-            one runs, and no worker waits for every other pass to end. ``None`` (the default): 2 on a GPU, 1 on a
-            CPU (where passes at once only share the same cores).
-        server_threads (int | None): torch threads of the server process (its copies and, on CPU, its forward
-            passes); default: the cores this process may use beyond one per worker, at least 1. More threads
-            than free cores make every pass wait for descheduled threads.
-        server (str): where the inference server's loop runs: ``"process"`` (default), a process of its own, owned
-            like a worker (its crash or hang breaks the collector within about a second, with its exit code or
-            traceback), so that no step waits for the trainer's GIL; ``"thread"``, a thread of this process: no
-            process to start, but every pass shares the trainer's GIL (the trainer's Python code and the
-            workers' steps wait for each other).
-        **options: the options of :class:`~acollect.MultiAsyncCollector` (``frames_per_batch``,
-            ``total_frames``, ``num_workers``, ``env_device``, ``storing_device``, ``env_kwargs``, launchers,
-            timeouts, ``copy_batches``, ``postproc``, ...), checked as there. ``policy_device`` means ``device``.
-            ``keys`` guards the inference server's connections as well as the endpoint's (the same key pair and
-            allow-list), and a forward pass running longer than ``heartbeat_timeout`` breaks the collector with a
-            :class:`~acollect.errors.PolicyError` saying the server is hung.
+            ``num_envs`` shared out among them) and steps one group while the others wait for their actions, hiding the
+            round trip to the server: a worker never idles while a pass runs, and a pass takes the requests of every
+            group that waits. ``1`` steps every env together (a worker waits for each pass). ``None`` picks what
+            measured best (``docs/central-inference.md``): 4 with a policy on a GPU (a pass frees the CPU: the workers
+            step while it runs); on a CPU, 2 where a core is left for the server beside the workers, else 1 (the
+            server's pass needs the core the groups would step on). Applies where ``env_kwargs`` has ``num_envs >= 2``
+            and ``init_random_frames`` is 0; batches keep their layout. Defaults to ``None``.
+        passes_in_flight (int | None): forward passes the server may run at once, each in a thread of its own (with its
+            own CUDA stream and page-locked buffers on a GPU): requests gather into the next pass while one runs, and no
+            worker waits for every other pass to end. ``None``: 2 on a GPU, 1 on a CPU (where passes at once only share
+            the same cores). Defaults to ``None``.
+        server_threads (int | None): torch threads of the server process (its copies and, on CPU, its forward passes);
+            ``None``: the cores this process may use beyond one per worker, at least 1. More threads than free cores
+            make every pass wait for descheduled threads. Defaults to ``None``.
+        server (str): where the inference server's loop runs: ``"process"``, a process of its own, owned like a worker
+            (its crash or hang breaks the collector within about a second, with its exit code or traceback), so that no
+            step waits for the trainer's GIL; ``"thread"``, a thread of this process: no process to start, but every
+            pass shares the trainer's GIL (the trainer's Python code and the workers' steps wait for each other).
+            Defaults to ``'process'``.
+        credits (int): batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory
+            stays bounded. Defaults to ``2``.
+        policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the server's policy,
+            instead of ``policy``, in the server process. Defaults to ``None``.
+        device (Devices): the inference server's device, where the policy runs (default: where its parameters are); one
+            device. The envs' device is ``env_device``. Defaults to ``None``.
+        env_device (Devices): where env data lives; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        policy_device (Devices): the same as ``device`` (give one of the two). Defaults to ``None``.
+        storing_device (Devices): where batches land (the workers' envs make them, not the inference device); one
+            device, or a list with one per worker. Defaults to ``'cpu'``.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this;
+            ``None``: no limit. Defaults to ``None``.
+        init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
+        reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
+            handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
+            ``[n_envs, T]`` batches. Defaults to ``False``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
+            ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
+            collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
+        env_kwargs (Mapping[str, Any] | None): keyword arguments of the env factory, or of the env a gymnasium id names
+            (such as ``{"num_envs": 8}``). Defaults to ``{}``.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm
+            bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
+            ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
+            to ``False``.
+        collector_kwargs (Mapping[str, Any] | Sequence[Mapping[str, Any]] | None): options per worker: one dict for
+            every worker, or a list of dicts with one per worker, among ``device``, ``env_device``, ``env_kwargs``,
+            ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``, ``num_threads``, ``policy_device``,
+            ``reset_at_each_iter``, ``storing_device``. Defaults to ``None``.
+        update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch. Defaults
+            to ``False``.
+        max_weight_update_interval (int | None): push the weights of ``policy`` at least every this many batches
+            (``None``: when asked only). Defaults to ``None``.
+        weight_sync_schemes (Mapping[str, WeightSyncScheme] | None): how each model's weights travel: model id ->
+            ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
+            this host, else over the endpoint). Defaults to ``{}``.
+        max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
+            before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
+            exits after as long without a word from its collector. A forward pass running longer breaks the collector
+            with a ``PolicyError`` saying the server is hung. Defaults to ``30.0``.
+        startup_timeout (float): seconds a worker may take to start and build its env and policy (or to join, for one
+            started by hand). Defaults to ``120.0``.
+        shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless it is given a timeout. Defaults
+            to ``5.0``.
+        address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
+            workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
+            address>:<free port>``). Defaults to ``None``.
+        start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
+            Defaults to ``'spawn'``.
+        launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
+            ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
+            (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
+        num_threads (int): torch threads in each worker. Defaults to ``1``.
+        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or
+            more on a local address). Defaults to ``None``.
+        remote_workers (int): how many of the workers are started by hand (``acollect worker --connect ADDRESS --keys
+            DIR``, on any machine) instead of by the collector: the last ones. The collector waits up to
+            ``startup_timeout`` for them to join. Needs ``address`` and ``keys``. Defaults to ``0``.
+        keys (ServerKeys | str | os.PathLike[str] | None): a key directory written by ``acollect keys`` (or a
+            ``ServerKeys``): the endpoint then encrypts every connection with CURVE and accepts only the workers whose
+            public key is in its ``authorized/`` directory; others are refused and counted in ``rejected_peers``. They
+            guard the inference server's connections as well (the same key pair and allow-list). Defaults to ``None``.
+        copy_batches (bool): ``False`` (default): a batch is the workers' shared memory itself, lent with no copy and
+            never written while any tensor of it is held (a view, a slice, a numpy array of one), then given back to its
+            worker (see ``max_lent_bytes``). ``True``: each batch is a copy, its memory given back at once. Defaults to
+            ``False``.
+        max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
+            handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
+            collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+        filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
+            repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
+            stderr. Defaults to ``True``.
+        num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
+            count). Defaults to ``None``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
     """
 
-    def __init__(
-        self,
-        create_env_fn: Any,
-        policy: PolicyLike = None,
-        *,
-        max_batch_size: int | None = None,
-        max_wait: float = 0.002,
-        credits: int = 2,
-        env_groups: int | None = None,
-        passes_in_flight: int | None = None,
-        server_threads: int | None = None,
-        server: str = "process",
-        **options: Unpack[WorkerOptions],
-    ) -> None:
-        self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1, optional=True)
-        self.max_wait = check_seconds("max_wait", max_wait, allow_zero=True)
-        self.env_groups = check_int("env_groups", env_groups, minimum=1, optional=True)
-        self.server_threads = check_int("server_threads", server_threads, minimum=1, optional=True)
-        self.passes_in_flight = check_int("passes_in_flight", passes_in_flight, minimum=1, optional=True)
-        if server not in MODES:
-            raise ConfigurationError.bad_value("server", server, f"one of {MODES}")
-        self.server_mode = server
-        rest: dict[str, Any] = dict(options)
-        device, policy_device = rest.pop("device", None), rest.pop("policy_device", None)
-        if device is not None and policy_device is not None:
-            raise ConfigurationError.bad_value(
-                "policy_device", policy_device, "None when device is given (both name the inference device)"
-            )
-        self.device = policy_device if policy_device is not None else device
-        if isinstance(self.device, (list, tuple)):
-            raise ConfigurationError.bad_value("device", self.device, "one device: the inference server's")
-        if policy is None and rest.get("policy_factory") is None:
+    settings_class: ClassVar[type[BatchedSettings]] = BatchedSettings
+    settings: BatchedSettings
+
+    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[BatchedOptions]) -> None:
+        settings = parse(options, self.settings_class, owner=type(self))
+        if policy is None and settings.policy_factory is None:
             raise ConfigurationError.bad_value(
                 "policy", None, "a policy (or a policy_factory): the inference server runs it for every worker"
             )
-        if "storing_device" not in rest:
-            rest["storing_device"] = "cpu"  # batches come from the workers' envs, not from the inference device
         self._server: InferenceServer | None = None
         self._server_rejected = 0
         self._final_inference: dict[str, Any] | None = None  # the server's figures at its end
-        super().__init__(create_env_fn, policy, rest, dispatch=FirstReady(credits))
-        if isinstance(self.settings.policy_factory, str):
-            raise ConfigurationError.bad_value("policy_factory", self.settings.policy_factory, "a callable")
+        super().__init__(create_env_fn, policy, settings)
 
     def _worker_policy(self) -> tuple[Any, WorkerSettings]:
-        # The workers get no policy: theirs is the server, which builds the policy (factory included) here.
-        return None, dataclasses.replace(self.settings, policy_factory=None)
+        # The workers get no policy: theirs is the server, which builds the policy (factory included) here, on
+        # the device that device and policy_device name.
+        return None, dataclasses.replace(self.settings, policy_factory=None, device=None, policy_device=None)
 
     def _server_address(self) -> str:
         if self.settings.address is not None and self.settings.address.startswith("tcp://"):
@@ -181,15 +228,15 @@ class AsyncBatchedCollector(MultiCollectorBase):
         server = InferenceServer(
             self._policy_arg,
             policy_factory=factory if callable(factory) else None,
-            max_batch_size=self.max_batch_size or 1 << 30,
-            max_wait=self.max_wait,
-            device=self.device,
+            max_batch_size=self.settings.max_batch_size or 1 << 30,
+            max_wait=self.settings.max_wait,
+            device=self.settings.inference_device,
             exploration_type=self.settings.exploration_type,
             address=self._server_address(),
             keys=self.settings.keys,
             # A forward pass that never returns is the server's hang, reported as such, not as hung workers.
             hang_timeout=self.settings.heartbeat_timeout,
-            mode=self.server_mode,
+            mode=self.settings.server,
             num_threads=self._server_threads(),
             passes_in_flight=self._passes_in_flight(),
         )
@@ -205,17 +252,17 @@ class AsyncBatchedCollector(MultiCollectorBase):
         server.expect_sources(self.num_workers)
         await server.flush()  # the server process holds the workers' keys before any worker connects
         await super()._setup()
-        if self.max_batch_size is None:
+        if self.settings.max_batch_size is None:
             assert self._pool is not None
             server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
 
     def _on_gpu(self) -> bool:
-        device = self.device
+        device = self.settings.inference_device
         return device is not None and torch.device(device).type == "cuda"
 
     def _env_groups(self) -> int:
-        if self.env_groups is not None:
-            return self.env_groups
+        if self.settings.env_groups is not None:
+            return self.settings.env_groups
         # docs/central-inference.md: while a group waits for its pass the worker steps the others, which pays where
         # the pass frees the CPU (a GPU) or has a core of its own; on a CPU the server needs the core otherwise.
         if self._on_gpu():
@@ -223,13 +270,13 @@ class AsyncBatchedCollector(MultiCollectorBase):
         return 2 if _cores() > self.num_workers + 1 else 1
 
     def _passes_in_flight(self) -> int:
-        if self.passes_in_flight is not None:
-            return self.passes_in_flight
+        if self.settings.passes_in_flight is not None:
+            return self.settings.passes_in_flight
         return 2 if self._on_gpu() else 1
 
     def _server_threads(self) -> int:
-        if self.server_threads is not None:
-            return self.server_threads
+        if self.settings.server_threads is not None:
+            return self.settings.server_threads
         return max(1, min(torch.get_num_threads(), _cores() - self.num_workers))
 
     async def _teardown(self) -> None:

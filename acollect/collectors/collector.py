@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 from typing_extensions import Unpack
 
 from acollect._threads import GilHandover, run_in_thread
-from acollect._validate import check_int, check_total_frames
+from acollect._validate import check_int
 from acollect.async_rollout import AsyncRollout
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
-    InProcessOptions,
     InProcessSettings,
     check_policy_args,
     parse,
@@ -48,6 +47,9 @@ from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, WeightUpdate, structure_of, weights_of
 
+if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
+    from acollect.collectors.option_types import InProcessOptions
+
 __all__ = ["Collector"]
 
 
@@ -61,32 +63,47 @@ class Collector(CollectorBase):
             TensorDicts, or ``None`` for random actions.
 
     Keyword Args:
-        policy_factory (callable | None): a zero-argument callable building the policy (instead of ``policy``).
-        frames_per_batch (int): frames per batch, rounded up to a multiple of the number of envs (with a warning;
-            ``collector.frames_per_batch`` then says what batches hold).
-        total_frames (int): frames to collect in all; ``-1`` collects forever.
-        device (device | list): fills whichever of the three devices below is unset.
-        env_device (device | list): where env data lives.
-        policy_device (device | list): where the policy runs (data is cast between it and the env device).
-        storing_device (device | list): where batches land.
-        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this.
-        init_random_frames (int | None): act randomly for this many frames first.
-        reset_at_each_iter (bool): reset every env at the start of each batch.
-        postproc (callable | None): a callable applied to each batch (in the collection thread) before it is handed
-            out.
-        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")``.
-        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting
-            (``RANDOM`` by default); set per collection thread, so collectors never change each other's.
-        env_kwargs (dict | None): keyword arguments for building the env from a gymnasium id.
-        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a
-            tqdm bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger),
-            ``"tqdm"``, ``"log"`` or ``False`` (default: nothing is shown).
-        gil_handover_interval (float | None): the collection thread shares the GIL with the event loop; between
-            two env steps it offers the GIL to the loop (:class:`~acollect._threads.GilHandover`) if this many
-            seconds passed since its last offer, so the loop waits about this long plus one step for it each time
-            (default ``0.002``; ``0``: at every step; ``None``: never, as threads do by themselves: the loop may
-            then wait several 5 ms switch intervals). A trainer that keeps the GIL busy on the loop gets a larger
-            share of it, and collection a smaller one (``docs/concepts.md``, background mode).
+        frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
+            from each (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or
+            worker. Rounded up to a multiple of the number of envs, so that every env steps equally often (with a
+            warning): ``collector.frames_per_batch`` then says what each batch holds,
+            ``collector.requested_frames_per_batch`` what was asked. Required.
+        total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
+            ``-1``.
+        gil_handover_interval (float | None): the collection thread shares the GIL with the event loop; between two env
+            steps it offers the GIL to the loop (``acollect._threads.GilHandover``) if this many seconds passed since
+            its last offer, so the loop waits about this long plus one step for it each time (``0``: at every step;
+            ``None``: never, as threads do by themselves: the loop may then wait several 5 ms switch intervals). A
+            trainer that keeps the GIL busy on the loop gets a larger share of it, and collection a smaller one
+            (``docs/concepts.md``, background mode). Defaults to ``0.002``.
+        policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
+            runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
+            import path ``'module:name'``, which each worker imports. Defaults to ``None``.
+        device (Devices): fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given; the
+            multi-process collectors take a list too, with one device per worker. Defaults to ``None``.
+        env_device (Devices): where env data lives; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        policy_device (Devices): where the policy runs (data is cast between it and the env device); the multi-process
+            collectors take a list too, with one device per worker. Defaults to ``None``.
+        storing_device (Devices): where batches land; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this;
+            ``None``: no limit. Defaults to ``None``.
+        init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
+        reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
+            handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
+            ``[n_envs, T]`` batches. Defaults to ``False``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
+            ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
+            collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
+        env_kwargs (Mapping[str, Any] | None): keyword arguments of the env factory, or of the env a gymnasium id names
+            (such as ``{"num_envs": 8}``). Defaults to ``{}``.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm
+            bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
+            ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
+            to ``False``.
 
     Examples:
         >>> import anyio, torch
@@ -105,11 +122,11 @@ class Collector(CollectorBase):
         torch.Size([4, 16]) torch.Size([4, 16, 1])
     """
 
+    settings_class: ClassVar[type[InProcessSettings]] = InProcessSettings
+
     def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[InProcessOptions]) -> None:
-        settings = parse(options, InProcessSettings, owner=type(self))
+        settings = parse(options, self.settings_class, owner=type(self))
         check_policy_args(policy, settings.policy_factory)
-        if isinstance(settings.policy_factory, str):
-            raise ConfigurationError.bad_value("policy_factory", settings.policy_factory, "a zero-argument callable")
         if create_env_fn is None:
             raise ConfigurationError.bad_value(
                 "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
@@ -119,12 +136,9 @@ class Collector(CollectorBase):
         n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
         if n_envs is not None:
             frames = settle_frames_per_batch(frames, frames, frames, [n_envs], stacked=False)
-        super().__init__(frames_per_batch=frames, total_frames=settings.total_frames, progress=settings.progress)
-        for name in DEVICE_OPTIONS:
-            value = getattr(settings, name)
-            if isinstance(value, list):
-                raise ConfigurationError.bad_value(name, value, "one device (a list, one per worker, is for the "
-                                                   "multi-process collectors)")  # fmt: skip
+        super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=frames,
+                         total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
+        #: The options given, checked, every default filled in.
         self.settings = settings
         self.create_env_fn = create_env_fn
         self._policy_arg = policy
@@ -137,11 +151,6 @@ class Collector(CollectorBase):
         self._episodes = EpisodeTracker()  # used by the collection thread only
 
     # -- building --------------------------------------------------------------------
-    @property
-    def requested_frames_per_batch(self) -> int:
-        """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
-        return self.settings.frames_per_batch
-
     def _build_engine(self) -> RolloutEngine | AsyncRollout:
         settings = self.settings
         assert not isinstance(settings.policy_factory, str)  # refused at construction: no import paths in-process
@@ -174,10 +183,9 @@ class Collector(CollectorBase):
             await self._engine.ensure_running(self._tasks.spawn)
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
         requested, shown = self.requested_frames_per_batch, self.frames_per_batch
-        actual = settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
-        if actual != shown:
-            self.frames_per_batch = actual
-            check_total_frames(self.total_frames, actual)
+        self._settle_frames_per_batch(
+            settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
+        )
         if self._pending_state is not None:
             self._load_engine_state(self._pending_state)
             self._pending_state = None

@@ -12,41 +12,32 @@ holds one of two *dispatch strategies*, which is all that differs between "sync"
 
 A strategy knows the pool, never the collector: the collector asks it how many frames a worker collects
 and how many credits it holds (when building workers), to start the workers (at set-up), to take and
-combine the next batch, and to pause or resume the workers. A collector with a ``sync`` argument picks
-its strategy in ``__init__`` with :func:`dispatch_for`, the one place where ``sync`` is read.
+combine the next batch, and to pause or resume the workers. Every multi-process collector gets its strategy
+from :func:`dispatch_for`, which reads its settings (:mod:`acollect.collectors.collector_settings`): the
+mode its class fixes, or the ``sync`` option of a collector that takes one (the one place it is read).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 import torch
 from tensordict import TensorDictBase
 
-from acollect._validate import check_bool, check_choice, check_int
 from acollect.collectors._handout import HandOutBuffers
+from acollect.collectors.collector_settings import ModeSettings, MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors.lending import Loans
-from acollect.collectors.options import WorkerOptions
 from acollect.errors import ConfigurationError
 from acollect.pool import Received, Request, WorkerHandle, WorkerPool
 from acollect.pool.shared import SharedBatches
 from acollect.worker import protocol as P
 
-__all__ = ["Dispatch", "FirstReady", "Lockstep", "ModeOptions", "dispatch_for"]
+__all__ = ["Dispatch", "FirstReady", "Lockstep", "dispatch_for"]
 
-_CAT_RESULTS = (None, "stack", 0, -1)
 #: the loans key of the lockstep segments every worker writes (their memory is the collector's)
 _SHARED = "shared"
-
-
-class ModeOptions(WorkerOptions, total=False):
-    """The options of a collector with a ``sync`` argument: those of the multi-process collectors and the
-    option of each mode (given with the other mode, it is refused)."""
-
-    cat_results: str | int | None  # sync=True
-    credits: int  # sync=False
 
 
 class Dispatch:
@@ -137,15 +128,15 @@ class Lockstep(Dispatch):
 
     Args:
         cat_results: ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs, T]``; ``0``
-            concatenates along envs, ``-1`` along time.
+            concatenates along envs, ``-1`` along time (the collector's option, checked by its settings).
     """
 
     sync = True
     #: One slot holds the batch being handed out while the next one is collected into the other.
     slots = 2
 
-    def __init__(self, cat_results: str | int | None = None) -> None:
-        self.cat_results = check_choice("cat_results", cat_results, _CAT_RESULTS)
+    def __init__(self, cat_results: str | int | None) -> None:
+        self.cat_results = cat_results
         self.credits = None
         # Stacked, or concatenated along envs, each worker's rows are contiguous: written in place (time: gathered).
         stack = self.cat_results in (None, "stack")
@@ -331,13 +322,14 @@ class FirstReady(Dispatch):
     the others back.
 
     Args:
-        credits: batches each worker may collect ahead of the trainer (memory stays bounded).
+        credits: batches each worker may collect ahead of the trainer (memory stays bounded; the collector's
+            option, checked by its settings).
     """
 
     sync = False
 
-    def __init__(self, credits: int = 2) -> None:
-        self.credits: int = check_int("credits", credits, minimum=1)
+    def __init__(self, credits: int) -> None:
+        self.credits: int = credits
         # copy_batches=True: per worker, the memory of batches the caller dropped, mapped already.
         self._buffers: dict[int, HandOutBuffers] = {}
 
@@ -407,21 +399,20 @@ class FirstReady(Dispatch):
             await pool.order_pause(paused)
 
 
-def dispatch_for(sync: object, options: dict[str, Any]) -> Lockstep | FirstReady:
-    """The strategy ``sync`` asks for, built from its option, which is taken out of ``options``.
+def dispatch_for(settings: MultiSyncSettings | MultiAsyncSettings) -> Lockstep | FirstReady:
+    """The strategy a collector's checked settings ask for, built from its option.
 
-    Args:
-        sync: ``True`` for :class:`Lockstep`, ``False`` for :class:`FirstReady`.
-        options: a collector's keyword options; ``cat_results`` (lockstep) or ``credits`` (first ready) is
-            removed from it.
+    A collector with a mode (:class:`~acollect.collectors.collector_settings.ModeSettings`) takes
+    :class:`Lockstep` with ``sync=True``, else :class:`FirstReady`; any other collector's class fixes its mode.
 
-    Raises:
-        ConfigurationError: ``sync`` is not a bool, or ``options`` holds the other mode's option.
+    Examples:
+        >>> from acollect.collectors.collector_settings import ModeSettings
+        >>> from acollect.collectors.options import parse
+        >>> type(dispatch_for(parse({"frames_per_batch": 8, "sync": True}, ModeSettings))).__name__
+        'Lockstep'
     """
-    sync = check_bool("sync", sync)
-    own, other = ("cat_results", "credits") if sync else ("credits", "cat_results")
-    if other in options:
-        raise ConfigurationError.bad_value(other, options[other], f"no value with sync={sync}")
-    if sync:
-        return Lockstep(options.pop(own, None))
-    return FirstReady(options.pop(own, 2))
+    if isinstance(settings, ModeSettings):
+        return Lockstep(settings.cat_results) if settings.sync else FirstReady(settings.credits)
+    if isinstance(settings, MultiSyncSettings):
+        return Lockstep(settings.cat_results)
+    return FirstReady(settings.credits)

@@ -21,14 +21,17 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Unpack
 
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors.dispatch import FirstReady, Lockstep
-from acollect.collectors.options import WorkerOptions
+from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
+from acollect.collectors.options import parse
 from acollect.policy import PolicyLike
+
+if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
+    from acollect.collectors.option_types import MultiAsyncOptions, MultiSyncOptions
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
 
@@ -54,83 +57,110 @@ class MultiSyncCollector(MultiCollectorBase):
         policy: the policy, sent to every worker (an ``nn.Module``, ``TensorDictModule``, callable or ``None``).
 
     Keyword Args:
-        policy_factory (callable | None): a zero-argument callable building the policy inside each worker instead.
-        frames_per_batch (int): frames per batch from all workers together.
-        total_frames (int): frames to collect in all; ``-1`` collects forever.
-        num_workers (int | None): number of workers when ``create_env_fn_list`` is a single factory (default: CPU
-            count).
-        cat_results (str | int | None): ``None`` or ``"stack"`` stacks worker batches into ``[n_workers, n_envs,
-            T]``; ``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs,
-            n_workers * T]``).
-        collector_kwargs (dict | list[dict] | None): per-worker options (a dict for all, or a list of dicts, one per
-            worker) among ``device``, ``env_device``, ``policy_device``, ``storing_device``,
-            ``max_frames_per_traj``, ``init_random_frames``, ``reset_at_each_iter``, ``exploration_type``,
-            ``env_kwargs``, ``num_threads``.
-        device (device | list): as for :class:`~acollect.Collector`; one value, or a list with one per worker.
-        env_device (device | list): likewise.
-        policy_device (device | list): likewise.
-        storing_device (device | list): likewise.
-        max_frames_per_traj (int | None): as for :class:`~acollect.Collector`, applied in every worker.
-        init_random_frames (int | None): likewise.
-        reset_at_each_iter (bool): likewise.
-        exploration_type (InteractionType | str | None): likewise.
-        env_kwargs (dict | None): likewise.
-        postproc (callable | None): applied in this process to each batch before it is handed out.
-        split_trajs (bool): hand out padded trajectories (see :class:`~acollect.Collector`).
-        update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch.
-        max_weight_update_interval (int | None): push them at least every this many batches.
-        weight_sync_schemes (dict | None): model id -> :class:`~acollect.transport.weight_sync.WeightSyncScheme`.
-        max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash.
-        heartbeat_timeout (float): seconds a collecting worker may make no env step before it counts as hung.
-        startup_timeout (float): seconds a worker may take to start and build its env and policy.
-        shutdown_timeout (float): default deadline of :meth:`async_shutdown`.
-        address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint
-            (``None``: a private ipc path).
-        start_method (str): ``"spawn"`` (fresh interpreters, default) or ``"forkserver"``.
-        launcher (str | Launcher): where workers run: ``"local"`` (processes on this machine, default), ``"ray"``
-            (one Ray actor each), ``"submitit"`` (one submitit job each), or a launcher instance such as
-            ``RayLauncher(remote_configs=...)`` (see :mod:`acollect.launchers`). With Ray or submitit the collector
-            binds ``tcp://<this node's address>:<free port>`` unless ``address`` says otherwise.
-        num_threads (int): torch threads in each worker.
-        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB
-            or more on a local address).
-        remote_workers (int): how many of the ``num_workers`` workers are started by hand (``acollect worker
-            --connect ADDRESS --keys DIR``, on any machine) instead of by the collector: the last ones. The
-            collector waits up to ``startup_timeout`` for them to join. Needs ``address`` and ``keys``.
-        keys (str | ServerKeys | None): a key directory written by ``acollect keys`` (or a ``ServerKeys``): the
-            endpoint then encrypts every connection with CURVE and accepts only the workers whose public key is in
-            its ``authorized/`` directory; others are refused and counted in :attr:`rejected_peers`.
-        progress (bool | str): show frames, frames/s and the mean episode return as collection goes (see
-            :class:`~acollect.Collector`); the workers count episodes and send them with each batch.
-        copy_batches (bool): ``True`` (default): each batch is fresh memory of its own, valid for as long as it is
-            kept. ``False``: a batch is lent, valid only until the next iteration (``clone()`` what must outlive
-            it): through shared memory it is the segment the workers wrote it into, with no copy at all (batches
-            sent as messages are combined into one buffer the collector reuses); this saves copying and
-            allocating (and page-faulting) a new batch each time, which matters for large observations such as
-            pixels.
-        filter_worker_warnings (bool): ignore Python warnings inside the workers (default ``True``: an env's
-            deprecation warnings, repeated by every worker, would drown the trainer's output); ``False`` lets them
-            through to the workers' stderr.
+        frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
+            from each (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or
+            worker. Rounded up to a multiple of the number of envs, so that every env steps equally often (with a
+            warning): ``collector.frames_per_batch`` then says what each batch holds,
+            ``collector.requested_frames_per_batch`` what was asked. Required.
+        total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
+            ``-1``.
+        cat_results (str | int | None): how worker batches combine: ``None`` or ``"stack"`` stacks them into
+            ``[n_workers, n_envs, T]``; ``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time
+            (``[n_envs, n_workers * T]``). Defaults to ``None``.
+        policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
+            runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
+            import path ``'module:name'``, which each worker imports. Defaults to ``None``.
+        device (Devices): fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given; the
+            multi-process collectors take a list too, with one device per worker. Defaults to ``None``.
+        env_device (Devices): where env data lives; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        policy_device (Devices): where the policy runs (data is cast between it and the env device); the multi-process
+            collectors take a list too, with one device per worker. Defaults to ``None``.
+        storing_device (Devices): where batches land; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this;
+            ``None``: no limit. Defaults to ``None``.
+        init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
+        reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
+            handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
+            ``[n_envs, T]`` batches. Defaults to ``False``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
+            ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
+            collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
+        env_kwargs (Mapping[str, Any] | None): keyword arguments of the env factory, or of the env a gymnasium id names
+            (such as ``{"num_envs": 8}``). Defaults to ``{}``.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm
+            bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
+            ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
+            to ``False``.
+        collector_kwargs (Mapping[str, Any] | Sequence[Mapping[str, Any]] | None): options per worker: one dict for
+            every worker, or a list of dicts with one per worker, among ``device``, ``env_device``, ``env_kwargs``,
+            ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``, ``num_threads``, ``policy_device``,
+            ``reset_at_each_iter``, ``storing_device``. Defaults to ``None``.
+        update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch. Defaults
+            to ``False``.
+        max_weight_update_interval (int | None): push the weights of ``policy`` at least every this many batches
+            (``None``: when asked only). Defaults to ``None``.
+        weight_sync_schemes (Mapping[str, WeightSyncScheme] | None): how each model's weights travel: model id ->
+            ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
+            this host, else over the endpoint). Defaults to ``{}``.
+        max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
+            before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
+            exits after as long without a word from its collector. Defaults to ``30.0``.
+        startup_timeout (float): seconds a worker may take to start and build its env and policy (or to join, for one
+            started by hand). Defaults to ``120.0``.
+        shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless it is given a timeout. Defaults
+            to ``5.0``.
+        address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
+            workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
+            address>:<free port>``). Defaults to ``None``.
+        start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
+            Defaults to ``'spawn'``.
+        launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
+            ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
+            (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
+        num_threads (int): torch threads in each worker. Defaults to ``1``.
+        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or
+            more on a local address). Defaults to ``None``.
+        remote_workers (int): how many of the workers are started by hand (``acollect worker --connect ADDRESS --keys
+            DIR``, on any machine) instead of by the collector: the last ones. The collector waits up to
+            ``startup_timeout`` for them to join. Needs ``address`` and ``keys``. Defaults to ``0``.
+        keys (ServerKeys | str | os.PathLike[str] | None): a key directory written by ``acollect keys`` (or a
+            ``ServerKeys``): the endpoint then encrypts every connection with CURVE and accepts only the workers whose
+            public key is in its ``authorized/`` directory; others are refused and counted in ``rejected_peers``.
+            Defaults to ``None``.
+        copy_batches (bool): ``False`` (default): a batch is the workers' shared memory itself, lent with no copy and
+            never written while any tensor of it is held (a view, a slice, a numpy array of one), then given back to its
+            worker (see ``max_lent_bytes``). ``True``: each batch is a copy, its memory given back at once. Defaults to
+            ``False``.
+        max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
+            handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
+            collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+        filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
+            repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
+            stderr. Defaults to ``True``.
+        num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
+            count). Defaults to ``None``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
     """
 
+    settings_class: ClassVar[type[MultiSyncSettings]] = MultiSyncSettings
+    settings: MultiSyncSettings
+
     def __init__(
-        self,
-        create_env_fn_list: Any,
-        policy: PolicyLike = None,
-        *,
-        cat_results: str | int | None = None,
-        **options: Unpack[WorkerOptions],
+        self, create_env_fn_list: Any, policy: PolicyLike = None, **options: Unpack[MultiSyncOptions]
     ) -> None:
-        super().__init__(create_env_fn_list, policy, options, dispatch=Lockstep(cat_results))
+        super().__init__(create_env_fn_list, policy, parse(options, self.settings_class, owner=type(self)))
 
     @property
     def cat_results(self) -> str | int | None:
         """How worker batches combine: ``None``/``"stack"``, ``0`` or ``-1`` (see the class docs)."""
-        assert isinstance(self._dispatch, Lockstep)
-        return self._dispatch.cat_results
+        return self.settings.cat_results
 
 
 class MultiAsyncCollector(MultiCollectorBase):
@@ -142,11 +172,106 @@ class MultiAsyncCollector(MultiCollectorBase):
     Weights pushed with :meth:`update_policy_weights_` apply from each worker's next batch boundary; batches
     collected before carry the older ``("collector", "policy_version")``.
 
-    Takes the arguments of :class:`MultiSyncCollector` except ``cat_results``, plus ``credits`` (default 2).
     (The worker pool's collector with the :class:`~acollect.collectors.dispatch.FirstReady` strategy;
     ``DistributedCollector`` and ``RayCollector`` take it with ``sync=False``.)
     With ``copy_batches=False`` a batch that came through shared memory is handed out as the slot itself,
     with no copy at all: it is valid until the next iteration, when the slot goes back to its worker.
+
+    Args:
+        create_env_fn_list: one env factory per worker (a list), or one factory for ``num_workers`` workers
+            (see :class:`MultiSyncCollector`).
+        policy: the policy, sent to every worker (an ``nn.Module``, ``TensorDictModule``, callable or ``None``).
+
+    Keyword Args:
+        frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
+            from each (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or
+            worker. Rounded up to a multiple of the number of envs, so that every env steps equally often (with a
+            warning): ``collector.frames_per_batch`` then says what each batch holds,
+            ``collector.requested_frames_per_batch`` what was asked. Required.
+        total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
+            ``-1``.
+        credits (int): batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory
+            stays bounded. Defaults to ``2``.
+        policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
+            runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
+            import path ``'module:name'``, which each worker imports. Defaults to ``None``.
+        device (Devices): fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given; the
+            multi-process collectors take a list too, with one device per worker. Defaults to ``None``.
+        env_device (Devices): where env data lives; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        policy_device (Devices): where the policy runs (data is cast between it and the env device); the multi-process
+            collectors take a list too, with one device per worker. Defaults to ``None``.
+        storing_device (Devices): where batches land; the multi-process collectors take a list too, with one device per
+            worker. Defaults to ``None``.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this;
+            ``None``: no limit. Defaults to ``None``.
+        init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
+        reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
+            handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
+            ``[n_envs, T]`` batches. Defaults to ``False``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
+            ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
+            collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
+        env_kwargs (Mapping[str, Any] | None): keyword arguments of the env factory, or of the env a gymnasium id names
+            (such as ``{"num_envs": 8}``). Defaults to ``{}``.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm
+            bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
+            ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
+            to ``False``.
+        collector_kwargs (Mapping[str, Any] | Sequence[Mapping[str, Any]] | None): options per worker: one dict for
+            every worker, or a list of dicts with one per worker, among ``device``, ``env_device``, ``env_kwargs``,
+            ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``, ``num_threads``, ``policy_device``,
+            ``reset_at_each_iter``, ``storing_device``. Defaults to ``None``.
+        update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch. Defaults
+            to ``False``.
+        max_weight_update_interval (int | None): push the weights of ``policy`` at least every this many batches
+            (``None``: when asked only). Defaults to ``None``.
+        weight_sync_schemes (Mapping[str, WeightSyncScheme] | None): how each model's weights travel: model id ->
+            ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
+            this host, else over the endpoint). Defaults to ``{}``.
+        max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
+            before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
+            exits after as long without a word from its collector. Defaults to ``30.0``.
+        startup_timeout (float): seconds a worker may take to start and build its env and policy (or to join, for one
+            started by hand). Defaults to ``120.0``.
+        shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless it is given a timeout. Defaults
+            to ``5.0``.
+        address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
+            workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
+            address>:<free port>``). Defaults to ``None``.
+        start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
+            Defaults to ``'spawn'``.
+        launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
+            ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
+            (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
+        num_threads (int): torch threads in each worker. Defaults to ``1``.
+        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or
+            more on a local address). Defaults to ``None``.
+        remote_workers (int): how many of the workers are started by hand (``acollect worker --connect ADDRESS --keys
+            DIR``, on any machine) instead of by the collector: the last ones. The collector waits up to
+            ``startup_timeout`` for them to join. Needs ``address`` and ``keys``. Defaults to ``0``.
+        keys (ServerKeys | str | os.PathLike[str] | None): a key directory written by ``acollect keys`` (or a
+            ``ServerKeys``): the endpoint then encrypts every connection with CURVE and accepts only the workers whose
+            public key is in its ``authorized/`` directory; others are refused and counted in ``rejected_peers``.
+            Defaults to ``None``.
+        copy_batches (bool): ``False`` (default): a batch is the workers' shared memory itself, lent with no copy and
+            never written while any tensor of it is held (a view, a slice, a numpy array of one), then given back to its
+            worker (see ``max_lent_bytes``). ``True``: each batch is a copy, its memory given back at once. Defaults to
+            ``False``.
+        max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
+            handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
+            collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+        filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
+            repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
+            stderr. Defaults to ``True``.
+        num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
+            count). Defaults to ``None``.
+
+    Raises:
+        ConfigurationError: a bad argument (named in the message).
 
     Examples:
         >>> import anyio
@@ -160,7 +285,10 @@ class MultiAsyncCollector(MultiCollectorBase):
         (3, True)
     """
 
+    settings_class: ClassVar[type[MultiAsyncSettings]] = MultiAsyncSettings
+    settings: MultiAsyncSettings
+
     def __init__(
-        self, create_env_fn_list: Any, policy: PolicyLike = None, *, credits: int = 2, **options: Unpack[WorkerOptions]
+        self, create_env_fn_list: Any, policy: PolicyLike = None, **options: Unpack[MultiAsyncOptions]
     ) -> None:
-        super().__init__(create_env_fn_list, policy, options, dispatch=FirstReady(credits))
+        super().__init__(create_env_fn_list, policy, parse(options, self.settings_class, owner=type(self)))

@@ -19,8 +19,9 @@ cascading through a sub-collector.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Unpack
 
@@ -29,29 +30,20 @@ from acollect._validate import check_bool, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.base import CollectorState
 from acollect.collectors.collector import Collector
-from acollect.collectors.dispatch import ModeOptions, dispatch_for
+from acollect.collectors.collector_settings import RaySettings
 from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
-from acollect.collectors.options import DEVICE_OPTIONS
+from acollect.collectors.options import DEVICE_OPTIONS, parse
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.launchers.ray import RayLauncher, RayWorker, check_remote_configs
 from acollect.policy import PolicyLike
 
-__all__ = ["RayCollector", "RayOptions"]
+if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
+    from acollect.collectors.option_types import RayOptions
+
+__all__ = ["RayCollector"]
 
 _COLLECTOR_CLASSES = (Collector, MultiSyncCollector, MultiAsyncCollector)
 _COLLECTOR_NAMES = {"single": Collector, "sync": MultiSyncCollector, "async": MultiAsyncCollector}
-# TorchRL arguments for mechanisms acollect does without; accepted so that TorchRL code runs unchanged.
-_NOT_NEEDED = frozenset({"trust_policy", "use_env_creator", "no_cuda_sync"})
-
-
-class RayOptions(ModeOptions, total=False):
-    """:class:`RayCollector`'s keyword options besides its own: those of the multi-process collectors."""
-
-    trust_policy: bool
-    use_env_creator: bool
-    no_cuda_sync: bool
-    weight_updater: None
-    weight_recv_schemes: None
 
 
 def _none_if_negative(value: object) -> Any:
@@ -84,48 +76,129 @@ class RayCollector(MultiCollectorBase):
     Args:
         create_env_fn: one env factory per remote collector (a list), or one factory for ``num_collectors``.
         policy: the policy sent to every actor (or ``None`` for random actions).
-        collector_class: what each remote collector is: ``Collector`` (default, one actor),
-            ``MultiSyncCollector`` or ``MultiAsyncCollector`` (``num_workers_per_collector`` actors), or
-            ``"single"``/``"sync"``/``"async"``.
-        num_workers_per_collector: actors per remote collector (each with its own env from the same factory).
-        sync: stack one batch from every collector (``True``), or first ready, first served (``False``).
-        ray_init_config: keyword arguments of ``ray.init`` (default: find a running cluster or start a
-            local one); unused when Ray is initialized already.
-        remote_configs: ``ray.remote`` options (``num_cpus``, ``num_gpus``, ``memory``...): one dict, or a
-            list with one per collector (default ``{"num_cpus": 1}`` per actor).
-        num_collectors: number of remote collectors (default: ``len(create_env_fn)``, or 1).
-        replay_buffer: the buffer :meth:`start` extends when called without one.
-        shutdown_ray: also ``ray.shutdown()`` when the collector shuts down (:meth:`async_shutdown`, the end
-            of ``async with``): for a collector that started Ray itself (``ray_init_config``). It ends every
-            actor of this process, replay buffers' and other collectors' included, so only when nothing
-            else uses Ray. :meth:`shutdown` can ask for it too.
-        **options: the other options of :class:`~acollect.MultiSyncCollector` /
-            :class:`~acollect.MultiAsyncCollector` (``address``, ``max_worker_restarts``,
-            ``heartbeat_timeout``, ``startup_timeout``, ``credits``, ``cat_results``, ``progress``...), and
-            TorchRL's ``trust_policy``, ``use_env_creator`` and ``no_cuda_sync``, which need nothing here.
 
     Keyword Args:
-        policy_factory (callable | None): builds the policy inside each actor instead (for policies that do not
-            pickle).
-        frames_per_batch (int): frames per batch: from all collectors together (``sync=True``) or from one
-            (``sync=False``).
-        total_frames (int): frames to collect in all; ``-1`` collects forever.
-        device (device | list): as for :class:`~acollect.Collector`; one value, or a list with one per collector.
-        storing_device (device | list): likewise.
-        env_device (device | list): likewise.
-        policy_device (device | list): likewise.
-        max_frames_per_traj (int | None): as for :class:`~acollect.Collector` (``-1`` or ``None``: no limit).
-        init_random_frames (int | None): likewise (``-1`` or ``None``: none).
-        reset_at_each_iter (bool): likewise.
-        postproc (callable | None): applied in this process to each batch.
-        split_trajs (bool): hand out padded trajectories.
-        exploration_type (InteractionType | str | None): as for :class:`~acollect.Collector`.
-        collector_kwargs (dict | list[dict] | None): per-collector options (a dict for all, or a list with one per
-            collector) among those of ``MultiSyncCollector``'s ``collector_kwargs`` (devices, ``env_kwargs``...).
-        update_after_each_batch (bool): push this process's ``policy`` weights after every batch.
-        max_weight_update_interval (int | None): push them at least every this many batches (``-1``: never forced).
-        weight_sync_schemes (dict | None): model id -> weight sync scheme (default: the weights go over the
-            endpoint).
+        frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
+            from each (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or
+            worker. Rounded up to a multiple of the number of envs, so that every env steps equally often (with a
+            warning): ``collector.frames_per_batch`` then says what each batch holds,
+            ``collector.requested_frames_per_batch`` what was asked. Required.
+        total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
+            ``-1``.
+        collector_class (Any): what each remote collector is: ``Collector`` (one actor), ``MultiSyncCollector`` or
+            ``MultiAsyncCollector`` (``num_workers_per_collector`` actors each), a subclass of one, or its name
+            ``"single"``, ``"sync"`` or ``"async"`` (checked by the RayCollector, which holds those classes). Defaults
+            to ``'single'``.
+        num_workers_per_collector (int): actors per remote collector, each with its own env from the same factory.
+            Defaults to ``1``.
+        num_collectors (int | None): number of remote collectors (``None``: ``len(create_env_fn)``, or 1). Defaults to
+            ``None``.
+        ray_init_config (Mapping[str, Any] | None): keyword arguments of ``ray.init`` (``None``: find a running cluster
+            or start a local one); unused where Ray is initialized already. Defaults to ``None``.
+        remote_configs (Mapping[str, Any] | Sequence[Mapping[str, Any]] | None): ``ray.remote`` options (``num_cpus``,
+            ``num_gpus``, ``memory``...): one dict for every actor, or a list with one per remote collector (``None``:
+            ``{"num_cpus": 1}`` per actor). Defaults to ``None``.
+        replay_buffer (Any): :meth:`start` extends this buffer when it is called without one. Defaults to ``None``.
+        shutdown_ray (bool): also ``ray.shutdown()`` when the collector shuts down (``async_shutdown()``, the end of
+            ``async with``): for a collector that started Ray itself (``ray_init_config``). It ends every actor of this
+            process, replay buffers' and other collectors' included, so only when nothing else uses Ray; ``shutdown()``
+            can ask for it too. Defaults to ``False``.
+        trust_policy (bool | None): TorchRL's, for a mechanism acollect does without: accepted, and ignored, so that
+            TorchRL code runs. Defaults to ``None``.
+        use_env_creator (bool | None): TorchRL's, for a mechanism acollect does without: accepted, and ignored, so that
+            TorchRL code runs. Defaults to ``None``.
+        no_cuda_sync (bool | None): TorchRL's, for a mechanism acollect does without: accepted, and ignored, so that
+            TorchRL code runs. Defaults to ``None``.
+        weight_updater (None): TorchRL's; only ``None``: weights reach the actors with ``update_policy_weights_()`` (and
+            ``weight_sync_schemes``), acknowledged by each. Defaults to ``None``.
+        weight_recv_schemes (None): TorchRL's; only ``None`` (see ``weight_updater``). Defaults to ``None``.
+        sync (bool): ``True``: lockstep batches, one part from every worker, all collected with the same weights,
+            stacked or concatenated (as from ``MultiSyncCollector``); ``False``: each worker's batch, first ready, first
+            served, tagged with its ``("collector", "worker_id")`` (as from ``MultiAsyncCollector``). Defaults to
+            ``False``.
+        cat_results (str | int | None): how worker batches combine: ``None`` or ``"stack"`` stacks them into
+            ``[n_workers, n_envs, T]``; ``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time
+            (``[n_envs, n_workers * T]``). Only with ``sync=True``. Defaults to ``None``.
+        credits (int): batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory
+            stays bounded. Only with ``sync=False``. Defaults to ``2``.
+        policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
+            runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
+            import path ``'module:name'``, which each worker imports. Defaults to ``None``.
+        device (Devices): fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given; the
+            multi-process collectors take a list too, with one device per worker. For a RayCollector, a list has one
+            entry per remote collector (its actors share it). Defaults to ``None``.
+        env_device (Devices): where env data lives; the multi-process collectors take a list too, with one device per
+            worker. For a RayCollector, a list has one entry per remote collector (its actors share it). Defaults to
+            ``None``.
+        policy_device (Devices): where the policy runs (data is cast between it and the env device); the multi-process
+            collectors take a list too, with one device per worker. For a RayCollector, a list has one entry per remote
+            collector (its actors share it). Defaults to ``None``.
+        storing_device (Devices): where batches land; the multi-process collectors take a list too, with one device per
+            worker. For a RayCollector, a list has one entry per remote collector (its actors share it). Defaults to
+            ``None``.
+        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this;
+            ``None``: no limit. TorchRL's ``-1`` means ``None`` here too. Defaults to ``None``.
+        init_random_frames (int | None): act randomly for this many frames first (``None``: 0). TorchRL's ``-1`` means
+            ``None`` here too. Defaults to ``0``.
+        reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
+            handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
+        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
+            ``[n_envs, T]`` batches. Defaults to ``False``.
+        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
+            ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
+            collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
+        env_kwargs (Mapping[str, Any] | None): keyword arguments of the env factory, or of the env a gymnasium id names
+            (such as ``{"num_envs": 8}``). Defaults to ``{}``.
+        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm
+            bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
+            ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
+            to ``False``.
+        collector_kwargs (Mapping[str, Any] | Sequence[Mapping[str, Any]] | None): options per worker: one dict for
+            every worker, or a list of dicts with one per worker, among ``device``, ``env_device``, ``env_kwargs``,
+            ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``, ``num_threads``, ``policy_device``,
+            ``reset_at_each_iter``, ``storing_device``. For a RayCollector, a list has one entry per remote collector
+            (its actors share it). Defaults to ``None``.
+        update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch. Defaults
+            to ``False``.
+        max_weight_update_interval (int | None): push the weights of ``policy`` at least every this many batches
+            (``None``: when asked only). TorchRL's ``-1`` means ``None`` here too. Defaults to ``None``.
+        weight_sync_schemes (Mapping[str, WeightSyncScheme] | None): how each model's weights travel: model id ->
+            ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
+            this host, else over the endpoint). Defaults to ``{}``.
+        max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
+            before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
+            exits after as long without a word from its collector. Defaults to ``30.0``.
+        startup_timeout (float): seconds a worker may take to start and build its env and policy (or to join, for one
+            started by hand). Defaults to ``120.0``.
+        shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless it is given a timeout. Defaults
+            to ``5.0``.
+        address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
+            workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
+            address>:<free port>``). Defaults to ``None``.
+        start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
+            Defaults to ``'spawn'``.
+        num_threads (int): torch threads in each worker. Defaults to ``1``.
+        use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or
+            more on a local address). Defaults to ``None``.
+        remote_workers (int): how many of the workers are started by hand (``acollect worker --connect ADDRESS --keys
+            DIR``, on any machine) instead of by the collector: the last ones. The collector waits up to
+            ``startup_timeout`` for them to join. Needs ``address`` and ``keys``. Defaults to ``0``.
+        keys (ServerKeys | str | os.PathLike[str] | None): a key directory written by ``acollect keys`` (or a
+            ``ServerKeys``): the endpoint then encrypts every connection with CURVE and accepts only the workers whose
+            public key is in its ``authorized/`` directory; others are refused and counted in ``rejected_peers``.
+            Defaults to ``None``.
+        copy_batches (bool): ``False`` (default): a batch is the workers' shared memory itself, lent with no copy and
+            never written while any tensor of it is held (a view, a slice, a numpy array of one), then given back to its
+            worker (see ``max_lent_bytes``). ``True``: each batch is a copy, its memory given back at once. Defaults to
+            ``False``.
+        max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
+            handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
+            collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+        filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
+            repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
+            stderr. Defaults to ``True``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -142,60 +215,49 @@ class RayCollector(MultiCollectorBase):
         [(2, 1, 4), (2, 1, 4), (2, 1, 4), (2, 1, 4)]
     """
 
-    def __init__(
-        self,
-        create_env_fn: Any,
-        policy: PolicyLike = None,
-        *,
-        collector_class: Any = Collector,
-        num_workers_per_collector: int = 1,
-        sync: bool = False,
-        ray_init_config: Mapping[str, Any] | None = None,
-        remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        num_collectors: int | None = None,
-        replay_buffer: Any = None,
-        shutdown_ray: bool = False,
-        **options: Unpack[RayOptions],
-    ) -> None:
-        #: whether shutting the collector down also shuts Ray down (see ``shutdown_ray`` above)
-        self.shutdown_ray = check_bool("shutdown_ray", shutdown_ray)
+    settings_class: ClassVar[type[RaySettings]] = RaySettings
+    settings: RaySettings
+
+    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[RayOptions]) -> None:
         opts: dict[str, Any] = dict(options)
-        for name in ("weight_updater", "weight_recv_schemes"):
-            if opts.pop(name, None) is not None:
-                raise ConfigurationError.bad_value(
-                    name, options[name], "None: weights reach the actors with update_policy_weights_() "
-                    "(and weight_sync_schemes), acknowledged by each",
-                )  # fmt: skip
-        for name in _NOT_NEEDED:
-            opts.pop(name, None)
-        for name in ("launcher", "num_workers"):
-            if name in opts:
-                raise ConfigurationError.bad_value(
-                    name, opts[name], "no value: a RayCollector's workers are Ray actors, set by create_env_fn, "
-                    "num_collectors and num_workers_per_collector",
-                )  # fmt: skip
-        dispatch = dispatch_for(sync, opts)  # takes cat_results (sync) or credits out of opts
-        self.collector_class = self._check_class(collector_class)
-        k = check_int("num_workers_per_collector", num_workers_per_collector, minimum=1)
-        self.num_workers_per_collector = k
-        if replay_buffer is not None and not callable(getattr(replay_buffer, "extend", None)):
-            raise ConfigurationError.bad_value("replay_buffer", replay_buffer, "None or an object with extend(batch)")
-        self.replay_buffer = replay_buffer
-        env_fns = self._collector_env_fns(create_env_fn, num_collectors)
-        n = self.num_collectors = len(env_fns)
-        configs = check_remote_configs(remote_configs, n if isinstance(remote_configs, (list, tuple)) else None)
-        # Each collector's options are repeated for each of its actors.
-        per_worker_configs = [c for c in configs for _ in range(k)] if isinstance(configs, list) else configs
-        self._ray_launcher = RayLauncher(ray_init_config, per_worker_configs)
-        for name in (*DEVICE_OPTIONS, "collector_kwargs"):
-            if isinstance(opts.get(name), (list, tuple)):
-                opts[name] = [value for value in _per_collector(name, opts[name], n) for _ in range(k)]
         for name in ("max_frames_per_traj", "init_random_frames", "max_weight_update_interval"):
             if name in opts:
                 opts[name] = _none_if_negative(opts[name])
+        settings = parse(opts, self.settings_class, owner=type(self))
+        self._check_class(settings.collector_class)
+        #: whether shutting the collector down also shuts Ray down (``shutdown_ray``, or :meth:`shutdown`'s)
+        self.shutdown_ray = settings.shutdown_ray
+        k = settings.num_workers_per_collector
+        env_fns = self._collector_env_fns(create_env_fn, settings.num_collectors)
+        n = self.num_collectors = len(env_fns)
+        remote_configs = settings.remote_configs
+        configs = check_remote_configs(remote_configs, n if isinstance(remote_configs, (list, tuple)) else None)
+        # Each collector's options are repeated for each of its actors.
+        per_worker_configs = [c for c in configs for _ in range(k)] if isinstance(configs, list) else configs
+        self._ray_launcher = RayLauncher(settings.ray_init_config, per_worker_configs)
+        per_actor: dict[str, Any] = {
+            name: [value for value in _per_collector(name, getattr(settings, name), n) for _ in range(k)]
+            for name in (*DEVICE_OPTIONS, "collector_kwargs")
+            if isinstance(getattr(settings, name), (list, tuple))
+        }
         self._env_fn_list = [fn for fn in env_fns for _ in range(k)]
-        opts["launcher"] = self._ray_launcher
-        super().__init__(self._env_fn_list, policy, opts, dispatch=dispatch)
+        settings = dataclasses.replace(settings, launcher=self._ray_launcher, **per_actor)
+        super().__init__(self._env_fn_list, policy, settings)
+
+    @property
+    def collector_class(self) -> type:
+        """What each remote collector is: ``Collector``, ``MultiSyncCollector`` or ``MultiAsyncCollector``."""
+        return self._check_class(self.settings.collector_class)
+
+    @property
+    def num_workers_per_collector(self) -> int:
+        """Actors per remote collector."""
+        return self.settings.num_workers_per_collector
+
+    @property
+    def replay_buffer(self) -> Any:
+        """The buffer :meth:`start` extends when it is called without one (``None``: none)."""
+        return self.settings.replay_buffer
 
     @staticmethod
     def _check_class(collector_class: Any) -> type:
@@ -210,7 +272,6 @@ class RayCollector(MultiCollectorBase):
 
     @staticmethod
     def _collector_env_fns(create_env_fn: Any, num_collectors: int | None) -> list[Any]:
-        check_int("num_collectors", num_collectors, minimum=1, optional=True)
         if isinstance(create_env_fn, (list, tuple)):
             fns = list(create_env_fn)
             if not fns:

@@ -124,6 +124,7 @@ def build_worker_configs(
                 num_threads=opts["num_threads"],
                 filter_warnings=settings.filter_worker_warnings,
                 heartbeat_interval=min(1.0, settings.heartbeat_timeout / 4),
+                heartbeat_timeout=settings.heartbeat_timeout,
                 remote=i >= n - remote,
             )
         )

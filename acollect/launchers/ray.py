@@ -26,7 +26,7 @@ from acollect.errors import ConfigurationError
 from acollect.launchers.base import Launcher, describe_engine_exit, engine_error, pack_config, run_packed_config
 from acollect.worker.protocol import WorkerConfig
 
-__all__ = ["DEFAULT_REMOTE_CONFIG", "RayLauncher", "RayWorker"]
+__all__ = ["DEFAULT_REMOTE_CONFIG", "RayLauncher", "RayWorker", "check_ray_init_config", "check_remote_configs"]
 
 #: Resources of each actor unless ``remote_configs`` says otherwise.
 DEFAULT_REMOTE_CONFIG: dict[str, Any] = {"num_cpus": 1}
@@ -52,6 +52,17 @@ class _WorkerActor:
 @functools.lru_cache(maxsize=1)
 def _actor_class() -> Any:
     return _ray().remote(_WorkerActor)
+
+
+def check_ray_init_config(ray_init_config: object) -> dict[str, Any] | None:
+    """Validates ``ray_init_config``: ``None`` or a dict of ``ray.init`` options (returned as a dict of its own).
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if ray_init_config is not None and not isinstance(ray_init_config, Mapping):
+        raise ConfigurationError.bad_value("ray_init_config", ray_init_config, "None or a dict of ray.init options")
+    return None if ray_init_config is None else dict(ray_init_config)
 
 
 def check_remote_configs(remote_configs: object, n_workers: int | None = None) -> list[dict[str, Any]] | dict[str, Any]:
@@ -176,9 +187,7 @@ class RayLauncher(Launcher):
         ray_init_config: Mapping[str, Any] | None = None,
         remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        if ray_init_config is not None and not isinstance(ray_init_config, Mapping):
-            raise ConfigurationError.bad_value("ray_init_config", ray_init_config, "None or a dict of ray.init options")
-        self.ray_init_config = dict(ray_init_config or {})
+        self.ray_init_config = check_ray_init_config(ray_init_config) or {}
         self.remote_configs = check_remote_configs(remote_configs)
         self.initialized_ray = False
 

@@ -10,7 +10,7 @@ group in which the collector is rank 0 and worker ``i`` is rank ``i + 1``
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -23,6 +23,7 @@ from acollect._threads import run_in_thread
 from acollect.errors import CollectorStateError
 from acollect.pool.handles import WorkerHandle
 from acollect.pool.pool import WorkerPool
+from acollect.pool.settings import PoolSettings
 from acollect.transport.torch_dist import init_groups, wait_all
 from acollect.transport.wire import decode_tensordict
 from acollect.worker import protocol as P
@@ -33,8 +34,15 @@ __all__ = ["DistPool"]
 class DistPool(WorkerPool):
     """A worker pool whose batch tensors and weights travel through torch.distributed."""
 
-    def __init__(self, *args: Any, dist_options: dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        configs: Sequence[P.WorkerConfig],
+        settings: PoolSettings,
+        *,
+        on_failure: Callable[[BaseException], None] | None = None,
+        dist_options: dict[str, Any],
+    ) -> None:
+        super().__init__(configs, settings, on_failure=on_failure)
         self.dist_options = dist_options
         self.dist_ready = False
         self._owns_group = False

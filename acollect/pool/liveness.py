@@ -25,6 +25,7 @@ import anyio
 from acollect.errors import TransportError, WorkerCrashedError, WorkerError, WorkerTimeoutError
 from acollect.pool.events import Counters, PoolEvents
 from acollect.pool.handles import Orders, WorkerHandle
+from acollect.pool.settings import PoolSettings
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.wire import pack_message
 from acollect.worker import protocol as P
@@ -50,11 +51,10 @@ class Monitor:
         events: where a failure goes and every check is told.
         counters: where the batches a dead worker held are counted.
         orders: the workers' orders (a running worker's batch in progress dies with it).
-        credits: see :class:`~acollect.pool.pool.WorkerPool` (with credits, late batches are counted as they come).
-        same_host: workers run on this host (each watches its parent process; no heartbeat is sent them).
-        heartbeat_timeout: seconds a worker may send no heartbeat, or make no progress while collecting.
-        startup_timeout: seconds a worker may take to say hello.
-        max_restarts: restarts allowed per worker before its death fails the pool.
+        settings: the pool's settings (:class:`~acollect.pool.settings.PoolSettings`): its deadlines
+            (``heartbeat_timeout``, ``startup_timeout``), ``max_restarts``, whether workers hold credits (then late
+            batches are counted as they come) and the launcher, whose workers on this host each watch their parent
+            process (no heartbeat is sent them).
         spawn: starts a new process in a worker's slot (after its previous one is gone).
         vacate: frees a slot of a worker started by hand, for the next one that joins.
     """
@@ -66,12 +66,8 @@ class Monitor:
         events: PoolEvents,
         counters: Counters,
         orders: Orders,
+        settings: PoolSettings,
         *,
-        credits: int | None,
-        same_host: bool,
-        heartbeat_timeout: float,
-        startup_timeout: float,
-        max_restarts: int,
         spawn: Callable[[WorkerHandle], Awaitable[None]],
         vacate: Callable[[WorkerHandle], None],
     ) -> None:
@@ -80,17 +76,14 @@ class Monitor:
         self.events = events
         self.counters = counters
         self.orders = orders
-        self.credits = credits
-        self.same_host = same_host
-        self.heartbeat_timeout = heartbeat_timeout
-        self.startup_timeout = startup_timeout
-        self.max_restarts = max_restarts
+        self.settings = settings
         self._spawn = spawn
         self._vacate = vacate
         self.stopped = anyio.Event()  # set once run() ended, however
         # A local process's exit code shows within milliseconds of its death; an engine (Ray, submitit) learns
         # of one later, and says why (a job's state): it gets up to heartbeat_timeout to tell.
-        self.unreachable_grace = UNREACHABLE_GRACE if same_host else max(UNREACHABLE_GRACE, heartbeat_timeout)
+        timeout = settings.heartbeat_timeout
+        self.unreachable_grace = UNREACHABLE_GRACE if settings.launcher.same_host else max(UNREACHABLE_GRACE, timeout)
 
     async def run(self) -> None:
         """Checks every worker each ``MONITOR_PERIOD`` until cancelled."""
@@ -103,6 +96,7 @@ class Monitor:
         beat = pack_message(P.HEARTBEAT)
         interval = min((h.config.heartbeat_interval for h in self.handles), default=1.0)
         next_beat = 0.0
+        heartbeat_timeout, startup_timeout = self.settings.heartbeat_timeout, self.settings.startup_timeout
         while True:
             await anyio.sleep(MONITOR_PERIOD)
             now = time.monotonic()
@@ -127,31 +121,31 @@ class Monitor:
                         worker_id=handle.index,
                     ))  # fmt: skip
                 elif not handle.ready and handle.unreachable_since is None:
-                    if now - handle.started_at > self.startup_timeout:
+                    if now - handle.started_at > startup_timeout:
                         await self._on_death(handle, WorkerTimeoutError(
                             (f"no remote worker joined as worker {handle.index}" if remote and not handle.joined
                              else f"worker {handle.index} ({handle.where}) did not start")
-                            + f" within startup_timeout={self.startup_timeout}s",
+                            + f" within startup_timeout={startup_timeout}s",
                             worker_id=handle.index,
                         ))  # fmt: skip
-                elif handle.missing_since is not None and now - handle.missing_since > self.heartbeat_timeout:
+                elif handle.missing_since is not None and now - handle.missing_since > heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
                         f"worker {handle.index} ({handle.where}) sent batch {handle.next_seq} more than "
-                        f"heartbeat_timeout={self.heartbeat_timeout}s ago and it never arrived: its connection "
+                        f"heartbeat_timeout={heartbeat_timeout}s ago and it never arrived: its connection "
                         "to the collector dropped it",
                         worker_id=handle.index,
                     ))  # fmt: skip
-                elif now - handle.last_beat > self.heartbeat_timeout:
+                elif now - handle.last_beat > heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
                         f"worker {handle.index} ({handle.where}) sent no heartbeat for {now - handle.last_beat:.1f}s "
-                        f"(heartbeat_timeout={self.heartbeat_timeout}s)",
+                        f"(heartbeat_timeout={heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip
-                elif handle.busy and now - handle.last_progress > self.heartbeat_timeout:
+                elif handle.busy and now - handle.last_progress > heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
                         f"worker {handle.index} ({handle.where}) is hung: no env step for "
                         f"{now - handle.last_progress:.1f}s while collecting "
-                        f"(heartbeat_timeout={self.heartbeat_timeout}s)",
+                        f"(heartbeat_timeout={heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip
             self.events.notify()
@@ -161,8 +155,9 @@ class Monitor:
         endpoint = self.endpoint
         if endpoint.closed:
             return
+        same_host = self.settings.launcher.same_host
         for handle in self.handles:
-            if handle.ready and not handle.stopping and (handle.config.remote or not self.same_host):
+            if handle.ready and not handle.stopping and (handle.config.remote or not same_host):
                 try:
                     # Queued at once or skipped (timeout 0): this loop must never wait on one worker.
                     await endpoint.send(handle.identity, beat, timeout=0)
@@ -171,20 +166,21 @@ class Monitor:
 
     async def _on_death(self, handle: WorkerHandle, error: WorkerError) -> None:
         process = handle.process
-        if handle.restarts >= self.max_restarts or self.events.closed:
+        max_restarts = self.settings.max_restarts
+        if handle.restarts >= max_restarts or self.events.closed:
             if process is not None:
                 process.kill()
             handle.on_dead()
             self.events.fail(error)
             return
-        lost = handle.on_death(lockstep=self.credits is None, running=self.orders.running)
+        lost = handle.on_death(lockstep=self.settings.lockstep, running=self.orders.running)
         self.counters.dropped_batches += lost
         if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
             logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
-                           self.max_restarts)  # fmt: skip
+                           max_restarts)  # fmt: skip
             self._vacate(handle)
             return
-        logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, self.max_restarts)
+        logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, max_restarts)
         process.kill()
         with anyio.move_on_after(2.0):
             while process.exitcode is None:  # noqa: ASYNC110 - an exit code has no event to wait on

@@ -35,14 +35,13 @@ from acollect._tasks import TaskOwner
 from acollect._threads import run_in_thread
 from acollect.errors import ProtocolError, TransportError
 from acollect.launchers.base import LaunchedWorker, Launcher
-from acollect.launchers.local import LocalLauncher
 from acollect.pool.events import Counters, PoolEvents, PoolState
 from acollect.pool.handles import Orders, Received, WorkerHandle
 from acollect.pool.liveness import Monitor
 from acollect.pool.receive import Receiver
+from acollect.pool.settings import PoolSettings
 from acollect.pool.shared import SharedBatches
 from acollect.pool.weight_push import WeightPusher
-from acollect.transport.auth import ServerKeys
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.shm import shm_available
 from acollect.transport.shm_ring import ShmSlotRing
@@ -75,68 +74,46 @@ class WorkerPool:
 
     Args:
         configs: one config per worker (address and parent pid are filled in here).
-        start_method: see :mod:`acollect.worker.process`.
-        address: endpoint address (``None``: a private ipc path).
-        credits: batches each worker may collect ahead (``None``: one batch per ``collect`` request).
-        slots: shared-memory slots per worker, where batches go through them (default: ``credits``, or 1).
-        shared_batches: ``"stack"`` or ``"cat"`` (lockstep): where every worker's batch goes through shared
-            memory, each batch in flight is one segment that every worker writes its own rows of, stacked or
-            concatenated along envs (:class:`~acollect.pool.shared.SharedBatches`, ``slots`` of them);
-            ``None``: a ring of slots per worker.
-        use_shared_memory: batches through ``/dev/shm`` slots; ``None`` decides by batch size and address.
-        heartbeat_timeout: seconds a collecting worker may make no progress before it counts as hung.
-        startup_timeout: seconds a worker may take to build its env and policy.
-        max_restarts: restarts allowed per worker before a failure is raised.
-        keys: CURVE keys of the endpoint (workers must hold an allowed key to connect).
-        launcher: where workers run (default: local processes started with ``start_method``).
+        settings: where workers run, the endpoint, credits and slots, deadlines and restarts (one object the
+            pool's loops share: :class:`~acollect.pool.settings.PoolSettings`).
         on_failure: called once, on the event loop, with the pool's failure (the collector breaks).
     """
 
     def __init__(
         self,
         configs: Sequence[P.WorkerConfig],
+        settings: PoolSettings,
         *,
-        start_method: str,
-        address: str | None,
-        credits: int | None,
-        use_shared_memory: bool | None,
-        slots: int | None = None,
-        shared_batches: str | None = None,
-        heartbeat_timeout: float,
-        startup_timeout: float,
-        max_restarts: int,
-        keys: ServerKeys | None = None,
-        launcher: Launcher | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.handles = [WorkerHandle(i, cfg) for i, cfg in enumerate(configs)]
-        self.keys = keys
-        self.start_method = start_method
-        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(start_method)
-        self.address = address
-        self.credits = credits
-        self.slots = slots
-        self.shared_batches = shared_batches
+        self.settings = settings
         #: the segments lockstep batches are written into in place, once every worker said hello (else None)
         self.shared: SharedBatches | None = None
         self._slots_laid_out = False  # whether start() decided where batches go (shared or per worker)
         self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
         self._batches_asked = 0  # the last lockstep batch asked of any worker (its number; 0: none yet)
-        self.use_shared_memory = use_shared_memory
-        self.heartbeat_timeout = heartbeat_timeout
-        self.startup_timeout = startup_timeout
-        self.max_restarts = max_restarts
         self.endpoint: Endpoint | None = None
         self.ready_queue: deque[Received] = deque()
         self.events = PoolEvents(on_failure)
         self.counters = Counters()
         self.orders = Orders()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
-        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=max_restarts,
+        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=settings.max_restarts,
                                     first_unasked=lambda: self._batches_asked + 1)  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
 
     # -- what its parts hold -----------------------------------------------------------
+    @property
+    def launcher(self) -> Launcher:
+        """Where the workers run (the pool closes it at its end)."""
+        return self.settings.launcher
+
+    @property
+    def credits(self) -> int | None:
+        """Batches each worker may collect ahead (``None``: one batch per ``collect`` request, lockstep)."""
+        return self.settings.credits
+
     @property
     def failure(self) -> BaseException | None:
         """The pool's failure (sticky until it is closed), or ``None``."""
@@ -223,19 +200,17 @@ class WorkerPool:
             launcher.prepare()
         else:
             await run_in_thread(lambda _stop: launcher.prepare(), name="launcher-prepare")
-        address = self.address if self.address is not None else launcher.default_address()
-        endpoint = self.endpoint = Endpoint(address, keys=self.keys)
+        settings = self.settings
+        address = settings.address if settings.address is not None else launcher.default_address()
+        endpoint = self.endpoint = Endpoint(address, keys=settings.keys)
         self.events.starting()
         receiver = Receiver(
             endpoint, self.handles, self.events, self.counters, self.ready_queue,
-            credits=self.credits, heartbeat_timeout=self.heartbeat_timeout, greet=self._greet,
-            batch_data=self._batch_data,
+            settings, greet=self._greet, batch_data=self._batch_data,
         )  # fmt: skip
         monitor = Monitor(
             endpoint, self.handles, self.events, self.counters, self.orders,
-            credits=self.credits, same_host=launcher.same_host, heartbeat_timeout=self.heartbeat_timeout,
-            startup_timeout=self.startup_timeout, max_restarts=self.max_restarts, spawn=self._spawn,
-            vacate=self._vacate,
+            settings, spawn=self._spawn, vacate=self._vacate,
         )  # fmt: skip
         # A loop that raises (say an OSError while restarting a worker) must not end silently: dead
         # workers would no longer be noticed. It fails the pool instead, and the collector with it.
@@ -248,7 +223,7 @@ class WorkerPool:
             else:
                 await self._spawn(handle)
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
-        if self.shared_batches is not None:
+        if self.settings.shared_batches is not None:
             await self._lay_out_slots()
         self.events.running()
 
@@ -261,14 +236,15 @@ class WorkerPool:
         self._slots_laid_out = True
         if all(self._maps_shm(h) for h in self.handles):
             layouts = [h.layout for h in self.handles if h.layout is not None]
-            self.shared = SharedBatches.create(layouts, stack=self.shared_batches == "stack", n_slots=self.slots or 1)
+            stack = self.settings.shared_batches == "stack"
+            self.shared = SharedBatches.create(layouts, stack=stack, n_slots=self.settings.slots or 1)
         shared = self.shared
         # Every ring is in place before the first message goes: a worker restarted meanwhile is greeted with it.
         for handle in self.handles:
             if shared is not None:
                 handle.use_ring(shared.part_ring(handle.index))
             elif self._maps_shm(handle):
-                handle.use_ring(ShmSlotRing.create(handle.layout or {}, self.slots or self.credits or 1))
+                handle.use_ring(ShmSlotRing.create(handle.layout or {}, self.settings.ring_slots))
         for handle in self.handles:
             await self._send_slots(handle)
 
@@ -324,8 +300,8 @@ class WorkerPool:
                     "batches no longer fit the rows it writes"
                 )
             handle.use_ring(self.shared.part_ring(handle.index))
-        elif self._maps_shm(handle) and (self.shared_batches is None or self._slots_laid_out):
-            handle.use_ring(ShmSlotRing.create(handle.layout, self.slots or self.credits or 1))
+        elif self._maps_shm(handle) and (self.settings.shared_batches is None or self._slots_laid_out):
+            handle.use_ring(ShmSlotRing.create(handle.layout, self.settings.ring_slots))
         await self._send_slots(handle)  # shared batches not laid out yet: start() sends them
         if self.weights.last is not None:
             fields, td = self.weights.last
@@ -355,7 +331,6 @@ class WorkerPool:
             generation=handle.generation,
             address=self.launcher.connect_address(self.endpoint.address),
             parent_pid=os.getpid(),
-            heartbeat_timeout=self.heartbeat_timeout,
             next_traj_counter=handle.traj_counter,
             frames=handle.frames,
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
@@ -367,8 +342,8 @@ class WorkerPool:
     def _wants_shm(self, nbytes: int) -> bool:
         if not self.launcher.same_host:
             return False  # a worker on another host cannot map this host's memory
-        if self.use_shared_memory is not None:
-            return self.use_shared_memory and shm_available()
+        if self.settings.use_shared_memory is not None:
+            return self.settings.use_shared_memory and shm_available()
         assert self.endpoint is not None
         return nbytes >= SHM_THRESHOLD and shm_available() and not self.endpoint.address.startswith("tcp://")
 

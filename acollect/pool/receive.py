@@ -24,6 +24,7 @@ from tensordict import TensorDictBase
 from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
 from acollect.pool.events import Counters, PoolEvents
 from acollect.pool.handles import Received, Rejected, WorkerHandle, WorkerState, parse_identity
+from acollect.pool.settings import PoolSettings
 from acollect.transport.endpoint import Endpoint
 from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message
 from acollect.worker import protocol as P
@@ -44,9 +45,8 @@ class Receiver:
         handles: the pool's workers, by index.
         events: where a failure goes and every change is told.
         counters: where dropped batches, discarded frames and rejected messages are counted.
-        ready_queue: where batches go first ready, first served (``credits`` set); else each worker's inbox.
-        credits: see :class:`~acollect.pool.pool.WorkerPool`.
-        heartbeat_timeout: told to a worker started by hand, with its config.
+        ready_queue: where batches go first ready, first served (``settings.credits`` set); else each worker's inbox.
+        settings: the pool's settings (:class:`~acollect.pool.settings.PoolSettings`).
         greet: answers a worker's hello (slots, weights, the orders, its outstanding request), once its
             handle holds what the hello said.
         batch_data: a batch's tensors (default: those of its message).
@@ -59,9 +59,8 @@ class Receiver:
         events: PoolEvents,
         counters: Counters,
         ready_queue: deque[Received],
+        settings: PoolSettings,
         *,
-        credits: int | None,
-        heartbeat_timeout: float,
         greet: Callable[[WorkerHandle], Awaitable[None]],
         batch_data: BatchData | None = None,
     ) -> None:
@@ -70,8 +69,7 @@ class Receiver:
         self.events = events
         self.counters = counters
         self.ready_queue = ready_queue
-        self.credits = credits
-        self.heartbeat_timeout = heartbeat_timeout
+        self.settings = settings
         self._greet = greet
         self._batch_data = batch_data
         self.stopped = anyio.Event()  # set once run() ended, however
@@ -100,7 +98,6 @@ class Receiver:
                 generation=handle.generation,
                 address=self.endpoint.address,
                 parent_pid=0,
-                heartbeat_timeout=self.heartbeat_timeout,
                 next_traj_counter=handle.traj_counter,
                 frames=handle.frames,
             )
@@ -201,8 +198,9 @@ class Receiver:
             # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
             self.counters.discarded_frames += handle.on_beat(header, now)
         elif kind == P.BATCH:
-            item = handle.on_batch(header, td, lockstep=self.credits is None)
-            if self.credits is not None:
+            lockstep = self.settings.lockstep
+            item = handle.on_batch(header, td, lockstep=lockstep)
+            if not lockstep:
                 self.ready_queue.append(item)
         elif kind == P.HELLO:
             await self._on_hello(handle, header)

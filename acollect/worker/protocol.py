@@ -77,6 +77,7 @@ __all__ = [
     "ERROR",
     "FREE",
     "HEARTBEAT",
+    "HEARTBEAT_TIMEOUT",
     "HELLO",
     "JOIN",
     "LOAD_STATE",
@@ -98,6 +99,9 @@ __all__ = [
 
 # both directions: a sign of life (the worker's carries its progress)
 HEARTBEAT = "heartbeat"
+#: Seconds without a sign of life (or, while collecting, an env step) before either side gives the other up:
+#: the default of the collectors' ``heartbeat_timeout`` option, which every worker's config carries.
+HEARTBEAT_TIMEOUT = 30.0
 
 # collector -> worker
 SLOTS = "slots"
@@ -177,7 +181,7 @@ class WorkerConfig:
     heartbeat_interval: float = 0.5
     #: A worker with no parent process to watch (``parent_pid`` 0) exits after this long without a
     #: message from its collector (sooner once its connection is down too: see :mod:`acollect.worker.main`).
-    heartbeat_timeout: float = 30.0
+    heartbeat_timeout: float = HEARTBEAT_TIMEOUT
     next_traj_counter: int = 0
     frames: int = 0
     remote: bool = False
