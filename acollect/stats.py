@@ -33,6 +33,7 @@ Examples:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -258,6 +259,8 @@ class CollectorStats:
             which its successor collects again; up to two when it was running ahead).
         discarded_frames: frames stepped and given up on purpose, never handed out: a batch begun ahead
             before a reseed or a state restore, or a batch a pause held half-way when the reseed came.
+        stale_batches: batches dropped at hand-out for being more than ``max_policy_lag`` versions behind the
+            collector's weights (their frames never handed out).
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
     """
@@ -277,6 +280,7 @@ class CollectorStats:
     restarts: int = 0
     dropped_batches: int = 0
     discarded_frames: int = 0
+    stale_batches: int = 0
     inference: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -370,14 +374,12 @@ class StatsRecorder:
         frames: int,
         batches: int,
         policy_version: int,
-        restarts: int = 0,
-        dropped_batches: int = 0,
-        discarded_frames: int = 0,
+        counters: Mapping[str, Any] | None = None,
         now: float | None = None,
     ) -> CollectorStats:
-        """The current :class:`CollectorStats`."""
+        """The current :class:`CollectorStats`; ``counters``: the collector's counts, by field name."""
         t = time.monotonic() if now is None else now
-        return CollectorStats(
+        stats = CollectorStats(
             frames=frames,
             batches=batches,
             elapsed_s=0.0 if self.started_at is None else t - self.started_at,
@@ -390,7 +392,5 @@ class StatsRecorder:
             policy_version=policy_version,
             policy_lag={w: policy_version - v for w, v in sorted(self.worker_versions.items())},
             worker_frames_per_s={w: window.rate() for w, window in sorted(self.workers.items())},
-            restarts=restarts,
-            dropped_batches=dropped_batches,
-            discarded_frames=discarded_frames,
         )
+        return dataclasses.replace(stats, **counters) if counters else stats

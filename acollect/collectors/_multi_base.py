@@ -84,6 +84,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._last_push = 0
         # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
         self._loans = Loans(settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget())
+        self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
         # Copied to a GPU: items whose slots are read until their copy ended (given back at the next batch).
         self._held: list[Received] = []
 
@@ -246,11 +247,13 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         """Batches lost to worker restarts (collected in part by a worker that died, never handed out)."""
         return self._pool.dropped_batches if self._pool is not None else 0
 
-    def _worker_counters(self) -> tuple[int, int, int]:
+    def _counters(self) -> dict[str, int]:
         pool = self._pool
-        if pool is None:
-            return 0, 0, 0
-        return sum(h.restarts for h in pool.handles), pool.dropped_batches, pool.discarded_frames
+        counters = {"stale_batches": self._stale_batches}
+        if pool is not None:
+            counters.update(restarts=sum(h.restarts for h in pool.handles), dropped_batches=pool.dropped_batches,
+                            discarded_frames=pool.discarded_frames)  # fmt: skip
+        return counters
 
     @property
     def worker_states(self) -> list[WorkerState | None]:
@@ -276,7 +279,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     async def _collect_batch(self) -> TensorDictBase:
         pool = self._require_pool()
         await self._before_batch()
-        items = await self._dispatch.take(pool, ahead=self._wants_next())
+        items = await self._take_fresh(pool)
         copier = self._copier
         loans = None
         lend = copier is None and not self.settings.copy_batches
@@ -296,6 +299,26 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             for item in items:
                 await self._release(item, lent=loans is not None, held=copier is not None)
         return batch
+
+    async def _take_fresh(self, pool: WorkerPool) -> list[Received]:
+        """The next batch's items, those more than ``max_policy_lag`` versions behind dropped (and given back)."""
+        limit = getattr(self.settings, "max_policy_lag", None)
+        # Within one call the collector's version does not move unless another task pushes weights: after the batches
+        # collected ahead under older weights, a fresh one comes. Weights that change faster than a batch is collected
+        # would drop every batch: past this many in a row the caller is told, not left waiting.
+        most = 4 * self.num_workers * getattr(self.settings, "credits", 1) + 8
+        for _ in range(most):
+            items = await self._dispatch.take(pool, ahead=self._wants_next())
+            if limit is None or all(self.policy_version - self._batch_version(item) <= limit for item in items):
+                return items
+            self._stale_batches += 1  # its worker's stream goes on with its next batch
+            for item in items:
+                await self._give_back(item)
+        raise CollectorStateError(
+            f"max_policy_lag={limit}: the last {most} batches were each more than {limit} versions behind the "
+            f"collector's weights (version {self.policy_version}): the weights change faster than a batch is collected; "
+            "push less often or raise max_policy_lag"
+        )
 
     def _to_device(self, copier: DeviceCopier, items: list[Received]) -> TensorDictBase:
         """The batch on the GPU: its shared memory copied there by DMA on a side stream, no CPU copy on the way

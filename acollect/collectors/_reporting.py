@@ -71,14 +71,11 @@ class ReportingMixin:
             >>> stats.frames, stats.episodes, stats.episode_return_mean, stats.policy_lag
             (40, 8, 5.0, {0: 0})
         """
-        restarts, dropped, discarded = self._worker_counters()
         return self._stats.snapshot(
             frames=self._frames,
             batches=self._batches,
             policy_version=int(getattr(self, "policy_version", 0)),
-            restarts=restarts,
-            dropped_batches=dropped,
-            discarded_frames=discarded,
+            counters=self._counters(),
         )
 
     def _record_worker(
@@ -87,7 +84,8 @@ class ReportingMixin:
         """Hook for subclasses, on the event loop: a worker (``0`` in-process) produced a batch."""
         self._stats.record_worker(worker, frames, policy_version, episodes)
 
-    def _worker_counters(self) -> tuple[int, int, int]:
-        """Hook for collectors with worker processes: ``(restarts, dropped batches, discarded frames)`` so far."""
-        return 0, 0, 0
+    def _counters(self) -> dict[str, int]:
+        """Hook: what a collector counted so far, by :class:`~acollect.CollectorStats` field (``restarts``,
+        ``dropped_batches``, ``discarded_frames``, ``stale_batches``...); those left out are 0."""
+        return {}
 

@@ -40,6 +40,10 @@ class AsyncCollector(MultiAsyncCollector):
             ``-1``.
         credits (int): batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory
             stays bounded. Defaults to ``2``.
+        max_policy_lag (int | None): the most policy versions a batch may be behind the collector's when it is handed
+            out: a batch with a frame chosen by an older version is dropped (counted in ``stats().stale_batches``), its
+            memory given back, and the next one taken; its worker's stream goes on with its next batch. ``None``: no
+            limit (``stats().policy_lag`` says how far behind each batch was). Defaults to ``None``.
         policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
             runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
             import path ``'module:name'``, which each worker imports. Defaults to ``None``.

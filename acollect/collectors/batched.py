@@ -113,6 +113,10 @@ class AsyncBatchedCollector(MultiCollectorBase):
             Defaults to ``'process'``.
         credits (int): batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory
             stays bounded. Defaults to ``2``.
+        max_policy_lag (int | None): the most policy versions a batch may be behind the collector's when it is handed
+            out: a batch with a frame chosen by an older version is dropped (counted in ``stats().stale_batches``), its
+            memory given back, and the next one taken; its worker's stream goes on with its next batch. ``None``: no
+            limit (``stats().policy_lag`` says how far behind each batch was). Defaults to ``None``.
         policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the server's policy,
             instead of ``policy``, in the server process. Defaults to ``None``.
         device (Devices): the inference server's device, where the policy runs (default: where its parameters are); one

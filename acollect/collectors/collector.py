@@ -260,9 +260,9 @@ class Collector(CollectorBase):
         if isinstance(self._engine, AsyncRollout):  # threads stop by themselves: only coroutine envs are told
             await self._engine.set_paused(paused)
 
-    def _worker_counters(self) -> tuple[int, int, int]:
+    def _counters(self) -> dict[str, int]:
         engine = self._engine
-        return 0, 0, engine.discarded_frames if engine is not None else 0
+        return {"discarded_frames": engine.discarded_frames if engine is not None else 0}
 
     # -- weights ----------------------------------------------------------------------------
     @property

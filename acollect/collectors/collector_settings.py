@@ -64,6 +64,13 @@ def _optional_int(minimum: int, maximum: int | None = None) -> Any:
 class MultiSyncSettings(WorkerSettings):
     """The options of :class:`~acollect.MultiSyncCollector`: lockstep batches, one part from every worker."""
 
+    OVERRIDES: ClassVar[Mapping[str, Override]] = {
+        "max_policy_lag": Override(
+            refused="a lockstep batch is collected by the version asked for it (at most one behind after a push, and "
+            "every later one current): there is nothing stale to drop; MultiAsyncCollector takes it"
+        ),
+    }
+
     cat_results: str | int | None = option(
         None, check=lambda name, value: check_choice(name, value, CAT_RESULTS), only_with=("sync", True),
         doc='how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; '
@@ -80,6 +87,13 @@ class MultiAsyncSettings(WorkerSettings):
         2, check=lambda name, value: check_int(name, value, minimum=1), only_with=("sync", False),
         doc="batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays "
         "bounded.",
+    )  # fmt: skip
+    max_policy_lag: int | None = option(
+        None, check=_optional_int(0), only_with=("sync", False),
+        doc="the most policy versions a batch may be behind the collector's when it is handed out: a batch with a "
+        "frame chosen by an older version is dropped (counted in ``stats().stale_batches``), its memory given "
+        "back, and the next one taken; its worker's stream goes on with its next batch. ``None``: no limit "
+        "(``stats().policy_lag`` says how far behind each batch was).",
     )  # fmt: skip
 
 
@@ -186,6 +200,8 @@ class BatchedSettings(MultiAsyncSettings):
 class ModeSettings(MultiSyncSettings, MultiAsyncSettings):
     """The options of a collector that takes its mode as an argument: ``sync``, and the options of both modes
     (each refused in the other mode)."""
+
+    OVERRIDES: ClassVar[Mapping[str, Override]] = {}  # (MultiSyncSettings' refusal is its mode's: only_with says it)
 
     sync: bool = option(
         False, check=check_bool,

@@ -209,6 +209,12 @@ class MultiAsyncOptions(WorkerOptions, total=False):
     #: batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays bounded.
     credits: int
 
+    #: the most policy versions a batch may be behind the collector's when it is handed out: a batch with a frame chosen
+    #: by an older version is dropped (counted in ``stats().stale_batches``), its memory given back, and the next one
+    #: taken; its worker's stream goes on with its next batch. ``None``: no limit (``stats().policy_lag`` says how far
+    #: behind each batch was).
+    max_policy_lag: int | None
+
 
 class AsyncOptions(TypedDict, total=False):
     """The options of ``AsyncCollector``."""
@@ -343,6 +349,12 @@ class AsyncOptions(TypedDict, total=False):
 
     #: batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays bounded.
     credits: int
+
+    #: the most policy versions a batch may be behind the collector's when it is handed out: a batch with a frame chosen
+    #: by an older version is dropped (counted in ``stats().stale_batches``), its memory given back, and the next one
+    #: taken; its worker's stream goes on with its next batch. ``None``: no limit (``stats().policy_lag`` says how far
+    #: behind each batch was).
+    max_policy_lag: int | None
 
 
 class BatchedOptions(MultiAsyncOptions, total=False):
@@ -545,6 +557,12 @@ class DistributedSyncOptions(TypedDict, total=False):
     #: the number of workers where ``create_env_fn_list`` is one factory (default: the CPU count).
     num_workers: int | None
 
+    #: the most policy versions a batch may be behind the collector's when it is handed out: a batch with a frame chosen
+    #: by an older version is dropped (counted in ``stats().stale_batches``), its memory given back, and the next one
+    #: taken; its worker's stream goes on with its next batch. ``None``: no limit (``stats().policy_lag`` says how far
+    #: behind each batch was).
+    max_policy_lag: int | None
+
     #: how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; ``0``
     #: concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, n_workers * T]``).
     cat_results: str | int | None
@@ -695,6 +713,12 @@ class RayOptions(TypedDict, total=False):
 
     #: batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays bounded.
     credits: int
+
+    #: the most policy versions a batch may be behind the collector's when it is handed out: a batch with a frame chosen
+    #: by an older version is dropped (counted in ``stats().stale_batches``), its memory given back, and the next one
+    #: taken; its worker's stream goes on with its next batch. ``None``: no limit (``stats().policy_lag`` says how far
+    #: behind each batch was).
+    max_policy_lag: int | None
 
     #: how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; ``0``
     #: concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, n_workers * T]``).
