@@ -125,7 +125,8 @@ def test_recorder_snapshot_lag_per_worker_rates_and_episode_window() -> None:
     rec.record_worker(0, 100, policy_version=2, episodes=EpisodeSummary(2, [1.0, 2.0], [10, 20]), now=1.0)
     rec.record_worker(1, 300, policy_version=3, episodes=EpisodeSummary(2, [3.0, 4.0], [30, 40]), now=1.0)
     rec.record_batch(400, now=1.0)
-    snap = rec.snapshot(frames=400, batches=1, policy_version=3, counters={"restarts": 1, "dropped_batches": 2}, now=2.0)
+    counters = {"restarts": 1, "dropped_batches": 2}
+    snap = rec.snapshot(frames=400, batches=1, policy_version=3, counters=counters, now=2.0)
     assert snap.elapsed_s == 2.0
     assert snap.frames_per_s == 400.0
     assert snap.worker_frames_per_s == {0: 100.0, 1: 300.0}

@@ -316,8 +316,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
                 await self._give_back(item)
         raise CollectorStateError(
             f"max_policy_lag={limit}: the last {most} batches were each more than {limit} versions behind the "
-            f"collector's weights (version {self.policy_version}): the weights change faster than a batch is collected; "
-            "push less often or raise max_policy_lag"
+            f"collector's weights (version {self.policy_version}): the weights change faster than a batch is "
+            "collected; push less often or raise max_policy_lag"
         )
 
     def _to_device(self, copier: DeviceCopier, items: list[Received]) -> TensorDictBase:
