@@ -18,6 +18,9 @@ torch thread per worker (and in this process, where the inference server runs):
   random actions: a GPU pass's latency without a GPU (``time.sleep`` frees the core, as a pass on a device does),
   against the env-only contender.
 
+Each server's pass (``forward_ms_mean``: gathering the requests, the policy, the actions split back) is also set
+against the same policy's bare pass over as many observations in this process (``bare_pass_ms``).
+
 ``--train-ms T`` makes the trainer work T ms (pure Python, the GIL held) after every batch, as an async trainer
 that trains on the event loop's thread does.
 
@@ -179,6 +182,23 @@ async def _turn(collector: Any, pids: list[int], batches: int, train_ms: float) 
     return frames, time.perf_counter() - wall, time.process_time() - cpu + cpu_of(pids) - workers_cpu
 
 
+def bare_pass_ms(policy: TensorDictModule, sample: Any, repeats: int = 60) -> float:
+    """The median time of the policy's pass over ``sample`` called here, bare: no gather, no answer, no server.
+
+    The reference for the server's ``forward_ms_mean`` (which also gathers the requests into one batch and splits
+    the actions back): the same policy, the same batch size, one torch thread in this process as in the server.
+    """
+    times = []
+    with torch.inference_mode():
+        for index in range(repeats + 5):
+            started = time.perf_counter()
+            policy(sample.clone())
+            if index >= 5:  # warm-up passes untimed
+                times.append(time.perf_counter() - started)
+    times.sort()
+    return 1000 * times[len(times) // 2]
+
+
 async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict[str, float]]:
     """Every contender started once, then turns in rotation; returns the turns, each server's stats, start-ups."""
     env, extra = env_args(args.workload, args.envs)
@@ -218,6 +238,15 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
                 line.append(f"{name} {frames / wall:,.0f}")
             print(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s", flush=True)
         servers = {name: collector.stats().inference for name, collector, _ in runs if name in BATCHED.values()}
+        for name, collector, _ in runs:
+            if name in servers:
+                # The bare pass over as many observations as the server's mean batch, taken from a real batch.
+                policy = policy_for(args.workload, args.sleep_ms)
+                rows = max(1, round(servers[name]["mean_batch_size"]))
+                sample = (await anext(collector)).select(*policy.in_keys).reshape(-1)[:rows].clone()
+                if args.device is not None:
+                    policy, sample = policy.to(args.device), sample.to(args.device)
+                servers[name]["bare_pass_ms"] = bare_pass_ms(policy, sample)
     return turns, servers, startup
 
 
@@ -263,7 +292,8 @@ def main() -> None:
             f"{name} / {reference}: {wall:.2f}x wall, {cpu:.2f}x CPU; server: mean batch "
             f"{server['mean_batch_size']:.1f} (fill {server['fill_rate']:.0%}), "
             f"latency p50 {server['latency_ms_p50']:.3f} ms, p99 {server['latency_ms_p99']:.2f} ms, "
-            f"pass {server['forward_ms_mean']:.2f} ms"
+            f"pass {server['forward_ms_mean']:.3f} ms, the same pass bare {server['bare_pass_ms']:.3f} ms "
+            f"({server['forward_ms_mean'] / server['bare_pass_ms']:.2f}x)"
         )
     if MULTI in rates and reference != MULTI:
         ratio = rates[MULTI]["wall"] / rates[reference]["wall"]
