@@ -200,9 +200,8 @@ class WorkerOptions(ProcessOptions, total=False):
     #: than cores) and the trainer's threads the cores left, given back as they were at shutdown; with no core left (as
     #: many workers as cores), the trainer stays unpinned. A list places the workers by hand, one non-empty set of core
     #: ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the trainer alone. Each worker pins itself at its start,
-    #: before it builds its env (whose threads inherit the cores), and runs as many torch threads (and
-    #: ``OMP_NUM_THREADS``) as it has cores, in place of ``num_threads``. Workers must run on this host
-    #: (``launcher='local'``, no ``remote_workers``).
+    #: before it builds its env (whose threads inherit the cores), and runs as many torch threads as it has cores, in
+    #: place of ``num_threads``. Workers must run on this host (``launcher='local'``, no ``remote_workers``).
     worker_affinity: str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None
 
 
@@ -364,9 +363,8 @@ class AsyncOptions(TypedDict, total=False):
     #: than cores) and the trainer's threads the cores left, given back as they were at shutdown; with no core left (as
     #: many workers as cores), the trainer stays unpinned. A list places the workers by hand, one non-empty set of core
     #: ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the trainer alone. Each worker pins itself at its start,
-    #: before it builds its env (whose threads inherit the cores), and runs as many torch threads (and
-    #: ``OMP_NUM_THREADS``) as it has cores, in place of ``num_threads``. Workers must run on this host
-    #: (``launcher='local'``, no ``remote_workers``).
+    #: before it builds its env (whose threads inherit the cores), and runs as many torch threads as it has cores, in
+    #: place of ``num_threads``. Workers must run on this host (``launcher='local'``, no ``remote_workers``).
     worker_affinity: str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None
 
     #: batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays bounded.

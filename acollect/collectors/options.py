@@ -532,7 +532,7 @@ class WorkerSettings(ProcessSettings):
         "were at shutdown; with no core left (as many workers as cores), the trainer stays unpinned. A list places "
         "the workers by hand, one non-empty set of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the "
         "trainer alone. Each worker pins itself at its start, before it builds its env (whose threads inherit the "
-        "cores), and runs as many torch threads (and ``OMP_NUM_THREADS``) as it has cores, in place of "
+        "cores), and runs as many torch threads as it has cores, in place of "
         "``num_threads``. Workers must run on this host (``launcher='local'``, no ``remote_workers``).",
     )  # fmt: skip
 
