@@ -19,12 +19,18 @@ timed), then take **turns** of ``--turn-batches`` worker batches each, the order
   each worker's share is the same ``[E, T]`` (its workers collect only when asked);
 * ``one hand loop``: a pool of one loop process of E envs (what one core does alone).
 
+With ``--affinity``, two more: the same two collectors with ``worker_affinity="auto"`` (each worker pinned to a
+core of its own, the trainer to the cores left), reported as ratios to their unpinned selves. With fewer workers
+than cores the pinned collectors pin the trainer's threads while they are open, that is for the whole run: every
+contender's trainer side then runs on the cores left (the loop processes are never pinned).
+
 Between turns the idle contenders wait without using CPU. Two clocks: wall time (frames/s; for
 the ceiling, the sum of the processes' frames/s), and CPU time of every process involved (the
 trainer and its workers, or the loop processes), the latter barely disturbed by other jobs.
 
     python benchmarks/ceiling.py --json docs/data/ceiling.json                           # 2 x 16
     python benchmarks/ceiling.py --workers 8 --envs 8 --json docs/data/ceiling-8x8.json  # 16 cores
+    python benchmarks/ceiling.py --turns 3 --affinity --json docs/data/ceiling-affinity.json  # pinned or not
 
 Run ``python benchmarks/ceiling.py --help`` for the options.
 """
@@ -52,14 +58,20 @@ from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
 from acollect.cli.reference_loops import LoopPool
 
 CEILING, ASYNC, SYNC, SINGLE = "ceiling", "MultiAsyncCollector", "MultiSyncCollector", "one hand loop"
+ASYNC_PINNED, SYNC_PINNED = "MultiAsyncCollector auto", "MultiSyncCollector auto"  # worker_affinity="auto"
 CREDITS = 2  # MultiAsyncCollector's default: batches each worker may collect ahead
 
 
-def goals(workers: int) -> list[tuple[str, str, float | None]]:
+def goals(workers: int, affinity: bool = False) -> list[tuple[str, str, float | None]]:
     """(contender, reference, goal) for each ratio reported: the goals of docs/performance.md's table."""
     if workers == 2:  # 2 x 16 on a 2-core machine
-        return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, 1.7)]
-    return [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, None)]  # 8 x 8 on 16 cores
+        found = [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, 1.7)]
+    else:
+        found = [(ASYNC, CEILING, 0.9), (SYNC, CEILING, 0.9), (SYNC, SINGLE, None)]  # 8 x 8 on 16 cores
+    if affinity:  # pinned against unpinned: no goal, a measurement
+        found += [(ASYNC_PINNED, ASYNC, None), (SYNC_PINNED, SYNC, None), (ASYNC_PINNED, CEILING, None),
+                  (SYNC_PINNED, CEILING, None)]  # fmt: skip
+    return found
 
 
 async def _collector_turn(collector: Any, pids: list[int], batches: int, drain: int) -> tuple[int, float, float]:
@@ -101,6 +113,24 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, list[str]]:
         multi_sync, sync_pids = await _enter(stack, MultiSyncCollector(
             env, make_policy(), num_workers=n, frames_per_batch=args.frames_per_batch, total_frames=-1,
         ), args.warmup)  # fmt: skip
+        pinned: list[tuple[str, Callable[[], Awaitable[tuple[int, float, float]]]]] = []
+        pinned_pids: list[int] = []
+        if args.affinity:
+            async_auto, async_auto_pids = await _enter(stack, MultiAsyncCollector(
+                env, make_policy(), num_workers=n, frames_per_batch=per_worker, total_frames=-1, credits=CREDITS,
+                worker_affinity="auto",
+            ), args.warmup * n)  # fmt: skip
+            sync_auto, sync_auto_pids = await _enter(stack, MultiSyncCollector(
+                env, make_policy(), num_workers=n, frames_per_batch=args.frames_per_batch, total_frames=-1,
+                worker_affinity="auto",
+            ), args.warmup)  # fmt: skip
+            pinned_pids = async_auto_pids + sync_auto_pids
+            pinned = [
+                (ASYNC_PINNED, lambda: _collector_turn(async_auto, async_auto_pids, n * k, drain=n * CREDITS)),
+                (SYNC_PINNED, lambda: _collector_turn(sync_auto, sync_auto_pids, k, drain=1)),
+            ]
+            print(f"worker_affinity='auto': trainer on {async_auto.trainer_cores or 'every core (none left)'}, "
+                  f"workers on {[c.affinity for c in async_auto.worker_configs]}", flush=True)  # fmt: skip
         pool_args = {"warmup": args.warmup, "timeout": args.timeout}
         ceiling = await asyncio.to_thread(functools.partial(LoopPool, n, e, per_worker, seed=0, **pool_args))
         stack.callback(ceiling.close)
@@ -111,6 +141,7 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, list[str]]:
             (ASYNC, lambda: _collector_turn(multi_async, async_pids, n * k, drain=n * CREDITS)),
             (SYNC, lambda: _collector_turn(multi_sync, sync_pids, k, drain=1)),
             (SINGLE, lambda: _pool_turn(single, k)),
+            *pinned,
         ]
         for index in range(args.turns):
             shift = index % len(runs)  # the order rotates: no contender always follows the same one
@@ -118,7 +149,7 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, list[str]]:
             for name, run in runs[shift:] + runs[:shift]:
                 # Untimed: the collectors finish collecting ahead after their last turn (MultiAsync refills its
                 # credits), which would otherwise run inside this turn; each collector's turn drains that first.
-                await settle(async_pids + sync_pids, interval=0.1)
+                await settle(async_pids + sync_pids + pinned_pids, interval=0.1)
                 frames, wall, cpu = await run()
                 turns.add(name, frames, wall, cpu)
                 line.append(f"{name} {frames / wall:,.0f}")
@@ -127,10 +158,10 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, list[str]]:
     return turns, log
 
 
-def summarize(turns: Turns, workers: int) -> dict[str, Any]:
+def summarize(turns: Turns, workers: int, affinity: bool = False) -> dict[str, Any]:
     rates = turns.rates()
     ratios = []
-    for contender, reference, goal in goals(workers):
+    for contender, reference, goal in goals(workers, affinity):
         wall = [c / r for c, r in zip(turns.turn_rates(contender), turns.turn_rates(reference), strict=True)]
         ratios.append({"contender": contender, "reference": reference, "goal": goal,
                        "wall": rates[contender]["wall"] / rates[reference]["wall"],
@@ -147,6 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turn-batches", type=int, default=8, help="timed batches per worker (or process) per turn")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker / process first")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the loop processes may take per step")
+    parser.add_argument("--affinity", action="store_true",
+                        help='also time both collectors with worker_affinity="auto", turn about with the others')
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     for name in ("workers", "envs", "frames_per_batch", "turns", "turn_batches"):
@@ -166,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{ENV_ID}, {args.workers} workers x {args.envs} envs, worker batches [{args.envs}, {t}], {args.turns} "
           f"turns of {args.turn_batches} batches per worker, {machine['cpu_count']} cores")  # fmt: skip
     turns, log = asyncio.run(measure(args))
-    summary = summarize(turns, args.workers)
+    summary = summarize(turns, args.workers, args.affinity)
     print(f"\n{'what':<24}{'wall frames/s':>15}{'cpu frames/s':>15}")
     for name, r in summary["frames_per_s"].items():
         print(f"{name:<24}{r['wall']:>15,.0f}{r['cpu']:>15,.0f}")

@@ -8,7 +8,7 @@ The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own
 below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the same)::
 
     errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
-    devices
+    devices, _affinity
     envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
     rollout, _time_slices, weights, async_rollout, _row_ring, _env_turns, _env_steps, _policy_passes, loop_rollout,
     engine, engine_groups, engine_builder
@@ -47,7 +47,7 @@ PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_threads", "_tasks", "_notify", "_lifecycle", "_loops", "_machine",
-     "_pickling", "_spawn", "specs", "devices"},
+     "_pickling", "_spawn", "specs", "devices", "_affinity"},
     {"envs", "policy", "trajectories", "trajectory_batches", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "_env_turns", "_env_steps", "_policy_passes",
      "loop_rollout", "engine", "engine_groups", "engine_builder"},

@@ -17,6 +17,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
+from acollect._affinity import TrainerPin
 from acollect._validate import check_int
 from acollect.collectors._multi_state import MultiStateMixin
 from acollect.collectors.base import CollectorBase
@@ -70,6 +71,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=plan.frames_per_batch,
                          total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
         self._configs = plan.configs
+        # worker_affinity="auto": the trainer's threads on the cores the workers left, while the workers run.
+        self._trainer_pin = TrainerPin(plan.affinity.trainer)
         self._shutdown_limit = settings.shutdown_timeout
         self._storing_device = collector_storing_device(self._worker_policy()[1])
         # storing_device on a GPU: batches go there by DMA from the workers' shared memory (transport.cuda_dma).
@@ -189,6 +192,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         if self._storing_device is not None and self._storing_device.type == "cuda":
             self._copier = DeviceCopier(self._storing_device)
         await pool.start(self._tasks)
+        # Pinned once the workers started, not before: a fork server started now (start_method="forkserver")
+        # would keep the trainer's cores for the rest of the program, and every later worker forked from it too.
+        self._trainer_pin.pin()
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
         self._settle_frames_per_batch(self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles]))
@@ -201,12 +207,16 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._close_copier()  # registered memory is unregistered before the pool unmaps it
         # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
         pool = self._pool
-        if pool is not None:
-            await pool.close(self._shutdown_limit)
+        try:
+            if pool is not None:
+                await pool.close(self._shutdown_limit)
+        finally:
+            self._trainer_pin.restore()
         self._dispatch.reset()
 
     def _release_now(self) -> None:
         self._close_copier()
+        self._trainer_pin.restore()
         if self._pool is not None:
             self._pool.abandon()
         self._dispatch.reset()
@@ -264,6 +274,20 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         if self._pool is None:
             return [None] * self.num_workers
         return [h.state for h in self._pool.handles]
+
+    @property
+    def trainer_cores(self) -> tuple[int, ...] | None:
+        """The cores this process's threads are pinned to while the workers run (``worker_affinity="auto"``,
+        with cores left by the workers), given back as they were at shutdown; ``None``: the trainer is not pinned.
+        Each worker's cores are in its config (:attr:`worker_configs`, ``affinity``).
+
+        Examples:
+            >>> from acollect import MultiSyncCollector
+            >>> from acollect.testing import CountingEnv
+            >>> MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8).trainer_cores is None
+            True
+        """
+        return self._trainer_pin.cores
 
     @property
     def worker_pids(self) -> list[int | None]:

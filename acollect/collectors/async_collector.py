@@ -119,6 +119,16 @@ class AsyncCollector(MultiAsyncCollector):
         filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
             repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
             stderr. Defaults to ``True``.
+        worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
+            process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
+            (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core
+            this process may use (``os.sched_getaffinity(0)`` at construction, round-robin when there are more workers
+            than cores) and the trainer's threads the cores left, given back as they were at shutdown; with no core left
+            (as many workers as cores), the trainer stays unpinned. A list places the workers by hand, one non-empty set
+            of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the trainer alone. Each worker pins itself at
+            its start, before it builds its env (whose threads inherit the cores), and runs as many torch threads as it
+            has cores, in place of ``num_threads``. Workers must run on this host (``launcher='local'``, no
+            ``remote_workers``). Defaults to ``None``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).

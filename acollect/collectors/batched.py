@@ -33,6 +33,7 @@ import torch
 from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
+from acollect._affinity import pin_process
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.collector_settings import BatchedSettings
 from acollect.collectors.options import WorkerSettings, parse
@@ -193,6 +194,18 @@ class AsyncBatchedCollector(MultiCollectorBase):
             stderr. Defaults to ``True``.
         num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
             count). Defaults to ``None``.
+        worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
+            process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
+            (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core
+            this process may use (``os.sched_getaffinity(0)`` at construction, round-robin when there are more workers
+            than cores) and the trainer's threads the cores left, given back as they were at shutdown; with no core left
+            (as many workers as cores), the trainer stays unpinned. A list places the workers by hand, one non-empty set
+            of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the trainer alone. Each worker pins itself at
+            its start, before it builds its env (whose threads inherit the cores), and runs as many torch threads as it
+            has cores, in place of ``num_threads``. Workers must run on this host (``launcher='local'``, no
+            ``remote_workers``). With ``"auto"`` the inference server process runs on the trainer's cores (those left by
+            the workers), pinned once it started, and ``server_threads`` defaults to their number; with no core left, or
+            with a list, the server is not pinned. Defaults to ``None``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -256,6 +269,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
         server.expect_sources(self.num_workers)
         await server.flush()  # the server process holds the workers' keys before any worker connects
         await super()._setup()
+        cores = self.trainer_cores
+        if cores is not None and server.pid is not None:
+            # worker_affinity="auto": the server process shares the trainer's cores, off the workers' (its threads
+            # started so far are pinned with it; those it starts later inherit their creator's cores).
+            pin_process(server.pid, cores)
         if self.settings.max_batch_size is None:
             assert self._pool is not None
             server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))

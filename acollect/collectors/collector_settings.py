@@ -133,6 +133,11 @@ class BatchedSettings(MultiAsyncSettings):
             note="A forward pass running longer breaks the collector with a ``PolicyError`` saying the server is "
             "hung."
         ),
+        "worker_affinity": Override(
+            note="With ``\"auto\"`` the inference server process runs on the trainer's cores (those left by the "
+            "workers), pinned once it started, and ``server_threads`` defaults to their number; with no core left, "
+            "or with a list, the server is not pinned."
+        ),
     }
 
     max_batch_size: int | None = option(
@@ -234,6 +239,10 @@ class DistributedSettings(ModeSettings):
         "max_worker_restarts": Override(
             note="It must be 0 here: a torch.distributed process group cannot take a restarted worker in."
         ),
+        "worker_affinity": Override(
+            refused="its workers are torch.distributed ranks that may run on other hosts, whose cores this process "
+            "cannot see; pin them where they start (taskset), or use MultiSyncCollector / MultiAsyncCollector"
+        ),
     }
 
     backend: str = option(
@@ -317,6 +326,10 @@ class RaySettings(ModeSettings):
         "num_workers": Override(
             refused="a RayCollector's workers are Ray actors, set by create_env_fn, num_collectors and "
             "num_workers_per_collector"
+        ),
+        "worker_affinity": Override(
+            refused="a RayCollector's workers are Ray actors, placed by Ray on any node of its cluster: ask Ray for "
+            "their CPUs with remote_configs ({'num_cpus': ...})"
         ),
         **{name: Override(note=_RAY_LIST) for name in (*DEVICE_OPTIONS, "collector_kwargs")},
         **{

@@ -144,6 +144,16 @@ class MultiSyncCollector(MultiCollectorBase):
             stderr. Defaults to ``True``.
         num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
             count). Defaults to ``None``.
+        worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
+            process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
+            (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core
+            this process may use (``os.sched_getaffinity(0)`` at construction, round-robin when there are more workers
+            than cores) and the trainer's threads the cores left, given back as they were at shutdown; with no core left
+            (as many workers as cores), the trainer stays unpinned. A list places the workers by hand, one non-empty set
+            of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the trainer alone. Each worker pins itself at
+            its start, before it builds its env (whose threads inherit the cores), and runs as many torch threads as it
+            has cores, in place of ``num_threads``. Workers must run on this host (``launcher='local'``, no
+            ``remote_workers``). Defaults to ``None``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -273,6 +283,16 @@ class MultiAsyncCollector(MultiCollectorBase):
             stderr. Defaults to ``True``.
         num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
             count). Defaults to ``None``.
+        worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
+            process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
+            (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core
+            this process may use (``os.sched_getaffinity(0)`` at construction, round-robin when there are more workers
+            than cores) and the trainer's threads the cores left, given back as they were at shutdown; with no core left
+            (as many workers as cores), the trainer stays unpinned. A list places the workers by hand, one non-empty set
+            of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the trainer alone. Each worker pins itself at
+            its start, before it builds its env (whose threads inherit the cores), and runs as many torch threads as it
+            has cores, in place of ``num_threads``. Workers must run on this host (``launcher='local'``, no
+            ``remote_workers``). Defaults to ``None``.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, TypeVar
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
+from acollect._affinity import check_worker_affinity
 from acollect._validate import (
     check_bool,
     check_callable,
@@ -522,6 +523,28 @@ class WorkerSettings(ProcessSettings):
         None, check=_int(1, optional=True),
         doc="the number of workers where ``create_env_fn_list`` is one factory (default: the CPU count).",
     )  # fmt: skip
+    worker_affinity: str | list[frozenset[int]] | None = option(
+        None, check=check_worker_affinity, accepts="str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None",
+        doc="the cores each worker process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such "
+        "as macOS). ``None`` (default): nothing is pinned, the OS places every process. ``\"auto\"``: worker ``i`` "
+        "gets the ``i``-th core this process may use (``os.sched_getaffinity(0)`` at construction, round-robin "
+        "when there are more workers than cores) and the trainer's threads the cores left, given back as they "
+        "were at shutdown; with no core left (as many workers as cores), the trainer stays unpinned. A list places "
+        "the workers by hand, one non-empty set of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the "
+        "trainer alone. Each worker pins itself at its start, before it builds its env (whose threads inherit the "
+        "cores), and runs as many torch threads as it has cores, in place of "
+        "``num_threads``. Workers must run on this host (``launcher='local'``, no ``remote_workers``).",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.worker_affinity is not None and (not self.launcher.same_host or self.remote_workers):
+            launcher = f"the {self.launcher.name} launcher"
+            where = f"remote_workers={self.remote_workers}" if self.remote_workers else launcher
+            raise ConfigurationError.bad_value(
+                "worker_affinity", self.worker_affinity,
+                f"None with {where}: only worker processes started on this host are pinned to its cores",
+            )  # fmt: skip
 
 
 @cache

@@ -2,8 +2,9 @@
 
 The settings (:class:`~acollect.collectors.options.WorkerSettings`) hold one value
 per option; here they become one config per worker: a device list is split, one per
-worker; ``collector_kwargs`` overrides options per worker; and the storing device is
-moved to the collector's side of the wire (see :func:`collector_storing_device`).
+worker; ``collector_kwargs`` overrides options per worker; ``worker_affinity`` gives each
+worker its cores (:mod:`acollect._affinity`); and the storing device is moved to the
+collector's side of the wire (see :func:`collector_storing_device`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 
+from acollect._affinity import AffinityPlan, plan_affinity
 from acollect._validate import check_int
 from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option, settle_frames_per_batch
 from acollect.devices import check_device
@@ -95,15 +97,19 @@ def _worker_options(settings: WorkerSettings, i: int, n: int) -> dict[str, Any]:
 
 
 def build_worker_configs(
-    fns: list[Any], policy: PolicyLike, settings: WorkerSettings, frames_per_batch: int
+    fns: list[Any], policy: PolicyLike, settings: WorkerSettings, frames_per_batch: int,
+    affinity: AffinityPlan | None = None,
 ) -> list[P.WorkerConfig]:
-    """One config per worker (the last ``remote_workers`` of them started by hand)."""
+    """One config per worker (the last ``remote_workers`` of them started by hand), each with its cores from
+    ``affinity`` (a worker pinned to ``k`` cores runs ``k`` torch threads, whatever ``num_threads`` says)."""
     n = len(fns)
     remote = check_int("remote_workers", settings.remote_workers, maximum=n)
+    cores = affinity.workers if affinity is not None else (None,) * n
     configs = []
     for i, fn in enumerate(fns):
         opts = _worker_options(settings, i, n)
         exploration = opts["exploration_type"]
+        pinned = cores[i]
         configs.append(
             P.WorkerConfig(
                 index=i,
@@ -121,7 +127,8 @@ def build_worker_configs(
                 init_random_frames=opts["init_random_frames"],
                 reset_at_each_iter=opts["reset_at_each_iter"],
                 exploration_type=exploration.name if exploration is not None else None,
-                num_threads=opts["num_threads"],
+                num_threads=opts["num_threads"] if pinned is None else len(pinned),
+                affinity=None if pinned is None else list(pinned),
                 filter_warnings=settings.filter_worker_warnings,
                 heartbeat_interval=min(1.0, settings.heartbeat_timeout / 4),
                 heartbeat_timeout=settings.heartbeat_timeout,
@@ -163,6 +170,7 @@ class WorkerPlan:
     fns: list[Any]  # one env factory per worker
     configs: list[P.WorkerConfig]  # one config per worker
     frames_per_batch: int  # what each batch holds: settled where every worker's number of envs is known
+    affinity: AffinityPlan  # the cores of each worker and of the trainer (worker_affinity)
 
 
 def plan_workers(
@@ -183,7 +191,8 @@ def plan_workers(
         stacked: a batch holds every worker's frames (lockstep), else one worker's.
 
     Raises:
-        ConfigurationError: a bad env factory, gymnasium id or per-worker option, named.
+        ConfigurationError: a bad env factory, gymnasium id or per-worker option, or a ``worker_affinity`` list
+            whose length is not the number of workers, named.
     """
     fns = env_fns(create_env_fn_list, settings.num_workers)
     check_env_args(fns, settings)
@@ -191,10 +200,11 @@ def plan_workers(
     # Workers are asked their share of what was *requested*, each rounding it up to its own envs: asking a
     # share of an already rounded total would round twice when workers have different numbers of envs.
     per_worker = worker_frames(requested, len(fns))
-    configs = build_worker_configs(fns, policy, settings, per_worker)
+    affinity = plan_affinity(settings.worker_affinity, len(fns))
+    configs = build_worker_configs(fns, policy, settings, per_worker, affinity)
     counts = configured_num_envs(fns, settings)
     frames = requested
     if None not in counts:
         known = [n for n in counts if n is not None]
         frames = settle_frames_per_batch(requested, requested, per_worker, known, stacked=stacked)
-    return WorkerPlan(fns, configs, frames)
+    return WorkerPlan(fns, configs, frames, affinity)

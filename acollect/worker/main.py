@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from acollect._affinity import pin_process
 from acollect.engine import BlockingEngine
 from acollect.rollout import RolloutInterrupted
 from acollect.stats import EpisodeTracker
@@ -123,6 +124,10 @@ class _Worker(StagingMixin):
     # -- main loop ------------------------------------------------------------------
     def run(self) -> int:
         try:
+            if self.config.affinity is not None:
+                # Before the env is built: the threads it starts (and torch's) inherit the cores. Every thread
+                # started so far (the sockets') is pinned with the process. A failure is reported like a bad env.
+                pin_process(0, self.config.affinity)
             self.engine = build_engine(self.config, self.interrupt)
             layout, _ = encode_tensordict(self.engine.allocate())
             self.layout = layout
@@ -387,6 +392,7 @@ class _Worker(StagingMixin):
 
 def run_worker(config: P.WorkerConfig) -> int:
     """Runs one worker until the collector says ``stop`` (or dies). Returns the exit code."""
+    # A worker pinned to k cores has num_threads == k (acollect.collectors.worker_configs): one per core.
     torch.set_num_threads(config.num_threads)
     if config.filter_warnings:
         warnings.simplefilter("ignore")

@@ -177,6 +177,9 @@ class WorkerConfig:
     reset_at_each_iter: bool = False
     exploration_type: str | None = "RANDOM"
     num_threads: int = 1
+    #: the cores this worker pins itself to at its start, before it builds its env (``None``: not pinned);
+    #: a list, so that the config stays plain msgpack (see :mod:`acollect.worker.config_codec`)
+    affinity: list[int] | None = None
     filter_warnings: bool = True
     heartbeat_interval: float = 0.5
     #: A worker with no parent process to watch (``parent_pid`` 0) exits after this long without a

@@ -5,6 +5,7 @@ The probe policies (``WeightProbe``, ``TwoPartProbe``) live in :mod:`acollect.te
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -55,4 +56,15 @@ def stamp_time(td: TensorDictBase) -> TensorDictBase:
     n = td.batch_size[0]
     td.set("action", torch.zeros(n, dtype=torch.int64))
     td.set("stamp", torch.full((n,), time.monotonic(), dtype=torch.float64))
+    return td
+
+
+def report_cores(td: TensorDictBase) -> TensorDictBase:
+    """A TensorDict policy that acts 0 and writes the cores its thread may run on (a bit mask) as ``"cores"``, and
+    its torch thread count as ``"threads"`` (Linux: it reads ``os.sched_getaffinity``)."""
+    n = td.batch_size[0]
+    mask = sum(1 << core for core in os.sched_getaffinity(0))
+    td.set("action", torch.zeros(n, dtype=torch.int64))
+    td.set("cores", torch.full((n,), mask, dtype=torch.int64))
+    td.set("threads", torch.full((n,), torch.get_num_threads(), dtype=torch.int64))
     return td
