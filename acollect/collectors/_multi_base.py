@@ -85,6 +85,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
         self._loans = Loans(settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget())
         self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
+        self._lost_seen = 0  # the pool's lost workers the collector adjusted to (see _workers_lost)
         # Copied to a GPU: items whose slots are read until their copy ended (given back at the next batch).
         self._held: list[Received] = []
 
@@ -178,6 +179,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             heartbeat_timeout=settings.heartbeat_timeout,
             startup_timeout=settings.startup_timeout,
             max_restarts=settings.max_worker_restarts,
+            on_worker_loss=settings.on_worker_loss,
         )
 
     async def _setup(self) -> None:
@@ -185,7 +187,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
-        self._held, self._copies = [], []
+        self._held, self._copies, self._lost_seen = [], [], 0
         if self._storing_device is not None and self._storing_device.type == "cuda":
             self._copier = DeviceCopier(self._storing_device)
         await pool.start(self._tasks)
@@ -252,14 +254,15 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         counters = {"stale_batches": self._stale_batches}
         if pool is not None:
             counters.update(restarts=sum(h.restarts for h in pool.handles), dropped_batches=pool.dropped_batches,
-                            discarded_frames=pool.discarded_frames)  # fmt: skip
+                            discarded_frames=pool.discarded_frames, lost_workers=pool.lost_workers)  # fmt: skip
         return counters
 
     @property
     def worker_states(self) -> list[WorkerState | None]:
         """Each worker's :class:`~acollect.pool.WorkerState` as the collector sees it (``None`` before start).
 
-        The table of states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").
+        A worker lost for good under ``on_worker_loss="continue"`` stays ``LOST`` until shutdown. The table of
+        states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").
         """
         if self._pool is None:
             return [None] * self.num_workers
@@ -356,6 +359,10 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     async def _before_batch(self) -> None:
         await self._return_held()
+        pool = self._require_pool()
+        if pool.lost_workers != self._lost_seen:  # (on_worker_loss="continue")
+            self._lost_seen = pool.lost_workers
+            self._workers_lost(sum(not h.lost for h in pool.handles))
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
@@ -363,6 +370,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         interval = self.settings.max_weight_update_interval
         if due or (interval is not None and self._batches - self._last_push >= interval):
             await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
+
+    def _workers_lost(self, live: int) -> None:
+        """Hook: workers were lost since the last batch, ``live`` are left (what a subclass adjusts to them)."""
 
     async def _apply_pending(self) -> None:
         pool = self._require_pool()

@@ -103,6 +103,10 @@ class AsyncSettings(MultiAsyncSettings):
 
     OVERRIDES: ClassVar[Mapping[str, Override]] = {
         "num_workers": Override(refused="an AsyncCollector has one worker (use MultiAsyncCollector for more)"),
+        "on_worker_loss": Override(
+            refused="an AsyncCollector has one worker: once it is lost none is left to collect on with, so its loss "
+            "always breaks the collector (MultiAsyncCollector takes it)"
+        ),
     }
 
 
@@ -233,6 +237,10 @@ class DistributedSettings(ModeSettings):
     OVERRIDES: ClassVar[Mapping[str, Override]] = {
         "max_worker_restarts": Override(
             note="It must be 0 here: a torch.distributed process group cannot take a restarted worker in."
+        ),
+        "on_worker_loss": Override(
+            refused="a torch.distributed process group cannot lose a rank: every collective waits for all of them, so "
+            "a lost worker always breaks the collector"
         ),
     }
 

@@ -134,6 +134,13 @@ class ProcessOptions(RolloutOptions, total=False):
     #: restarts allowed per worker; ``0`` raises on the first crash.
     max_worker_restarts: int
 
+    #: what a worker lost for good does to the collector (one that dies with its ``max_worker_restarts`` spent, or a
+    #: worker started by hand that leaves and is not replaced): ``"raise"`` breaks the collector with the worker's
+    #: error; ``"continue"`` drops the worker (a warning on the ``"acollect"`` logger, ``stats().lost_workers``, its
+    #: state ``LOST``) and collects on with the others, a lockstep batch then holding the live workers' parts only; the
+    #: collector breaks when no worker is left. It applies once every worker started.
+    on_worker_loss: str
+
     #: seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts as hung; a
     #: worker with no parent process to watch (started by hand, or on another host) exits after as long without a word
     #: from its collector.
@@ -402,8 +409,157 @@ class ModeOptions(MultiSyncOptions, MultiAsyncOptions, total=False):
     sync: bool
 
 
-class DistributedOptions(ModeOptions, total=False):
+class DistributedOptions(TypedDict, total=False):
     """The options of ``DistributedCollector``."""
+
+    #: frames in each batch handed out: from every worker together where a batch holds a part from each
+    #: (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or worker. Rounded up
+    #: to a multiple of the number of envs, so that every env steps equally often (with a warning):
+    #: ``collector.frames_per_batch`` then says what each batch holds, ``collector.requested_frames_per_batch`` what was
+    #: asked.
+    frames_per_batch: Required[int]
+
+    #: frames to collect in all, after which iteration ends; ``-1`` collects forever.
+    total_frames: int
+
+    #: a zero-argument callable building the policy where it runs, instead of ``policy`` (for a policy that does not
+    #: pickle). Multi-process collectors also take an import path ``'module:name'``, which each worker imports.
+    policy_factory: Callable[[], PolicyLike] | str | None
+
+    #: fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given; the multi-process
+    #: collectors take a list too, with one device per worker.
+    device: Devices
+
+    #: where env data lives; the multi-process collectors take a list too, with one device per worker.
+    env_device: Devices
+
+    #: where the policy runs (data is cast between it and the env device); the multi-process collectors take a list too,
+    #: with one device per worker.
+    policy_device: Devices
+
+    #: where batches land; the multi-process collectors take a list too, with one device per worker.
+    storing_device: Devices
+
+    #: truncate (``truncated=True``) and reset trajectories longer than this; ``None``: no limit.
+    max_frames_per_traj: int | None
+
+    #: act randomly for this many frames first (``None``: 0).
+    init_random_frames: int | None
+
+    #: reset every env at the start of each batch.
+    reset_at_each_iter: bool
+
+    #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
+    #: ``Collector``).
+    postproc: Callable[[TensorDictBase], TensorDictBase] | None
+
+    #: hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of ``[n_envs, T]``
+    #: batches.
+    split_trajs: bool
+
+    #: tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as ``"mode"``); set
+    #: per collection thread and per worker, so collectors never change each other's.
+    exploration_type: InteractionType | str | None
+
+    #: keyword arguments of the env factory, or of the env a gymnasium id names (such as ``{"num_envs": 8}``).
+    env_kwargs: Mapping[str, Any] | None
+
+    #: show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm bar if tqdm is installed,
+    #: else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``, ``"log"`` or ``False`` (nothing
+    #: shown). Workers count their episodes and send them with each batch.
+    progress: bool | str
+
+    #: options per worker: one dict for every worker, or a list of dicts with one per worker, among ``device``,
+    #: ``env_device``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``,
+    #: ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
+    collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
+
+    #: push the weights of ``policy`` (this process's copy) after every batch.
+    update_after_each_batch: bool
+
+    #: push the weights of ``policy`` at least every this many batches (``None``: when asked only).
+    max_weight_update_interval: int | None
+
+    #: how each model's weights travel: model id -> ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()``
+    #: (default: through shared memory to workers on this host, else over the endpoint).
+    weight_sync_schemes: Mapping[str, WeightSyncScheme] | None
+
+    #: restarts allowed per worker; ``0`` raises on the first crash.
+    max_worker_restarts: int
+
+    #: seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts as hung; a
+    #: worker with no parent process to watch (started by hand, or on another host) exits after as long without a word
+    #: from its collector.
+    heartbeat_timeout: float
+
+    #: seconds a worker may take to start and build its env and policy (or to join, for one started by hand).
+    startup_timeout: float
+
+    #: seconds :meth:`async_shutdown` takes at most, unless it is given a timeout.
+    shutdown_timeout: float
+
+    #: ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which workers connect to (``None``:
+    #: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's address>:<free port>``).
+    address: str | None
+
+    #: how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
+    start_method: str
+
+    #: where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each), ``"submitit"`` (one
+    #: submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)`` (see
+    #: ``acollect.launchers``); checked together with ``start_method``.
+    launcher: Any
+
+    #: torch threads in each worker.
+    num_threads: int
+
+    #: move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or more on a local address).
+    use_shared_memory: bool | None
+
+    #: how many of the workers are started by hand (``acollect worker --connect ADDRESS --keys DIR``, on any machine)
+    #: instead of by the collector: the last ones. The collector waits up to ``startup_timeout`` for them to join. Needs
+    #: ``address`` and ``keys``.
+    remote_workers: int
+
+    #: a key directory written by ``acollect keys`` (or a ``ServerKeys``): the endpoint then encrypts every connection
+    #: with CURVE and accepts only the workers whose public key is in its ``authorized/`` directory; others are refused
+    #: and counted in ``rejected_peers``.
+    keys: ServerKeys | str | os.PathLike[str] | None
+
+    #: ``False`` (default): a batch is the workers' shared memory itself, lent with no copy and never written while any
+    #: tensor of it is held (a view, a slice, a numpy array of one), then given back to its worker (see
+    #: ``max_lent_bytes``). ``True``: each batch is a copy, its memory given back at once.
+    copy_batches: bool
+
+    #: the most shared memory lent to the caller at once, in bytes: beyond it a batch is handed out as a copy (its
+    #: memory given back at once), so a caller keeping every batch never stalls collection. ``None``: 1 GiB, or a
+    #: quarter of ``/dev/shm`` where that is less.
+    max_lent_bytes: int | None
+
+    #: ignore Python warnings inside the workers (an env's deprecation warnings, repeated by every worker, would drown
+    #: the trainer's output); ``False`` lets them through to the workers' stderr.
+    filter_worker_warnings: bool
+
+    #: the number of workers where ``create_env_fn_list`` is one factory (default: the CPU count).
+    num_workers: int | None
+
+    #: batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays bounded.
+    credits: int
+
+    #: the most policy versions a batch may be behind the collector's when it is handed out: a batch with a frame chosen
+    #: by an older version is dropped (counted in ``stats().stale_batches``), its memory given back, and the next one
+    #: taken; its worker's stream goes on with its next batch. ``None``: no limit (``stats().policy_lag`` says how far
+    #: behind each batch was).
+    max_policy_lag: int | None
+
+    #: how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; ``0``
+    #: concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, n_workers * T]``).
+    cat_results: str | int | None
+
+    #: ``True``: lockstep batches, one part from every worker, all collected with the same weights, stacked or
+    #: concatenated (as from ``MultiSyncCollector``); ``False``: each worker's batch, first ready, first served, tagged
+    #: with its ``("collector", "worker_id")`` (as from ``MultiAsyncCollector``).
+    sync: bool
 
     #: ``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors, one GPU per rank) or ``"mpi"``: one this torch was built
     #: with.
@@ -662,6 +818,13 @@ class RayOptions(TypedDict, total=False):
 
     #: restarts allowed per worker; ``0`` raises on the first crash.
     max_worker_restarts: int
+
+    #: what a worker lost for good does to the collector (one that dies with its ``max_worker_restarts`` spent, or a
+    #: worker started by hand that leaves and is not replaced): ``"raise"`` breaks the collector with the worker's
+    #: error; ``"continue"`` drops the worker (a warning on the ``"acollect"`` logger, ``stats().lost_workers``, its
+    #: state ``LOST``) and collects on with the others, a lockstep batch then holding the live workers' parts only; the
+    #: collector breaks when no worker is left. It applies once every worker started.
+    on_worker_loss: str
 
     #: seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts as hung; a
     #: worker with no parent process to watch (started by hand, or on another host) exits after as long without a word

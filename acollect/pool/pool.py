@@ -99,8 +99,10 @@ class WorkerPool:
         self.counters = Counters()
         self.orders = Orders()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
-        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=settings.max_restarts,
-                                    first_unasked=lambda: self._batches_asked + 1)  # fmt: skip
+        self.weights = WeightPusher(
+            self.handles, self.events, self.send, max_restarts=settings.max_restarts, elastic=settings.elastic,
+            first_unasked=lambda: self._batches_asked + 1,
+        )  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
 
     # -- what its parts hold -----------------------------------------------------------
@@ -143,6 +145,11 @@ class WorkerPool:
     @property
     def rejected_messages(self) -> int:
         return self.counters.rejected_messages
+
+    @property
+    def lost_workers(self) -> int:
+        """Workers dropped for good with their restarts spent (``on_worker_loss="continue"``)."""
+        return self.counters.lost_workers
 
     @property
     def paused(self) -> bool:
@@ -363,6 +370,8 @@ class WorkerPool:
         """
         if self.endpoint is None or self.endpoint.closed:
             raise TransportError("the collector's endpoint is closed")
+        if handle.lost:
+            return  # gone for good: what it would be told concerns nobody
         handle.on_send(kind)
         if kind in P.BOUNDARY:  # counted before it goes: the worker counts it on arrival
             self.changes_sent += 1

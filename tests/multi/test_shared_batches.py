@@ -154,6 +154,6 @@ def test_a_segment_is_free_once_every_part_is_given_back() -> None:
         shared.give_back(a)
         assert shared.acquire() == a
         with pytest.raises(ProtocolError, match="worker 1"):
-            shared.check_one_slot([a, b], a)
+            shared.check_one_slot({0: a, 1: b}, a)
     finally:
         shared.close()
