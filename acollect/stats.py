@@ -307,7 +307,7 @@ class CollectorStats:
         if self.restarts or self.dropped_batches:
             parts.append(f"{self.restarts} restarts, {self.dropped_batches} dropped batches")
         if self.lost_workers:
-            parts.append(f"{self.lost_workers} workers lost")
+            parts.append(f"{self.lost_workers} lost workers")
         if self.discarded_frames:
             parts.append(f"{self.discarded_frames:,} frames discarded by reseeds")
         return ", ".join(parts)

@@ -85,7 +85,6 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
         self._loans = Loans(settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget())
         self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
-        self._lost_seen = 0  # the pool's lost workers the collector adjusted to (see _workers_lost)
         # Copied to a GPU: items whose slots are read until their copy ended (given back at the next batch).
         self._held: list[Received] = []
 
@@ -163,7 +162,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     def _new_pool(self, settings: PoolSettings) -> WorkerPool:
         """Builds the worker pool (subclasses moving data another way return a subclass of it)."""
-        return WorkerPool(self._configs, settings, on_failure=self._fail)
+        return WorkerPool(self._configs, settings, on_failure=self._fail, on_lost=self._workers_lost)
 
     def _pool_settings(self) -> PoolSettings:
         """What the pool is told: the collector's options and what its dispatch strategy asks of the workers."""
@@ -187,7 +186,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
-        self._held, self._copies, self._lost_seen = [], [], 0
+        self._held, self._copies = [], []
         if self._storing_device is not None and self._storing_device.type == "cuda":
             self._copier = DeviceCopier(self._storing_device)
         await pool.start(self._tasks)
@@ -359,10 +358,6 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     async def _before_batch(self) -> None:
         await self._return_held()
-        pool = self._require_pool()
-        if pool.lost_workers != self._lost_seen:  # (on_worker_loss="continue")
-            self._lost_seen = pool.lost_workers
-            self._workers_lost(sum(not h.lost for h in pool.handles))
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
@@ -372,7 +367,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
 
     def _workers_lost(self, live: int) -> None:
-        """Hook: workers were lost since the last batch, ``live`` are left (what a subclass adjusts to them)."""
+        """Hook, on the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left (what a
+        subclass adjusts to them at once: the trainer may be waiting for a batch)."""
 
     async def _apply_pending(self) -> None:
         pool = self._require_pool()

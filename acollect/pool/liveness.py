@@ -59,6 +59,7 @@ class Monitor:
             process (no heartbeat is sent them).
         spawn: starts a new process in a worker's slot (after its previous one is gone).
         vacate: frees a slot of a worker started by hand, for the next one that joins.
+        lost: called after a worker was lost (``on_worker_loss="continue"``).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class Monitor:
         *,
         spawn: Callable[[WorkerHandle], Awaitable[None]],
         vacate: Callable[[WorkerHandle], None],
+        lost: Callable[[], None] = lambda: None,
     ) -> None:
         self.endpoint = endpoint
         self.handles = handles
@@ -81,6 +83,7 @@ class Monitor:
         self.settings = settings
         self._spawn = spawn
         self._vacate = vacate
+        self._lost = lost
         self.stopped = anyio.Event()  # set once run() ended, however
         # A local process's exit code shows within milliseconds of its death; an engine (Ray, submitit) learns
         # of one later, and says why (a job's state): it gets up to heartbeat_timeout to tell.
@@ -213,4 +216,5 @@ class Monitor:
             "%s; its restarts are spent (max_worker_restarts=%d): worker %d is lost, collection goes on with the %d "
             "workers left (on_worker_loss='continue')", error, self.settings.max_restarts, handle.index, left,
         )  # fmt: skip
+        self._lost()
         self.events.notify()

@@ -15,8 +15,11 @@ from collections import Counter
 
 import anyio
 import pytest
+import torch
+from tensordict.nn import TensorDictModule
 
 from acollect import (
+    AsyncBatchedCollector,
     AsyncCollector,
     ConfigurationError,
     DistributedCollector,
@@ -76,7 +79,7 @@ async def test_multi_async_collects_on_with_the_workers_left(
         assert by_worker[2] > 0
         stats = collector.stats()
         assert (stats.lost_workers, stats.restarts) == (1, 0)
-        assert "1 workers lost" in stats.describe()
+        assert "1 lost workers" in stats.describe()
     warned = loss_warnings(caplog, 1)
     assert len(warned) == 1, warned
     assert "SIGKILL" in warned[0]
@@ -187,6 +190,35 @@ async def test_weights_pause_and_seeds_skip_a_lost_worker(start_method: str) -> 
                 assert batch.batch_size == (2, N_ENVS, T)
                 assert_counting_batch(batch)
         assert collector.worker_states[2] is WorkerState.LOST
+
+
+class Parity(torch.nn.Module):
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return observation[..., 0].long() % 2
+
+
+async def test_the_inference_server_stops_waiting_for_a_lost_worker(start_method: str) -> None:
+    # A pass runs when every worker waits, or after max_wait: were the lost worker still awaited, every step of
+    # the others would take max_wait (far longer than the deadline below).
+    async with AsyncBatchedCollector(
+        [env] * 3, TensorDictModule(Parity(), in_keys=["observation"], out_keys=["action"]),
+        frames_per_batch=N_ENVS * T, max_wait=600.0, server="thread", on_worker_loss="continue",
+        start_method=start_method,
+    ) as collector:  # fmt: skip
+        with anyio.fail_after(60):
+            await anext(collector)
+        kill(collector, 0)
+        await lost(collector, 1)
+        by_worker: Counter[int] = Counter()
+        with anyio.fail_after(60):
+            for _ in range(8):
+                batch = await anext(collector)
+                assert_counting_batch(batch)
+                assert (batch["action"] == batch["observation"][..., 0].long() % 2).all()
+                by_worker[int(batch["collector", "worker_id"][0, 0])] += 1
+        assert by_worker[0] <= collector.credits
+        assert by_worker[1] > 0
+        assert by_worker[2] > 0
 
 
 def test_a_bad_value_names_the_option() -> None:
