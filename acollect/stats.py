@@ -261,6 +261,8 @@ class CollectorStats:
             before a reseed or a state restore, or a batch a pause held half-way when the reseed came.
         stale_batches: batches dropped at hand-out for being more than ``max_policy_lag`` versions behind the
             collector's weights (their frames never handed out).
+        lost_workers: workers dropped for good with their restarts spent, collection going on with the others
+            (``on_worker_loss="continue"``; the last worker's loss breaks the collector instead, and is not counted).
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
     """
@@ -281,6 +283,7 @@ class CollectorStats:
     dropped_batches: int = 0
     discarded_frames: int = 0
     stale_batches: int = 0
+    lost_workers: int = 0
     inference: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -303,6 +306,8 @@ class CollectorStats:
             parts.append(f"policy lag {lag}")
         if self.restarts or self.dropped_batches:
             parts.append(f"{self.restarts} restarts, {self.dropped_batches} dropped batches")
+        if self.lost_workers:
+            parts.append(f"{self.lost_workers} lost workers")
         if self.discarded_frames:
             parts.append(f"{self.discarded_frames:,} frames discarded by reseeds")
         return ", ".join(parts)

@@ -165,7 +165,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     def _new_pool(self, settings: PoolSettings) -> WorkerPool:
         """Builds the worker pool (subclasses moving data another way return a subclass of it)."""
-        return WorkerPool(self._configs, settings, on_failure=self._fail)
+        return WorkerPool(self._configs, settings, on_failure=self._fail, on_lost=self._workers_lost)
 
     def _pool_settings(self) -> PoolSettings:
         """What the pool is told: the collector's options and what its dispatch strategy asks of the workers."""
@@ -181,6 +181,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             heartbeat_timeout=settings.heartbeat_timeout,
             startup_timeout=settings.startup_timeout,
             max_restarts=settings.max_worker_restarts,
+            on_worker_loss=settings.on_worker_loss,
         )
 
     async def _setup(self) -> None:
@@ -262,14 +263,15 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         counters = {"stale_batches": self._stale_batches}
         if pool is not None:
             counters.update(restarts=sum(h.restarts for h in pool.handles), dropped_batches=pool.dropped_batches,
-                            discarded_frames=pool.discarded_frames)  # fmt: skip
+                            discarded_frames=pool.discarded_frames, lost_workers=pool.lost_workers)  # fmt: skip
         return counters
 
     @property
     def worker_states(self) -> list[WorkerState | None]:
         """Each worker's :class:`~acollect.pool.WorkerState` as the collector sees it (``None`` before start).
 
-        The table of states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").
+        A worker lost for good under ``on_worker_loss="continue"`` stays ``LOST`` until shutdown. The table of
+        states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").
         """
         if self._pool is None:
             return [None] * self.num_workers
@@ -387,6 +389,10 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         interval = self.settings.max_weight_update_interval
         if due or (interval is not None and self._batches - self._last_push >= interval):
             await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
+
+    def _workers_lost(self, live: int) -> None:
+        """Hook, on the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left (what a
+        subclass adjusts to them at once: the trainer may be waiting for a batch)."""
 
     async def _apply_pending(self) -> None:
         pool = self._require_pool()

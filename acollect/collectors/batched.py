@@ -156,6 +156,12 @@ class AsyncBatchedCollector(MultiCollectorBase):
             ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
             this host, else over the endpoint). Defaults to ``{}``.
         max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        on_worker_loss (str): what a worker lost for good does to the collector (one that dies with its
+            ``max_worker_restarts`` spent, or a worker started by hand that leaves and is not replaced): ``"raise"``
+            breaks the collector with the worker's error; ``"continue"`` drops the worker (a warning on the
+            ``"acollect"`` logger, ``stats().lost_workers``, its state ``LOST``) and collects on with the others, a
+            lockstep batch then holding the live workers' parts only; the collector breaks when no worker is left. It
+            applies once every worker started. Defaults to ``'raise'``.
         heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
             before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
             exits after as long without a word from its collector. A forward pass running longer breaks the collector
@@ -277,6 +283,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if self.settings.max_batch_size is None:
             assert self._pool is not None
             server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
+
+    def _workers_lost(self, live: int) -> None:
+        # A pass waits for every worker's request, or max_wait: a lost worker never asks again.
+        if self._server is not None:
+            self._server.expect_sources(live)
 
     def _on_gpu(self) -> bool:
         device = self.settings.inference_device

@@ -103,6 +103,10 @@ class AsyncSettings(MultiAsyncSettings):
 
     OVERRIDES: ClassVar[Mapping[str, Override]] = {
         "num_workers": Override(refused="an AsyncCollector has one worker (use MultiAsyncCollector for more)"),
+        "on_worker_loss": Override(
+            refused="an AsyncCollector has one worker: once it is lost none is left to collect on with, so its loss "
+            "always breaks the collector (MultiAsyncCollector takes it)"
+        ),
     }
 
 
@@ -242,6 +246,10 @@ class DistributedSettings(ModeSettings):
         "worker_affinity": Override(
             refused="its workers are torch.distributed ranks that may run on other hosts, whose cores this process "
             "cannot see; pin them where they start (taskset), or use MultiSyncCollector / MultiAsyncCollector"
+        ),
+        "on_worker_loss": Override(
+            refused="a torch.distributed process group cannot lose a rank: every collective waits for all of them, so "
+            "a lost worker always breaks the collector"
         ),
     }
 

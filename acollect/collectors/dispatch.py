@@ -6,7 +6,8 @@ holds one of two *dispatch strategies*, which is all that differs between "sync"
 
 * :class:`Lockstep` (``sync=True``): each worker collects ``frames_per_batch / n_workers`` frames per
   batch (the next one begun as soon as this one is taken, while nothing changes the workers between
-  batches); a batch combines one part from every worker (stacked or concatenated).
+  batches); a batch combines one part from every worker (stacked or concatenated), every live worker's
+  where a worker was lost (``on_worker_loss="continue"``).
 * :class:`FirstReady` (``sync=False``): each worker collects ``frames_per_batch`` frames ahead of the
   trainer, up to ``credits`` batches; a batch is the first worker batch ready, tagged with its worker.
 
@@ -172,7 +173,7 @@ class Lockstep(Dispatch):
                 self._segments[number] = slot
             pool.note_asked(number)
             for handle in pool.handles:
-                if handle.asked(number):
+                if handle.lost or handle.asked(number):
                     continue
                 request = Request(number, slot, ahead)
                 handle.on_ask(request)
@@ -201,13 +202,16 @@ class Lockstep(Dispatch):
             # the last batch was taken, no pause): it changes when a part begins, never which weights make it.
             if ahead and pool.changes_sent == self._changes_seen and not pool.paused:
                 await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for at the end, or when taken
+            # A worker lost meanwhile (on_worker_loss="continue") is left out: the batch holds the live ones' parts.
             await pool.wait_until(
-                lambda: all(h.part(number) is not None for h in handles), what="a batch from every worker"
+                lambda: all(h.part(number) is not None for h in handles if not h.lost),
+                what="a batch from every worker",
             )
             stale = False
-            for handle in handles:
+            for handle in [h for h in handles if not h.lost]:
                 part = handle.part(number)
-                assert part is not None
+                if part is None:  # lost during an await of this loop
+                    continue
                 if self._stale(handle, part):  # its rows are written again, and the worker asked again
                     stale = True
                     handle.take_part(number)
@@ -216,11 +220,12 @@ class Lockstep(Dispatch):
                         await pool.send(handle, P.CREDIT, {"slot": part.header["slot"]})
             if not stale:
                 break
-        items = [handle.take_part(number) for handle in handles]
+        items = [handle.take_part(number) for handle in handles if not handle.lost]
         segment = self._segments.pop(number, None)
         if segment is not None:
             assert self._shared is not None
-            self._shared.check_one_slot([item.header.get("slot") for item in items], segment)
+            self._shared.check_one_slot({item.worker: item.header.get("slot") for item in items}, segment)
+            self._shared.expect(segment, len(items))
         self._number = number + 1
         # Ahead only after a batch that no change preceded: where the caller pushes weights before every
         # batch, every batch begun ahead would be made by the weights before the push.
@@ -240,6 +245,8 @@ class Lockstep(Dispatch):
         slot = items[0].header.get("slot")
         if self._shared is None or not items[0].in_slot or type(slot) is not int:
             return None
+        if len(items) != len(self._shared.parts):
+            return None  # a lost worker's rows lie in the segment too: the live parts are gathered
         return self._shared.batch(slot)
 
     async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:

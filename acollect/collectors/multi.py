@@ -107,6 +107,12 @@ class MultiSyncCollector(MultiCollectorBase):
             ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
             this host, else over the endpoint). Defaults to ``{}``.
         max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        on_worker_loss (str): what a worker lost for good does to the collector (one that dies with its
+            ``max_worker_restarts`` spent, or a worker started by hand that leaves and is not replaced): ``"raise"``
+            breaks the collector with the worker's error; ``"continue"`` drops the worker (a warning on the
+            ``"acollect"`` logger, ``stats().lost_workers``, its state ``LOST``) and collects on with the others, a
+            lockstep batch then holding the live workers' parts only; the collector breaks when no worker is left. It
+            applies once every worker started. Defaults to ``'raise'``.
         heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
             before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
             exits after as long without a word from its collector. Defaults to ``30.0``.
@@ -246,6 +252,12 @@ class MultiAsyncCollector(MultiCollectorBase):
             ``ZmqWeightSyncScheme()`` or ``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on
             this host, else over the endpoint). Defaults to ``{}``.
         max_worker_restarts (int): restarts allowed per worker; ``0`` raises on the first crash. Defaults to ``0``.
+        on_worker_loss (str): what a worker lost for good does to the collector (one that dies with its
+            ``max_worker_restarts`` spent, or a worker started by hand that leaves and is not replaced): ``"raise"``
+            breaks the collector with the worker's error; ``"continue"`` drops the worker (a warning on the
+            ``"acollect"`` logger, ``stats().lost_workers``, its state ``LOST``) and collects on with the others, a
+            lockstep batch then holding the live workers' parts only; the collector breaks when no worker is left. It
+            applies once every worker started. Defaults to ``'raise'``.
         heartbeat_timeout (float): seconds a collecting worker may make no env step (or any worker send no heartbeat)
             before it counts as hung; a worker with no parent process to watch (started by hand, or on another host)
             exits after as long without a word from its collector. Defaults to ``30.0``.

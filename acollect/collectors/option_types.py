@@ -134,6 +134,13 @@ class ProcessOptions(RolloutOptions, total=False):
     #: restarts allowed per worker; ``0`` raises on the first crash.
     max_worker_restarts: int
 
+    #: what a worker lost for good does to the collector (one that dies with its ``max_worker_restarts`` spent, or a
+    #: worker started by hand that leaves and is not replaced): ``"raise"`` breaks the collector with the worker's
+    #: error; ``"continue"`` drops the worker (a warning on the ``"acollect"`` logger, ``stats().lost_workers``, its
+    #: state ``LOST``) and collects on with the others, a lockstep batch then holding the live workers' parts only; the
+    #: collector breaks when no worker is left. It applies once every worker started.
+    on_worker_loss: str
+
     #: seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts as hung; a
     #: worker with no parent process to watch (started by hand, or on another host) exits after as long without a word
     #: from its collector.
@@ -831,6 +838,13 @@ class RayOptions(TypedDict, total=False):
 
     #: restarts allowed per worker; ``0`` raises on the first crash.
     max_worker_restarts: int
+
+    #: what a worker lost for good does to the collector (one that dies with its ``max_worker_restarts`` spent, or a
+    #: worker started by hand that leaves and is not replaced): ``"raise"`` breaks the collector with the worker's
+    #: error; ``"continue"`` drops the worker (a warning on the ``"acollect"`` logger, ``stats().lost_workers``, its
+    #: state ``LOST``) and collects on with the others, a lockstep batch then holding the live workers' parts only; the
+    #: collector breaks when no worker is left. It applies once every worker started.
+    on_worker_loss: str
 
     #: seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts as hung; a
     #: worker with no parent process to watch (started by hand, or on another host) exits after as long without a word

@@ -64,6 +64,7 @@ from acollect.worker.process import START_METHODS
 from acollect.worker.protocol import HEARTBEAT_TIMEOUT
 
 __all__ = [
+    "ON_WORKER_LOSS",
     "PER_WORKER_OPTIONS",
     "InProcessSettings",
     "ProcessSettings",
@@ -82,6 +83,8 @@ PER_WORKER_OPTIONS = frozenset({
     "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads",
 })  # fmt: skip
 DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
+#: The values ``on_worker_loss`` takes: break the collector, or collect on with the workers left.
+ON_WORKER_LOSS = ("raise", "continue")
 
 
 
@@ -438,6 +441,15 @@ class ProcessSettings(RolloutSettings):
     max_worker_restarts: int = option(
         0, check=_int(0), doc="restarts allowed per worker; ``0`` raises on the first crash."
     )
+    on_worker_loss: str = option(
+        "raise", check=_choice(*ON_WORKER_LOSS),
+        doc="what a worker lost for good does to the collector (one that dies with its ``max_worker_restarts`` "
+        "spent, or a worker started by hand that leaves and is not replaced): ``\"raise\"`` breaks the collector "
+        "with the worker's error; ``\"continue\"`` drops the worker (a warning on the ``\"acollect\"`` logger, "
+        "``stats().lost_workers``, its state ``LOST``) and collects on with the others, a lockstep batch then "
+        "holding the live workers' parts only; the collector breaks when no worker is left. It applies once "
+        "every worker started.",
+    )  # fmt: skip
     heartbeat_timeout: float = option(
         HEARTBEAT_TIMEOUT, check=check_seconds,
         doc="seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts "

@@ -32,6 +32,7 @@ class Counters:
     dropped_batches: int = 0  # batches a dead worker held, or sent after its death
     discarded_frames: int = 0  # stepped and given up on purpose (see Lockstep and the worker's reseed)
     rejected_messages: int = 0  # not from a live worker, or replayed: logged and dropped
+    lost_workers: int = 0  # dropped for good with their restarts spent (on_worker_loss="continue")
 
 
 class PoolState(enum.Enum):

@@ -118,6 +118,7 @@ class WorkerState(enum.Enum):
     READY = "ready"
     UNREACHABLE = "unreachable"
     DEAD = "dead"
+    LOST = "lost"
     STOPPING = "stopping"
 
 
@@ -134,7 +135,10 @@ WORKER: StateTable[WorkerState] = StateTable(
         "commands and sends batches",
         _W.UNREACHABLE: "a message to it failed: its connection is gone (it died, or is dying); nothing more is "
         "sent to it, and the liveness loop decides",
-        _W.DEAD: "it died and its restarts are spent: the pool fails with its error",
+        _W.DEAD: "it died and its restarts are spent: the pool fails with its error (with `on_worker_loss="
+        '"continue"`, only when it was the last worker left)',
+        _W.LOST: "it died (or a worker started by hand left) with its restarts spent, under `on_worker_loss="
+        '"continue"`: dropped for good, sent nothing, left out of batches; the others collect on',
         _W.STOPPING: "the pool is closing: it is told to stop, then ended",
     },
     {
@@ -146,21 +150,26 @@ WORKER: StateTable[WorkerState] = StateTable(
         (_W.STARTING, _W.VACANT): "a worker started by hand left before its hello: the slot waits for another",
         (_W.STARTING, _W.UNREACHABLE): "a message to it failed",
         (_W.STARTING, _W.DEAD): "it died or did not start in time, and its restarts are spent",
+        (_W.STARTING, _W.LOST): "it died or did not start in time, its restarts are spent, and other workers are left",
         (_W.STARTING, _W.STOPPING): "the pool closes",
         (_W.VACANT, _W.STARTING): "a worker started by hand joined and got its config",
         (_W.VACANT, _W.VACANT): "nobody joined within `startup_timeout` (a restart is counted): the slot waits on",
         (_W.VACANT, _W.DEAD): "nobody joined, and its restarts are spent",
+        (_W.VACANT, _W.LOST): "nobody joined, its restarts are spent, and other workers are left",
         (_W.VACANT, _W.STOPPING): "the pool closes",
         (_W.READY, _W.STARTING): _RESTARTED,
         (_W.READY, _W.VACANT): "a worker started by hand died or left: the slot waits for another",
         (_W.READY, _W.UNREACHABLE): "a message to it failed",
         (_W.READY, _W.DEAD): "it died, and its restarts are spent",
+        (_W.READY, _W.LOST): "it died, its restarts are spent, and other workers are left",
         (_W.READY, _W.STOPPING): "the pool closes",
         (_W.UNREACHABLE, _W.STARTING): _RESTARTED,
         (_W.UNREACHABLE, _W.VACANT): "a worker started by hand is gone: the slot waits for another",
         (_W.UNREACHABLE, _W.DEAD): "it is gone, and its restarts are spent",
+        (_W.UNREACHABLE, _W.LOST): "it is gone, its restarts are spent, and other workers are left",
         (_W.UNREACHABLE, _W.STOPPING): "the pool closes",
         (_W.DEAD, _W.STOPPING): "the pool closes",
+        (_W.LOST, _W.STOPPING): "the pool closes",
     },
 )
 
@@ -264,6 +273,12 @@ class WorkerHandle:
     def ready(self) -> bool:
         """Whether it takes commands (``READY``)."""
         return self._state is WorkerState.READY
+
+    @property
+    def lost(self) -> bool:
+        """Whether it was dropped for good (``LOST``, under ``on_worker_loss="continue"``): sent nothing, left out of
+        batches and weight pushes."""
+        return self._state is WorkerState.LOST
 
     @property
     def stopping(self) -> bool:
@@ -646,6 +661,21 @@ class WorkerHandle:
         if lockstep:
             self._retired = None
             return len(self._requests)
+        self._retired = _Retired(self._generation, self._next_seq, self._sent if in_progress else None)
+        return 1 if self._requests or in_progress else 0
+
+    def on_lost(self, *, lockstep: bool, running: bool) -> int:
+        """It died (or left) with its restarts spent and others are left: it is dropped for good. Returns the batches
+        it held, which are lost; those of its batches that arrive after this are dropped as they come, as for a
+        worker replaced (:meth:`on_death`, here with no restart counted)."""
+        in_progress = running and (self._busy or self._partial)
+        self._move(WorkerState.LOST)
+        if lockstep:
+            self._retired = None
+            lost = len(self._requests)
+            self._requests.clear()  # nobody will answer them: a lockstep batch takes the live workers' parts
+            self._inbox.clear()
+            return lost
         self._retired = _Retired(self._generation, self._next_seq, self._sent if in_progress else None)
         return 1 if self._requests or in_progress else 0
 

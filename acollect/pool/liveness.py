@@ -3,7 +3,9 @@
 Every ``MONITOR_PERIOD`` seconds each worker is checked: a process that exited, a
 worker that did not start in time, a heartbeat gone stale, a batch announced but
 never delivered, or a collecting worker making no env step. The worker is then
-restarted (within ``max_restarts``) or the pool fails with an error naming it.
+restarted (within ``max_restarts``) or the pool fails with an error naming it; under
+``on_worker_loss="continue"`` a running pool loses the worker instead (it is dropped, the others collect
+on) and fails only when the last one is gone.
 :class:`Monitor` runs it, given the endpoint, the handles, where failures and
 counts go, and how the pool starts a worker in a slot (or frees one for a worker
 started by hand).
@@ -23,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 
 from acollect.errors import TransportError, WorkerCrashedError, WorkerError, WorkerTimeoutError
-from acollect.pool.events import Counters, PoolEvents
+from acollect.pool.events import Counters, PoolEvents, PoolState
 from acollect.pool.handles import Orders, WorkerHandle
 from acollect.pool.settings import PoolSettings
 from acollect.transport.endpoint import Endpoint
@@ -57,6 +59,7 @@ class Monitor:
             process (no heartbeat is sent them).
         spawn: starts a new process in a worker's slot (after its previous one is gone).
         vacate: frees a slot of a worker started by hand, for the next one that joins.
+        lost: called after a worker was lost (``on_worker_loss="continue"``).
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class Monitor:
         *,
         spawn: Callable[[WorkerHandle], Awaitable[None]],
         vacate: Callable[[WorkerHandle], None],
+        lost: Callable[[], None] = lambda: None,
     ) -> None:
         self.endpoint = endpoint
         self.handles = handles
@@ -79,6 +83,7 @@ class Monitor:
         self.settings = settings
         self._spawn = spawn
         self._vacate = vacate
+        self._lost = lost
         self.stopped = anyio.Event()  # set once run() ended, however
         # A local process's exit code shows within milliseconds of its death; an engine (Ray, submitit) learns
         # of one later, and says why (a job's state): it gets up to heartbeat_timeout to tell.
@@ -105,7 +110,9 @@ class Monitor:
                 await self._send_heartbeats(beat)
             for handle in self.handles:
                 remote = handle.config.remote  # started by hand: no process handle, liveness from heartbeats only
-                if (handle.process is None and not remote) or handle.stopping or self.events.failure is not None:
+                if (handle.process is None and not remote) or handle.stopping or handle.lost:
+                    continue
+                if self.events.failure is not None:
                     continue
                 code = handle.process.exitcode if handle.process is not None else None
                 if code is not None:
@@ -170,6 +177,9 @@ class Monitor:
         if handle.restarts >= max_restarts or self.events.closed:
             if process is not None:
                 process.kill()
+            if self._loses(handle):
+                self._lose(handle, error)
+                return
             handle.on_dead()
             self.events.fail(error)
             return
@@ -187,3 +197,24 @@ class Monitor:
                 await anyio.sleep(0.01)
         process.close()
         await self._spawn(handle)
+
+    def _loses(self, handle: WorkerHandle) -> bool:
+        """Whether a worker gone with its restarts spent is dropped rather than failing the pool: elastic, a pool that
+        runs (a worker that never started fails the start as ever), and another worker left to collect on."""
+        return (
+            self.settings.elastic
+            and self.events.state is PoolState.RUNNING
+            and any(h is not handle and not h.lost for h in self.handles)
+        )
+
+    def _lose(self, handle: WorkerHandle, error: WorkerError) -> None:
+        """Drops ``handle`` for good: what it held is counted, whoever waits on it wakes, the loss is told once."""
+        self.counters.dropped_batches += handle.on_lost(lockstep=self.settings.lockstep, running=self.orders.running)
+        self.counters.lost_workers += 1
+        left = sum(not h.lost for h in self.handles)
+        logger.warning(
+            "%s; its restarts are spent (max_worker_restarts=%d): worker %d is lost, collection goes on with the %d "
+            "workers left (on_worker_loss='continue')", error, self.settings.max_restarts, handle.index, left,
+        )  # fmt: skip
+        self._lost()
+        self.events.notify()

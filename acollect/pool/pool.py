@@ -77,6 +77,8 @@ class WorkerPool:
         settings: where workers run, the endpoint, credits and slots, deadlines and restarts (one object the
             pool's loops share: :class:`~acollect.pool.settings.PoolSettings`).
         on_failure: called once, on the event loop, with the pool's failure (the collector breaks).
+        on_lost: called on the event loop each time a worker is lost (``on_worker_loss="continue"``), with the
+            number of workers left.
     """
 
     def __init__(
@@ -85,8 +87,10 @@ class WorkerPool:
         settings: PoolSettings,
         *,
         on_failure: Callable[[BaseException], None] | None = None,
+        on_lost: Callable[[int], None] | None = None,
     ) -> None:
         self.handles = [WorkerHandle(i, cfg) for i, cfg in enumerate(configs)]
+        self._on_lost = on_lost
         self.settings = settings
         #: the segments lockstep batches are written into in place, once every worker said hello (else None)
         self.shared: SharedBatches | None = None
@@ -99,8 +103,10 @@ class WorkerPool:
         self.counters = Counters()
         self.orders = Orders()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
-        self.weights = WeightPusher(self.handles, self.events, self.send, max_restarts=settings.max_restarts,
-                                    first_unasked=lambda: self._batches_asked + 1)  # fmt: skip
+        self.weights = WeightPusher(
+            self.handles, self.events, self.send, max_restarts=settings.max_restarts, elastic=settings.elastic,
+            first_unasked=lambda: self._batches_asked + 1,
+        )  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
 
     # -- what its parts hold -----------------------------------------------------------
@@ -143,6 +149,11 @@ class WorkerPool:
     @property
     def rejected_messages(self) -> int:
         return self.counters.rejected_messages
+
+    @property
+    def lost_workers(self) -> int:
+        """Workers dropped for good with their restarts spent (``on_worker_loss="continue"``)."""
+        return self.counters.lost_workers
 
     @property
     def paused(self) -> bool:
@@ -210,7 +221,7 @@ class WorkerPool:
         )  # fmt: skip
         monitor = Monitor(
             endpoint, self.handles, self.events, self.counters, self.orders,
-            settings, spawn=self._spawn, vacate=self._vacate,
+            settings, spawn=self._spawn, vacate=self._vacate, lost=self._lost,
         )  # fmt: skip
         # A loop that raises (say an OSError while restarting a worker) must not end silently: dead
         # workers would no longer be noticed. It fails the pool instead, and the collector with it.
@@ -319,6 +330,10 @@ class WorkerPool:
         """A batch's tensors: those of its message (a pool moving them another way overrides this)."""
         return td
 
+    def _lost(self) -> None:
+        if self._on_lost is not None:
+            self._on_lost(sum(not h.lost for h in self.handles))
+
     def _vacate(self, handle: WorkerHandle) -> None:
         # A slot for a worker started by hand: the next one to join gets it, under a new generation.
         handle.on_vacate(time.monotonic())
@@ -363,6 +378,8 @@ class WorkerPool:
         """
         if self.endpoint is None or self.endpoint.closed:
             raise TransportError("the collector's endpoint is closed")
+        if handle.lost:
+            return  # gone for good: what it would be told concerns nobody
         handle.on_send(kind)
         if kind in P.BOUNDARY:  # counted before it goes: the worker counts it on arrival
             self.changes_sent += 1

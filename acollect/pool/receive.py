@@ -153,8 +153,8 @@ class Receiver:
                 self.events.fail(exc)
                 return
             sender = self._sender(identity)
-            if sender is not None and sender[1] < sender[0].generation:
-                self._on_late(sender[0], sender[1], frames)  # from an incarnation that died
+            if sender is not None and (sender[1] < sender[0].generation or sender[0].lost):
+                self._on_late(sender[0], sender[1], frames)  # from an incarnation that died (or a worker lost)
                 continue
             # Only a live worker's own sockets can break the pool; anything else that reaches the endpoint
             # (a stray or hostile peer, a replay) is dropped, logged and counted, and collection goes on.

@@ -11,6 +11,7 @@ Examples:
     >>> settings = PoolSettings(
     ...     launcher=LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=2, slots=None,
     ...     shared_batches=None, heartbeat_timeout=30.0, startup_timeout=120.0, max_restarts=0,
+    ...     on_worker_loss="raise",
     ... )
     >>> settings.lockstep, settings.ring_slots
     (False, 2)
@@ -44,7 +45,10 @@ class PoolSettings:
         heartbeat_timeout: seconds a worker may send no heartbeat, or make no env step while collecting, before
             it counts as hung.
         startup_timeout: seconds a worker may take to say hello (to join, for one started by hand).
-        max_restarts: restarts allowed per worker before its death fails the pool.
+        max_restarts: restarts allowed per worker before its death fails the pool (or loses the worker).
+        on_worker_loss: ``"raise"``: a worker dead with its restarts spent fails the pool; ``"continue"``: once
+            the pool runs, it is lost (:attr:`~acollect.pool.handles.WorkerState.LOST`) and the pool goes on with
+            the others, failing only when none is left.
     """
 
     launcher: Launcher
@@ -57,11 +61,17 @@ class PoolSettings:
     heartbeat_timeout: float
     startup_timeout: float
     max_restarts: int
+    on_worker_loss: str
 
     @property
     def lockstep(self) -> bool:
         """Workers collect one batch per ``collect`` request (no credits), as lockstep collectors ask."""
         return self.credits is None
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a worker lost for good is dropped and the others collect on (``on_worker_loss="continue"``)."""
+        return self.on_worker_loss == "continue"
 
     @property
     def ring_slots(self) -> int:

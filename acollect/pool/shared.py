@@ -9,12 +9,12 @@ gather, and a lent batch is the segment itself.
 
 The collector, not the workers, says which segment each batch goes into (``collect`` names it), since
 every worker must write the same batch into the same one; a segment is free again once every part of
-the batch it held was given back.
+the batch it held was given back (every live worker's part, where a worker was lost: see :meth:`expect`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tensordict import TensorDictBase
@@ -42,6 +42,7 @@ class SharedBatches:
         self.parts = list(parts)
         self.part_layouts = list(part_layouts)
         self._given_back = [0] * len(ring)  # parts of each segment's batch given back so far
+        self._expected = [len(self.parts)] * len(ring)  # parts each segment's batch holds (fewer after a loss)
 
     @classmethod
     def create(cls, layouts: Sequence[dict[str, Any]], *, stack: bool, n_slots: int) -> SharedBatches | None:
@@ -68,17 +69,24 @@ class SharedBatches:
         """A free segment for the next batch (``None``: every one holds a batch not given back yet)."""
         return self.ring.acquire()
 
+    def expect(self, slot: int, parts: int) -> None:
+        """The batch in ``slot`` holds ``parts`` parts, all given back later (fewer than every worker's where a worker
+        was lost: its rows were never written, or not taken)."""
+        self._expected[slot] = parts
+
     def give_back(self, slot: int) -> None:
         """One part of the batch in ``slot`` was handed out (or copied) and given back; the last frees it."""
         self._given_back[slot] += 1
-        if self._given_back[slot] == len(self.parts):
-            self._given_back[slot] = 0
-            self.ring.release(slot)
+        if self._given_back[slot] >= self._expected[slot]:
+            self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        self._given_back[slot], self._expected[slot] = 0, len(self.parts)
+        self.ring.release(slot)
 
     def give_back_whole(self, slot: int) -> None:
         """The batch in ``slot`` was lent whole and dropped: every part of it is given back at once."""
-        self._given_back[slot] = 0
-        self.ring.release(slot)
+        self._release(slot)
 
     def grow(self, count: int) -> list[str]:
         """``count`` more segments, free (for batches lent to the caller); returns their names.
@@ -88,15 +96,17 @@ class SharedBatches:
         """
         names = self.ring.grow(count)
         self._given_back.extend([0] * count)
+        self._expected.extend([len(self.parts)] * count)
         return names
 
     def batch(self, slot: int) -> TensorDictBase:
         """The whole batch in ``slot``: views of shared memory (valid while the segment is not given back)."""
         return self.ring[slot].tensordict
 
-    def check_one_slot(self, slots: Sequence[object], expected: int) -> None:
-        """Raises :class:`~acollect.errors.ProtocolError` unless every part of a batch is in slot ``expected``."""
-        for worker, slot in enumerate(slots):
+    def check_one_slot(self, slots: Mapping[int, object], expected: int) -> None:
+        """Raises :class:`~acollect.errors.ProtocolError` unless every part of a batch (worker -> the slot its part
+        names) is in slot ``expected``."""
+        for worker, slot in slots.items():
             if slot != expected:
                 raise ProtocolError(f"worker {worker} wrote its part into slot {slot!r:.20}, asked for slot {expected}")
 

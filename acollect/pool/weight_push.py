@@ -42,6 +42,8 @@ class WeightPusher:
         events: the pool's failure, and the changes a push waits on.
         send: how one command reaches one worker.
         max_restarts: restarts allowed per worker (with none, a push waits for live workers only).
+        elastic: a worker gone with its restarts spent is lost, not a failure (``on_worker_loss="continue"``): a push
+            skips lost workers, and waits for the liveness loop to say whether a dead one is restarted or lost.
         first_unasked: the number of the first lockstep batch no worker was asked for yet: a push applies from
             it on every worker (a part asked of one worker ahead is collected by the version it was asked under,
             and so are the other parts of its batch, whenever they are asked for).
@@ -54,12 +56,14 @@ class WeightPusher:
         send: Send,
         *,
         max_restarts: int,
+        elastic: bool = False,
         first_unasked: Callable[[], int] = lambda: 1,
     ) -> None:
         self.handles = handles
         self._first_unasked = first_unasked
         self.events = events
         self.max_restarts = max_restarts
+        self.elastic = elastic
         self.version = 0
         self._send = send
         self._writers: dict[str, WeightWriter] = {}
@@ -122,7 +126,8 @@ class WeightPusher:
             fields = {"version": version, "models": entries}
             td = TensorDict(frames, batch_size=[]) if frames else None
             self._last = (fields, td)
-            targets = [self.handles[i] for i in worker_ids]
+            # A lost worker is gone for good: nobody waits for its acknowledgement (nor names it in an error).
+            targets = [self.handles[i] for i in worker_ids if not self.handles[i].lost]
             async with self.order:
                 # Not in ``last``: a worker greeted with these weights (a successor) applies them at once.
                 sent = {**fields, "from": self._first_unasked()}
@@ -131,7 +136,7 @@ class WeightPusher:
                         await self._send(handle, P.WEIGHTS, sent, td)
 
             def missing() -> list[int]:
-                return [h.index for h in targets if h.acked_version < version]
+                return [h.index for h in targets if h.acked_version < version and not h.lost]
 
             def dead() -> list[int]:
                 gone = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
@@ -152,7 +157,8 @@ class WeightPusher:
                         worker_ids=sorted(refused),
                     )
                 # Without restarts (or once the pool is broken) a dead worker never answers: wait for the live ones.
-                restarting = self.max_restarts and self.events.failure is None
+                # Elastic: a dead one is restarted or lost within a liveness period or two; either ends its wait.
+                restarting = (self.max_restarts or self.elastic) and self.events.failure is None
                 waiting = missing() if restarting else [i for i in missing() if i not in dead()]
                 remaining = deadline - time.monotonic()
                 if not waiting or remaining <= 0:

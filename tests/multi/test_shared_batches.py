@@ -154,6 +154,27 @@ def test_a_segment_is_free_once_every_part_is_given_back() -> None:
         shared.give_back(a)
         assert shared.acquire() == a
         with pytest.raises(ProtocolError, match="worker 1"):
-            shared.check_one_slot([a, b], a)
+            shared.check_one_slot({0: a, 1: b}, a)
+    finally:
+        shared.close()
+
+
+def test_a_batch_of_the_live_workers_parts_frees_its_segment_once_they_are_given_back() -> None:
+    shared = SharedBatches.create([_layout(2), _layout(2), _layout(2)], stack=True, n_slots=1)
+    assert shared is not None
+    try:
+        a = shared.acquire()
+        assert a is not None
+        shared.expect(a, 2)  # a worker was lost: the batch holds two parts of three
+        shared.give_back(a)
+        assert shared.acquire() is None
+        shared.give_back(a)
+        assert shared.acquire() == a
+        # The next batch in that segment holds every worker's part again, unless told otherwise.
+        for _ in range(2):
+            shared.give_back(a)
+        assert shared.acquire() is None
+        shared.give_back(a)
+        assert shared.acquire() == a
     finally:
         shared.close()

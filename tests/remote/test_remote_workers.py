@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from acollect import ConfigurationError, MultiAsyncCollector, MultiSyncCollector
-from acollect.testing import wait_until
+from acollect.pool import WorkerState
+from acollect.testing import assert_counting_batch, wait_until
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
 from acollect.worker.remote import join
 
@@ -198,3 +199,28 @@ async def test_a_dead_remote_worker_is_replaced_by_the_next_to_join(keydirs: tup
     finally:
         codes = _stop([first] + ([second] if second is not None else []))
     assert codes[1] == 0
+
+
+async def test_a_remote_worker_that_leaves_is_lost_and_the_local_one_collects_on(keydirs: tuple[Path, Path]) -> None:
+    good, _ = keydirs
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    worker = _worker(address, good, "a")
+    try:
+        async with MultiSyncCollector(
+            "acollect.testing:CountingEnv", num_workers=2, remote_workers=1, address=address, keys=good,
+            frames_per_batch=8, heartbeat_timeout=2, startup_timeout=60, on_worker_loss="continue",
+        ) as collector:  # fmt: skip
+            assert collector.pool is not None
+            remote = next(h.index for h in collector.pool.handles if h.config.remote)
+            with anyio.fail_after(60):
+                assert (await anext(collector)).shape == (2, 1, 4)
+            worker.kill()  # no process handle here: only its silence tells; nobody takes its slot
+            await wait_until(lambda: collector.stats().lost_workers == 1, timeout=30)
+            assert collector.worker_states[remote] is WorkerState.LOST
+            with anyio.fail_after(30):
+                for _ in range(3):
+                    batch = await anext(collector)
+                    assert batch.shape == (1, 1, 4)  # the local worker's part
+                    assert_counting_batch(batch)
+    finally:
+        _stop([worker])
