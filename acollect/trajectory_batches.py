@@ -1,14 +1,21 @@
 """Batches of whole episodes: frames gathered into complete trajectories, handed out N at a time.
 
 ``trajs_per_batch=N`` (every collector kind) hands out batches of N complete episodes, ``[N, L]`` padded to the
-longest with a boolean ``("collector", "mask")``, in the order they ended. :class:`TrajectoryAssembler` takes the
-collector's ordinary batches (``[n_envs, T]``, or stacked ``[n_workers, n_envs, T]``) as they come: each env's row
-is cut where its trajectory id changes, a trajectory that goes on past a batch is kept and continued from the next
-one (trajectory ids are unique per collector, so pieces of one find each other whatever worker or batch they come
-from), and a trajectory is complete when its last frame is done (terminated or truncated). What was collected is
-handed out once and only once: when the collector has its ``total_frames``, :meth:`flush` hands out the
-trajectories still in progress, each truncated at its last frame (``("next", "truncated")`` and ``done`` set there),
-so a trajectory longer than ``total_frames`` still reaches the caller, cut.
+longest with zeros and a boolean ``("collector", "mask")`` (True on real frames), in the order they ended.
+:class:`TrajectoryAssembler` takes the collector's ordinary batches (``[n_envs, T]``, or stacked ``[n_workers,
+n_envs, T]``) as they come: each env's row is cut where its trajectory id changes, a trajectory that goes on past a
+batch is kept and continued from the next one (trajectory ids are unique per collector: worker ``k`` of ``n`` takes
+``k, k + n, k + 2n...``, so pieces of one find each other whatever worker or batch they come from), and a trajectory
+is complete when its last frame is done (terminated or truncated).
+
+A trajectory can also be given up by its env: a reset that was not an episode's end (``reset_at_each_iter``, a
+reseed, a restored state, a restarted worker) starts a new id in the same row. Every env of a worker steps through
+every batch that worker sends, so a trajectory of a worker present in a batch that gets no frame of it was given up:
+it is complete as it stands, truncated at its last frame (``("next", "truncated")`` and ``done`` set there).
+
+What was collected is handed out once and only once: when the collector has its ``total_frames``, :meth:`flush`
+ends the trajectories still in progress the same way, truncated at their last frame, so a trajectory longer than
+``total_frames`` still reaches the caller, cut.
 
 Examples:
     >>> import torch
@@ -20,14 +27,17 @@ Examples:
     ...     return td
     >>> assembler = TrajectoryAssembler()
     >>> assembler.add(batch([[0, 1, 2]], [[7, 7, 8]], [[False, True, False]]))
-    >>> assembler.complete
-    1
+    >>> assembler.complete, assembler.in_progress
+    (1, 1)
     >>> assembler.add(batch([[3, 4, 5]], [[8, 8, 9]], [[False, True, False]]))
     >>> out = assembler.take(2)
     >>> out["obs"].tolist(), out["collector", "mask"].tolist()
     ([[0, 1, 0], [2, 3, 4]], [[True, True, False], [True, True, True]])
-    >>> assembler.flush()["obs"].tolist()  # the one in progress, cut
-    [[5]]
+    >>> assembler.flush()  # the one in progress, cut: complete now
+    1
+    >>> last = assembler.take(1)
+    >>> last["obs"].tolist(), last["next", "truncated"].squeeze(-1).tolist()
+    ([[5]], [[True]])
 """
 
 from __future__ import annotations
@@ -45,9 +55,17 @@ _MASK = ("collector", "mask")
 
 
 class TrajectoryAssembler:
-    """Gathers frames into complete trajectories and hands them out ``n`` at a time (see the module's notes)."""
+    """Gathers frames into complete trajectories and hands them out ``n`` at a time (see the module's notes).
 
-    def __init__(self) -> None:
+    Not thread-safe: one caller at a time (a collector adds and takes under its consumer lock).
+
+    Args:
+        workers: the workers whose batches come in (the step between one worker's trajectory ids): worker
+            ``k`` of them takes the ids ``k, k + workers, ...``.
+    """
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
         self._open: OrderedDict[int, list[TensorDictBase]] = OrderedDict()  # traj id -> its pieces, in order
         self._done: list[TensorDictBase] = []  # complete trajectories, each [L], in the order they ended
 
@@ -61,13 +79,21 @@ class TrajectoryAssembler:
         """Trajectories begun and not ended yet."""
         return len(self._open)
 
+    @property
+    def empty(self) -> bool:
+        """Whether no frame is held: every frame added was handed out."""
+        return not self._open and not self._done
+
     def add(self, batch: TensorDictBase) -> None:
-        """Takes a collector batch (time last; envs, and workers, before it)."""
-        rows = batch.reshape(-1, batch.shape[-1]) if batch.batch_dims != 2 else batch
-        rows = rows.copy()
+        """Takes a collector batch (time last; envs, and workers, before it); its frames are copied, so a batch
+        lent from shared memory can be given back as soon as the caller drops it."""
+        rows = batch.copy()
         rows.names = None
+        if rows.batch_dims != 2:
+            rows = rows.reshape(-1, rows.shape[-1])
         ids = rows.get(_IDS)
         done = rows.get(("next", "done")).reshape(ids.shape)
+        self._cut_given_up(ids)
         for env in range(ids.shape[0]):
             row_ids, row_done = ids[env], done[env]
             cuts = (torch.nonzero(row_ids[1:] != row_ids[:-1]).squeeze(-1) + 1).tolist()
@@ -79,29 +105,46 @@ class TrajectoryAssembler:
                 if bool(row_done[stop - 1]):
                     self._done.append(_join(self._open.pop(traj)))
 
+    def _cut_given_up(self, ids: torch.Tensor) -> None:
+        """Ends, truncated, the open trajectories of the workers in ``ids`` that get no frame from it."""
+        if not self._open:
+            return
+        seen = set(ids.unique().tolist())
+        present = {traj % self.workers for traj in seen}
+        for traj in [t for t in self._open if t not in seen and t % self.workers in present]:
+            self._done.append(_truncate(_join(self._open.pop(traj))))
+
     def take(self, n: int) -> TensorDictBase:
-        """The oldest ``n`` complete trajectories as one ``[n, L]`` batch (``n`` must be at most :attr:`complete`)."""
-        assert n <= len(self._done), f"{len(self._done)} complete trajectories, {n} asked for"
+        """The oldest ``n`` complete trajectories as one ``[n, L]`` batch (``1 <= n <=`` :attr:`complete`)."""
+        assert 0 < n <= len(self._done), f"{len(self._done)} complete trajectories, {n} asked for"
         trajs, self._done = self._done[:n], self._done[n:]
         return _pad(trajs)
 
-    def flush(self) -> TensorDictBase | None:
-        """Every trajectory left (complete, then in progress, truncated at its last frame) as one batch; ``None`` if
-        none is left."""
-        trajs, self._done = self._done, []
-        for pieces in self._open.values():
-            traj = _join(pieces)
-            last = traj.shape[0] - 1
-            for key in (("next", "truncated"), ("next", "done")):
-                if key in traj.keys(include_nested=True):
-                    traj.get(key)[last] = True
-            trajs.append(traj)
+    def flush(self) -> int:
+        """Ends every trajectory in progress, truncated at its last frame; returns how many (complete now)."""
+        cut = len(self._open)
+        self._done.extend(_truncate(_join(pieces)) for pieces in self._open.values())
         self._open.clear()
-        return _pad(trajs) if trajs else None
+        return cut
+
+    def clear(self) -> None:
+        """Forgets every frame held."""
+        self._open.clear()
+        self._done.clear()
 
 
 def _join(pieces: list[TensorDictBase]) -> TensorDictBase:
     return pieces[0] if len(pieces) == 1 else cast(TensorDictBase, torch.cat(pieces, 0))  # type: ignore[arg-type]
+
+
+def _truncate(traj: TensorDictBase) -> TensorDictBase:
+    """``traj`` ended at its last frame: truncated there (not terminated: the episode did not end by itself)."""
+    last = traj.shape[0] - 1
+    keys = traj.keys(include_nested=True)
+    for key in (("next", "truncated"), ("next", "done")):
+        if key in keys:
+            traj.get(key)[last] = True
+    return traj
 
 
 def _pad(trajs: list[TensorDictBase]) -> TensorDictBase:
@@ -114,7 +157,7 @@ def _pad(trajs: list[TensorDictBase]) -> TensorDictBase:
             traj = _join([traj, filler])
         padded.append(traj)
     out = cast(TensorDictBase, torch.stack(padded, 0))  # type: ignore[arg-type]
-    mask = torch.zeros(out.shape[:2], dtype=torch.bool)
+    mask = torch.zeros(out.shape[:2], dtype=torch.bool, device=out.device)
     for i, traj in enumerate(trajs):
         mask[i, : traj.shape[0]] = True
     out.set(_MASK, mask)
