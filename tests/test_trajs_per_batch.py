@@ -8,6 +8,7 @@ collected is handed out once, and the episodes of one env follow each other with
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,13 +18,15 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect import (
+    AsyncBatchedCollector,
     AsyncCollector,
     Collector,
     ConfigurationError,
+    DistributedCollector,
     MultiAsyncCollector,
     MultiSyncCollector,
 )
-from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, no_leaks
+from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, no_leaks, wait_until
 from acollect.trajectory_batches import TrajectoryAssembler
 
 LENGTHS = [3, 5]  # per sub-env: batches of whole episodes of two lengths, padded to the longest
@@ -43,11 +46,13 @@ def _env(start: int = 0, lengths: list[int] = LENGTHS) -> CountingEnv:
 def _trajectories(batch: TensorDictBase) -> list[TensorDictBase]:
     """The real frames of each row, checked to be a prefix of the row, the padding zeros."""
     mask = batch["collector", "mask"]
-    assert mask.dtype == torch.bool and mask.shape == batch.shape
+    assert mask.dtype == torch.bool
+    assert mask.shape == batch.shape
     out = []
     for row in range(batch.shape[0]):
         length = int(mask[row].sum())
-        assert length >= 1 and mask[row, :length].all(), f"row {row}: the mask is not a prefix: {mask[row]}"
+        assert length >= 1
+        assert mask[row, :length].all(), f"row {row}: the mask is not a prefix: {mask[row]}"
         assert (batch["observation"][row, length:] == 0).all(), "padding is not zeros"
         out.append(batch[row, :length])
     return out
@@ -60,7 +65,8 @@ def _check_run(traj: TensorDictBase) -> None:
     done = traj["next", "done"].squeeze(-1)
     assert (nxt - obs == 1).all(), f"not real transitions: {obs.tolist()} -> {nxt.tolist()}"
     assert (obs[1:] == nxt[:-1]).all(), f"frames missing or repeated inside: {obs.tolist()}"
-    assert done[-1] and not done[:-1].any(), f"done flags {done.tolist()}"
+    assert done[-1], f"done flags {done.tolist()}"
+    assert not done[:-1].any(), f"done flags {done.tolist()}"
     assert traj["collector", "traj_ids"].unique().numel() == 1
 
 
@@ -89,14 +95,16 @@ def _check_whole_episodes(batches: list[TensorDictBase], n: int, total_frames: i
     assert set(by_env) == set(envs)
     for env, episodes in by_env.items():
         episodes.sort(key=lambda traj: float(traj["observation"][0]))
-        for before, after in zip(episodes, episodes[1:], strict=False):
+        for before, after in itertools.pairwise(episodes):
             # The next episode starts at the reset after the one before: nothing lost between them.
             assert float(after["observation"][0]) == float(before["next", "observation"][-1]) + RESET_JUMP
         for traj in episodes[:-1]:  # whole episodes: terminated after exactly the env's episode length
-            assert traj.shape[0] == envs[env] and traj["next", "terminated"][-1].all()
+            assert traj.shape[0] == envs[env]
+            assert traj["next", "terminated"][-1].all()
         last = episodes[-1]  # ended by total_frames, perhaps: then cut, truncated
         if last.shape[0] < envs[env]:
-            assert last["next", "truncated"][-1].all() and not last["next", "terminated"][-1].any()
+            assert last["next", "truncated"][-1].all()
+            assert not last["next", "terminated"][-1].any()
         else:
             assert last["next", "terminated"][-1].all()
 
@@ -112,8 +120,13 @@ async def test_in_process_collector_hands_out_whole_episodes() -> None:
 async def test_multi_async_collector_hands_out_whole_episodes() -> None:
     envs = [functools.partial(_env, 0), functools.partial(_env, 2 * ENV_STRIDE)]
     collector = MultiAsyncCollector(envs, frames_per_batch=8, total_frames=96, trajs_per_batch=4,
-                                    start_method=START_METHOD)  # fmt: skip
-    batches = await _collect(collector)
+                                    use_shared_memory=True, start_method=START_METHOD)  # fmt: skip
+    async with collector:
+        with anyio.fail_after(120):
+            batches = [batch async for batch in collector]
+        # The workers' shared memory was lent, copied into the episodes, and every slot given back.
+        assert collector.lent["lent_so_far"] > 0
+        assert collector.lent["batches"] == 0
     _check_whole_episodes(batches, 4, 96, {0: 3, ENV_STRIDE: 5, 2 * ENV_STRIDE: 3, 3 * ENV_STRIDE: 5})
 
 
@@ -126,14 +139,36 @@ async def test_multi_sync_collector_hands_out_whole_episodes(cat_results: int | 
     _check_whole_episodes(batches, 4, 96, {0: 3, ENV_STRIDE: 5, 2 * ENV_STRIDE: 3, 3 * ENV_STRIDE: 5})
 
 
+def _first_action(td: TensorDictBase) -> TensorDictBase:
+    return td.set("action", torch.zeros(td.batch_size, dtype=torch.int64))
+
+
+async def test_central_inference_hands_out_whole_episodes() -> None:
+    envs = [functools.partial(_env, 0), functools.partial(_env, 2 * ENV_STRIDE)]
+    collector = AsyncBatchedCollector(envs, _first_action, frames_per_batch=8, total_frames=64, trajs_per_batch=3,
+                                      server="thread", start_method=START_METHOD)  # fmt: skip
+    batches = await _collect(collector)
+    _check_whole_episodes(batches, 3, 64, {0: 3, ENV_STRIDE: 5, 2 * ENV_STRIDE: 3, 3 * ENV_STRIDE: 5})
+
+
+async def test_torch_distributed_collector_hands_out_whole_episodes() -> None:
+    envs = [functools.partial(_env, 0), functools.partial(_env, 2 * ENV_STRIDE)]
+    collector = DistributedCollector(envs, sync=True, backend="gloo", frames_per_batch=16, total_frames=64,
+                                     trajs_per_batch=4, start_method=START_METHOD)  # fmt: skip
+    batches = await _collect(collector)
+    _check_whole_episodes(batches, 4, 64, {0: 3, ENV_STRIDE: 5, 2 * ENV_STRIDE: 3, 3 * ENV_STRIDE: 5})
+
+
 async def test_an_episode_longer_than_total_frames_reaches_the_caller_cut() -> None:
     collector = Collector(functools.partial(_env, 0, [1000, 1000]), frames_per_batch=8, total_frames=16,
                           trajs_per_batch=4)  # fmt: skip
     batches = await _collect(collector)
-    assert len(batches) == 1 and batches[0].shape == (2, 8)
+    assert len(batches) == 1
+    assert batches[0].shape == (2, 8)
     for traj in _trajectories(batches[0]):
         _check_run(traj)
-        assert traj["next", "truncated"][-1].all() and not traj["next", "terminated"].any()
+        assert traj["next", "truncated"][-1].all()
+        assert not traj["next", "terminated"].any()
     assert collector.exhausted
 
 
@@ -156,7 +191,8 @@ async def test_postproc_applies_to_the_batches_of_whole_episodes() -> None:
 
     collector = Collector(_env, frames_per_batch=8, total_frames=32, trajs_per_batch=2, postproc=postproc)
     batches = await _collect(collector)
-    assert shapes == [tuple(batch.shape) for batch in batches] and all(s[0] <= 2 for s in shapes)
+    assert shapes == [tuple(batch.shape) for batch in batches]
+    assert all(s[0] <= 2 for s in shapes)
 
 
 async def test_background_mode_extends_the_buffer_with_whole_episodes() -> None:
@@ -170,9 +206,7 @@ async def test_background_mode_extends_the_buffer_with_whole_episodes() -> None:
     buffer = Episodes()
     async with Collector(_env, frames_per_batch=8, total_frames=64, trajs_per_batch=3) as collector:
         collector.start(buffer)
-        with anyio.fail_after(60):
-            while collector.running_in_background:
-                await anyio.sleep(0.01)
+        await wait_until(lambda: not collector.running_in_background, timeout=60)
     _check_whole_episodes(buffer.batches, 3, 64, {0: 3, ENV_STRIDE: 5})
 
 
@@ -190,7 +224,8 @@ async def test_episodes_given_up_by_a_reset_at_each_batch_are_handed_out_truncat
     assert sum(traj.shape[0] for traj in trajs) == 32
     for traj in trajs:  # 4 steps a batch: each episode is cut by the next batch's reset
         _check_run(traj)
-        assert traj.shape[0] == 4 and traj["next", "truncated"][-1].all()
+        assert traj.shape[0] == 4
+        assert traj["next", "truncated"][-1].all()
 
 
 @pytest.mark.parametrize("value", [0, -1, "3", 2.0, True])
@@ -202,9 +237,9 @@ def test_bad_values_are_refused_naming_the_option(value: object) -> None:
 
 
 def test_split_trajs_and_a_policy_lag_limit_are_refused_with_it() -> None:
-    with pytest.raises(ConfigurationError, match="split_trajs=True.*trajs_per_batch"):
+    with pytest.raises(ConfigurationError, match=r"split_trajs=True.*trajs_per_batch"):
         Collector(_env, frames_per_batch=8, trajs_per_batch=2, split_trajs=True)
-    with pytest.raises(ConfigurationError, match="max_policy_lag=1.*trajs_per_batch"):
+    with pytest.raises(ConfigurationError, match=r"max_policy_lag=1.*trajs_per_batch"):
         MultiAsyncCollector([_env], frames_per_batch=8, trajs_per_batch=2, max_policy_lag=1)
 
 
@@ -235,5 +270,8 @@ def test_the_assembler_keeps_the_pieces_of_one_episode_from_several_workers_apar
     assembler.add(batch([7], [6], [False]))
     assert (assembler.complete, assembler.in_progress) == (1, 1)
     cut = assembler.take(1)
-    assert cut["obs"].tolist() == [[4, 5]] and cut["next", "truncated"].squeeze(-1).tolist() == [[False, True]]
-    assert assembler.flush() == 1 and assembler.take(1)["obs"].tolist() == [[7]] and assembler.empty
+    assert cut["obs"].tolist() == [[4, 5]]
+    assert cut["next", "truncated"].squeeze(-1).tolist() == [[False, True]]
+    assert assembler.flush() == 1
+    assert assembler.take(1)["obs"].tolist() == [[7]]
+    assert assembler.empty

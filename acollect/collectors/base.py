@@ -46,6 +46,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import anyio
+import torch
 from tensordict import TensorDictBase
 
 from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
@@ -67,8 +68,6 @@ from acollect.trajectory_batches import TrajectoryAssembler
 from acollect.weights import WeightUpdate
 
 if TYPE_CHECKING:
-    import torch
-
     from acollect.collectors.options import RolloutSettings
     from acollect.weights import Weights
 
@@ -488,7 +487,10 @@ class CollectorBase(ReportingMixin):
         goes) and counts its frames."""
         # Shielded: a batch collected is in the assembler whole, and counted (a copy: no wait to speak of).
         with anyio.CancelScope(shield=True):
-            if batch.bytes() <= _INLINE_ASSEMBLY_BYTES:
+            # (summed here: TensorDict.bytes() leaves a reference cycle that would hold lent memory until a gc)
+            leaves = batch.values(include_nested=True, leaves_only=True)
+            nbytes = sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+            if nbytes <= _INLINE_ASSEMBLY_BYTES:
                 assembler.add(batch)
             else:  # pixels: milliseconds of copying, off the event loop
                 await anyio.to_thread.run_sync(assembler.add, batch)
