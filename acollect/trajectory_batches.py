@@ -43,15 +43,19 @@ Examples:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import cast
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 __all__ = ["TrajectoryAssembler"]
 
 _IDS = ("collector", "traj_ids")
 _MASK = ("collector", "mask")
+_FLAGS = (("next", "truncated"), ("next", "done"))
+
+Key = str | tuple[str, ...]
+#: One trajectory's frames (or a piece of them): each leaf of the batch by its key, time first.
+Frames = dict[Key, torch.Tensor]
 
 
 class TrajectoryAssembler:
@@ -66,8 +70,9 @@ class TrajectoryAssembler:
 
     def __init__(self, workers: int = 1) -> None:
         self.workers = workers
-        self._open: OrderedDict[int, list[TensorDictBase]] = OrderedDict()  # traj id -> its pieces, in order
-        self._done: list[TensorDictBase] = []  # complete trajectories, each [L], in the order they ended
+        self._open: OrderedDict[int, list[Frames]] = OrderedDict()  # traj id -> its pieces, in order
+        self._done: list[Frames] = []  # complete trajectories, in the order they ended
+        self._device: torch.device | None = None  # the batches' (a TensorDict's device)
 
     @property
     def complete(self) -> int:
@@ -91,19 +96,37 @@ class TrajectoryAssembler:
         rows.names = None
         if rows.batch_dims != 2:
             rows = rows.reshape(-1, rows.shape[-1])
+        self._device = rows.device
         ids = rows.get(_IDS)
-        done = rows.get(("next", "done")).reshape(ids.shape)
+        n_rows, steps = ids.shape
         self._cut_given_up(ids)
-        for env in range(ids.shape[0]):
-            row_ids, row_done = ids[env], done[env]
-            cuts = (torch.nonzero(row_ids[1:] != row_ids[:-1]).squeeze(-1) + 1).tolist()
-            for start, stop in zip([0, *cuts], [*cuts, ids.shape[1]], strict=True):
-                traj = int(row_ids[start])
-                # A copy: the batch may be lent shared memory, given back only once nothing holds a view of it.
-                piece = rows[env, start:stop].clone()
-                self._open.setdefault(traj, []).append(piece)
-                if bool(row_done[stop - 1]):
-                    self._done.append(_join(self._open.pop(traj)))
+        # Every piece (a run of one id in one row) at once: where each starts in the flattened rows, how long.
+        starts = torch.ones_like(ids, dtype=torch.bool)
+        starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        first = torch.nonzero(starts.reshape(-1)).squeeze(-1)
+        lengths = torch.diff(first, append=first.new_tensor([n_rows * steps]))
+        trajs = ids.reshape(-1)[first].tolist()
+        ended = rows.get(("next", "done")).reshape(-1)[first + lengths - 1].tolist()
+        # One copy per leaf (the batch may be lent shared memory, given back once nothing holds a view of it);
+        # each piece is a view of that copy, and one still open at the end is copied on its own below, so a long
+        # episode never keeps whole batches alive.
+        lengths_list = lengths.tolist()
+        split: dict[Key, tuple[torch.Tensor, ...]] = {}
+        for key, leaf in rows.items(include_nested=True, leaves_only=True):
+            if not isinstance(leaf, torch.Tensor):
+                raise TypeError(f"{key!r} holds no tensor ({type(leaf).__name__}): episodes are gathered from tensors")
+            split[key] = leaf.reshape(n_rows * steps, *leaf.shape[2:]).clone().split(lengths_list)
+        open_here = []
+        for i, traj in enumerate(trajs):
+            piece = {key: parts[i] for key, parts in split.items()}
+            self._open.setdefault(traj, []).append(piece)
+            if ended[i]:
+                self._done.append(_join(self._open.pop(traj)))
+            else:
+                open_here.append(traj)
+        for traj in open_here:
+            pieces = self._open[traj]
+            pieces[-1] = {key: leaf.clone() for key, leaf in pieces[-1].items()}
 
     def _cut_given_up(self, ids: torch.Tensor) -> None:
         """Ends, truncated, the open trajectories of the workers in ``ids`` that get no frame from it."""
@@ -118,7 +141,7 @@ class TrajectoryAssembler:
         """The oldest ``n`` complete trajectories as one ``[n, L]`` batch (``1 <= n <=`` :attr:`complete`)."""
         assert 0 < n <= len(self._done), f"{len(self._done)} complete trajectories, {n} asked for"
         trajs, self._done = self._done[:n], self._done[n:]
-        return _pad(trajs)
+        return _pad(trajs, self._device)
 
     def flush(self) -> int:
         """Ends every trajectory in progress, truncated at its last frame; returns how many (complete now)."""
@@ -133,33 +156,38 @@ class TrajectoryAssembler:
         self._done.clear()
 
 
-def _join(pieces: list[TensorDictBase]) -> TensorDictBase:
-    return pieces[0] if len(pieces) == 1 else cast(TensorDictBase, torch.cat(pieces, 0))  # type: ignore[arg-type]
+def _join(pieces: list[Frames]) -> Frames:
+    if len(pieces) == 1:
+        return pieces[0]
+    return {key: torch.cat([piece[key] for piece in pieces]) for key in pieces[0]}
 
 
-def _truncate(traj: TensorDictBase) -> TensorDictBase:
+def _truncate(traj: Frames) -> Frames:
     """``traj`` ended at its last frame: truncated there (not terminated: the episode did not end by itself)."""
-    last = traj.shape[0] - 1
-    keys = traj.keys(include_nested=True)
-    for key in (("next", "truncated"), ("next", "done")):
-        if key in keys:
-            traj.get(key)[last] = True
+    for key in _FLAGS:
+        if key in traj:
+            traj[key][-1] = True
     return traj
 
 
-def _pad(trajs: list[TensorDictBase]) -> TensorDictBase:
-    longest = max(t.shape[0] for t in trajs)
-    padded = []
-    for traj in trajs:
-        length = traj.shape[0]
-        if length < longest:
-            filler = traj[:1].expand(longest - length).clone().zero_()
-            traj = _join([traj, filler])
-        padded.append(traj)
-    out = cast(TensorDictBase, torch.stack(padded, 0))  # type: ignore[arg-type]
-    mask = torch.zeros(out.shape[:2], dtype=torch.bool, device=out.device)
-    for i, traj in enumerate(trajs):
-        mask[i, : traj.shape[0]] = True
-    out.set(_MASK, mask)
+def _length(traj: Frames) -> int:
+    return next(iter(traj.values())).shape[0]
+
+
+def _pad(trajs: list[Frames], device: torch.device | None) -> TensorDictBase:
+    """``trajs`` as one ``[n, L]`` batch, zero-padded to the longest, with the mask of the real frames."""
+    lengths = [_length(traj) for traj in trajs]
+    longest = max(lengths)
+    # Where each frame goes, computed once: row i holds trajectory i from time 0 on.
+    rows = torch.tensor([i for i, length in enumerate(lengths) for _ in range(length)])
+    times = torch.tensor([t for length in lengths for t in range(length)])
+    out = TensorDict({}, batch_size=[len(trajs), longest], device=device)
+    for key, leaf in trajs[0].items():
+        frames = torch.cat([traj[key] for traj in trajs])
+        padded = leaf.new_zeros((len(trajs), longest, *leaf.shape[1:]))
+        padded[rows.to(leaf.device), times.to(leaf.device)] = frames
+        out.set(key, padded)
+    mask = torch.arange(longest).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+    out.set(_MASK, mask.to(device) if device is not None else mask)
     out.names = [None, "time"]
     return out

@@ -117,6 +117,16 @@ async def test_in_process_collector_hands_out_whole_episodes() -> None:
     assert collector.stats().batches == len(batches)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+async def test_whole_episodes_land_on_the_storing_device(device: str) -> None:
+    collector = Collector(_env, frames_per_batch=8, total_frames=64, trajs_per_batch=3, storing_device=device)
+    batches = await _collect(collector)
+    for batch in batches:
+        assert batch.device == torch.device(device)
+        assert batch["collector", "mask"].device == torch.device(device)
+    _check_whole_episodes([batch.cpu() for batch in batches], 3, 64, {0: 3, ENV_STRIDE: 5})
+
+
 async def test_multi_async_collector_hands_out_whole_episodes() -> None:
     envs = [functools.partial(_env, 0), functools.partial(_env, 2 * ENV_STRIDE)]
     collector = MultiAsyncCollector(envs, frames_per_batch=8, total_frames=96, trajs_per_batch=4,
