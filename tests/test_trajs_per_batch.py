@@ -26,7 +26,8 @@ from acollect import (
     MultiAsyncCollector,
     MultiSyncCollector,
 )
-from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, no_leaks, wait_until
+from acollect.envs import AsyncEnvPool
+from acollect.testing import ENV_STRIDE, RESET_JUMP, AsyncCountingEnv, CountingEnv, no_leaks, wait_until
 from acollect.trajectory_batches import TrajectoryAssembler
 
 LENGTHS = [3, 5]  # per sub-env: batches of whole episodes of two lengths, padded to the longest
@@ -115,6 +116,23 @@ async def test_in_process_collector_hands_out_whole_episodes() -> None:
     _check_whole_episodes(batches, 3, 64, {0: 3, ENV_STRIDE: 5})
     assert collector.frames == 64
     assert collector.stats().batches == len(batches)
+
+
+async def test_coroutine_envs_on_the_event_loop_hand_out_whole_episodes() -> None:
+    pool = functools.partial(AsyncEnvPool, functools.partial(AsyncCountingEnv, episode_length=5), 4)
+    collector = Collector(pool, frames_per_batch=32, total_frames=96, trajs_per_batch=3)
+    batches = await _collect(collector)
+    trajs = [traj for batch in batches for traj in _trajectories(batch)]
+    assert sum(traj.shape[0] for traj in trajs) == 96
+    cut = 0
+    for traj in trajs:
+        _check_run(traj)  # each step counts 1 from the reset's 0
+        if traj["next", "terminated"][-1].all():
+            assert traj["observation"].squeeze(-1).tolist() == [0, 1, 2, 3, 4]
+        else:  # in progress at total_frames: cut
+            assert traj["next", "truncated"][-1].all()
+            cut += 1
+    assert cut <= 4
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
