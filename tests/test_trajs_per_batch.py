@@ -21,6 +21,7 @@ from acollect import (
     AsyncBatchedCollector,
     AsyncCollector,
     Collector,
+    CollectorState,
     ConfigurationError,
     DistributedCollector,
     MultiAsyncCollector,
@@ -221,6 +222,18 @@ async def test_postproc_applies_to_the_batches_of_whole_episodes() -> None:
     batches = await _collect(collector)
     assert shapes == [tuple(batch.shape) for batch in batches]
     assert all(s[0] <= 2 for s in shapes)
+
+
+async def test_a_postproc_failure_is_raised_and_breaks_the_collector() -> None:
+    def postproc(batch: TensorDictBase) -> TensorDictBase:
+        raise ValueError("postproc broke")
+
+    async with Collector(_env, frames_per_batch=8, trajs_per_batch=2, postproc=postproc) as collector:
+        with pytest.raises(ValueError, match="postproc broke"):
+            await anext(collector)
+        assert collector.state is CollectorState.BROKEN
+        with pytest.raises(ValueError, match="postproc broke"):
+            await anext(collector)
 
 
 async def test_background_mode_extends_the_buffer_with_whole_episodes() -> None:

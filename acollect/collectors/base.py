@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -76,9 +76,11 @@ __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 logger = logging.getLogger("acollect")
 
 _Collector = TypeVar("_Collector", bound="CollectorBase")
+_T = TypeVar("_T")
 
-#: Batches of more bytes are added to the trajectory assembler in a thread (a copy of pixels takes milliseconds).
-_INLINE_ASSEMBLY_BYTES = 1 << 20
+#: Batches of more bytes are cut into episodes in a thread: a CartPole batch of 2,048 frames (140 KiB, a hundred
+#: episode pieces) takes 2-4 ms, which the event loop's other tasks (heartbeats, a sampler) would wait for.
+_INLINE_ASSEMBLY_BYTES = 1 << 16
 
 #: Seconds async_shutdown() waits for cancelled calls and tasks to leave before tearing down under them.
 #: A collection thread notices its stop event within one env step, so this is only reached by a hung env.
@@ -450,8 +452,13 @@ class CollectorBase(ReportingMixin):
 
     async def _collect_checked(self) -> TensorDictBase:
         """One batch from ``_collect_batch``; its failure breaks the collector and is raised here, once."""
+        return await self._checked(self._collect_batch)
+
+    async def _checked(self, step: Callable[[], Awaitable[_T]]) -> _T:
+        """``await step()`` (collecting, or user code on a batch); its failure breaks the collector and is raised
+        here, once."""
         try:
-            return await self._collect_batch()
+            return await step()
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
@@ -510,7 +517,11 @@ class CollectorBase(ReportingMixin):
         self._count_batch()
         postproc = self.settings.postproc
         if postproc is not None:  # user code: in a thread, as for the batches of a worker collector
-            out = await anyio.to_thread.run_sync(postproc, out)
+            batch = out
+            run = lambda: anyio.to_thread.run_sync(postproc, batch)  # noqa: E731
+            # Its failure breaks the collector: raised to the caller here, or by the background task (whose failure
+            # the next call reports).
+            out = await (run() if self._lifecycle.background else self._checked(run))
         return out
 
     # -- background mode -------------------------------------------------------------------
