@@ -21,6 +21,7 @@ SLOW_SCENARIOS = {
     "tests/test_examples.py::test_example_runs[async_envs.py]",
     "tests/test_examples.py::test_example_runs[background_buffer.py]",
     "tests/test_examples.py::test_example_runs[quickstart.py]",
+    "tests/test_examples.py::test_example_runs[reinforce_episodes.py]",
     "tests/test_docs.py::test_doc_block_runs[docs/central-inference.md:0]",
     "tests/test_docs.py::test_doc_block_runs[docs/guides/multi-async.md:0]",
     "tests/test_docs.py::test_doc_block_runs[docs/guides/multi-sync.md:0]",

@@ -31,6 +31,9 @@ CASES = {
         "eval return",
     ),
     "ppo_cartpole.py": (["--total-frames", "2048", "--frames-per-batch", "1024", "--epochs", "1"], "done:"),
+    "reinforce_episodes.py": (
+        ["--total-frames", "2048", "--frames-per-batch", "256", "--trajs-per-batch", "8"], "done:"
+    ),
     "ray_cluster.py": (["--total-frames", "2048", "--frames-per-batch", "512", "--num-envs", "2"], "done:"),
 }
 

@@ -111,6 +111,9 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         worker_frames = self._dispatch.worker_frames(requested, len(n_envs))
         return settle_frames_per_batch(requested, shown, worker_frames, known, stacked=self._dispatch.sync)
 
+    def _trajectory_id_stride(self) -> int:
+        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect.worker.build)
+
     @property
     def num_workers(self) -> int:
         """Number of worker processes."""
@@ -314,7 +317,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         try:
             if copier is not None:
                 batch = self._to_device(copier, items)
-                if self.settings.postproc is not None or self.settings.split_trajs:
+                if self._reshapes():
                     batch = await anyio.to_thread.run_sync(self._finish, batch)
             elif self._hands_out_inline(items, lent=loans is not None):
                 batch = self._hand_out(items, loans)
@@ -371,11 +374,16 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # User code (postproc) and moves to another device stay in the thread.
         storing = self._storing_device
         return (
-            self.settings.postproc is None
-            and not self.settings.split_trajs
+            not self._reshapes()
             and (storing is None or storing.type == "cpu")
             and (lent or sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES)
         )
+
+    def _reshapes(self) -> bool:
+        """Whether :meth:`_finish` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with
+        ``trajs_per_batch`` it does neither: ``postproc`` applies to the batches of whole episodes."""
+        settings = self.settings
+        return settings.trajs_per_batch is None and (settings.postproc is not None or settings.split_trajs)
 
     def _hand_out(self, items: list[Received], loans: Loans | None) -> TensorDictBase:
         return self._finish(self._dispatch.combine(items, loans=loans))
@@ -472,10 +480,11 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         device = self._storing_device
         if device is not None and device.type != "cpu" and batch.device != device:
             batch = batch.to(device, non_blocking=True)
-        if self.settings.split_trajs:
-            batch = split_trajectories(batch)
-        if self.settings.postproc is not None:
-            batch = self.settings.postproc(batch)
+        if self._reshapes():
+            if self.settings.split_trajs:
+                batch = split_trajectories(batch)
+            if self.settings.postproc is not None:
+                batch = self.settings.postproc(batch)
         return batch
 
     # -- weights -------------------------------------------------------------------------

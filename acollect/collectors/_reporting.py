@@ -32,9 +32,17 @@ class ReportingMixin:
         self._stats = StatsRecorder()
 
     def _count(self, batch: TensorDictBase) -> None:
-        frames = batch.numel()
-        self._frames += frames
+        """Counts a batch collected and handed out as it is."""
+        self._count_batch()
+        self._count_frames(batch.numel())
+
+    def _count_batch(self) -> None:
+        """Counts a batch handed out (its frames are counted as they are collected, :meth:`_count_frames`)."""
         self._batches += 1
+
+    def _count_frames(self, frames: int) -> None:
+        """Counts ``frames`` collected (toward ``total_frames``)."""
+        self._frames += frames
         self._stats.record_batch(frames)
         if self._progress_kind is not None:
             if self._progress is None:

@@ -41,11 +41,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import anyio
+import torch
 from tensordict import TensorDictBase
 
 from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
@@ -63,11 +64,10 @@ from acollect.errors import (
     ConfigurationError,
 )
 from acollect.replay_buffer import SupportsExtend, extend_from_loop
+from acollect.trajectory_batches import TrajectoryAssembler
 from acollect.weights import WeightUpdate
 
 if TYPE_CHECKING:
-    import torch
-
     from acollect.collectors.options import RolloutSettings
     from acollect.weights import Weights
 
@@ -76,6 +76,11 @@ __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 logger = logging.getLogger("acollect")
 
 _Collector = TypeVar("_Collector", bound="CollectorBase")
+_T = TypeVar("_T")
+
+#: Batches of more bytes are cut into episodes in a thread: a CartPole batch of 2,048 frames (140 KiB, a hundred
+#: episode pieces) takes 2-4 ms, which the event loop's other tasks (heartbeats, a sampler) would wait for.
+_INLINE_ASSEMBLY_BYTES = 1 << 16
 
 #: Seconds async_shutdown() waits for cancelled calls and tasks to leave before tearing down under them.
 #: A collection thread notices its stop event within one env step, so this is only reached by a hung env.
@@ -93,6 +98,8 @@ class CollectorBase(ReportingMixin):
     #: The class of this collector's checked options (``collector.settings``): its docstring's "Keyword Args"
     #: are generated from it.
     settings_class: ClassVar[type[RolloutSettings]]
+    #: The options given, checked, every default filled in.
+    settings: RolloutSettings
 
     def __init__(
         self, *, requested_frames_per_batch: int, frames_per_batch: int, total_frames: int, progress: bool | str = False
@@ -113,6 +120,8 @@ class CollectorBase(ReportingMixin):
         self._pause_lock = anyio.Lock()
         self._run = BackgroundRun()
         self._shutdown_limit = 30.0
+        # trajs_per_batch: whole episodes gathered from the batches collected (made at the first batch).
+        self._assembler: TrajectoryAssembler | None = None
 
     # -- subclass hooks ----------------------------------------------------------------
     async def _setup(self) -> None:
@@ -131,6 +140,10 @@ class CollectorBase(ReportingMixin):
     async def _update_policy_weights(self, update: WeightUpdate) -> int:
         """Puts the weights of a checked :meth:`update_policy_weights_` call in place; returns the new version."""
         raise NotImplementedError
+
+    def _trajectory_id_stride(self) -> int:
+        """The step between one worker's trajectory ids: the number of workers (worker ``k`` takes ``k, k + n...``)."""
+        return 1
 
     def _release_now(self) -> None:
         """Releases everything ``_setup`` built without waiting: nothing can be awaited (the event loop ended, or
@@ -167,18 +180,29 @@ class CollectorBase(ReportingMixin):
 
     @property
     def frames(self) -> int:
-        """Frames handed out so far (a resumed collector continues the count)."""
+        """Frames collected so far (a resumed collector continues the count); all handed out, but with
+        ``trajs_per_batch``, where those of the episodes in progress are held until the episodes end."""
         return self._frames
 
     def __len__(self) -> int:
-        """Number of batches the collector yields in all; endless collectors have no length."""
+        """Number of batches the collector yields in all; endless collectors, and those handing out whole episodes
+        (``trajs_per_batch``), have no length."""
         if self.total_frames == -1:
             raise TypeError("an endless collector (total_frames=-1) has no len()")
+        if self.settings.trajs_per_batch is not None:
+            raise TypeError(
+                "a collector with trajs_per_batch has no len(): how many batches of whole episodes its total_frames "
+                "make depends on how long the episodes are"
+            )
         return math.ceil(self.total_frames / self.frames_per_batch)
 
     @property
     def exhausted(self) -> bool:
-        """Whether ``total_frames`` were collected."""
+        """Whether ``total_frames`` were collected and handed out (with ``trajs_per_batch``, the episodes in
+        progress then too)."""
+        return self._collected_all() and (self._assembler is None or self._assembler.empty)
+
+    def _collected_all(self) -> bool:
         return self.total_frames != -1 and self._frames >= self.total_frames
 
     def _check_usable(self, action: str, *, allow_broken: bool = False) -> None:
@@ -418,25 +442,87 @@ class CollectorBase(ReportingMixin):
             if self._lifecycle.state is CollectorState.PAUSED:
                 raise CollectorStateError("cannot iterate a paused collector: leave the pause() block first")
             async with self._consumer_lock:  # a second consumer waits its turn (and wakes at shutdown)
-                if not self.exhausted:
+                if self.settings.trajs_per_batch is not None:
+                    batch = await self._next_episodes()
+                elif not self.exhausted:
                     await self._ensure_setup()
-                    try:
-                        batch = await self._collect_batch()
-                    except anyio.get_cancelled_exc_class():
-                        raise
-                    except Exception as exc:
-                        # An env, policy or worker failed mid-batch: what collects is in no known state.
-                        self._fail(exc)
-                        failure = self._lifecycle.failure
-                        if failure is not None and failure is not exc:
-                            # Broken by another failure first, or by what this one stands for (a worker that
-                            # lost its inference server reports the server's end): that one is the collector's.
-                            self._raise_failure()
-                        if failure is not None:
-                            self._lifecycle.report_failure()  # raised right here: never again at shutdown
-                        raise
+                    batch = await self._collect_checked()
                     self._count(batch)
         return batch
+
+    async def _collect_checked(self) -> TensorDictBase:
+        """One batch from ``_collect_batch``; its failure breaks the collector and is raised here, once."""
+        return await self._checked(self._collect_batch)
+
+    async def _checked(self, step: Callable[[], Awaitable[_T]]) -> _T:
+        """``await step()`` (collecting, or user code on a batch); its failure breaks the collector and is raised
+        here, once."""
+        try:
+            return await step()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            # An env, policy or worker failed mid-batch: what collects is in no known state.
+            self._fail(exc)
+            failure = self._lifecycle.failure
+            if failure is not None and failure is not exc:
+                # Broken by another failure first, or by what this one stands for (a worker that
+                # lost its inference server reports the server's end): that one is the collector's.
+                self._raise_failure()
+            if failure is not None:
+                self._lifecycle.report_failure()  # raised right here: never again at shutdown
+            raise
+
+    # -- whole episodes (trajs_per_batch) ------------------------------------------------------
+    def _episode_assembler(self) -> TrajectoryAssembler:
+        if self._assembler is None:
+            self._assembler = TrajectoryAssembler(self._trajectory_id_stride())
+        return self._assembler
+
+    async def _next_episodes(self) -> TensorDictBase | None:
+        """The next batch of ``trajs_per_batch`` whole episodes, from as many batches as it takes (see
+        :mod:`acollect.trajectory_batches`); at ``total_frames``, the episodes in progress, cut; ``None`` once
+        every frame collected was handed out."""
+        assembler = self._episode_assembler()
+        while assembler.complete < (self.settings.trajs_per_batch or 1) and not self._collected_all():
+            await self._ensure_setup()
+            await self._assemble(assembler, await self._collect_checked())
+        return await self._take_episodes(assembler)
+
+    async def _assemble(self, assembler: TrajectoryAssembler, batch: TensorDictBase) -> None:
+        """Adds a batch collected to ``assembler`` (a copy: lent memory goes back once the caller's reference
+        goes) and counts its frames."""
+        # Shielded: a batch collected is in the assembler whole, and counted (a copy: no wait to speak of).
+        with anyio.CancelScope(shield=True):
+            # (summed here: TensorDict.bytes() leaves a reference cycle that would hold lent memory until a gc)
+            leaves = batch.values(include_nested=True, leaves_only=True)
+            nbytes = sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+            if nbytes <= _INLINE_ASSEMBLY_BYTES:
+                assembler.add(batch)
+            else:  # pixels: milliseconds of copying, off the event loop
+                await anyio.to_thread.run_sync(assembler.add, batch)
+            self._count_frames(batch.numel())
+
+    async def _take_episodes(self, assembler: TrajectoryAssembler) -> TensorDictBase | None:
+        """``trajs_per_batch`` complete episodes as one batch, if there are as many; once ``total_frames`` were
+        collected, up to as many of those left, the episodes in progress ended first (cut); else ``None``."""
+        n = self.settings.trajs_per_batch
+        assert n is not None
+        final = self._collected_all()
+        if final:
+            assembler.flush()
+        if assembler.complete < (1 if final else n):
+            return None
+        out = assembler.take(min(n, assembler.complete))
+        self._count_batch()
+        postproc = self.settings.postproc
+        if postproc is not None:  # user code: in a thread, as for the batches of a worker collector
+            batch = out
+            run = lambda: anyio.to_thread.run_sync(postproc, batch)  # noqa: E731
+            # Its failure breaks the collector: raised to the caller here, or by the background task (whose failure
+            # the next call reports).
+            out = await (run() if self._lifecycle.background else self._checked(run))
+        return out
 
     # -- background mode -------------------------------------------------------------------
     def start(
@@ -551,6 +637,10 @@ class CollectorBase(ReportingMixin):
                     await self._changes.wait()
                 self._run.busy = True
                 try:
+                    if self.settings.trajs_per_batch is not None:
+                        # (no name holds the batch: its lent memory goes back once assembled)
+                        await self._extend_with_episodes(replay_buffer, await self._collect_batch())
+                        continue
                     batch = await self._collect_batch()
                     with anyio.CancelScope(shield=True):  # a batch that reached the buffer is in it whole, counted
                         await extend_from_loop(replay_buffer, batch)
@@ -560,6 +650,16 @@ class CollectorBase(ReportingMixin):
                     self._changes.notify()
         finally:
             self._run.alive = False
+
+    async def _extend_with_episodes(self, replay_buffer: SupportsExtend, batch: TensorDictBase) -> None:
+        """Background mode with ``trajs_per_batch``: ``batch`` assembled, and every batch of whole episodes it
+        completes handed to ``replay_buffer``."""
+        assembler = self._episode_assembler()
+        await self._assemble(assembler, batch)
+        del batch
+        while (episodes := await self._take_episodes(assembler)) is not None:
+            with anyio.CancelScope(shield=True):  # a batch that reached the buffer is in it whole
+                await extend_from_loop(replay_buffer, episodes)
 
     @asynccontextmanager
     async def pause(self) -> AsyncIterator[None]:

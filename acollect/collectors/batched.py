@@ -135,6 +135,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
             handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
         split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
             ``[n_envs, T]`` batches. Defaults to ``False``.
+        trajs_per_batch (int | None): hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the
+            longest, with a boolean ``("collector", "mask")`` (True on real frames), in the order they ended. Workers
+            still collect ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames
+            collected; when they are reached, the episodes in progress are handed out cut, truncated at their last frame
+            (the last batch may hold fewer than N). ``None``: ``[n_envs, T]`` batches. Defaults to ``None``.
         exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
             ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
             collectors never change each other's. Defaults to ``InteractionType.RANDOM``.

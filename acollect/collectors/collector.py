@@ -95,6 +95,11 @@ class Collector(CollectorBase):
             handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
         split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
             ``[n_envs, T]`` batches. Defaults to ``False``.
+        trajs_per_batch (int | None): hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the
+            longest, with a boolean ``("collector", "mask")`` (True on real frames), in the order they ended. Workers
+            still collect ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames
+            collected; when they are reached, the episodes in progress are handed out cut, truncated at their last frame
+            (the last batch may hold fewer than N). ``None``: ``[n_envs, T]`` batches. Defaults to ``None``.
         exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
             ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
             collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
@@ -123,6 +128,7 @@ class Collector(CollectorBase):
     """
 
     settings_class: ClassVar[type[InProcessSettings]] = InProcessSettings
+    settings: InProcessSettings
 
     def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[InProcessOptions]) -> None:
         settings = parse(options, self.settings_class, owner=type(self))
@@ -138,7 +144,6 @@ class Collector(CollectorBase):
             frames = settle_frames_per_batch(frames, frames, frames, [n_envs], stacked=False)
         super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=frames,
                          total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
-        #: The options given, checked, every default filled in.
         self.settings = settings
         self.create_env_fn = create_env_fn
         self._policy_arg = policy
@@ -226,11 +231,18 @@ class Collector(CollectorBase):
             version, frames = engine.policy_version, engine.frames_per_batch
             # Here, off the event loop and before postproc can change the layout.
             episodes = self._episodes.update(batch)
+        return self._finish(batch), version, frames, episodes
+
+    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
+        """The batch as the options say it is handed out (with ``trajs_per_batch``, ``postproc`` applies to the
+        batches of whole episodes instead, :class:`~acollect.collectors.base.CollectorBase`)."""
+        if self.settings.trajs_per_batch is not None:
+            return batch
         if self.settings.split_trajs:
             batch = split_trajectories(batch)
         if self.settings.postproc is not None:
             batch = self.settings.postproc(batch)
-        return batch, version, frames, episodes
+        return batch
 
     async def _collect_batch(self) -> TensorDictBase:
         if isinstance(self._engine, AsyncRollout):
@@ -249,10 +261,7 @@ class Collector(CollectorBase):
             self._seed = None
         batch: TensorDictBase = await engine.collect(self._tasks.spawn)
         episodes = self._episodes.update(batch)
-        if self.settings.split_trajs:
-            batch = split_trajectories(batch)
-        if self.settings.postproc is not None:
-            batch = self.settings.postproc(batch)
+        batch = self._finish(batch)
         self._record_worker(0, engine.frames_per_batch, engine.policy_version, episodes)
         return batch
 

@@ -96,6 +96,15 @@ class MultiAsyncSettings(WorkerSettings):
         "(``stats().policy_lag`` says how far behind each batch was).",
     )  # fmt: skip
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.max_policy_lag is not None and self.trajs_per_batch is not None:
+            raise ConfigurationError.bad_value(
+                "max_policy_lag", self.max_policy_lag,
+                "None with trajs_per_batch: a stale batch dropped would cut a hole in the middle of the episodes it "
+                "holds a part of, and only whole episodes are handed out",
+            )  # fmt: skip
+
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncSettings(MultiAsyncSettings):

@@ -89,6 +89,13 @@ class RolloutOptions(TypedDict, total=False):
     #: batches.
     split_trajs: bool
 
+    #: hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a boolean
+    #: ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect
+    #: ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when they are
+    #: reached, the episodes in progress are handed out cut, truncated at their last frame (the last batch may hold
+    #: fewer than N). ``None``: ``[n_envs, T]`` batches.
+    trajs_per_batch: int | None
+
     #: tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as ``"mode"``); set
     #: per collection thread and per worker, so collectors never change each other's.
     exploration_type: InteractionType | str | None
@@ -280,6 +287,13 @@ class AsyncOptions(TypedDict, total=False):
     #: hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of ``[n_envs, T]``
     #: batches.
     split_trajs: bool
+
+    #: hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a boolean
+    #: ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect
+    #: ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when they are
+    #: reached, the episodes in progress are handed out cut, truncated at their last frame (the last batch may hold
+    #: fewer than N). ``None``: ``[n_envs, T]`` batches.
+    trajs_per_batch: int | None
 
     #: tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as ``"mode"``); set
     #: per collection thread and per worker, so collectors never change each other's.
@@ -647,6 +661,13 @@ class DistributedSyncOptions(TypedDict, total=False):
     #: batches.
     split_trajs: bool
 
+    #: hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a boolean
+    #: ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect
+    #: ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when they are
+    #: reached, the episodes in progress are handed out cut, truncated at their last frame (the last batch may hold
+    #: fewer than N). ``None``: ``[n_envs, T]`` batches.
+    trajs_per_batch: int | None
+
     #: tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as ``"mode"``); set
     #: per collection thread and per worker, so collectors never change each other's.
     exploration_type: InteractionType | str | None
@@ -808,6 +829,13 @@ class RayOptions(TypedDict, total=False):
     #: hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of ``[n_envs, T]``
     #: batches.
     split_trajs: bool
+
+    #: hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a boolean
+    #: ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect
+    #: ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when they are
+    #: reached, the episodes in progress are handed out cut, truncated at their last frame (the last batch may hold
+    #: fewer than N). ``None``: ``[n_envs, T]`` batches.
+    trajs_per_batch: int | None
 
     #: tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as ``"mode"``); set
     #: per collection thread and per worker, so collectors never change each other's.

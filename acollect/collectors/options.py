@@ -362,6 +362,14 @@ class RolloutSettings:
         doc='hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of '
         "``[n_envs, T]`` batches.",
     )  # fmt: skip
+    trajs_per_batch: int | None = option(
+        None, check=_int(1, optional=True),
+        doc='hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a '
+        'boolean ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect '
+        "``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when "
+        "they are reached, the episodes in progress are handed out cut, truncated at their last frame (the last "
+        "batch may hold fewer than N). ``None``: ``[n_envs, T]`` batches.",
+    )  # fmt: skip
     exploration_type: InteractionType | None = option(
         InteractionType.RANDOM, check=_exploration, accepts="InteractionType | str | None",
         doc="tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as "
@@ -384,6 +392,12 @@ class RolloutSettings:
             check = f.metadata.get("check")
             if check is not None:
                 object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+        if self.trajs_per_batch is not None and self.split_trajs:
+            raise ConfigurationError.bad_value(
+                "split_trajs", self.split_trajs,
+                "False with trajs_per_batch (batches of whole episodes are padded trajectories with a mask already; "
+                "split_trajs would cut them again)",
+            )  # fmt: skip
 
 
 def _handover_interval(name: str, value: Any) -> float | None:
