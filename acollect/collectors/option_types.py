@@ -491,6 +491,13 @@ class DistributedOptions(TypedDict, total=False):
     #: batches.
     split_trajs: bool
 
+    #: hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a boolean
+    #: ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect
+    #: ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when they are
+    #: reached, the episodes in progress are handed out cut, truncated at their last frame (the last batch may hold
+    #: fewer than N). ``None``: ``[n_envs, T]`` batches.
+    trajs_per_batch: int | None
+
     #: tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as ``"mode"``); set
     #: per collection thread and per worker, so collectors never change each other's.
     exploration_type: InteractionType | str | None
