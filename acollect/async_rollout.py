@@ -198,6 +198,8 @@ class AsyncRollout:
         self.time_steps = self.frames_per_batch // self.n_envs
         #: frames handed out; frames stepped and then given up by a reseed or restore
         self.frames, self.discarded_frames = 0, 0
+        #: envs rebuilt after an exception: never, coroutine envs' exceptions are raised (``env_errors="raise"``)
+        self.env_restarts = 0
         #: the version of the weights the next pass runs with
         self.policy_version = 0
         self._seed: int | None = None

@@ -28,6 +28,7 @@ from acollect.async_rollout import AsyncRollout
 from acollect.devices import Devices
 from acollect.engine import BlockingEngine, Engine
 from acollect.engine_groups import EngineGroups
+from acollect.env_faults import check_env_errors, env_faults_for
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
@@ -61,6 +62,8 @@ class EngineSpec:
         exploration_type: the tensordict interaction type set while the policy runs.
         traj_id_offset: the first trajectory id; with ``traj_id_stride`` it keeps the ids of workers apart.
         traj_id_stride: the step between consecutive trajectory ids.
+        env_errors: ``"raise"``: an exception of the env breaks the engine; ``"restart"``: the env is rebuilt from
+            ``create_env_fn`` and collection goes on (:mod:`acollect.env_faults`; refused for coroutine envs).
     """
 
     create_env_fn: Any
@@ -75,6 +78,7 @@ class EngineSpec:
     exploration_type: InteractionType | None = InteractionType.RANDOM
     traj_id_offset: int = 0
     traj_id_stride: int = 1
+    env_errors: str = "raise"
 
 
 @overload
@@ -122,7 +126,8 @@ def build_engine(
         closes them.
 
     Raises:
-        ConfigurationError: ``reset_at_each_iter`` with coroutine envs, or the env or the policy would not do.
+        ConfigurationError: ``reset_at_each_iter`` or ``env_errors="restart"`` with coroutine envs, an env given
+            built with ``env_errors="restart"``, or the env or the policy would not do.
 
     Examples:
         >>> from acollect.testing import CountingEnv
@@ -194,6 +199,7 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
 
     Whatever was built (or given) is closed if anything fails.
     """
+    check_env_errors(spec.create_env_fn, spec.env_errors)
     with ExitStack() as undo:
         if env is None:
             env = make_env(spec.create_env_fn, **spec.env_kwargs)
@@ -202,6 +208,10 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
             raise ConfigurationError.bad_value(
                 "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the next batch: "
                 "call set_seed() to start afresh)")  # fmt: skip
+        if isinstance(env, AsyncEnvPool) and spec.env_errors != "raise":
+            raise ConfigurationError.bad_value(
+                "env_errors", spec.env_errors, "'raise' with an AsyncEnvPool (a coroutine env's exception is an "
+                "EnvError naming it; its envs are not rebuilt)")  # fmt: skip
         policy = make_policy()
         if isinstance(policy, PolicyAdapter):  # a central inference client holds a connection
             undo.callback(policy.close)
@@ -225,6 +235,7 @@ def _rollout_engine(spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devi
         exploration_type=spec.exploration_type,
         traj_id_offset=spec.traj_id_offset,
         traj_id_stride=spec.traj_id_stride,
+        env_faults=env_faults_for(spec.create_env_fn, dict(spec.env_kwargs), spec.env_errors),
     )
 
 

@@ -261,6 +261,8 @@ class CollectorStats:
             before a reseed or a state restore, or a batch a pause held half-way when the reseed came.
         stale_batches: batches dropped at hand-out for being more than ``max_policy_lag`` versions behind the
             collector's weights (their frames never handed out).
+        env_restarts: envs rebuilt after they raised, with ``env_errors="restart"`` (in this process or in the
+            workers, whose processes stay up); each ended the episodes in flight as truncated.
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
     """
@@ -281,6 +283,7 @@ class CollectorStats:
     dropped_batches: int = 0
     discarded_frames: int = 0
     stale_batches: int = 0
+    env_restarts: int = 0
     inference: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -305,6 +308,8 @@ class CollectorStats:
             parts.append(f"{self.restarts} restarts, {self.dropped_batches} dropped batches")
         if self.discarded_frames:
             parts.append(f"{self.discarded_frames:,} frames discarded by reseeds")
+        if self.env_restarts:
+            parts.append(f"{self.env_restarts} env restarts")
         return ", ".join(parts)
 
     def __str__(self) -> str:

@@ -39,6 +39,7 @@ from acollect.collectors.options import (
     settle_frames_per_batch,
 )
 from acollect.engine_builder import EngineSpec, build_engine
+from acollect.env_faults import check_env_errors
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
@@ -91,6 +92,16 @@ class Collector(CollectorBase):
             ``None``: no limit. Defaults to ``None``.
         init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
         reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        env_errors (str): what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector
+            with it (from a worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env
+            from its factory (a vector env whole), where it runs (a worker process stays up), ends the episodes in
+            flight as truncated at their last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the
+            failed step yields no frame, and the next frames start new trajectories from a reset), counts it in
+            ``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that fails
+            again after 3 rebuilds in a row with no step taken between them (its factory raises, or it raises before its
+            first step each time) breaks the collector with its last exception. ``"restart"`` needs an env factory or a
+            gymnasium id (not an env instance), and is refused for coroutine envs (``AsyncEnvPool``). Defaults to
+            ``'raise'``.
         postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
             handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
         split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
@@ -132,6 +143,7 @@ class Collector(CollectorBase):
                 "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
             )
         check_env_arg(create_env_fn)  # an unregistered gymnasium id is known now, not when the env is built
+        check_env_errors(create_env_fn, settings.env_errors)  # an env given built cannot be rebuilt
         frames = settings.frames_per_batch
         n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
         if n_envs is not None:
@@ -164,6 +176,7 @@ class Collector(CollectorBase):
             max_frames_per_traj=settings.max_frames_per_traj,
             init_random_frames=settings.init_random_frames,
             reset_at_each_iter=settings.reset_at_each_iter,
+            env_errors=settings.env_errors,
             exploration_type=settings.exploration_type,
         )
         # Coroutine envs step on the event loop (see _setup), applying staged weights between policy passes.
@@ -262,7 +275,9 @@ class Collector(CollectorBase):
 
     def _counters(self) -> dict[str, int]:
         engine = self._engine
-        return {"discarded_frames": engine.discarded_frames if engine is not None else 0}
+        if engine is None:
+            return {}
+        return {"discarded_frames": engine.discarded_frames, "env_restarts": engine.env_restarts}
 
     # -- weights ----------------------------------------------------------------------------
     @property

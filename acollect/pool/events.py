@@ -32,6 +32,7 @@ class Counters:
     dropped_batches: int = 0  # batches a dead worker held, or sent after its death
     discarded_frames: int = 0  # stepped and given up on purpose (see Lockstep and the worker's reseed)
     rejected_messages: int = 0  # not from a live worker, or replayed: logged and dropped
+    env_restarts: int = 0  # envs a worker rebuilt after they raised (env_errors="restart"), its process staying up
 
 
 class PoolState(enum.Enum):

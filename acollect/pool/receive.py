@@ -194,6 +194,9 @@ class Receiver:
             td = await self._batch_data(handle, header, td)
         now = time.monotonic()
         handle.on_message(now)
+        if kind in (P.HEARTBEAT, P.BATCH):
+            # Both carry the worker's count: a batch whose frames show a restart comes with it counted.
+            self.counters.env_restarts += handle.on_env_restarts(header.get("env_restarts", 0))
         if kind == P.HEARTBEAT:
             # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
             self.counters.discarded_frames += handle.on_beat(header, now)
