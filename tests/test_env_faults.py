@@ -124,6 +124,7 @@ async def test_collector_survives_a_gymnasium_vector_env_that_raises(caplog: pyt
     # 30 batched steps: rebuilt after steps 6, 12, 18, 24 of the stream
     assert stats.env_restarts == (30 - 1) // 6 == 4
     assert stats.frames == 60
+    assert collector.stats().env_restarts == 4  # still told after the shutdown
     stream = torch.cat(batches, dim=1)
     starts = rebuild_starts(stream, stride=0)  # each sub-env counts from 0
     assert starts == [6, 12, 18, 24]

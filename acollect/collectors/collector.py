@@ -161,6 +161,8 @@ class Collector(CollectorBase):
         self._pending_state: dict[str, Any] | None = None
         self._engine_busy = threading.Lock()
         self._episodes = EpisodeTracker()  # used by the collection thread only
+        # What engines closed already counted: stats() stays whole after a shutdown.
+        self._closed_counts: dict[str, int] = {}
 
     # -- building --------------------------------------------------------------------
     def _build_engine(self) -> RolloutEngine | AsyncRollout:
@@ -203,7 +205,12 @@ class Collector(CollectorBase):
             self._load_engine_state(self._pending_state)
             self._pending_state = None
 
+    def _keep_counts(self, engine: RolloutEngine | AsyncRollout | None) -> None:
+        if engine is not None:
+            self._closed_counts = self._counters()
+
     async def _teardown(self) -> None:
+        self._keep_counts(self._engine)
         engine, self._engine = self._engine, None
         if isinstance(engine, AsyncRollout):
             await engine.aclose()
@@ -213,6 +220,7 @@ class Collector(CollectorBase):
     def _release_now(self) -> None:
         engine = self._engine
         if isinstance(engine, RolloutEngine):
+            self._keep_counts(engine)
             self._engine = None
             # Closing an env may wait (on its subprocesses): a thread of its own does it, and nobody waits for it.
             threading.Thread(target=engine.close, name="acollect-close-env", daemon=True).start()
@@ -274,10 +282,12 @@ class Collector(CollectorBase):
             await self._engine.set_paused(paused)
 
     def _counters(self) -> dict[str, int]:
+        counts = dict(self._closed_counts)
         engine = self._engine
-        if engine is None:
-            return {}
-        return {"discarded_frames": engine.discarded_frames, "env_restarts": engine.env_restarts}
+        if engine is not None:
+            counts["discarded_frames"] = counts.get("discarded_frames", 0) + engine.discarded_frames
+            counts["env_restarts"] = counts.get("env_restarts", 0) + engine.env_restarts
+        return counts
 
     # -- weights ----------------------------------------------------------------------------
     @property
