@@ -13,9 +13,9 @@ import anyio
 import pytest
 import torch
 
-from acollect import MultiAsyncCollector, MultiSyncCollector, RemoteError
+from acollect import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector, RemoteError
 from acollect.envs import GymEnv
-from acollect.testing import CrashingEnv, CrashingGymEnv, assert_counting_batch
+from acollect.testing import ENV_STRIDE, CrashingEnv, CrashingGymEnv, WeightProbe, assert_counting_batch
 
 DEADLINE = 60.0
 
@@ -92,3 +92,23 @@ async def test_a_worker_env_error_still_breaks_the_collector_by_default(start_me
         async with collector:
             await anext(collector)
     assert info.value.type_name == "RuntimeError"
+
+
+async def test_env_groups_of_central_inference_each_rebuild_their_own_env(start_method: str) -> None:
+    # 4 envs in 2 groups of 2, each group an env of its own built from the factory; 10 steps a batch
+    collector = AsyncBatchedCollector(
+        [functools.partial(CrashingEnv, 7)], WeightProbe(0.0), frames_per_batch=40, total_frames=40,
+        env_kwargs={"num_envs": 4}, env_groups=2, env_errors="restart", start_method=start_method,
+    )  # fmt: skip
+    with anyio.fail_after(DEADLINE):
+        async with collector:
+            batch = (await anext(collector)).clone()
+            restarts = collector.stats().env_restarts
+    assert restarts >= 2  # each group's env raised at its 7th step
+    obs = batch["observation"].squeeze(-1)
+    # each group's rebuilt env starts again from its first observation: rows 0, 1 of each group at 0 and ENV_STRIDE
+    assert obs[:, 6].tolist() == [0.0, ENV_STRIDE, 0.0, ENV_STRIDE]
+    assert batch["next", "truncated"].squeeze(-1)[:, 5].all()
+    assert batch["next", "truncated"].sum() == 4
+    assert_counting_batch(batch[:, :6])
+    assert_counting_batch(batch[:, 6:])
