@@ -28,7 +28,7 @@ from acollect.async_rollout import AsyncRollout
 from acollect.devices import Devices
 from acollect.engine import BlockingEngine, Engine
 from acollect.engine_groups import EngineGroups
-from acollect.env_faults import check_env_errors, env_faults_for
+from acollect.env_faults import EnvFaults, check_env_errors, env_faults_for
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
@@ -63,7 +63,8 @@ class EngineSpec:
         traj_id_offset: the first trajectory id; with ``traj_id_stride`` it keeps the ids of workers apart.
         traj_id_stride: the step between consecutive trajectory ids.
         env_errors: ``"raise"``: an exception of the env breaks the engine; ``"restart"``: the env is rebuilt from
-            ``create_env_fn`` and collection goes on (:mod:`acollect.env_faults`; refused for coroutine envs).
+            ``create_env_fn`` and collection goes on (:mod:`acollect.env_faults`; coroutine envs one by one, by
+            their pool).
     """
 
     create_env_fn: Any
@@ -126,8 +127,8 @@ def build_engine(
         closes them.
 
     Raises:
-        ConfigurationError: ``reset_at_each_iter`` or ``env_errors="restart"`` with coroutine envs, an env given
-            built with ``env_errors="restart"``, or the env or the policy would not do.
+        ConfigurationError: ``reset_at_each_iter`` with coroutine envs, an env given built with
+            ``env_errors="restart"``, or the env or the policy would not do.
 
     Examples:
         >>> from acollect.testing import CountingEnv
@@ -208,10 +209,6 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
             raise ConfigurationError.bad_value(
                 "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the next batch: "
                 "call set_seed() to start afresh)")  # fmt: skip
-        if isinstance(env, AsyncEnvPool) and spec.env_errors != "raise":
-            raise ConfigurationError.bad_value(
-                "env_errors", spec.env_errors, "'raise' with an AsyncEnvPool (a coroutine env's exception is an "
-                "EnvError naming it; its envs are not rebuilt)")  # fmt: skip
         policy = make_policy()
         if isinstance(policy, PolicyAdapter):  # a central inference client holds a connection
             undo.callback(policy.close)
@@ -253,6 +250,8 @@ def _async_rollout(
         weights=weights,
         traj_id_offset=spec.traj_id_offset,
         traj_id_stride=spec.traj_id_stride,
+        # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
+        env_faults=EnvFaults() if spec.env_errors == "restart" else None,
     )
 
 

@@ -29,7 +29,7 @@ Examples:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from acollect.envs.base import EnvBase
@@ -89,19 +89,24 @@ class EnvFaults:
     """Rebuilds an env that raised, counts the rebuilds, and gives up after a few in a row.
 
     Args:
-        make_env: builds a new env like the first (the collector's env factory with its ``env_kwargs``).
+        make_env: builds a new env like the first (the collector's env factory with its ``env_kwargs``), for
+            :meth:`recover`; coroutine envs are rebuilt one by one by their pool (:meth:`arecover`).
         max_in_a_row: rebuilds in a row, without a step taken between them, before an exception is raised.
 
     Attributes:
         restarts: envs rebuilt so far (each after an exception).
     """
 
-    def __init__(self, make_env: Callable[[], EnvBase], *, max_in_a_row: int = MAX_REBUILDS_IN_A_ROW) -> None:
+    def __init__(
+        self, make_env: Callable[[], EnvBase] | None = None, *, max_in_a_row: int = MAX_REBUILDS_IN_A_ROW
+    ) -> None:
         self._make = make_env
         self.max_in_a_row = max_in_a_row
         self.restarts = 0
-        self._in_a_row = 0
-        self._steps_at_last: int | None = None
+        # Per env (None: a batched env rebuilt whole; i: coroutine env i), the rebuilds in a row and the step
+        # count at the last fault: a fault after a step taken since then begins a new row.
+        self._in_a_row: dict[int | None, int] = {}
+        self._steps_at_last: dict[int | None, int] = {}
 
     def recover(self, env: EnvBase, error: Exception, *, steps: int, start: Callable[[EnvBase], None]) -> EnvBase:
         """Replaces ``env``, which raised ``error``, with a new env that ``start`` (the engine's reset) accepted.
@@ -119,28 +124,17 @@ class EnvFaults:
             Exception: the last exception (of the env, its factory or ``start``), as it is, after
                 ``max_in_a_row`` rebuilds with no step taken between them.
         """
-        if steps != self._steps_at_last:
-            self._in_a_row = 0
-        self._steps_at_last = steps
+        assert self._make is not None, "an EnvFaults without make_env recovers coroutine envs only (arecover)"
+        self._begin(None, steps)
         old: EnvBase | None = env
         n_envs = env.num_envs
         while True:
-            if self._in_a_row >= self.max_in_a_row:
-                logger.error(
-                    "the env raised again after %d rebuilds in a row without a step between them: giving up "
-                    "(env_errors='restart')", self._in_a_row,
-                )  # fmt: skip
+            try:
+                self._count(None, error)
+            finally:  # closed before it is rebuilt, or before the error is raised
                 if old is not None:
                     _close_quietly(old)
-                raise error
-            self._in_a_row += 1
-            logger.warning(
-                "the env raised %s: %s; rebuilding it from its factory (env_errors='restart', rebuild %d in a row of "
-                "at most %d)", type(error).__name__, error, self._in_a_row, self.max_in_a_row, exc_info=error,
-            )  # fmt: skip
-            if old is not None:
-                _close_quietly(old)
-                old = None
+                    old = None
             try:
                 old = self._make()
                 if old.num_envs != n_envs:
@@ -151,6 +145,51 @@ class EnvFaults:
                 continue
             self.restarts += 1
             return old
+
+    async def arecover(
+        self, i: int, error: Exception, *, steps: int, restart: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Coroutine env ``i`` raised ``error``: awaits ``restart`` (its pool rebuilds it, and it is reset) until it
+        succeeds, or raises the last exception after ``max_in_a_row`` rebuilds with no step of env ``i`` between
+        them.
+
+        Args:
+            i: the env's index in its pool.
+            error: what it raised.
+            steps: env ``i``'s step count: when it moved since its last fault, the fault is not one in a row.
+            restart: rebuilds env ``i`` and resets it; an exception from it is a fault of the new env.
+        """
+        self._begin(i, steps)
+        while True:
+            self._count(i, error)
+            try:
+                await restart()
+            except Exception as exc:
+                error = exc
+                continue
+            self.restarts += 1
+            return
+
+    def _begin(self, key: int | None, steps: int) -> None:
+        if self._steps_at_last.get(key) != steps:
+            self._in_a_row[key] = 0
+        self._steps_at_last[key] = steps
+
+    def _count(self, key: int | None, error: Exception) -> None:
+        """One more rebuild in a row of env ``key`` (logged), or ``error`` raised once they are spent."""
+        which = "the env" if key is None else f"env {key}"
+        done = self._in_a_row.get(key, 0)
+        if done >= self.max_in_a_row:
+            logger.error(
+                "%s raised again after %d rebuilds in a row without a step between them: giving up "
+                "(env_errors='restart')", which, done,
+            )  # fmt: skip
+            raise error
+        self._in_a_row[key] = done + 1
+        logger.warning(
+            "%s raised %s: %s; rebuilding it from its factory (env_errors='restart', rebuild %d in a row of at "
+            "most %d)", which, type(error).__name__, error, done + 1, self.max_in_a_row, exc_info=error,
+        )  # fmt: skip
 
 
 def _close_quietly(env: EnvBase) -> None:

@@ -23,7 +23,7 @@ from acollect import Collector, MultiAsyncCollector
 from acollect.engine_builder import EngineSpec, build_engine
 from acollect.env_faults import MAX_REBUILDS_IN_A_ROW
 from acollect.envs import AsyncEnvPool, GymEnv
-from acollect.errors import ConfigurationError
+from acollect.errors import ConfigurationError, EnvError
 from acollect.testing import (
     ENV_STRIDE,
     AsyncCountingEnv,
@@ -185,8 +185,40 @@ def test_an_env_given_built_cannot_be_restarted(collector_cls: Any) -> None:
         collector_cls(CountingEnv(), frames_per_batch=8, env_errors="restart")
 
 
-async def test_coroutine_envs_refuse_restart_when_built() -> None:
-    pool = functools.partial(AsyncEnvPool, AsyncCountingEnv, 2)
-    with anyio.fail_after(DEADLINE), pytest.raises(ConfigurationError, match="env_errors='restart' is invalid"):
-        async with Collector(pool, frames_per_batch=8, env_errors="restart"):
-            pass
+def assert_coroutine_rows(batch: TensorDictBase) -> list[int]:
+    """Checks the rows of ``AsyncCountingEnv`` s (the observation counts the steps of the episode) and returns, per
+    row, the episodes cut short (truncated, not terminated): every step real, every episode from a reset."""
+    obs, nxt = batch["observation"].squeeze(-1), batch["next", "observation"].squeeze(-1)
+    done, terminated = batch["next", "done"].squeeze(-1), batch["next", "terminated"].squeeze(-1)
+    assert (nxt == obs + 1).all()
+    ids = batch["collector", "traj_ids"]
+    for t in range(1, batch.batch_size[1]):
+        ended = done[:, t - 1]
+        assert (obs[ended, t] == 0).all()  # a new episode, from a reset
+        assert (ids[ended, t] != ids[ended, t - 1]).all()
+        assert (obs[~ended, t] == nxt[~ended, t - 1]).all()  # the same episode goes on
+        assert (ids[~ended, t] == ids[~ended, t - 1]).all()
+    return (done & ~terminated).sum(dim=1).tolist()
+
+
+async def test_coroutine_envs_are_rebuilt_one_by_one_by_their_pool() -> None:
+    # each env: 5-step episodes, a crash at the 7th step of its life (the first step of its second episode)
+    env = functools.partial(AsyncCountingEnv, 5, crash_at_step=7)
+    pool = functools.partial(AsyncEnvPool, env, 2)
+    async with Collector(pool, frames_per_batch=40, total_frames=80, env_errors="restart") as collector:
+        batches = [batch async for batch in collector]
+        restarts = collector.stats().env_restarts
+    stream = torch.cat(batches, dim=1)
+    # 40 steps per env: lives of 6 steps (an episode of 5, then 1 step cut short), the 6 lives begun ending so
+    cut = assert_coroutine_rows(stream)
+    assert cut == [6, 6]
+    assert restarts >= sum(cut)  # the envs step ahead into the next batch: later faults may be counted already
+    truncated = stream["next", "truncated"].squeeze(-1)
+    assert (stream["next", "observation"].squeeze(-1)[truncated] == 1).all()  # the step before each fault
+
+
+async def test_a_coroutine_env_that_raises_before_its_first_step_each_time_is_given_up_on() -> None:
+    pool = functools.partial(AsyncEnvPool, functools.partial(AsyncCountingEnv, crash_at_step=1), 2)
+    with anyio.fail_after(DEADLINE), pytest.raises(EnvError, match="AsyncCountingEnv crashed at step 1"):
+        async with Collector(pool, frames_per_batch=8, env_errors="restart") as collector:
+            await anext(collector)

@@ -67,8 +67,8 @@ class AsyncCollector(MultiAsyncCollector):
             ``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that fails
             again after 3 rebuilds in a row with no step taken between them (its factory raises, or it raises before its
             first step each time) breaks the collector with its last exception. ``"restart"`` needs an env factory or a
-            gymnasium id (not an env instance), and is refused for coroutine envs (``AsyncEnvPool``). Defaults to
-            ``'raise'``.
+            gymnasium id (not an env instance); the coroutine envs of an ``AsyncEnvPool`` are rebuilt one by one, by the
+            pool, each ending its own episode. Defaults to ``'raise'``.
         postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
             handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
         split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of

@@ -88,8 +88,8 @@ class RolloutOptions(TypedDict, total=False):
     #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
     #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
     #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
-    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance), and is refused
-    #: for coroutine envs (``AsyncEnvPool``).
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
     env_errors: str
 
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
@@ -274,8 +274,8 @@ class AsyncOptions(TypedDict, total=False):
     #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
     #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
     #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
-    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance), and is refused
-    #: for coroutine envs (``AsyncEnvPool``).
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
     env_errors: str
 
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
@@ -492,8 +492,8 @@ class DistributedSyncOptions(TypedDict, total=False):
     #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
     #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
     #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
-    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance), and is refused
-    #: for coroutine envs (``AsyncEnvPool``).
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
     env_errors: str
 
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
@@ -665,8 +665,8 @@ class RayOptions(TypedDict, total=False):
     #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
     #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
     #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
-    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance), and is refused
-    #: for coroutine envs (``AsyncEnvPool``).
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
     env_errors: str
 
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for

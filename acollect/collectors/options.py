@@ -359,8 +359,8 @@ class RolloutSettings:
         "``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that "
         f"fails again after {MAX_REBUILDS_IN_A_ROW} rebuilds in a row with no step taken between them (its factory "
         "raises, or it raises before its first step each time) breaks the collector with its last exception. "
-        '``"restart"`` needs an env factory or a gymnasium id (not an env instance), and is refused for coroutine '
-        "envs (``AsyncEnvPool``).",
+        '``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine envs of an '
+        "``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.",
     )  # fmt: skip
     postproc: Callable[[TensorDictBase], TensorDictBase] | None = option(
         None, check=_callable("a callable on TensorDicts"),

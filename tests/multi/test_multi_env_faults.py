@@ -14,8 +14,15 @@ import pytest
 import torch
 
 from acollect import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector, RemoteError
-from acollect.envs import GymEnv
-from acollect.testing import ENV_STRIDE, CrashingEnv, CrashingGymEnv, WeightProbe, assert_counting_batch
+from acollect.envs import AsyncEnvPool, GymEnv
+from acollect.testing import (
+    ENV_STRIDE,
+    AsyncCountingEnv,
+    CrashingEnv,
+    CrashingGymEnv,
+    WeightProbe,
+    assert_counting_batch,
+)
 
 DEADLINE = 60.0
 
@@ -112,3 +119,21 @@ async def test_env_groups_of_central_inference_each_rebuild_their_own_env(start_
     assert batch["next", "truncated"].sum() == 4
     assert_counting_batch(batch[:, :6])
     assert_counting_batch(batch[:, 6:])
+
+
+async def test_a_worker_rebuilds_each_coroutine_env_of_its_pool_alone(start_method: str) -> None:
+    env = functools.partial(AsyncCountingEnv, 5, crash_at_step=7)
+    pool = functools.partial(AsyncEnvPool, env, 2)
+    collector = MultiAsyncCollector(
+        [pool], frames_per_batch=40, total_frames=40, env_errors="restart", start_method=start_method
+    )
+    with anyio.fail_after(DEADLINE):
+        async with collector:
+            pids = list(collector.worker_pids)
+            batch = (await anext(collector)).clone()
+            assert collector.worker_pids == pids
+            assert collector.stats().env_restarts >= 2 * 3  # 20 steps per env: lives of 6 steps
+    truncated, terminated = batch["next", "truncated"].squeeze(-1), batch["next", "terminated"].squeeze(-1)
+    assert (truncated & ~terminated).sum(dim=1).tolist() == [3, 3]
+    obs = batch["observation"].squeeze(-1)
+    assert (obs[:, [6, 12, 18]] == 0).all()  # a rebuilt env's first step, from its reset
