@@ -1,11 +1,15 @@
 """Env faults survived (``env_errors="restart"``): the env that raised is rebuilt, counted, and given up on after a few.
 
 A rollout engine built with an :class:`EnvFaults` hands it every exception its env raises from ``step`` or
-``reset`` (:meth:`EnvFaults.recover`). The policy lives here once, whichever engine and process steps the env:
+``reset``: :meth:`EnvFaults.recover` for a batched env (:class:`~acollect.rollout.RolloutEngine`, in this
+process, a worker, or each env group of central inference), :meth:`EnvFaults.arecover` for one coroutine env
+of an :class:`~acollect.envs.AsyncEnvPool` (:mod:`acollect._env_steps`). The policy lives here once, whichever
+engine and process steps the env:
 
 * the env that raised is closed (as well as it still closes) and a new one is built from the factory the
-  collector was given (for a vector env, the whole vector env: the factory builds it whole), then reset by the
-  engine, which ends the episodes in flight as truncated at their last good step;
+  collector was given (for a vector env, the whole vector env: the factory builds it whole; a coroutine env
+  alone, by its pool), then reset by the engine, which ends the episodes in flight as truncated at their last
+  good step;
 * each rebuild is counted (:attr:`EnvFaults.restarts`, reported in ``stats().env_restarts``) and logged as a
   warning on the ``"acollect"`` logger, with the exception that caused it;
 * an env that keeps failing (its factory raises, or it raises again before it took one step) is given up on
