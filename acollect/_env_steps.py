@@ -15,6 +15,7 @@ import numpy as np
 
 from acollect._env_turns import EnvTurns
 from acollect._row_ring import RowRing
+from acollect.env_faults import EnvFaults
 from acollect.envs.async_pool import AsyncEnvPool
 
 __all__ = ["EnvSteps", "Trajectories"]
@@ -64,6 +65,9 @@ class EnvSteps:
         turns: where each env's actions come from.
         trajectories: the envs' trajectories.
         max_frames_per_traj: truncate (and reset) trajectories longer than this.
+        faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env alone
+            is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step recorded
+            (:mod:`acollect.env_faults`); ``None``: the exception is raised.
 
     Attributes:
         obs_keys: the observation keys, in the order the pool writes them.
@@ -78,8 +82,11 @@ class EnvSteps:
         turns: EnvTurns,
         trajectories: Trajectories,
         max_frames_per_traj: int | None,
+        faults: EnvFaults | None = None,
     ) -> None:
         self.pool, self.ring, self.turns, self.trajectories = pool, ring, turns, trajectories
+        self.faults = faults
+        self.lives = np.zeros(pool.num_envs, dtype=np.int64)  # each env's steps: a fault after one is not in a row
         self.max_frames_per_traj = max_frames_per_traj
         self.obs_keys: list[tuple[str, ...]] = [leaf.key for leaf in pool.leaves]
         self.root = pool.make_root()  # the tensors root_np views
@@ -97,7 +104,12 @@ class EnvSteps:
 
         async def reset_one(i: int, scope: anyio.CancelScope) -> None:
             try:
-                obs[i] = await pool.call_reset(i, None if seed is None else seed + i)
+                try:
+                    obs[i] = await pool.call_reset(i, None if seed is None else seed + i)
+                except Exception as exc:
+                    if self.faults is None:
+                        raise
+                    obs[i] = await self._rebuilt(i, exc)
             except Exception as exc:
                 failures.append(exc)
                 scope.cancel()
@@ -111,25 +123,68 @@ class EnvSteps:
             pool.checker.write_obs(i, "reset", one, self.root_np, i)
         self.trajectories.start_all()
 
+    async def _rebuilt(self, i: int, error: Exception) -> Any:
+        """Env ``i`` raised ``error``: the pool rebuilds it and it is reset; returns its first observation.
+
+        Raises:
+            Exception: the last exception, once the rebuilds in a row are spent (see
+                :class:`~acollect.env_faults.EnvFaults`).
+        """
+        assert self.faults is not None
+        first: list[Any] = []
+
+        async def restart() -> None:
+            await self.pool.rebuild(i)
+            first[:] = [await self.pool.call_reset(i)]
+
+        await self.faults.arecover(i, error, steps=int(self.lives[i]), restart=restart)
+        return first[0]
+
+    def _end_in_flight(self, i: int) -> None:
+        """Env ``i``'s episode in flight ends as truncated at its last step, where that step is in a batch not
+        handed out yet (else the new trajectory id alone marks the end)."""
+        col = self.ring.last_col(i)
+        if col is not None and self.trajectories.lengths[i] > 0:  # 0: that step ended its episode already
+            views = self.ring.views
+            views["truncated"][i, col] = views["done"][i, col] = True
+
     async def run(self, i: int) -> None:
         """Env ``i``'s task: forever, its action, its step (and reset), the step written into its row."""
         pool, checker, ring, turns, views = self.pool, self.pool.checker, self.ring, self.turns, self.ring.views
         reward, terminated, truncated, done = views["reward"], views["terminated"], views["truncated"], views["done"]
         next_obs, root = views["next_obs"], self.root_np
         trajectories, lengths = self.trajectories, self.trajectories.lengths
-        max_traj = self.max_frames_per_traj
+        max_traj, faults, lives = self.max_frames_per_traj, self.faults, self.lives
         while True:
             action = await turns.action_for(i)
             col = int(ring.cols[i])
-            obs, r, term, trunc = checker.split_step(i, await pool.call_step(i, action))
+            try:
+                obs, r, term, trunc = checker.split_step(i, await pool.call_step(i, action))
+            except Exception as exc:
+                if faults is None:
+                    raise
+                # The failed step yields no frame: the rebuilt env's first action fills the same column.
+                self._end_in_flight(i)
+                obs = await self._rebuilt(i, exc)
+                trajectories.ids[i] = trajectories.new_id()
+                lengths[i] = 0
+                checker.write_obs(i, "reset", obs, root, i)
+                turns.stepped(i, goes_on=True)
+                continue
             checker.write_obs(i, "step", obs, next_obs, (i, col))
             self.steps += 1
+            lives[i] += 1
             steps = lengths[i] + 1
             if max_traj is not None and steps >= max_traj:
                 trunc = trunc or not term
             reward[i, col], terminated[i, col], truncated[i, col], done[i, col] = r, term, trunc, term or trunc
             if term or trunc:
-                obs = await pool.call_reset(i)
+                try:
+                    obs = await pool.call_reset(i)
+                except Exception as exc:
+                    if faults is None:
+                        raise
+                    obs = await self._rebuilt(i, exc)  # its episode ended with this step anyway
                 trajectories.ids[i] = trajectories.new_id()
                 steps = 0
             checker.write_obs(i, "reset" if steps == 0 else "step", obs, root, i)

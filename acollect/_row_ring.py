@@ -107,6 +107,12 @@ class RowRing:
         self.cols[rows] = cols
         return cols
 
+    def last_col(self, i: int) -> int | None:
+        """The ring column of env ``i``'s last step while it is in a batch not handed out yet (``None``: it went out
+        with the last batch, or env ``i`` took no step since the ring was allocated)."""
+        ahead = int(self.ahead[i])
+        return None if ahead == 0 else (self._base + ahead - 1) % (2 * self.T)
+
     def advance(self, i: int) -> bool:
         """Env ``i`` finished its step; returns whether it may take another (False: parked)."""
         ahead = int(self.ahead[i]) + 1

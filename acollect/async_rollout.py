@@ -51,6 +51,7 @@ from acollect._env_turns import EnvTurns
 from acollect._policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._row_ring import RowRing
 from acollect.devices import Devices
+from acollect.env_faults import EnvFaults
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.policy import PolicyAdapter
 from acollect.rollout import frames_per_batch_for
@@ -155,6 +156,9 @@ class AsyncRollout:
         weights: staged weights, applied between passes.
         traj_id_offset: first trajectory id; with ``traj_id_stride`` it makes ids unique across workers.
         traj_id_stride: step between consecutive trajectory ids.
+        env_faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env
+            alone is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step
+            recorded (:mod:`acollect.env_faults`); ``None``: the exception is raised.
 
     Examples:
         >>> import anyio
@@ -191,6 +195,7 @@ class AsyncRollout:
         weights: PolicyWeights | None = None,
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
+        env_faults: EnvFaults | None = None,
     ) -> None:
         self.env, self.policy, self.devices, self.weights = env, policy, devices, weights
         self.n_envs = env.num_envs
@@ -205,7 +210,8 @@ class AsyncRollout:
         self._ring = RowRing(self.n_envs, self.time_steps)
         self._turns = EnvTurns(self.n_envs)
         self._trajectories = Trajectories(self.n_envs, traj_id_offset, traj_id_stride)
-        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, max_frames_per_traj)
+        self._faults = env_faults
+        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, max_frames_per_traj, env_faults)
         self._passes = PolicyPasses(
             self._envs, self._ring, self._turns, policy, devices=devices, exploration_type=exploration_type,
             init_random_frames=init_random_frames, before_pass=self._before_pass,
@@ -217,6 +223,11 @@ class AsyncRollout:
     def steps(self) -> int:
         """Env steps taken so far."""
         return self._envs.steps
+
+    @property
+    def env_restarts(self) -> int:
+        """Envs rebuilt after an exception (``env_errors="restart"``: each env of the pool alone)."""
+        return self._faults.restarts if self._faults is not None else 0
 
     @property
     def in_batch(self) -> bool:

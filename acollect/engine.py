@@ -91,6 +91,11 @@ class Engine(Protocol):
         ...
 
     @property
+    def env_restarts(self) -> int:
+        """Envs rebuilt after an exception of theirs (``env_errors="restart"``: :mod:`acollect.env_faults`)."""
+        ...
+
+    @property
     def in_batch(self) -> bool:
         """Whether the policy may not change now: a batch an interruption left half-way must end with the weights
         that began it (or, coroutine envs, a pass runs in a thread)."""

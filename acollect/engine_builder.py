@@ -28,6 +28,7 @@ from acollect.async_rollout import AsyncRollout
 from acollect.devices import Devices
 from acollect.engine import BlockingEngine, Engine
 from acollect.engine_groups import EngineGroups
+from acollect.env_faults import EnvFaults, check_env_errors, env_faults_for
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
@@ -61,6 +62,9 @@ class EngineSpec:
         exploration_type: the tensordict interaction type set while the policy runs.
         traj_id_offset: the first trajectory id; with ``traj_id_stride`` it keeps the ids of workers apart.
         traj_id_stride: the step between consecutive trajectory ids.
+        env_errors: ``"raise"``: an exception of the env breaks the engine; ``"restart"``: the env is rebuilt from
+            ``create_env_fn`` and collection goes on (:mod:`acollect.env_faults`; coroutine envs one by one, by
+            their pool).
     """
 
     create_env_fn: Any
@@ -75,6 +79,7 @@ class EngineSpec:
     exploration_type: InteractionType | None = InteractionType.RANDOM
     traj_id_offset: int = 0
     traj_id_stride: int = 1
+    env_errors: str = "raise"
 
 
 @overload
@@ -122,7 +127,8 @@ def build_engine(
         closes them.
 
     Raises:
-        ConfigurationError: ``reset_at_each_iter`` with coroutine envs, or the env or the policy would not do.
+        ConfigurationError: ``reset_at_each_iter`` with coroutine envs, an env given built with
+            ``env_errors="restart"``, or the env or the policy would not do.
 
     Examples:
         >>> from acollect.testing import CountingEnv
@@ -194,6 +200,7 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
 
     Whatever was built (or given) is closed if anything fails.
     """
+    check_env_errors(spec.create_env_fn, spec.env_errors)
     with ExitStack() as undo:
         if env is None:
             env = make_env(spec.create_env_fn, **spec.env_kwargs)
@@ -225,6 +232,7 @@ def _rollout_engine(spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devi
         exploration_type=spec.exploration_type,
         traj_id_offset=spec.traj_id_offset,
         traj_id_stride=spec.traj_id_stride,
+        env_faults=env_faults_for(spec.create_env_fn, dict(spec.env_kwargs), spec.env_errors),
     )
 
 
@@ -242,6 +250,8 @@ def _async_rollout(
         weights=weights,
         traj_id_offset=spec.traj_id_offset,
         traj_id_stride=spec.traj_id_stride,
+        # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
+        env_faults=EnvFaults() if spec.env_errors == "restart" else None,
     )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Generator, Sequence
 import torch
 from tensordict import TensorDict
 
+from acollect.envs.base import EnvBase
 from acollect.rollout import RolloutEngine, exploration
 
 __all__ = ["EngineGroups"]
@@ -53,7 +54,6 @@ class EngineGroups:
         self._policies = [engine.split_policy_calls() for engine in self.engines]
         first = self.engines[0]
         self.policy = first.policy
-        self.env = first.env
         self.n_envs = sum(engine.n_envs for engine in self.engines)
         self.time_steps = first.time_steps
         self.frames_per_batch = self.n_envs * self.time_steps
@@ -81,6 +81,16 @@ class EngineGroups:
     def discarded_frames(self) -> int:
         """Frames stepped and then given up (a reseed or a restore during a batch)."""
         return self._discarded + sum(engine.discarded_frames for engine in self.engines)
+
+    @property
+    def env_restarts(self) -> int:
+        """Envs rebuilt after an exception, in every group (each group's env is rebuilt alone)."""
+        return sum(engine.env_restarts for engine in self.engines)
+
+    @property
+    def env(self) -> EnvBase:
+        """The first group's env (a rebuilt one once it raised, with ``env_errors="restart"``)."""
+        return self.engines[0].env
 
     @property
     def in_batch(self) -> bool:

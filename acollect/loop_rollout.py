@@ -77,6 +77,10 @@ class LoopRollout:
         return self.rollout.discarded_frames
 
     @property
+    def env_restarts(self) -> int:
+        return self.rollout.env_restarts
+
+    @property
     def in_batch(self) -> bool:
         """Never: the loop stands still between calls, and weights may be applied then."""
         return False

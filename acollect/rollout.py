@@ -32,6 +32,7 @@ from tensordict.nn import InteractionType, set_interaction_type
 
 from acollect._time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices
+from acollect.env_faults import EnvFaults
 from acollect.envs.base import EnvBase
 from acollect.errors import ConfigurationError
 from acollect.policy import (
@@ -92,6 +93,9 @@ class RolloutEngine:
         exploration_type: tensordict interaction type set (per thread) while collecting.
         traj_id_offset: first trajectory id; with ``traj_id_stride`` it makes ids unique across workers.
         traj_id_stride: step between consecutive trajectory ids.
+        env_faults: where an exception of the env's ``step`` or ``reset`` goes (``env_errors="restart"``): the env
+            is rebuilt, the episodes in flight end as truncated at their last step recorded, and the batch goes
+            on from the new env's reset (:mod:`acollect.env_faults`); ``None``: the exception is raised.
 
     Examples:
         >>> from acollect.testing import CountingEnv
@@ -121,8 +125,10 @@ class RolloutEngine:
         exploration_type: InteractionType | None = InteractionType.RANDOM,
         traj_id_offset: int = 0,
         traj_id_stride: int = 1,
+        env_faults: EnvFaults | None = None,
     ) -> None:
         self.env = env
+        self._faults = env_faults
         self.policy = policy
         self.devices = devices
         self.n_envs = env.num_envs
@@ -239,11 +245,36 @@ class RolloutEngine:
         return self.traj_id_offset + self.traj_id_stride * np.arange(start, start + count, dtype=np.int64)
 
     def _reset_all(self) -> None:
-        self.env.reset_into(self._root, seed=self._seed)
+        try:
+            self._start(self.env)
+        except Exception as exc:
+            if self._faults is None:
+                raise
+            self._recover(exc, None, -1)
+
+    def _start(self, env: EnvBase) -> None:
+        """Resets every env of ``env`` into the root buffers: every row begins a new trajectory."""
+        env.reset_into(self._root, seed=self._seed)
         self._seed = None
         self._traj_ids_np[:] = self._new_traj_ids_np(self.n_envs)
         self._traj_steps.zero_()
         self._needs_reset = False
+
+    def _recover(self, error: Exception, next_td: TensorDictBase | None, last: int) -> None:
+        """The env raised ``error``: the episodes in flight end as truncated at step ``last`` of the batch (their
+        last step recorded; ``-1``: in a batch handed out already, the new trajectory ids alone mark the end), and a
+        rebuilt env (:class:`~acollect.env_faults.EnvFaults`) is reset in its place."""
+        assert self._faults is not None
+        if next_td is not None and last >= 0:
+            truncated = next_td.get("truncated")[:, last]
+            # Rows whose episode ended at that step anyway have none in flight: nothing to mark.
+            truncated |= ~(next_td.get("terminated")[:, last] | truncated)
+        self.env = self._faults.recover(self.env, error, steps=self.steps, start=self._start)
+
+    @property
+    def env_restarts(self) -> int:
+        """Envs rebuilt after an exception (``env_errors="restart"``)."""
+        return self._faults.restarts if self._faults is not None else 0
 
     # -- the batch -----------------------------------------------------------------
     def allocate(self) -> TensorDict:
@@ -356,8 +387,10 @@ class RolloutEngine:
         done_np, count_nonzero = self._done_np, np.count_nonzero
         traj_np, steps_np = self._traj_ids_np, self._traj_steps_np
         n = self.n_envs
+        faults = self._faults
 
-        for t in range(start, self.time_steps):
+        t = start
+        while t < self.time_steps:
             if stop is not None and stop.is_set():
                 self._partial = (batch, t)  # kept: the next collect() goes on from step t
                 raise RolloutInterrupted
@@ -381,10 +414,24 @@ class RolloutEngine:
             action = outputs["action"]
             if cast_action:
                 action = action.to(env_dev, non_blocking=True)
-            env.step_and_reset_into(action, nxt, root)
+            try:
+                env.step_and_reset_into(action, nxt, root)
+            except Exception as exc:
+                if faults is None:
+                    raise
+                # The failed step yields no frame: step t is taken again, by the rebuilt env.
+                self._recover(exc, next_td, t - 1)
+                env = self.env
+                continue
             self.steps += 1
+            failed_reset: Exception | None = None
             if max_traj is not None:
-                self._truncate_long_trajectories(max_traj)
+                try:
+                    self._truncate_long_trajectories(max_traj)
+                except Exception as exc:
+                    if faults is None:
+                        raise
+                    failed_reset = exc  # the step itself is good: it is recorded first
             next_copies.copy(t)
             traj_copy.copy(t)
             if count_nonzero(done_np):
@@ -392,6 +439,10 @@ class RolloutEngine:
                 rows = np.flatnonzero(done_np)
                 traj_np[rows] = self._new_traj_ids_np(len(rows))
                 steps_np[rows] = 0
+            if failed_reset is not None:
+                self._recover(failed_reset, next_td, t)
+                env = self.env
+            t += 1
 
         torch.logical_or(next_td.get("terminated"), next_td.get("truncated"), out=next_td.get("done"))
         if not self._versions_from_policy:

@@ -263,6 +263,8 @@ class CollectorStats:
             collector's weights (their frames never handed out).
         lost_workers: workers dropped for good with their restarts spent, collection going on with the others
             (``on_worker_loss="continue"``; the last worker's loss breaks the collector instead, and is not counted).
+        env_restarts: envs rebuilt after they raised, with ``env_errors="restart"`` (in this process or in the
+            workers, whose processes stay up); each ended the episodes in flight as truncated.
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
     """
@@ -284,6 +286,7 @@ class CollectorStats:
     discarded_frames: int = 0
     stale_batches: int = 0
     lost_workers: int = 0
+    env_restarts: int = 0
     inference: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -310,6 +313,8 @@ class CollectorStats:
             parts.append(f"{self.lost_workers} lost workers")
         if self.discarded_frames:
             parts.append(f"{self.discarded_frames:,} frames discarded by reseeds")
+        if self.env_restarts:
+            parts.append(f"{self.env_restarts} env restarts")
         return ", ".join(parts)
 
     def __str__(self) -> str:

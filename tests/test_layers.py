@@ -11,7 +11,7 @@ below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the
     devices, _affinity
     envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
     rollout, _time_slices, weights, async_rollout, _row_ring, _env_turns, _env_steps, _policy_passes, loop_rollout,
-    engine, engine_groups, engine_builder
+    engine, engine_groups, engine_builder, env_faults
     transport
     inference
     worker
@@ -50,7 +50,7 @@ LAYERS: list[set[str]] = [
      "_pickling", "_spawn", "specs", "devices", "_affinity"},
     {"envs", "policy", "trajectories", "trajectory_batches", "stats", "progress", "replay_buffer"},
     {"rollout", "_time_slices", "weights", "async_rollout", "_row_ring", "_env_turns", "_env_steps", "_policy_passes",
-     "loop_rollout", "engine", "engine_groups", "engine_builder"},
+     "loop_rollout", "engine", "engine_groups", "engine_builder", "env_faults"},
     {"transport"},
     {"inference"},
     {"worker"},

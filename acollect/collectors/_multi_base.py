@@ -266,7 +266,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         counters = {"stale_batches": self._stale_batches}
         if pool is not None:
             counters.update(restarts=sum(h.restarts for h in pool.handles), dropped_batches=pool.dropped_batches,
-                            discarded_frames=pool.discarded_frames, lost_workers=pool.lost_workers)  # fmt: skip
+                            discarded_frames=pool.discarded_frames, lost_workers=pool.lost_workers,
+                            env_restarts=pool.env_restarts)  # fmt: skip
         return counters
 
     @property

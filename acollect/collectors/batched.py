@@ -131,6 +131,16 @@ class AsyncBatchedCollector(MultiCollectorBase):
             ``None``: no limit. Defaults to ``None``.
         init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
         reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        env_errors (str): what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector
+            with it (from a worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env
+            from its factory (a vector env whole), where it runs (a worker process stays up), ends the episodes in
+            flight as truncated at their last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the
+            failed step yields no frame, and the next frames start new trajectories from a reset), counts it in
+            ``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that fails
+            again after 3 rebuilds in a row with no step taken between them (its factory raises, or it raises before its
+            first step each time) breaks the collector with its last exception. ``"restart"`` needs an env factory or a
+            gymnasium id (not an env instance); the coroutine envs of an ``AsyncEnvPool`` are rebuilt one by one, by the
+            pool, each ending its own episode. Defaults to ``'raise'``.
         postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
             handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
         split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
@@ -150,9 +160,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
             ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
             to ``False``.
         collector_kwargs (Mapping[str, Any] | Sequence[Mapping[str, Any]] | None): options per worker: one dict for
-            every worker, or a list of dicts with one per worker, among ``device``, ``env_device``, ``env_kwargs``,
-            ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``, ``num_threads``, ``policy_device``,
-            ``reset_at_each_iter``, ``storing_device``. Defaults to ``None``.
+            every worker, or a list of dicts with one per worker, among ``device``, ``env_device``, ``env_errors``,
+            ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``, ``num_threads``,
+            ``policy_device``, ``reset_at_each_iter``, ``storing_device``. Defaults to ``None``.
         update_after_each_batch (bool): push the weights of ``policy`` (this process's copy) after every batch. Defaults
             to ``False``.
         max_weight_update_interval (int | None): push the weights of ``policy`` at least every this many batches

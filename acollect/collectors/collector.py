@@ -39,6 +39,7 @@ from acollect.collectors.options import (
     settle_frames_per_batch,
 )
 from acollect.engine_builder import EngineSpec, build_engine
+from acollect.env_faults import check_env_errors
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
@@ -91,6 +92,16 @@ class Collector(CollectorBase):
             ``None``: no limit. Defaults to ``None``.
         init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
         reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
+        env_errors (str): what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector
+            with it (from a worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env
+            from its factory (a vector env whole), where it runs (a worker process stays up), ends the episodes in
+            flight as truncated at their last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the
+            failed step yields no frame, and the next frames start new trajectories from a reset), counts it in
+            ``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that fails
+            again after 3 rebuilds in a row with no step taken between them (its factory raises, or it raises before its
+            first step each time) breaks the collector with its last exception. ``"restart"`` needs an env factory or a
+            gymnasium id (not an env instance); the coroutine envs of an ``AsyncEnvPool`` are rebuilt one by one, by the
+            pool, each ending its own episode. Defaults to ``'raise'``.
         postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
             handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
         split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
@@ -138,6 +149,7 @@ class Collector(CollectorBase):
                 "create_env_fn", None, "an env, a gymnasium id, or a callable returning an env"
             )
         check_env_arg(create_env_fn)  # an unregistered gymnasium id is known now, not when the env is built
+        check_env_errors(create_env_fn, settings.env_errors)  # an env given built cannot be rebuilt
         frames = settings.frames_per_batch
         n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
         if n_envs is not None:
@@ -154,6 +166,8 @@ class Collector(CollectorBase):
         self._pending_state: dict[str, Any] | None = None
         self._engine_busy = threading.Lock()
         self._episodes = EpisodeTracker()  # used by the collection thread only
+        # What engines closed already counted: stats() stays whole after a shutdown.
+        self._closed_counts: dict[str, int] = {}
 
     # -- building --------------------------------------------------------------------
     def _build_engine(self) -> RolloutEngine | AsyncRollout:
@@ -169,6 +183,7 @@ class Collector(CollectorBase):
             max_frames_per_traj=settings.max_frames_per_traj,
             init_random_frames=settings.init_random_frames,
             reset_at_each_iter=settings.reset_at_each_iter,
+            env_errors=settings.env_errors,
             exploration_type=settings.exploration_type,
         )
         # Coroutine envs step on the event loop (see _setup), applying staged weights between policy passes.
@@ -195,7 +210,12 @@ class Collector(CollectorBase):
             self._load_engine_state(self._pending_state)
             self._pending_state = None
 
+    def _keep_counts(self, engine: RolloutEngine | AsyncRollout | None) -> None:
+        if engine is not None:
+            self._closed_counts = self._counters()
+
     async def _teardown(self) -> None:
+        self._keep_counts(self._engine)
         engine, self._engine = self._engine, None
         if isinstance(engine, AsyncRollout):
             await engine.aclose()
@@ -205,6 +225,7 @@ class Collector(CollectorBase):
     def _release_now(self) -> None:
         engine = self._engine
         if isinstance(engine, RolloutEngine):
+            self._keep_counts(engine)
             self._engine = None
             # Closing an env may wait (on its subprocesses): a thread of its own does it, and nobody waits for it.
             threading.Thread(target=engine.close, name="acollect-close-env", daemon=True).start()
@@ -270,8 +291,12 @@ class Collector(CollectorBase):
             await self._engine.set_paused(paused)
 
     def _counters(self) -> dict[str, int]:
+        counts = dict(self._closed_counts)
         engine = self._engine
-        return {"discarded_frames": engine.discarded_frames if engine is not None else 0}
+        if engine is not None:
+            counts["discarded_frames"] = counts.get("discarded_frames", 0) + engine.discarded_frames
+            counts["env_restarts"] = counts.get("env_restarts", 0) + engine.env_restarts
+        return counts
 
     # -- weights ----------------------------------------------------------------------------
     @property

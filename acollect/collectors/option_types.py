@@ -81,6 +81,17 @@ class RolloutOptions(TypedDict, total=False):
     #: reset every env at the start of each batch.
     reset_at_each_iter: bool
 
+    #: what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it (from a
+    #: worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its factory (a
+    #: vector env whole), where it runs (a worker process stays up), ends the episodes in flight as truncated at their
+    #: last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed step yields no frame, and
+    #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
+    #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
+    #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
+    env_errors: str
+
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
     #: ``Collector``).
     postproc: Callable[[TensorDictBase], TensorDictBase] | None
@@ -124,8 +135,8 @@ class ProcessOptions(RolloutOptions, total=False):
     """The options of collectors whose envs run in worker processes, but for ``num_workers``."""
 
     #: options per worker: one dict for every worker, or a list of dicts with one per worker, among ``device``,
-    #: ``env_device``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``,
-    #: ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
+    #: ``env_device``, ``env_errors``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``,
+    #: ``max_frames_per_traj``, ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
     collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
     #: push the weights of ``policy`` (this process's copy) after every batch.
@@ -280,6 +291,17 @@ class AsyncOptions(TypedDict, total=False):
     #: reset every env at the start of each batch.
     reset_at_each_iter: bool
 
+    #: what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it (from a
+    #: worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its factory (a
+    #: vector env whole), where it runs (a worker process stays up), ends the episodes in flight as truncated at their
+    #: last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed step yields no frame, and
+    #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
+    #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
+    #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
+    env_errors: str
+
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
     #: ``Collector``).
     postproc: Callable[[TensorDictBase], TensorDictBase] | None
@@ -308,8 +330,8 @@ class AsyncOptions(TypedDict, total=False):
     progress: bool | str
 
     #: options per worker: one dict for every worker, or a list of dicts with one per worker, among ``device``,
-    #: ``env_device``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``,
-    #: ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
+    #: ``env_device``, ``env_errors``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``,
+    #: ``max_frames_per_traj``, ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
     collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
     #: push the weights of ``policy`` (this process's copy) after every batch.
@@ -483,6 +505,17 @@ class DistributedOptions(TypedDict, total=False):
     #: reset every env at the start of each batch.
     reset_at_each_iter: bool
 
+    #: what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it (from a
+    #: worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its factory (a
+    #: vector env whole), where it runs (a worker process stays up), ends the episodes in flight as truncated at their
+    #: last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed step yields no frame, and
+    #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
+    #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
+    #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
+    env_errors: str
+
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
     #: ``Collector``).
     postproc: Callable[[TensorDictBase], TensorDictBase] | None
@@ -511,8 +544,8 @@ class DistributedOptions(TypedDict, total=False):
     progress: bool | str
 
     #: options per worker: one dict for every worker, or a list of dicts with one per worker, among ``device``,
-    #: ``env_device``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``,
-    #: ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
+    #: ``env_device``, ``env_errors``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``,
+    #: ``max_frames_per_traj``, ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
     collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
     #: push the weights of ``policy`` (this process's copy) after every batch.
@@ -660,6 +693,17 @@ class DistributedSyncOptions(TypedDict, total=False):
     #: reset every env at the start of each batch.
     reset_at_each_iter: bool
 
+    #: what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it (from a
+    #: worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its factory (a
+    #: vector env whole), where it runs (a worker process stays up), ends the episodes in flight as truncated at their
+    #: last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed step yields no frame, and
+    #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
+    #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
+    #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
+    env_errors: str
+
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
     #: ``Collector``).
     postproc: Callable[[TensorDictBase], TensorDictBase] | None
@@ -688,8 +732,8 @@ class DistributedSyncOptions(TypedDict, total=False):
     progress: bool | str
 
     #: options per worker: one dict for every worker, or a list of dicts with one per worker, among ``device``,
-    #: ``env_device``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``,
-    #: ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
+    #: ``env_device``, ``env_errors``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``,
+    #: ``max_frames_per_traj``, ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
     collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
     #: push the weights of ``policy`` (this process's copy) after every batch.
@@ -829,6 +873,17 @@ class RayOptions(TypedDict, total=False):
     #: reset every env at the start of each batch.
     reset_at_each_iter: bool
 
+    #: what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it (from a
+    #: worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its factory (a
+    #: vector env whole), where it runs (a worker process stays up), ends the episodes in flight as truncated at their
+    #: last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed step yields no frame, and
+    #: the next frames start new trajectories from a reset), counts it in ``stats().env_restarts`` and logs a warning
+    #: with the exception on the ``acollect`` logger. An env that fails again after 3 rebuilds in a row with no step
+    #: taken between them (its factory raises, or it raises before its first step each time) breaks the collector with
+    #: its last exception. ``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine
+    #: envs of an ``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.
+    env_errors: str
+
     #: a callable applied to each batch before it is handed out, in this process (in the collection thread, for
     #: ``Collector``).
     postproc: Callable[[TensorDictBase], TensorDictBase] | None
@@ -857,8 +912,8 @@ class RayOptions(TypedDict, total=False):
     progress: bool | str
 
     #: options per worker: one dict for every worker, or a list of dicts with one per worker, among ``device``,
-    #: ``env_device``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``, ``max_frames_per_traj``,
-    #: ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
+    #: ``env_device``, ``env_errors``, ``env_kwargs``, ``exploration_type``, ``init_random_frames``,
+    #: ``max_frames_per_traj``, ``num_threads``, ``policy_device``, ``reset_at_each_iter``, ``storing_device``.
     collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
     #: push the weights of ``policy`` (this process's copy) after every batch.

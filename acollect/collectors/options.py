@@ -53,6 +53,7 @@ from acollect._validate import (
 )
 from acollect._warnings import warn
 from acollect.devices import check_device
+from acollect.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect.errors import ConfigurationError
 from acollect.launchers.registry import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
@@ -80,7 +81,7 @@ __all__ = [
 #: Options ``collector_kwargs`` may set per worker.
 PER_WORKER_OPTIONS = frozenset({
     "device", "env_device", "policy_device", "storing_device", "max_frames_per_traj", "init_random_frames",
-    "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads",
+    "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads", "env_errors",
 })  # fmt: skip
 DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
 #: The values ``on_worker_loss`` takes: break the collector, or collect on with the workers left.
@@ -352,6 +353,19 @@ class RolloutSettings:
         doc="act randomly for this many frames first (``None``: 0).",
     )  # fmt: skip
     reset_at_each_iter: bool = option(False, check=check_bool, doc="reset every env at the start of each batch.")
+    env_errors: str = option(
+        "raise", check=_choice(*ENV_ERRORS),
+        doc='what an exception from the env\'s ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it '
+        '(from a worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its '
+        "factory (a vector env whole), where it runs (a worker process stays up), ends the episodes in flight as "
+        'truncated at their last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed '
+        "step yields no frame, and the next frames start new trajectories from a reset), counts it in "
+        "``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that "
+        f"fails again after {MAX_REBUILDS_IN_A_ROW} rebuilds in a row with no step taken between them (its factory "
+        "raises, or it raises before its first step each time) breaks the collector with its last exception. "
+        '``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine envs of an '
+        "``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.",
+    )  # fmt: skip
     postproc: Callable[[TensorDictBase], TensorDictBase] | None = option(
         None, check=_callable("a callable on TensorDicts"),
         doc="a callable applied to each batch before it is handed out, in this process (in the collection thread, "

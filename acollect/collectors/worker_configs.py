@@ -20,6 +20,7 @@ from acollect._affinity import AffinityPlan, plan_affinity
 from acollect._validate import check_int
 from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option, settle_frames_per_batch
 from acollect.devices import check_device
+from acollect.env_faults import check_env_errors
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
@@ -73,7 +74,7 @@ def _worker_options(settings: WorkerSettings, i: int, n: int) -> dict[str, Any]:
     opts: dict[str, Any] = {
         name: getattr(settings, name) for name in (*DEVICE_OPTIONS, "max_frames_per_traj", "init_random_frames",
                                                    "reset_at_each_iter", "exploration_type", "env_kwargs",
-                                                   "num_threads")
+                                                   "num_threads", "env_errors")
     }  # fmt: skip
     for name in DEVICE_OPTIONS:
         value = opts[name]
@@ -126,6 +127,7 @@ def build_worker_configs(
                 max_frames_per_traj=opts["max_frames_per_traj"],
                 init_random_frames=opts["init_random_frames"],
                 reset_at_each_iter=opts["reset_at_each_iter"],
+                env_errors=opts["env_errors"],
                 exploration_type=exploration.name if exploration is not None else None,
                 num_threads=opts["num_threads"] if pinned is None else len(pinned),
                 affinity=None if pinned is None else list(pinned),
@@ -202,6 +204,8 @@ def plan_workers(
     per_worker = worker_frames(requested, len(fns))
     affinity = plan_affinity(settings.worker_affinity, len(fns))
     configs = build_worker_configs(fns, policy, settings, per_worker, affinity)
+    for config in configs:  # an env given built cannot be rebuilt: said now, not by the worker
+        check_env_errors(config.create_env_fn, config.env_errors)
     counts = configured_num_envs(fns, settings)
     frames = requested
     if None not in counts:

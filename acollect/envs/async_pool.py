@@ -88,6 +88,7 @@ class AsyncEnvPool(EnvBase):
         check_seconds("step_timeout", step_timeout, optional=True)
         self.step_timeout = None if step_timeout is None else float(step_timeout)
         made_by = f"make_env={getattr(make_env, '__qualname__', make_env)!r}"
+        self._make_env, self._made_by = make_env, made_by
         self.envs: list[AsyncEnv] = []
         try:
             for i in range(n):
@@ -148,6 +149,31 @@ class AsyncEnvPool(EnvBase):
             raise EnvError(f"env {i} ({type(env).__name__}).reset raised {type(exc).__name__}: {exc}") from exc
         assert scope.cancelled_caught
         raise EnvError(f"env {i} ({type(env).__name__}).reset took longer than step_timeout={self.step_timeout}s")
+
+    async def rebuild(self, i: int) -> None:
+        """Replaces env ``i`` with a new one from ``make_env`` (``env_errors="restart"``: it raised); it is then reset
+        like a fresh env. The old one's ``aclose()`` is awaited first, under :data:`ACLOSE_TIMEOUT`.
+
+        Raises:
+            EnvError: ``make_env`` raised (the original exception is the ``__cause__``).
+            ConfigurationError: it built no ``AsyncEnv``, or one with other spaces than the pool's.
+        """
+        await aclose_each([self.envs[i]], ACLOSE_TIMEOUT)
+        try:
+            made = self._make_env()
+        except Exception as exc:
+            raise EnvError(f"env {i}: {self._made_by} raised {type(exc).__name__}: {exc}") from exc
+        env = check_async_env(made, self._made_by)
+        other = self.envs[1 if i == 0 and len(self.envs) > 1 else 0]
+        if other is not self.envs[i] and (
+            env.observation_space != other.observation_space or env.action_space != other.action_space
+        ):
+            await aclose_each([env], ACLOSE_TIMEOUT)
+            raise ConfigurationError(
+                f"the rebuilt env {i} has spaces {env.observation_space} / {env.action_space} where the pool's envs "
+                f"have {other.observation_space} / {other.action_space}"
+            )
+        self.envs[i] = env
 
     def action_for(self, i: int, actions: np.ndarray) -> Any:
         """Env ``i``'s action out of a ``[n, ...]`` array, as the env receives it."""

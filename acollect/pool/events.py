@@ -33,6 +33,7 @@ class Counters:
     discarded_frames: int = 0  # stepped and given up on purpose (see Lockstep and the worker's reseed)
     rejected_messages: int = 0  # not from a live worker, or replayed: logged and dropped
     lost_workers: int = 0  # dropped for good with their restarts spent (on_worker_loss="continue")
+    env_restarts: int = 0  # envs a worker rebuilt after they raised (env_errors="restart"), its process staying up
 
 
 class PoolState(enum.Enum):

@@ -189,6 +189,7 @@ class WorkerHandle:
         "_changes_sent",
         "_config",
         "_discarded_frames",
+        "_env_restarts",
         "_frames",
         "_frames_per_batch",
         "_generation",
@@ -249,6 +250,7 @@ class WorkerHandle:
         self._busy = False
         self._partial = False
         self._discarded_frames = 0
+        self._env_restarts = 0
         self._sent = 0
         self._next_seq = 0
         self._missing_since: float | None = None
@@ -444,6 +446,7 @@ class WorkerHandle:
         for request in self._requests:  # asked again of the successor, which begins them after every change
             request.ahead = False
         self._last_steps, self._busy, self._partial, self._discarded_frames = -1, False, False, 0
+        self._env_restarts = 0
         self._next_seq, self._missing_since, self._sent = 0, None, 0
         self._unreachable_since = None
         self._started_at = now
@@ -555,6 +558,14 @@ class WorkerHandle:
             self._missing_since = None
         elif self._missing_since is None:
             self._missing_since = now
+        return newly
+
+    def on_env_restarts(self, count: Any) -> int:
+        """The envs its process rebuilt so far, as a heartbeat or a batch says; returns those not counted yet."""
+        if type(count) is not int or count < 0:
+            raise ProtocolError(f"worker {self._index} sent env_restarts={count!r:.20}: expected an int >= 0")
+        newly = max(0, count - self._env_restarts)
+        self._env_restarts = max(self._env_restarts, count)
         return newly
 
     # -- batches ---------------------------------------------------------------------------------------

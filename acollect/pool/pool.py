@@ -133,6 +133,11 @@ class WorkerPool:
     def discarded_frames(self) -> int:
         return self.counters.discarded_frames
 
+    @property
+    def env_restarts(self) -> int:
+        """Envs the workers rebuilt after they raised (``env_errors="restart"``)."""
+        return self.counters.env_restarts
+
     def discard(self, frames: int) -> None:
         """Counts frames stepped and given up on purpose (a part begun ahead before a reseed: see Lockstep)."""
         self.counters.discarded_frames += frames

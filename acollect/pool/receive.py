@@ -194,6 +194,15 @@ class Receiver:
             td = await self._batch_data(handle, header, td)
         now = time.monotonic()
         handle.on_message(now)
+        if kind in (P.HEARTBEAT, P.BATCH):
+            # Both carry the worker's count: a batch whose frames show a restart comes with it counted.
+            restarted = handle.on_env_restarts(header.get("env_restarts", 0))
+            if restarted:
+                self.counters.env_restarts += restarted
+                logger.warning(
+                    "worker %d rebuilt its env after it raised (env_errors='restart'; the worker logged the "
+                    "exception): %d env restarts in all", handle.index, self.counters.env_restarts,
+                )  # fmt: skip
         if kind == P.HEARTBEAT:
             # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
             self.counters.discarded_frames += handle.on_beat(header, now)

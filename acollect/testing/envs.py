@@ -6,7 +6,8 @@
 * :class:`CrashingEnv`: a counting env that raises at a chosen step;
 * :class:`SlowEnv`: a counting env whose steps take a chosen time;
 * :class:`CountingGymEnv`: the same counter as a ``gymnasium.Env``, to test
-  gymnasium wrapping (vector envs in every autoreset mode).
+  gymnasium wrapping (vector envs in every autoreset mode); :class:`CrashingGymEnv`
+  raises at a chosen step of its life.
 
 The counting scheme (shared by :class:`CountingEnv` and :class:`CountingGymEnv`):
 sub-env ``i`` starts at ``start + i * ENV_STRIDE`` (its first reset observes
@@ -60,6 +61,7 @@ __all__ = [
     "CountingEnv",
     "CountingGymEnv",
     "CrashingEnv",
+    "CrashingGymEnv",
     "PixelEnv",
     "SlowEnv",
     "assert_counting_batch",
@@ -335,6 +337,40 @@ class CountingGymEnv(gym.Env[np.ndarray, np.int64]):
         self._in_episode += 1
         terminated = self._in_episode >= self.episode_length
         return np.array([self.counter], dtype=np.float32), 1.0, terminated, False, {"episode_id": self.episode_id}
+
+
+class CrashingGymEnv(CountingGymEnv):
+    """A :class:`CountingGymEnv` whose ``crash_at_step``-th step (of its life, across episodes) raises ``RuntimeError``.
+
+    A new instance counts from 1 again: an env rebuilt after the crash crashes at the same step of its own life.
+
+    Args:
+        crash_at_step: the step that raises (1 = the first).
+        episode_length: steps per episode (then ``terminated=True``).
+        start: the first observation (the first reset's).
+
+    Examples:
+        >>> env = CrashingGymEnv(crash_at_step=2)
+        >>> _ = env.reset()
+        >>> _ = env.step(0)
+        >>> env.step(0)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: CrashingGymEnv crashed at step 2 of its life (crash_at_step=2)
+    """
+
+    def __init__(self, crash_at_step: int, episode_length: int = 10, *, start: int = 0) -> None:
+        super().__init__(episode_length, start=start)
+        self.crash_at_step = _positive_int("crash_at_step", crash_at_step)
+        self.step_count = 0
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.step_count += 1
+        if self.step_count == self.crash_at_step:
+            raise RuntimeError(
+                f"CrashingGymEnv crashed at step {self.step_count} of its life (crash_at_step={self.crash_at_step})"
+            )
+        return super().step(action)
 
 
 def assert_counting_batch(batch: TensorDictBase, *, key: str | tuple[str, ...] = "observation") -> None:

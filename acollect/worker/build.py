@@ -46,6 +46,7 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
         max_frames_per_traj=config.max_frames_per_traj,
         init_random_frames=config.init_random_frames,
         reset_at_each_iter=config.reset_at_each_iter,
+        env_errors=config.env_errors,
         exploration_type=parse_exploration_type(config.exploration_type),
         # Trajectory ids: worker k of n takes k, k + n, k + 2n, ...
         traj_id_offset=config.index,

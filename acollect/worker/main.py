@@ -105,10 +105,12 @@ class _Worker(StagingMixin):
         engine = self.engine
         steps = engine.steps if engine is not None else 0
         discarded = engine.discarded_frames if engine is not None else 0
+        restarts = engine.env_restarts if engine is not None else 0
         with self.cond:  # read together: while a batch is begun, ``sent`` is its seq
             busy = self.state.collecting
             partial, sent = busy or (engine is not None and engine.in_batch), self.sent
-        fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded}
+        fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded,
+                  "env_restarts": restarts}  # fmt: skip
         with contextlib.suppress(TimeoutError):
             self.send(P.HEARTBEAT, fields, timeout=_BEAT_TIMEOUT)
 
@@ -316,6 +318,7 @@ class _Worker(StagingMixin):
                         out = self.ring[slot].tensordict if slot is not None and self.ring is not None else None
                         batch = engine.collect(self.interrupt, out=out)
                         version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
+                        restarts = engine.env_restarts
                         episodes = self.episodes.update(batch).to_header()
                 except RolloutInterrupted:
                     # Paused (or stopping): the steps taken stay in the engine and in this slot.
@@ -331,6 +334,7 @@ class _Worker(StagingMixin):
                     "slot": slot,
                     "episodes": episodes,
                     "resets": began_after,
+                    "env_restarts": restarts,
                 }
                 if number is not None:
                     header["n"] = number

@@ -43,14 +43,16 @@ Worker -> collector:
                too large to send), which every push is checked against before it is sent
 ``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames; ``resets``: how many
                ``seed`` and ``load_state`` messages the worker had received when it began the batch; ``n``:
-               the number of the ``collect`` it answers (none for batches sent on credits)
+               the number of the ``collect`` it answers (none for batches sent on credits); ``env_restarts``:
+               the envs it rebuilt so far (``env_errors="restart"``)
 ``ack``        ``version``: these weights are in the worker (applied or staged); with ``error``, the
                worker refused them (they do not fit its policy, or the message was malformed: ``version``
                is -1 when it had none) and keeps collecting with the weights it had
 ``reply``      ``req`` and the fields asked for
 ``heartbeat``  ``steps``, ``busy``, ``partial``, ``sent``: the rollout engine's progress; ``busy``: stepping
                a batch; ``partial``: a batch begun and not sent yet (stepping, or held by a pause); batches sent
-               so far (while ``partial``, also the ``seq`` of the batch in progress)
+               so far (while ``partial``, also the ``seq`` of the batch in progress); ``discarded``: frames
+               given up; ``env_restarts``: the envs it rebuilt so far
 ``error``      ``type``, ``message``, ``traceback``: an exception in env or policy
 ``join``       ``protocol``, ``pid``, ``host``, ``pickle``: a worker started by hand asks for a config
                (sent from a socket of its own; carries no ``worker`` index yet)
@@ -175,6 +177,8 @@ class WorkerConfig:
     max_frames_per_traj: int | None = None
     init_random_frames: int = 0
     reset_at_each_iter: bool = False
+    #: ``"raise"`` or ``"restart"``: what an exception of the env does (see :mod:`acollect.env_faults`)
+    env_errors: str = "raise"
     exploration_type: str | None = "RANDOM"
     num_threads: int = 1
     #: the cores this worker pins itself to at its start, before it builds its env (``None``: not pinned);
