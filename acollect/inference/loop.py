@@ -248,6 +248,9 @@ class ServerLoop:
         runner = PassRunner(
             self.forward, in_flight=self.in_flight, on_done=woken, make_lane=lambda: Lane(device),
             answer=self._answer_from_pass, record=self.recorder.record, running=self._set_pass_started,
+            # One pass at a time on a CPU: nothing to overlap, so this thread runs it (no hand-offs, no GIL shared
+            # with a pass thread); on a GPU a pass thread still waits for the device while this one gathers.
+            inline=self.in_flight == 1 and getattr(device, "type", "cpu") != "cuda",
         )  # fmt: skip
         batcher = self.batcher
         housekept = 0.0

@@ -63,6 +63,9 @@ class PassRunner:
             the loop thread answers every request, from :meth:`finished`).
         record: counts a pass that ran (its requests, when it started and ended), one pass at a time.
         running: told when the longest-running pass started, whenever that changes (``None``: none runs).
+        inline: run each pass in the thread that submits it (``in_flight`` must be 1): for a pass that holds the
+            CPU all along (a policy on a CPU), a thread of its own would only add two hand-offs per pass, and
+            its GIL shared with the loop thread, for nothing to overlap.
     """
 
     def __init__(
@@ -75,8 +78,12 @@ class PassRunner:
         answer: Callable[[Request], bool] | None = None,
         record: Callable[[Sequence[Request], float, float], None] | None = None,
         running: Callable[[float | None], None] | None = None,
+        inline: bool = False,
     ) -> None:
+        if inline and in_flight != 1:
+            raise ValueError(f"inline passes run one at a time: in_flight must be 1, got {in_flight}")
         self._forward = forward
+        self._make_lane = make_lane
         self._on_done = on_done
         self._answer = answer
         self._record = record
@@ -86,17 +93,20 @@ class PassRunner:
         self._done: deque[DonePass] = deque()
         self._running: dict[int, float] = {}  # thread index -> when its pass started
         self._busy = 0  # passes handed over and not finished
-        self._threads = [
+        self._in_flight = in_flight
+        self._inline = inline
+        self._inline_lane: list[Lane] = []
+        self._threads = [] if inline else [
             threading.Thread(target=self._serve, args=(i, make_lane), name=f"acollect-pass-{i}", daemon=True)
             for i in range(in_flight)
-        ]
+        ]  # fmt: skip
         for thread in self._threads:
             thread.start()
 
     @property
     def in_flight(self) -> int:
         """How many passes may run at once."""
-        return len(self._threads)
+        return self._in_flight
 
     @property
     def busy(self) -> int:
@@ -106,7 +116,7 @@ class PassRunner:
     @property
     def free(self) -> bool:
         """Whether a thread is free for a pass."""
-        return self._busy < len(self._threads)
+        return self._busy < self._in_flight
 
     @property
     def oldest_start(self) -> float | None:
@@ -117,10 +127,18 @@ class PassRunner:
     def submit(self, requests: list[Request], version: int) -> None:
         """Runs a pass over ``requests`` with weights ``version`` (a thread must be free: see :attr:`free`)."""
         with self._cond:
-            assert self._busy < len(self._threads), "no thread is free for a pass"
+            assert self._busy < self._in_flight, "no thread is free for a pass"
             self._busy += 1
-            self._jobs.append((requests, version))
-            self._cond.notify()
+            if not self._inline:
+                self._jobs.append((requests, version))
+                self._cond.notify()
+                return
+        self._run(0, requests, version, self._lane_inline)  # here, now: see ``inline``
+
+    def _lane_inline(self) -> Lane:
+        if not self._inline_lane:
+            self._inline_lane.append(self._make_lane())
+        return self._inline_lane[0]
 
     def finished(self) -> list[DonePass]:
         """The passes that ended since the last call (for the loop thread)."""
@@ -152,7 +170,13 @@ class PassRunner:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _serve(self, index: int, make_lane: Callable[[], Lane]) -> None:
-        lane: Lane | None = None
+        lane: list[Lane] = []  # made by the first pass (on this thread: a CUDA stream is per thread's use)
+
+        def lane_here() -> Lane:
+            if not lane:
+                lane.append(make_lane())
+            return lane[0]
+
         while True:
             with self._cond:
                 while not self._jobs:
@@ -160,36 +184,37 @@ class PassRunner:
                 job = self._jobs.popleft()
             if job is None:
                 return
-            requests, version = job
-            started = time.monotonic()
-            with self._cond:
-                self._running[index] = started
-                self._tell_running()
-            error: BaseException | None = None
-            try:
-                if lane is None:
-                    lane = make_lane()
-                self._forward(requests, version, lane)
-            except BaseException as exc:  # the loop thread raises it, after its callers are told
-                error = exc
-            ended = time.monotonic()
-            if error is None and self._record is not None:
-                with self._cond:  # counted before anyone is answered: an answer never runs ahead of the figures
-                    self._record(requests, started, ended)
-            kept = []
-            for request in requests:
-                if error is None and self._answer is not None and self._answer(request):
-                    continue
-                if request.outputs is not None:  # views of this lane's buffers, which its next pass writes
-                    request.outputs = {key: value.clone() for key, value in request.outputs.items()}
-                kept.append(request)  # the loop thread answers it
-            with self._cond:
-                del self._running[index]
-                self._tell_running()
-                self._done.append(DonePass(kept, error))
-                self._busy -= 1
-                self._cond.notify_all()
-            self._on_done()
+            self._run(index, *job, lane_here)
+
+    def _run(self, index: int, requests: list[Request], version: int, lane: Callable[[], Lane]) -> None:
+        """Runs one pass, counts it, answers what this thread may answer, and leaves the rest to the loop thread."""
+        started = time.monotonic()
+        with self._cond:
+            self._running[index] = started
+            self._tell_running()
+        error: BaseException | None = None
+        try:
+            self._forward(requests, version, lane())
+        except BaseException as exc:  # the loop thread raises it, after its callers are told
+            error = exc
+        ended = time.monotonic()
+        if error is None and self._record is not None:
+            with self._cond:  # counted before anyone is answered: an answer never runs ahead of the figures
+                self._record(requests, started, ended)
+        kept = []
+        for request in requests:
+            if error is None and self._answer is not None and self._answer(request):
+                continue
+            if request.outputs is not None:  # views of this lane's buffers, which its next pass writes
+                request.outputs = {key: value.clone() for key, value in request.outputs.items()}
+            kept.append(request)  # the loop thread answers it
+        with self._cond:
+            del self._running[index]
+            self._tell_running()
+            self._done.append(DonePass(kept, error))
+            self._busy -= 1
+            self._cond.notify_all()
+        self._on_done()
 
     def _tell_running(self) -> None:
         if self._on_running is not None:

@@ -152,3 +152,29 @@ async def test_a_cuda_server_with_passes_in_flight_answers_every_caller_with_its
     for i, action in answers.items():
         assert action.device.type == "cpu"
         assert torch.equal(action, torch.full((3, 2), 2.0 * i))
+
+
+def test_an_inline_pass_runs_in_the_submitting_thread_and_its_failure_reaches_the_loop() -> None:
+    threads: list[str] = []
+
+    def forward(requests: Sequence[Request], version: int, lane: Lane) -> None:
+        threads.append(threading.current_thread().name)
+        if version == 2:
+            raise RuntimeError("the policy failed")
+        for request in requests:
+            request.outputs, request.version = {}, version
+
+    runner = PassRunner(forward, in_flight=1, on_done=lambda: None, inline=True)
+    try:
+        runner.submit([Request({}, 1)], version=1)
+        assert runner.free  # done when submit returned: nothing runs
+        runner.submit([Request({}, 1)], version=2)
+        done = runner.finished()
+        assert threads == [threading.current_thread().name] * 2
+        assert done[0].error is None
+        assert done[0].requests[0].version == 1
+        assert isinstance(done[1].error, RuntimeError)
+    finally:
+        runner.close(timeout=5.0)
+    with pytest.raises(ValueError, match="in_flight must be 1"):
+        PassRunner(forward, in_flight=2, on_done=lambda: None, inline=True)
