@@ -70,6 +70,7 @@ class CloseReason(enum.Enum):
     EXHAUSTED = "it collected its total_frames and shut itself down"
     LOOP_ENDED = "the event loop it started on ended while it was open"
 
+
 #: What each state means (one line each; the Markdown table shows them).
 MEANINGS: dict[CollectorState, str] = {
     _S.NEW: "built and checked; no env built, nothing running yet (also after a set-up that was cancelled or "

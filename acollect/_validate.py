@@ -24,9 +24,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_int(
-    name: str, value: object, *, minimum: int = 0, maximum: int | None = None, optional: bool = False
-) -> Any:
+def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None = None, optional: bool = False) -> Any:
     """Checks an int in ``[minimum, maximum]``; with ``optional``, ``None`` passes through.
 
     Examples:
@@ -97,8 +95,10 @@ def check_choice(name: str, value: T, choices: tuple[Any, ...]) -> T:
 
 def check_total_frames(total_frames: object, frames_per_batch: int) -> int:
     """Validates ``total_frames`` (``-1`` means endless) and warns when it is not a multiple of the batch."""
-    if isinstance(total_frames, bool) or not isinstance(total_frames, int) or (
-        total_frames <= 0 and total_frames != -1
+    if (
+        isinstance(total_frames, bool)
+        or not isinstance(total_frames, int)
+        or (total_frames <= 0 and total_frames != -1)
     ):
         raise ConfigurationError.bad_value("total_frames", total_frames, "a positive int, or -1 for endless collection")
     if total_frames > 0 and total_frames % frames_per_batch:

@@ -150,9 +150,7 @@ class EnvFaults:
             self.restarts += 1
             return old
 
-    async def arecover(
-        self, i: int, error: Exception, *, steps: int, restart: Callable[[], Awaitable[None]]
-    ) -> None:
+    async def arecover(self, i: int, error: Exception, *, steps: int, restart: Callable[[], Awaitable[None]]) -> None:
         """Coroutine env ``i`` raised ``error``: awaits ``restart`` (its pool rebuilds it, and it is reset) until it
         succeeds, or raises the last exception after ``max_in_a_row`` rebuilds with no step of env ``i`` between
         them.

@@ -181,4 +181,3 @@ class LoopRollout:
             self._loop.run_until_complete(close_all())
         finally:
             self._loop.close()
-

@@ -312,9 +312,7 @@ def _sub_structure(structure: WeightStructure, model_id: str) -> WeightStructure
     return {key[n:]: meta for key, meta in structure.items() if key[:n] == path and len(key) > n}
 
 
-def check_push(
-    models: Mapping[str, object], structures: Iterable[WeightStructure | None]
-) -> dict[str, TensorDictBase]:
+def check_push(models: Mapping[str, object], structures: Iterable[WeightStructure | None]) -> dict[str, TensorDictBase]:
     """Normalises the weights of a push and checks them against the policy of every receiver.
 
     Call it before anything is sent: a push it refuses changes nothing, and the collector stays usable.

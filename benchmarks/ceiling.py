@@ -178,8 +178,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turn-batches", type=int, default=8, help="timed batches per worker (or process) per turn")
     parser.add_argument("--warmup", type=int, default=2, help="untimed batches per worker / process first")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the loop processes may take per step")
-    parser.add_argument("--affinity", action="store_true",
-                        help='also time both collectors with worker_affinity="auto", turn about with the others')
+    parser.add_argument(
+        "--affinity",
+        action="store_true",
+        help='also time both collectors with worker_affinity="auto", turn about with the others',
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the results here as JSON")
     args = parser.parse_args(argv)
     for name in ("workers", "envs", "frames_per_batch", "turns", "turn_batches"):

@@ -259,15 +259,24 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=6, help="turns of each contender (alternating)")
     parser.add_argument("--turn-batches", type=int, default=None, help="timed batches per turn")
     parser.add_argument("--device", default=None, help="the inference server's device (e.g. cuda)")
-    parser.add_argument("--train-ms", type=float, default=0.0,
-                        help="milliseconds of Python work (GIL held) the trainer does after each batch")
-    parser.add_argument("--env-groups", type=int, default=None,
-                        help="AsyncBatchedCollector's env_groups (default: its own)")
+    parser.add_argument(
+        "--train-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds of Python work (GIL held) the trainer does after each batch",
+    )
+    parser.add_argument(
+        "--env-groups", type=int, default=None, help="AsyncBatchedCollector's env_groups (default: its own)"
+    )
     parser.add_argument("--sleep-ms", type=float, default=2.0, help="the atari-standin server's pass (milliseconds)")
-    parser.add_argument("--passes-in-flight", type=int, default=None,
-                        help="AsyncBatchedCollector's passes_in_flight (default: its own)")
-    parser.add_argument("--servers", default="process,thread",
-                        help="AsyncBatchedCollector contenders, by where the server runs (comma-separated)")
+    parser.add_argument(
+        "--passes-in-flight", type=int, default=None, help="AsyncBatchedCollector's passes_in_flight (default: its own)"
+    )
+    parser.add_argument(
+        "--servers",
+        default="process,thread",
+        help="AsyncBatchedCollector contenders, by where the server runs (comma-separated)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     args.servers = [mode.strip() for mode in args.servers.split(",") if mode.strip()]

@@ -83,8 +83,9 @@ async def handout(args: argparse.Namespace) -> dict[str, Any]:
     common = {"num_workers": args.workers, "frames_per_batch": 256, "start_method": "forkserver"}
     contenders: dict[str, Callable[[], Any]] = {
         "lent (the default)": lambda: _rate(MultiAsyncCollector(env, None, **common), args.seconds),
-        "copied (copy_batches=True)": lambda: _rate(MultiAsyncCollector(env, None, copy_batches=True, **common),
-                                                    args.seconds),
+        "copied (copy_batches=True)": lambda: _rate(
+            MultiAsyncCollector(env, None, copy_batches=True, **common), args.seconds
+        ),
     }
     if cuda():
         contenders["storing_device='cuda' (DMA)"] = lambda: _rate(

@@ -85,8 +85,11 @@ async def main(args: Args) -> None:
                     size = len(rb)
                     await asyncio.sleep(0.05)  # e.g. an evaluation: the buffer does not grow meanwhile
                     assert len(rb) == size
-                print(f"step {step:4d}  loss {loss.item():.4f}  buffer {len(rb):6d}  "
-                      f"frames {collector.frames:6d}  policy v{collector.policy_version}", flush=True)
+                print(
+                    f"step {step:4d}  loss {loss.item():.4f}  buffer {len(rb):6d}  "
+                    f"frames {collector.frames:6d}  policy v{collector.policy_version}",
+                    flush=True,
+                )
             await asyncio.sleep(0)  # let the collector hand its batches over
     print(f"done: {collector.frames} frames collected in the background")
 

@@ -42,7 +42,10 @@ class MLPPolicy(torch.nn.Module):
     def __init__(self, n_obs: int = 4, n_actions: int = 2) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(n_obs, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+            torch.nn.Linear(n_obs, 64),
+            torch.nn.Tanh(),
+            torch.nn.Linear(64, 64),
+            torch.nn.Tanh(),
             torch.nn.Linear(64, n_actions),
         )
 

@@ -425,9 +425,7 @@ def test_a_restored_state_continues_counters_and_trajectory_ids() -> None:
 class DictEnv(AsyncEnv):
     """Dict observations (keys out of alphabetical order) and MultiDiscrete actions."""
 
-    observation_space = gym.spaces.Dict(
-        {"z": gym.spaces.Box(-1e6, 1e6, (2,), np.float64), "a": gym.spaces.Discrete(5)}
-    )
+    observation_space = gym.spaces.Dict({"z": gym.spaces.Box(-1e6, 1e6, (2,), np.float64), "a": gym.spaces.Discrete(5)})
     action_space = gym.spaces.MultiDiscrete([3, 4])
 
     async def reset(self, *, seed: int | None = None, options: Any = None) -> Any:

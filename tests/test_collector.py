@@ -82,8 +82,9 @@ async def test_layout_matches_torchrl() -> None:
 
 
 async def test_traj_ids_new_at_each_episode_and_continue_across_batches() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=3), None, frames_per_batch=8,
-                         total_frames=32) as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=2, episode_length=3), None, frames_per_batch=8, total_frames=32
+    ) as c:
         batches = [b async for b in c]
     assert len(batches) == 4
     ids = torch.cat([b["collector", "traj_ids"] for b in batches], dim=1)
@@ -233,8 +234,9 @@ async def test_event_loop_stays_responsive_while_collecting() -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
-        async with Collector(lambda: GymEnv("CartPole-v1", num_envs=8), None, frames_per_batch=4096,
-                             total_frames=4096 * 3) as c:
+        async with Collector(
+            lambda: GymEnv("CartPole-v1", num_envs=8), None, frames_per_batch=4096, total_frames=4096 * 3
+        ) as c:
             async for _ in c:
                 pass
         stop.set()
@@ -529,8 +531,9 @@ async def test_same_seed_same_batches() -> None:
             return torch.multinomial(self.net(obs), 1).squeeze(-1)
 
     async def run(seed: int) -> list[TensorDict]:
-        async with Collector(lambda: GymEnv("CartPole-v1", num_envs=3), Sample(), frames_per_batch=60,
-                             total_frames=180) as c:
+        async with Collector(
+            lambda: GymEnv("CartPole-v1", num_envs=3), Sample(), frames_per_batch=60, total_frames=180
+        ) as c:
             c.set_seed(seed)
             return [b async for b in c]
 
@@ -541,16 +544,18 @@ async def test_same_seed_same_batches() -> None:
 
 
 async def test_state_dict_resumes_counts_and_weights() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8,
-                         total_frames=32) as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8, total_frames=32
+    ) as c:
         await anext(c)
         await c.update_policy_weights_(LinearArgmax())
         await anext(c)
         state = c.state_dict()
     assert state["frames"] == 16
     assert state["policy_version"] == 1
-    resumed = Collector(lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8,
-                        total_frames=32)
+    resumed = Collector(
+        lambda: CountingEnv(num_envs=2), policy_factory=LinearArgmax, frames_per_batch=8, total_frames=32
+    )
     resumed.load_state_dict(state)
     async with resumed:
         rest = [b async for b in resumed]
@@ -563,8 +568,9 @@ async def test_state_dict_resumes_counts_and_weights() -> None:
 
 
 async def test_max_frames_per_traj_truncates_and_resets() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=100), None, frames_per_batch=40,
-                         max_frames_per_traj=7) as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=2, episode_length=100), None, frames_per_batch=40, max_frames_per_traj=7
+    ) as c:
         batch = await anext(c)
     truncated = batch["next", "truncated"].squeeze(-1)
     assert truncated[:, 6].all()
@@ -580,8 +586,9 @@ async def test_max_frames_per_traj_truncates_and_resets() -> None:
 
 
 async def test_init_random_frames_then_policy() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=4), AlwaysZero(), frames_per_batch=400,
-                         init_random_frames=400) as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=4), AlwaysZero(), frames_per_batch=400, init_random_frames=400
+    ) as c:
         random_batch = await anext(c)
         policy_batch = await anext(c)
     assert random_batch["action"].sum() > 0
@@ -589,8 +596,9 @@ async def test_init_random_frames_then_policy() -> None:
 
 
 async def test_reset_at_each_iter_postproc_and_split_trajs() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=100), None, frames_per_batch=8,
-                         reset_at_each_iter=True) as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=2, episode_length=100), None, frames_per_batch=8, reset_at_each_iter=True
+    ) as c:
         a, b = await anext(c), await anext(c)
     assert not set(a["collector", "traj_ids"].flatten().tolist()) & set(b["collector", "traj_ids"].flatten().tolist())
 
@@ -600,8 +608,9 @@ async def test_reset_at_each_iter_postproc_and_split_trajs() -> None:
     async with Collector(CountingEnv, None, frames_per_batch=4, postproc=add_flag) as c:
         assert (await anext(c))["seen"].all()
 
-    async with Collector(lambda: CountingEnv(num_envs=2, episode_length=[3, 5]), None, frames_per_batch=20,
-                         split_trajs=True) as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=2, episode_length=[3, 5]), None, frames_per_batch=20, split_trajs=True
+    ) as c:
         split = await anext(c)
     mask = split["collector", "mask"]
     assert split.names == [None, "time"]
@@ -618,17 +627,21 @@ async def test_exploration_type_is_per_collector_and_does_not_leak() -> None:
 
     logits = TensorDictModule(torch.nn.Linear(1, 2), in_keys=["observation"], out_keys=["logits"])
     sample = ProbabilisticTensorDictModule(
-        in_keys=["logits"], out_keys=["action"], distribution_class=torch.distributions.Categorical,
+        in_keys=["logits"],
+        out_keys=["action"],
+        distribution_class=torch.distributions.Categorical,
         return_log_prob=True,
     )
     policy = TensorDictSequential(logits, sample)
     with torch.no_grad():
         policy[0].module.weight.zero_()
         policy[0].module.bias.copy_(torch.tensor([0.0, 0.1]))  # mode: action 1; random: both
-    async with Collector(lambda: CountingEnv(num_envs=8), policy, frames_per_batch=400,
-                         exploration_type="mode") as det, Collector(
-        lambda: CountingEnv(num_envs=8), policy, frames_per_batch=400, exploration_type=InteractionType.RANDOM
-    ) as rnd:
+    async with (
+        Collector(lambda: CountingEnv(num_envs=8), policy, frames_per_batch=400, exploration_type="mode") as det,
+        Collector(
+            lambda: CountingEnv(num_envs=8), policy, frames_per_batch=400, exploration_type=InteractionType.RANDOM
+        ) as rnd,
+    ):
         d_batch, r_batch = await anext(det), await anext(rnd)
     assert d_batch["action"].unique().tolist() == [1]
     assert r_batch["action"].unique().tolist() == [0, 1]

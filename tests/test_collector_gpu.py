@@ -21,8 +21,9 @@ class Greedy(torch.nn.Module):
 
 
 async def test_policy_on_cuda_env_on_cpu_batches_on_storing_device() -> None:
-    async with Collector(lambda: CountingEnv(num_envs=4), Greedy(), frames_per_batch=32, policy_device="cuda",
-                         storing_device="cuda") as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=4), Greedy(), frames_per_batch=32, policy_device="cuda", storing_device="cuda"
+    ) as c:
         batch = await anext(c)
         assert c.policy.net.weight.device.type == "cuda"
     assert batch.device.type == "cuda"
@@ -36,8 +37,9 @@ async def test_device_fills_all_and_weights_cross_devices() -> None:
     with torch.no_grad():
         source.net.weight.zero_()
         source.net.bias.copy_(torch.tensor([0.0, 1.0]))
-    async with Collector(lambda: CountingEnv(num_envs=2), policy_factory=Greedy, frames_per_batch=8,
-                         policy_device="cuda") as c:
+    async with Collector(
+        lambda: CountingEnv(num_envs=2), policy_factory=Greedy, frames_per_batch=8, policy_device="cuda"
+    ) as c:
         await c.update_policy_weights_(source)  # CPU weights into a CUDA policy
         batch = await anext(c)
     assert batch.device.type == "cpu"  # storing follows the env

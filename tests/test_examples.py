@@ -26,13 +26,24 @@ CASES = {
         "eval return after training",
     ),
     "dqn_cartpole.py": (
-        ["--total-frames", "2048", "--learning-starts", "512", "--frames-per-update", "8", "--eval-every", "100",
-         "--eval-episodes", "2"],
+        [
+            "--total-frames",
+            "2048",
+            "--learning-starts",
+            "512",
+            "--frames-per-update",
+            "8",
+            "--eval-every",
+            "100",
+            "--eval-episodes",
+            "2",
+        ],
         "eval return",
     ),
     "ppo_cartpole.py": (["--total-frames", "2048", "--frames-per-batch", "1024", "--epochs", "1"], "done:"),
     "reinforce_episodes.py": (
-        ["--total-frames", "2048", "--frames-per-batch", "256", "--trajs-per-batch", "8"], "done:"
+        ["--total-frames", "2048", "--frames-per-batch", "256", "--trajs-per-batch", "8"],
+        "done:",
     ),
     "ray_cluster.py": (["--total-frames", "2048", "--frames-per-batch", "512", "--num-envs", "2"], "done:"),
 }

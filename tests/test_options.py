@@ -252,9 +252,7 @@ class Stale(MultiAsyncCollector):
     assert stale.__doc__.rstrip().endswith("ConfigurationError: a bad argument.")
 
 
-SETTINGS_CLASSES = sorted(
-    {c.settings_class for c in _public_collectors()} | {WorkerSettings}, key=lambda s: s.__name__
-)
+SETTINGS_CLASSES = sorted({c.settings_class for c in _public_collectors()} | {WorkerSettings}, key=lambda s: s.__name__)
 
 
 @pytest.mark.parametrize("settings", SETTINGS_CLASSES, ids=lambda s: s.__name__)
@@ -297,9 +295,7 @@ def test_a_collector_own_default_applies_where_the_keyword_is_not_given() -> Non
     assert "Defaults to ``'cpu'``." in AsyncBatchedCollector.__doc__
 
 
-@pytest.mark.parametrize(
-    ("keyword", "value", "sync"), [("cat_results", 0, False), ("credits", 3, True)]
-)
+@pytest.mark.parametrize(("keyword", "value", "sync"), [("cat_results", 0, False), ("credits", 3, True)])
 def test_a_mode_option_is_refused_in_the_other_mode_and_documented_with_its_mode(
     keyword: str, value: object, sync: bool
 ) -> None:

@@ -81,7 +81,10 @@ def test_a_worker_slot_lives_through_a_restart_and_a_stop() -> None:
     assert handle.on_death(lockstep=False, running=True) == 0
     handle.on_launch(4.0)
     assert (handle.state, handle.generation, handle.restarts, handle.unreachable_since) == (
-        WorkerState.STARTING, 2, 1, None
+        WorkerState.STARTING,
+        2,
+        1,
+        None,
     )
     handle.on_stopping()
     assert handle.state is WorkerState.STOPPING

@@ -147,4 +147,3 @@ def test_gil_handover_offers_at_most_every_interval() -> None:
         once()
     assert every_call.offers == 5
     assert once.offers == 1  # the first call offers: nothing says when the GIL was last given up
-

@@ -50,8 +50,23 @@ _EXTRAS = {
     "atari": ["ale-py"],
     "examples": ["tyro", "aiohttp"],
     "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"],
-    "dev": ["pytest", "pytest-asyncio", "pytest-timeout", "trio", "hypothesis", "ruff", "mypy", "mkdocs",
-            "mkdocs-material", "mkdocstrings", "tyro", "tqdm", "aiohttp", "ale-py", "envpool"],
+    "dev": [
+        "pytest",
+        "pytest-asyncio",
+        "pytest-timeout",
+        "trio",
+        "hypothesis",
+        "ruff",
+        "mypy",
+        "mkdocs",
+        "mkdocs-material",
+        "mkdocstrings",
+        "tyro",
+        "tqdm",
+        "aiohttp",
+        "ale-py",
+        "envpool",
+    ],
 }
 
 

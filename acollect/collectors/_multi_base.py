@@ -524,5 +524,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         return version
 
     def _default_scheme(self) -> WeightSyncScheme:
-        local = self.settings.launcher.same_host and (self.settings.address is None or self.settings.address.startswith("ipc://"))
+        local = self.settings.launcher.same_host and (
+            self.settings.address is None or self.settings.address.startswith("ipc://")
+        )
         return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()

@@ -96,4 +96,3 @@ class ReportingMixin:
         """Hook: what a collector counted so far, by :class:`~acollect.CollectorStats` field (``restarts``,
         ``dropped_batches``, ``discarded_frames``, ``stale_batches``...); those left out are 0."""
         return {}
-

@@ -348,8 +348,11 @@ class CollectorBase(ReportingMixin):
             finally:
                 lifecycle.move(CollectorState.CLOSED)
                 self._close_progress()
-        if raise_background_error and lifecycle.background and lifecycle.failure is not None and (
-            not lifecycle.failure_reported
+        if (
+            raise_background_error
+            and lifecycle.background
+            and lifecycle.failure is not None
+            and (not lifecycle.failure_reported)
         ):
             self._raise_failure()
 

@@ -284,7 +284,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         await server.start(self._tasks)
         for config in self._configs:
             config.inference = {
-                "address": server.address, "slots": server.slot_address, "env_groups": self._env_groups()
+                "address": server.address,
+                "slots": server.slot_address,
+                "env_groups": self._env_groups(),
             }
             if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
                 config.inference["keys"] = server.local_client_keys()

@@ -374,8 +374,10 @@ class Collector(CollectorBase):
             ['batches', 'frames', 'next_traj_counter', 'policy_state_dict', 'policy_version']
         """
         engine = self._engine
-        module = engine.policy.weights_module if engine is not None else (
-            self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None
+        module = (
+            engine.policy.weights_module
+            if engine is not None
+            else (self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None)
         )
         return {
             "frames": self._frames,

@@ -136,18 +136,16 @@ class BatchedSettings(MultiAsyncSettings):
             "with one per worker.",
         ),
         "policy_factory": Override(
-            doc="a zero-argument callable building the server's policy, instead of ``policy``, in the server "
-            "process."
+            doc="a zero-argument callable building the server's policy, instead of ``policy``, in the server process."
         ),
         "keys": Override(
             note="They guard the inference server's connections as well (the same key pair and allow-list)."
         ),
         "heartbeat_timeout": Override(
-            note="A forward pass running longer breaks the collector with a ``PolicyError`` saying the server is "
-            "hung."
+            note="A forward pass running longer breaks the collector with a ``PolicyError`` saying the server is hung."
         ),
         "worker_affinity": Override(
-            note="With ``\"auto\"`` the inference server process runs on the trainer's cores (those left by the "
+            note='With ``"auto"`` the inference server process runs on the trainer\'s cores (those left by the '
             "workers), pinned once it started, and ``server_threads`` defaults to their number; with no core left, "
             "or with a list, the server is not pinned."
         ),
@@ -396,6 +394,4 @@ class RaySettings(ModeSettings):
         None, check=_none_only, doc="TorchRL's; only ``None``: weights reach the actors with "
         "``update_policy_weights_()`` (and ``weight_sync_schemes``), acknowledged by each.",
     )  # fmt: skip
-    weight_recv_schemes: None = option(
-        None, check=_none_only, doc="TorchRL's; only ``None`` (see ``weight_updater``)."
-    )
+    weight_recv_schemes: None = option(None, check=_none_only, doc="TorchRL's; only ``None`` (see ``weight_updater``).")

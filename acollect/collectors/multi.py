@@ -183,9 +183,7 @@ class MultiSyncCollector(MultiCollectorBase):
     settings_class: ClassVar[type[MultiSyncSettings]] = MultiSyncSettings
     settings: MultiSyncSettings
 
-    def __init__(
-        self, create_env_fn_list: Any, policy: PolicyLike = None, **options: Unpack[MultiSyncOptions]
-    ) -> None:
+    def __init__(self, create_env_fn_list: Any, policy: PolicyLike = None, **options: Unpack[MultiSyncOptions]) -> None:
         super().__init__(create_env_fn_list, policy, parse(options, self.settings_class, owner=type(self)))
 
     @property

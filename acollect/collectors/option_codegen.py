@@ -257,9 +257,7 @@ def write_keyword_args(collector: type[CollectorBase]) -> None:
     """Rewrites the "Keyword Args" section of ``collector``'s docstring in its source file from the declarations."""
     path = Path(inspect.getsourcefile(collector) or "")
     source = path.read_text()
-    node = next(
-        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == collector.__name__
-    )
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == collector.__name__)
     docstring = node.body[0]
     if not isinstance(docstring, ast.Expr) or docstring.end_lineno is None:
         raise ValueError(f"{collector.__name__} has no docstring to write its Keyword Args into")

@@ -88,7 +88,6 @@ DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
 ON_WORKER_LOSS = ("raise", "continue")
 
 
-
 # -- one check per option --------------------------------------------------------------------
 def _devices(name: str, value: Any) -> Any:
     if isinstance(value, (list, tuple)):
@@ -671,4 +670,3 @@ def _keywords_of(owner: Callable[..., Any] | None) -> list[str]:
     if isinstance(owner, type):
         params = params[1:]  # self
     return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-

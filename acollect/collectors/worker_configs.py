@@ -98,7 +98,10 @@ def _worker_options(settings: WorkerSettings, i: int, n: int) -> dict[str, Any]:
 
 
 def build_worker_configs(
-    fns: list[Any], policy: PolicyLike, settings: WorkerSettings, frames_per_batch: int,
+    fns: list[Any],
+    policy: PolicyLike,
+    settings: WorkerSettings,
+    frames_per_batch: int,
     affinity: AffinityPlan | None = None,
 ) -> list[P.WorkerConfig]:
     """One config per worker (the last ``remote_workers`` of them started by hand), each with its cores from

@@ -95,9 +95,7 @@ class EnvBase(abc.ABC):
         """
 
     @abc.abstractmethod
-    def step_and_reset_into(
-        self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase
-    ) -> None:
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         """Steps every sub-env with ``action``, resetting the ones that finished.
 
         Args:
@@ -188,4 +186,3 @@ class EnvBase(abc.ABC):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

@@ -157,4 +157,3 @@ def tensors_from_wire(entries: object) -> dict[Key, torch.Tensor]:
         flat = torch.frombuffer(bytearray(raw), dtype=dtype) if raw else torch.empty(0, dtype=dtype)
         out[tuple(key)] = flat.reshape(shape)
     return out
-

@@ -368,8 +368,11 @@ class InferenceServer:
         held = self._lifecycle.state is not CollectorState.NEW
         self.abandon()
         if held:
-            warn_unclosed(self, "InferenceServer was never shut down: the event loop it started on ended; its process "
-                          "was killed. Use `async with InferenceServer(...)` or `await server.async_shutdown()`")
+            warn_unclosed(
+                self,
+                "InferenceServer was never shut down: the event loop it started on ended; its process "
+                "was killed. Use `async with InferenceServer(...)` or `await server.async_shutdown()`",
+            )
 
     async def aclose(self, timeout: float = _CLOSE_TIMEOUT) -> None:
         """An alias of :meth:`async_shutdown`, for code that closes async resources with ``aclose()``."""

@@ -70,7 +70,13 @@ class ThreadEngine:
             self.address = self._sock.address
             self.slot_address = self._hub.path if self._hub is not None else None
         self.loop = ServerLoop(
-            self._mail, self.batcher, forward, self.recorder, self._sock, self._close_socket, self._hub,
+            self._mail,
+            self.batcher,
+            forward,
+            self.recorder,
+            self._sock,
+            self._close_socket,
+            self._hub,
             in_flight=self.spec.passes_in_flight,
         )
         self._started = True

@@ -36,9 +36,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ConfigurationError(
-            "launcher='ray' needs Ray: pip install 'acollect[ray]' (or pip install ray)"
-        ) from exc
+        raise ConfigurationError("launcher='ray' needs Ray: pip install 'acollect[ray]' (or pip install ray)") from exc
     return ray
 
 

@@ -122,8 +122,10 @@ class Lender:
             storage = leaf.untyped_storage()
             base = bases[storage.data_ptr()]
             size = leaf.element_size()
-            region = base.view(leaf.dtype) if base.numel() % size == 0 else base[: base.numel() // size * size].view(
-                leaf.dtype
+            region = (
+                base.view(leaf.dtype)
+                if base.numel() % size == 0
+                else base[: base.numel() // size * size].view(leaf.dtype)
             )
             return region.as_strided(leaf.shape, leaf.stride(), leaf.storage_offset())
 

@@ -411,4 +411,3 @@ def cleanup_stale(directory: str = SHM_DIR) -> list[str]:
                 os.unlink(os.path.join(directory, entry))
                 removed.append(entry)
     return removed
-

@@ -129,8 +129,23 @@ BOUNDARY = frozenset({WEIGHTS, SEED, LOAD_STATE})
 #: counted (it would otherwise be handed out after the caller asked for a fresh, seeded start).
 RESETS = frozenset({SEED, LOAD_STATE})
 TO_WORKER = frozenset(
-    {SLOTS, COLLECT, RUN, CREDIT, FREE, WEIGHTS, PAUSE, RESUME, SEED, STATE, LOAD_STATE, STOP, CONFIG, DIST_INIT,
-     HEARTBEAT}
+    {
+        SLOTS,
+        COLLECT,
+        RUN,
+        CREDIT,
+        FREE,
+        WEIGHTS,
+        PAUSE,
+        RESUME,
+        SEED,
+        STATE,
+        LOAD_STATE,
+        STOP,
+        CONFIG,
+        DIST_INIT,
+        HEARTBEAT,
+    }
 )
 
 # worker -> collector

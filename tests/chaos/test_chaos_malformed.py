@@ -123,8 +123,10 @@ def messages(tripwire: str) -> st.SearchStrategy[list[bytes]]:
     )
     other_version = (
         # Versions msgpack can pack (an int past 64 bits fails in the sender, not in the collector).
-        st.tuples(st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=4), st.none()),
-                  st.sampled_from(sorted(P.TO_COLLECTOR)))
+        st.tuples(
+            st.one_of(st.integers(-(2**63), 2**64 - 1), st.text(max_size=4), st.none()),
+            st.sampled_from(sorted(P.TO_COLLECTOR)),
+        )
         .map(lambda t: [msgpack.packb({"v": t[0], "kind": t[1], "worker": 0, "gen": 1}, use_bin_type=True)])
         .filter(lambda m: msgpack.unpackb(m[0])["v"] != PROTOCOL_VERSION)
     )

@@ -87,7 +87,8 @@ async def test_a_killed_server_process_fails_its_waiting_callers_and_later_calls
 
 def test_a_killed_trainer_leaves_no_server_process_and_nothing_it_bound(tmp_path: Path) -> None:
     script = tmp_path / "trainer.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import anyio, sys, torch
         from tensordict.nn import TensorDictModule
         from acollect import InferenceServer
@@ -99,7 +100,8 @@ def test_a_killed_trainer_leaves_no_server_process_and_nothing_it_bound(tmp_path
                 await anyio.sleep(120)
 
         anyio.run(main)
-    """))
+    """)
+    )
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert trainer.stdout is not None

@@ -125,9 +125,7 @@ async def test_inner_module_weights_are_mapped_onto_a_tensordict_module(start_me
 
 
 async def test_a_worker_refuses_weights_that_skipped_the_check_and_lives_on(start_method: str) -> None:
-    async with MultiSyncCollector(
-        [counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method
-    ) as c:
+    async with MultiSyncCollector([counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method) as c:
         await anext(c)
         pool, pids = c.pool, c.worker_pids
         assert pool is not None
@@ -157,19 +155,21 @@ async def test_a_worker_refuses_weights_that_skipped_the_check_and_lives_on(star
         ({"version": 7, "models": "policy"}, None),
         ({"version": 7, "models": [{"id": "policy", "layout": {"leaves": "no"}, "shm": None}]}, None),
         ({"version": 7, "models": [{"id": "policy", "layout": {"leaves": [], "nbytes": 0}, "shm": None}]}, None),
-        ({"version": 7, "models": [{"id": "env.nothing", "layout": {"leaves": [], "nbytes": 0}, "shm": None}]},
-         {"m0": torch.zeros(0, dtype=torch.uint8)}),
-        ({"version": 7, "models": [{"id": "policy", "layout": {"leaves": [], "nbytes": 0}, "shm": "acollect-no"}]},
-         None),
+        (
+            {"version": 7, "models": [{"id": "env.nothing", "layout": {"leaves": [], "nbytes": 0}, "shm": None}]},
+            {"m0": torch.zeros(0, dtype=torch.uint8)},
+        ),
+        (
+            {"version": 7, "models": [{"id": "policy", "layout": {"leaves": [], "nbytes": 0}, "shm": "acollect-no"}]},
+            None,
+        ),
     ],
     ids=["version", "no-models", "models-str", "leaves-str", "no-frame", "no-module", "no-segment"],
 )
 async def test_a_malformed_weights_message_leaves_the_worker_alive(
     start_method: str, fields: dict[str, Any], frames: dict[str, torch.Tensor] | None
 ) -> None:
-    async with MultiSyncCollector(
-        [counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method
-    ) as c:
+    async with MultiSyncCollector([counting] * 2, NestedProbe(0.0), frames_per_batch=8, start_method=start_method) as c:
         await anext(c)
         pool, pids = c.pool, c.worker_pids
         assert pool is not None

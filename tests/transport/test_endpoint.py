@@ -228,7 +228,6 @@ def test_timeouts_must_be_finite_and_non_negative(backend: str) -> None:
                 with pytest.raises(ConfigurationError, match="timeout="):
                     await endpoint.recv(timeout=bad)  # type: ignore[arg-type]
 
-
     run(backend, main)
 
 
@@ -405,6 +404,7 @@ def test_send_to_a_full_queue_times_out_within_its_deadline(backend: str) -> Non
                 elapsed, error = await fill()
                 assert error == "could not queue a message for worker b'w0' within 0.2s"
                 assert 0.19 <= elapsed < 1.0
+
                 # A worker that reads again lets a waiting send through, long before its deadline.
                 def drain() -> None:
                     while worker.recv(timeout=0.5) is not None:
