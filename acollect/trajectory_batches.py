@@ -137,6 +137,14 @@ class TrajectoryAssembler:
         for traj in [t for t in self._open if t not in seen and t % self.workers in present]:
             self._done.append(_truncate(_join(self._open.pop(traj))))
 
+    def end_worker(self, worker: int) -> int:
+        """Ends, truncated, the open trajectories of ``worker`` (one lost for good: no batch of it will come to
+        end them); returns how many."""
+        ended = [traj for traj in self._open if traj % self.workers == worker]
+        for traj in ended:
+            self._done.append(_truncate(_join(self._open.pop(traj))))
+        return len(ended)
+
     def take(self, n: int) -> TensorDictBase:
         """The oldest ``n`` complete trajectories as one ``[n, L]`` batch (``1 <= n <=`` :attr:`complete`)."""
         assert 0 < n <= len(self._done), f"{len(self._done)} complete trajectories, {n} asked for"

@@ -168,7 +168,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     def _new_pool(self, settings: PoolSettings) -> WorkerPool:
         """Builds the worker pool (subclasses moving data another way return a subclass of it)."""
-        return WorkerPool(self._configs, settings, on_failure=self._fail, on_lost=self._workers_lost)
+        return WorkerPool(self._configs, settings, on_failure=self._fail, on_lost=self._lost)
 
     def _pool_settings(self) -> PoolSettings:
         """What the pool is told: the collector's options and what its dispatch strategy asks of the workers."""
@@ -398,6 +398,15 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         interval = self.settings.max_weight_update_interval
         if due or (interval is not None and self._batches - self._last_push >= interval):
             await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
+
+    def _lost(self, live: int) -> None:
+        """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
+        assembler = self._assembler
+        if assembler is not None:  # its episodes in progress get no more frames: handed out, cut
+            for handle in self._require_pool().handles:
+                if handle.lost:
+                    assembler.end_worker(handle.index)
+        self._workers_lost(live)
 
     def _workers_lost(self, live: int) -> None:
         """Hook, on the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left (what a

@@ -236,3 +236,37 @@ def test_a_bad_value_names_the_option() -> None:
 def test_collectors_that_cannot_lose_a_worker_refuse_the_option(make: object, why: str) -> None:
     with pytest.raises(ConfigurationError, match=f"on_worker_loss.*{why}"):
         make()  # type: ignore[operator]
+
+
+async def test_whole_episodes_of_a_lost_worker_are_handed_out_cut_at_once(start_method: str) -> None:
+    # Episodes far longer than a batch: the lost worker's episodes in progress could only end by its next batch,
+    # which never comes; they are handed out, truncated at their last frame, as soon as the loss is known.
+    def long_episodes() -> SlowEnv:
+        return SlowEnv(step_time=0.001, num_envs=N_ENVS, episode_length=100_000)
+
+    async with MultiAsyncCollector(
+        [long_episodes] * 2, frames_per_batch=N_ENVS * T, trajs_per_batch=N_ENVS, total_frames=-1,
+        on_worker_loss="continue", start_method=start_method,
+    ) as collector:  # fmt: skip
+        taken = []
+
+        async def take() -> None:  # pulls batches into episodes, waiting for two to end
+            taken.append(await anext(collector))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take)
+                await wait_until(lambda: collector.frames >= 4 * N_ENVS * T, timeout=NOTICE, interval=0.01)
+                assert not taken
+                kill(collector, 1)
+                await lost(collector, 1)
+        # Nothing else could end an episode: the batch holds the lost worker's episodes, cut.
+        (batch,) = taken
+        assert batch.batch_size[0] == N_ENVS
+        traj_ids = batch["collector", "traj_ids"][:, 0]
+        assert (traj_ids % 2 == 1).all()  # worker 1 of 2 numbers its trajectories 1, 3, 5, ...
+        mask = batch["collector", "mask"]
+        last = mask.sum(-1) - 1
+        rows = torch.arange(batch.batch_size[0])
+        assert batch["next", "truncated"][rows, last].all()
+        assert batch["next", "done"][rows, last].all()
