@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from acollect import (
     ConfigurationError,
@@ -176,3 +177,23 @@ def test_shutdown_ray_ends_the_ray_the_collector_started() -> None:
 def test_shutdown_ray_must_be_a_bool() -> None:
     with pytest.raises(ConfigurationError, match="shutdown_ray"):
         RayCollector([CountingEnv], frames_per_batch=4, shutdown_ray="yes")  # type: ignore[arg-type]
+
+
+async def test_a_ray_collector_collects_on_without_a_lost_actor_in_whole_episodes() -> None:
+    # on_worker_loss and trajs_per_batch through Ray actors: the options the local pool honours, honoured here.
+    collector = RayCollector(
+        [CountingEnv] * 2, frames_per_batch=4, trajs_per_batch=2, on_worker_loss="continue",
+        remote_configs={"num_cpus": 1},
+    )  # fmt: skip
+    async with collector:
+        batch = await anext(collector)
+        assert batch.batch_size[0] == 2
+        assert batch["collector", "mask"].any(-1).all()
+        actors = collector.remote_collectors
+        ray.kill(actors[1], no_restart=True)
+        await wait_until(lambda: collector.stats().lost_workers == 1, timeout=60)
+        for _ in range(3):
+            batch = await anext(collector)
+            last = batch["collector", "mask"].sum(-1) - 1
+            assert batch["next", "done"][torch.arange(batch.batch_size[0]), last].all()  # whole (or cut) episodes
+        assert collector.stats().lost_workers == 1
