@@ -32,6 +32,7 @@ from acollect.pool import Received, WorkerPool, WorkerState
 from acollect.pool.settings import PoolSettings
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
+from acollect.trajectory_batches import TrajectoryAssembler
 from acollect.transport.cuda_dma import Copy, DeviceCopier
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
@@ -88,6 +89,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
         self._loans = Loans(settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget())
         self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
+        self._episodes_to_end: set[int] = set()  # lost workers whose episodes in progress are still to be cut
         # Copied to a GPU: items whose slots are read until their copy ended (given back at the next batch).
         self._held: list[Received] = []
 
@@ -401,12 +403,19 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     def _lost(self, live: int) -> None:
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
-        assembler = self._assembler
-        if assembler is not None:  # its episodes in progress get no more frames: handed out, cut
-            for handle in self._require_pool().handles:
-                if handle.lost:
-                    assembler.end_worker(handle.index)
+        if self.settings.trajs_per_batch is not None:
+            self._episodes_to_end.update(h.index for h in self._require_pool().handles if h.lost)
         self._workers_lost(live)
+
+    def _assembled(self, assembler: TrajectoryAssembler) -> None:
+        # A lost worker's episodes in progress get no more frames, so they are handed out, cut: once the batches it
+        # delivered before its loss (still queued) are in, or a queued one would open a piece of them again.
+        if self._episodes_to_end:
+            pool = self._require_pool()
+            queued = {item.worker for item in pool.ready_queue}
+            for worker in [w for w in self._episodes_to_end if w not in queued]:
+                assembler.end_worker(worker)
+                self._episodes_to_end.discard(worker)
 
     def _workers_lost(self, live: int) -> None:
         """Hook, on the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left (what a

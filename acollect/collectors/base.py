@@ -505,6 +505,10 @@ class CollectorBase(ReportingMixin):
             else:  # pixels: milliseconds of copying, off the event loop
                 await anyio.to_thread.run_sync(assembler.add, batch)
             self._count_frames(batch.numel())
+            self._assembled(assembler)
+
+    def _assembled(self, assembler: TrajectoryAssembler) -> None:
+        """Hook: a batch was added to ``assembler`` (a collector whose workers may be lost ends their episodes)."""
 
     async def _take_episodes(self, assembler: TrajectoryAssembler) -> TensorDictBase | None:
         """``trajs_per_batch`` complete episodes as one batch, if there are as many; once ``total_frames`` were
