@@ -111,6 +111,8 @@ def coroutine_twin(env: Any) -> Callable[[], AsyncEnvPool]:
     keywords = dict(env.keywords)
     num_envs = keywords.pop("num_envs", 1)
     twin: dict[str, Any] = {}
+    if "episode_length" in keywords:
+        twin["episode_length"] = keywords.pop("episode_length")
     if env.func is SlowEnv:
         twin = {"step_time": env.args[0], "reset_time": keywords.pop("reset_time", 0.0)}
     elif env.func is CrashingEnv:
@@ -198,6 +200,54 @@ def test_two_consumers_are_served_in_turn(kind: str, backend: str) -> None:
                     tg.start_soon(consume, collector)
                 assert collector.frames == sum(got)
         assert len(got) == 6
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=()))
+def test_two_consumers_of_whole_episodes_are_served_in_turn(kind: str, backend: str) -> None:
+    # trajs_per_batch hands out by its own path (batches gathered into episodes): the same rules hold.
+    async def scenario() -> None:
+        got: list[int] = []
+
+        async def consume(collector: CollectorBase) -> None:
+            for _ in range(3):
+                batch = await anext(collector)
+                assert batch.batch_size[0] == 2
+                got.append(int(batch["collector", "mask"].sum()))
+
+        episodes = functools.partial(CountingEnv, num_envs=2, episode_length=3)
+        with anyio.fail_after(60):
+            async with make(kind, episodes, trajs_per_batch=2) as collector:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume, collector)
+                    tg.start_soon(consume, collector)
+        assert got == [6] * 6  # every batch two whole episodes of 3 steps, none handed out twice
+
+    run(backend, scenario)
+
+
+@pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=()))
+def test_shutdown_wakes_a_task_waiting_for_whole_episodes(kind: str, backend: str) -> None:
+    async def scenario() -> None:
+        # Episodes that do not end before the shutdown: the waiter is gathering batches into them.
+        collector = make(kind, functools.partial(SlowEnv, 0.01, num_envs=2, episode_length=100_000), trajs_per_batch=2)
+        outcome: list[BaseException] = []
+
+        async def consume() -> None:
+            try:
+                await anext(collector)
+            except ClosedCollectorError as exc:
+                outcome.append(exc)
+
+        with anyio.fail_after(60):
+            async with collector:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    await wait_until(lambda: collector.frames >= 16, timeout=30)  # batches gathered, none handed out
+                    with anyio.fail_after(8):
+                        await collector.async_shutdown()
+        assert len(outcome) == 1, "the waiting consumer must get ClosedCollectorError"
 
     run(backend, scenario)
 
