@@ -83,7 +83,6 @@ class PassRunner:
         if inline and in_flight != 1:
             raise ValueError(f"inline passes run one at a time: in_flight must be 1, got {in_flight}")
         self._forward = forward
-        self._make_lane = make_lane
         self._on_done = on_done
         self._answer = answer
         self._record = record
@@ -95,7 +94,7 @@ class PassRunner:
         self._busy = 0  # passes handed over and not finished
         self._in_flight = in_flight
         self._inline = inline
-        self._inline_lane: list[Lane] = []
+        self._inline_lane = _once(make_lane)
         self._threads = [] if inline else [
             threading.Thread(target=self._serve, args=(i, make_lane), name=f"acollect-pass-{i}", daemon=True)
             for i in range(in_flight)
@@ -133,12 +132,7 @@ class PassRunner:
                 self._jobs.append((requests, version))
                 self._cond.notify()
                 return
-        self._run(0, requests, version, self._lane_inline)  # here, now: see ``inline``
-
-    def _lane_inline(self) -> Lane:
-        if not self._inline_lane:
-            self._inline_lane.append(self._make_lane())
-        return self._inline_lane[0]
+        self._run(0, requests, version, self._inline_lane)  # here, now: see ``inline``
 
     def finished(self) -> list[DonePass]:
         """The passes that ended since the last call (for the loop thread)."""
@@ -170,13 +164,7 @@ class PassRunner:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def _serve(self, index: int, make_lane: Callable[[], Lane]) -> None:
-        lane: list[Lane] = []  # made by the first pass (on this thread: a CUDA stream is per thread's use)
-
-        def lane_here() -> Lane:
-            if not lane:
-                lane.append(make_lane())
-            return lane[0]
-
+        lane = _once(make_lane)  # made by the first pass, on this thread (where its CUDA stream is used)
         while True:
             with self._cond:
                 while not self._jobs:
@@ -184,7 +172,7 @@ class PassRunner:
                 job = self._jobs.popleft()
             if job is None:
                 return
-            self._run(index, *job, lane_here)
+            self._run(index, *job, lane)
 
     def _run(self, index: int, requests: list[Request], version: int, lane: Callable[[], Lane]) -> None:
         """Runs one pass, counts it, answers what this thread may answer, and leaves the rest to the loop thread."""
@@ -219,3 +207,16 @@ class PassRunner:
     def _tell_running(self) -> None:
         if self._on_running is not None:
             self._on_running(min(self._running.values(), default=None))
+
+
+def _once(make: Callable[[], Lane]) -> Callable[[], Lane]:
+    """``make``, called on first use only: the lane of one thread (or of the inline passes), made by its first pass
+    (whose failure is then that pass's)."""
+    made: list[Lane] = []
+
+    def lane() -> Lane:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return lane
