@@ -24,7 +24,7 @@ from acollect._row_ring import RowRing
 from acollect._threads import run_in_thread
 from acollect.devices import Devices
 from acollect.errors import PolicyError
-from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy
+from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, unseeded_generator
 from acollect.rollout import exploration
 
 __all__ = ["INLINE_POLICY_SECONDS", "OutputLayout", "PolicyPasses"]
@@ -74,7 +74,7 @@ class PolicyPasses:
         self.exploration_type = exploration_type
         self.init_random_frames = init_random_frames
         self._before_pass = before_pass
-        self.generator = torch.Generator()
+        self.generator = unseeded_generator()  # a fixed default seed would repeat in every worker
         self.in_thread = False
         self.running_in_thread = False
         self._extra_inputs = not isinstance(policy, (ModulePolicy, RandomPolicy))  # it may read the done flags

@@ -43,6 +43,7 @@ __all__ = [
     "build_policy",
     "check_policy_outputs",
     "parse_exploration_type",
+    "unseeded_generator",
     "wrap_policy",
 ]
 
@@ -109,13 +110,30 @@ class SplitPolicy(Protocol):
         ...
 
 
+def unseeded_generator() -> torch.Generator:
+    """A CPU generator seeded from fresh OS entropy: what random actions draw from until a seed is given.
+
+    ``torch.Generator()`` alone starts from one fixed seed, the same in every process: each worker's random
+    actions (and each run's) would be the same sequence. Seeded from entropy, two generators never repeat each
+    other, as gymnasium's unseeded spaces; ``set_seed`` makes them reproducible (``manual_seed``).
+
+    Examples:
+        >>> unseeded_generator().initial_seed() != unseeded_generator().initial_seed()
+        True
+    """
+    generator = torch.Generator()
+    generator.seed()  # std::random_device: distinct in every process and every call
+    return generator
+
+
 class RandomPolicy(PolicyAdapter):
     """Samples actions uniformly from the action spec.
 
     Args:
         action_spec: the env's action spec.
         batch_size: the env batch size (``[n_envs]``).
-        generator: a private generator, so seeding it does not touch torch's global RNG.
+        generator: a private generator, so seeding it does not touch torch's global RNG; ``None``: one seeded
+            from fresh entropy (:func:`unseeded_generator`), until the engine's ``seed`` seeds it.
 
     Examples:
         >>> from acollect.specs import Categorical
@@ -132,7 +150,7 @@ class RandomPolicy(PolicyAdapter):
     ) -> None:
         self.action_spec = action_spec
         self.batch_size = tuple(batch_size)
-        self.generator = generator if generator is not None else torch.Generator()
+        self.generator = generator if generator is not None else unseeded_generator()
 
     def __call__(self, td: TensorDictBase | None) -> dict[NestedKey, torch.Tensor]:
         return {"action": self.action_spec.rand(self.batch_size, self.generator)}

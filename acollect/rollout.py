@@ -153,7 +153,9 @@ class RolloutEngine:
         self._root = env.make_root()
         self._next = env.make_next()
         self._obs_keys: list[tuple[str, ...]] = env.observation_spec.leaf_keys()
-        self._random = RandomPolicy(env.action_spec, env.batch_size)
+        # One generator for every random action of the engine (the random policy's own, where it is one):
+        # seed() must reach the actions actually taken, not a second generator beside them.
+        self._random = policy if isinstance(policy, RandomPolicy) else RandomPolicy(env.action_spec, env.batch_size)
         self._traj_ids = torch.zeros(self.n_envs, dtype=torch.int64)
         self._traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
         self._traj_ids_np, self._traj_steps_np = self._traj_ids.numpy(), self._traj_steps.numpy()  # shared memory
