@@ -174,10 +174,10 @@ async def main(args: Args) -> None:
         # frames_per_update frames, and trained() waits until the frames of the next update are in.
         collector.start(rb, frames_per_update=args.frames_per_update, learning_starts=args.learning_starts,
                         max_frames_ahead=args.max_lead)  # fmt: skip
-        await collector.trained(0)  # the warm-up is in the buffer
+        await collector.trained(updates=0)  # the warm-up is in the buffer
         while not collector.exhausted:
             await train_step()
-            await collector.trained()
+            await collector.trained(updates=1)  # one more update: returns once the next one's frames are in
         async with collector.pause():
             final = await asyncio.to_thread(evaluate, learner.q, args.eval_episodes, args.seed + 1)
     stats = collector.stats()

@@ -9,9 +9,13 @@ both sides, one batch at a time:
 * the collector's task asks for its next batch only while the frames it collected are fewer than
   ``learning_starts + updates * frames_per_update + max_frames_ahead``: it never runs further ahead of the trainer
   (its workers may hold a batch or two collected ahead, as always);
-* the trainer, after its updates, calls ``await collector.trained(n)``, which returns once the frames for its next
-  update are in the buffer: ``learning_starts + (updates + 1) * frames_per_update`` (``trained(0)`` before the
-  first update waits for the warm-up).
+* the trainer, after its updates, reports them, and the call returns once the frames for its next update are in the
+  buffer: ``learning_starts + (updates + 1) * frames_per_update``. Two spellings, so that neither reads as the
+  other: ``await collector.trained(updates=n)`` says *n more* updates were done (``trained()``: one more;
+  ``trained(updates=0)`` before the first update waits for the warm-up), and ``await collector.trained_until(total)``
+  says *total* updates were done since ``start()`` (a running total, such as an optimizer's step count). A bare
+  ``trained(n)`` is refused: read as a running total, it would add every total to the last and silently break the
+  ratio.
 
 A ``frames_per_update`` below 1 asks for several updates per frame (SAC's update-to-data ratio above 1).
 
@@ -19,7 +23,7 @@ Examples:
     >>> ratio = ReplayRatio(frames_per_update=4, learning_starts=8, max_frames_ahead=16)
     >>> ratio.collector_may_collect(frames=20), ratio.trainer_may_update(frames=12)
     (True, True)
-    >>> ratio.trained(10)  # ten updates done: the eleventh needs 8 + 11 * 4 = 52 frames
+    >>> ratio.add_updates(10)  # ten more updates done: the eleventh needs 8 + 11 * 4 = 52 frames
     >>> ratio.trainer_may_update(frames=48), ratio.trainer_may_update(frames=52)
     (False, True)
     >>> ratio.collector_may_collect(frames=64)  # 8 + 10 * 4 + 16 = 64: it waits for the trainer
@@ -79,7 +83,7 @@ class ReplayRatio:
                 f"at least frames_per_update={frames_per_update:g} (else the trainer's next update waits for frames "
                 "the collector may not collect)",
             )  # fmt: skip
-        #: gradient updates the trainer reported (``trained(n)``)
+        #: gradient updates the trainer reported since ``start()`` (a running total)
         self.updates = 0
 
     def collector_may_collect(self, frames: int) -> bool:
@@ -90,6 +94,6 @@ class ReplayRatio:
         """Whether the frames of the trainer's next update are in: ``frames`` collected so far."""
         return frames >= self.learning_starts + (self.updates + 1) * self.frames_per_update
 
-    def trained(self, n: int) -> None:
-        """The trainer did ``n`` more updates."""
-        self.updates += n
+    def add_updates(self, more: int) -> None:
+        """The trainer did ``more`` updates since it last reported."""
+        self.updates += more

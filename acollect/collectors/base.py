@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 import anyio
 import torch
 from tensordict import TensorDictBase
+from typing_extensions import Never
 
 from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._loops import current_backend
@@ -546,9 +547,10 @@ class CollectorBase(ReportingMixin):
         group: it stops at :meth:`async_shutdown`, and its failure is raised at the next call.
 
         With ``frames_per_update``, the collector holds a replay ratio with the trainer, which reports its
-        gradient updates with :meth:`trained` (see :mod:`acollect.collectors.background`): the collector never
-        runs more than ``max_frames_ahead`` frames ahead of ``learning_starts + updates * frames_per_update``, and
-        ``await collector.trained(n)`` returns once the frames of the trainer's next update are in the buffer.
+        gradient updates with :meth:`trained` (so many more) or :meth:`trained_until` (a running total; see
+        :mod:`acollect.collectors.background`): the collector never runs more than ``max_frames_ahead`` frames
+        ahead of ``learning_starts + updates * frames_per_update``, and either call returns once the frames of the
+        trainer's next update are in the buffer.
 
         Args:
             replay_buffer: any object with an ``extend(batch)`` method (an :class:`acollect.ReplayBuffer`, a
@@ -567,10 +569,10 @@ class CollectorBase(ReportingMixin):
         Examples:
             >>> async def train(collector, rb, update):  # doctest: +SKIP
             ...     collector.start(rb, frames_per_update=4, learning_starts=1_000)  # DQN: one update per 4 frames
-            ...     await collector.trained(0)  # the warm-up is in the buffer
+            ...     await collector.trained(updates=0)  # the warm-up is in the buffer
             ...     while not collector.exhausted:
             ...         update(rb.sample(64))
-            ...         await collector.trained()  # returns once the next update's frames are in
+            ...         await collector.trained()  # one more update: returns once the next update's frames are in
         """
         self._check_usable("start()")
         if self._lifecycle.background:
@@ -599,34 +601,97 @@ class CollectorBase(ReportingMixin):
         self._run.ratio = ratio
         self._tasks.spawn(self._run_background, replay_buffer, name="background")
 
-    async def trained(self, n: int = 1) -> None:
-        """Reports ``n`` gradient updates done; returns once the frames of the next update are in the buffer.
+    async def trained(self, *positional: Never, updates: int = 1) -> None:
+        """Reports ``updates`` *more* gradient updates; returns once the frames of the trainer's next update are in.
 
         For a collector started with ``frames_per_update`` (see :meth:`start`): the trainer calls it after its
-        updates (``trained(0)`` before the first, to wait for ``learning_starts``), and the collector, waiting
-        for the trainer when it runs ahead of the ratio, goes on. Returns at once once the collector collected its
-        ``total_frames`` (no more frames will come), or without a ratio.
+        updates, and the collector, waiting for the trainer when it runs ahead of the ratio, goes on. ``updates``
+        counts the updates done since the last report, never a running total (that is :meth:`trained_until`):
+        a keyword, so that the call says which it is. Returns at once once the collector collected its
+        ``total_frames`` (no more frames will come).
+
+        Args:
+            updates: updates done since the last report (default one; ``0`` before the first update waits for
+                ``learning_starts``).
 
         Raises:
+            TypeError: the count was given by position (``trained(8)``, which reads as a running total too): the
+                message names both spellings.
+            ConfigurationError: ``updates`` is no int >= 0.
             CollectorStateError: the collector was not started, or started without ``frames_per_update``.
             ClosedCollectorError: the collector was shut down while this waited.
+
+        Examples:
+            >>> async def train(collector, rb, update):  # doctest: +SKIP
+            ...     collector.start(rb, frames_per_update=4)
+            ...     await collector.trained(updates=0)  # the warm-up is in the buffer
+            ...     while not collector.exhausted:
+            ...         for _ in range(8):
+            ...             update(rb.sample(64))
+            ...         await collector.trained(updates=8)  # eight more: 32 more frames are in
         """
-        check_int("n", n)
+        if positional:
+            given = ", ".join(map(repr, positional))
+            raise TypeError(
+                f"trained({given}) is ambiguous: trained() takes the number of updates as a keyword. "
+                f"`await collector.trained(updates={given})` reports {given} more updates (done since the last "
+                f"report); `await collector.trained_until({given})` reports {given} updates in all since start()"
+            )
+        more = check_int("updates", updates)
+        await self._report_updates("trained()", lambda ratio: more)
+
+    async def trained_until(self, total: int) -> None:
+        """Reports the trainer's running total of gradient updates; returns once the frames of its next one are in.
+
+        The same as :meth:`trained` with the difference as ``updates``: for a trainer that counts its updates
+        since :meth:`start` (an optimizer's step count, a global step) rather than since its last report.
+
+        Args:
+            total: the updates done since :meth:`start`, in all (``0`` before the first: waits for
+                ``learning_starts``); never fewer than :attr:`updates`, the total reported so far.
+
+        Raises:
+            ConfigurationError: ``total`` is no int, or is below the updates already reported.
+            CollectorStateError: the collector was not started, or started without ``frames_per_update``.
+            ClosedCollectorError: the collector was shut down while this waited.
+
+        Examples:
+            >>> async def train(collector, rb, update):  # doctest: +SKIP
+            ...     collector.start(rb, frames_per_update=4)
+            ...     for step in range(10_000):
+            ...         await collector.trained_until(step)  # step updates done: the frames of the next are in
+            ...         update(rb.sample(64))
+        """
+        check_int("total", total)
+
+        def more(ratio: ReplayRatio) -> int:
+            if total < ratio.updates:
+                raise ConfigurationError.bad_value(
+                    "total", total,
+                    f"at least the {ratio.updates} updates already reported: trained_until() takes the running "
+                    "total since start(); trained(updates=n) reports n more",
+                )  # fmt: skip
+            return total - ratio.updates
+
+        await self._report_updates("trained_until()", more)
+
+    async def _report_updates(self, call: str, more: Callable[[ReplayRatio], int]) -> None:
+        """Adds ``more(ratio)`` updates to the replay ratio; returns once the frames of the next update are in."""
         ratio = self._run.ratio
         if ratio is None:
             raise CollectorStateError(
-                "trained() counts the updates of a replay ratio: start the collector with "
+                "trained() and trained_until() count the updates of a replay ratio: start the collector with "
                 "start(replay_buffer, frames_per_update=...)"
             )
-        ratio.trained(n)
+        ratio.add_updates(more(ratio))
         self._changes.notify()  # a collector waiting for the trainer may go on
-        with self._call("trained()"):
+        with self._call(call):
             while not ratio.trainer_may_update(self._frames) and not self.exhausted and self._run.alive:
                 await self._changes.wait()
 
     @property
     def updates(self) -> int:
-        """Gradient updates the trainer reported with :meth:`trained` (0 without a replay ratio)."""
+        """Gradient updates the trainer reported since :meth:`start`, in all (0 without a replay ratio)."""
         return self._run.ratio.updates if self._run.ratio is not None else 0
 
     @property
