@@ -10,14 +10,32 @@ missing GPU fails at construction with a clear error.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
+from tensordict import TensorDictBase
 
 from acollect.errors import ConfigurationError
 
-__all__ = ["DeviceLike", "Devices", "check_device", "resolve_devices"]
+__all__ = ["DeviceLike", "Devices", "check_device", "move_to", "resolve_devices"]
 
 DeviceLike = torch.device | str | int | None
+
+_Movable = TypeVar("_Movable", torch.Tensor, TensorDictBase)
+
+
+def move_to(value: _Movable, device: torch.device) -> _Movable:
+    """``value`` on ``device``, safe to read there as soon as this returns.
+
+    A copy to an accelerator is queued without waiting (``non_blocking``): the kernels that read it are queued
+    after it on the same stream. A copy to the host is waited for: the host reads it next (an env's ``numpy()``,
+    a CPU policy), and a ``non_blocking`` device-to-host copy may not have landed yet when it does.
+
+    Examples:
+        >>> move_to(torch.ones(2), torch.device("cpu"))
+        tensor([1., 1.])
+    """
+    return value.to(device, non_blocking=device.type != "cpu")
 
 
 def check_device(name: str, value: DeviceLike) -> torch.device | None:

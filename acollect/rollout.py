@@ -31,7 +31,7 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
 from acollect._time_slices import TimeSlices, numpy_view, write_output
-from acollect.devices import Devices
+from acollect.devices import Devices, move_to
 from acollect.env_faults import EnvFaults
 from acollect.envs.base import EnvBase
 from acollect.errors import ConfigurationError
@@ -177,7 +177,7 @@ class RolloutEngine:
         # only read their inputs and skip it.
         td = self._root if self._read_only_policy else self._root.copy()
         if not self.devices.policy_is_env:
-            td = td.to(self.devices.policy, non_blocking=True)
+            td = move_to(td, self.devices.policy)
         return td
 
     def _probe_policy(self) -> None:
@@ -415,7 +415,7 @@ class RolloutEngine:
                 write_output(outputs.get(out_key), buffer, buffer_np, t)
             action = outputs["action"]
             if cast_action:
-                action = action.to(env_dev, non_blocking=True)
+                action = move_to(action, env_dev)  # waited for on the way to the host: the env reads it next
             try:
                 env.step_and_reset_into(action, nxt, root)
             except Exception as exc:

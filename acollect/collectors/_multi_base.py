@@ -26,6 +26,7 @@ from acollect.collectors.dispatch import Dispatch, dispatch_for
 from acollect.collectors.lending import Loans, default_budget
 from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
+from acollect.devices import move_to
 from acollect.errors import CollectorStateError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool, WorkerState
@@ -298,6 +299,20 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         return self._trainer_pin.cores
 
     @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the workers' shared memory page-locked (registered with CUDA) for copies by DMA to a GPU
+        ``storing_device``: the segments the pool made and maps now, once a batch in them was copied. ``0`` where
+        batches are not stored on a GPU. It grows with the pool's segments, never with the batches handed out.
+
+        Examples:
+            >>> from acollect import MultiSyncCollector
+            >>> from acollect.testing import CountingEnv
+            >>> MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8).pinned_bytes
+            0
+        """
+        return self._copier.registered_bytes if self._copier is not None else 0
+
+    @property
     def worker_pids(self) -> list[int | None]:
         """The pid of each worker process (``None`` before start)."""
         if self._pool is None:
@@ -498,7 +513,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         device = self._storing_device
         if device is not None and device.type != "cpu" and batch.device != device:
-            batch = batch.to(device, non_blocking=True)
+            batch = move_to(batch, device)
         if self._reshapes():
             if self.settings.split_trajs:
                 batch = split_trajectories(batch)

@@ -25,6 +25,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
+from acollect.devices import move_to
 from acollect.errors import PolicyError
 from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect.rollout import exploration
@@ -130,6 +131,7 @@ class Lane:
         self.stream: Any = torch.cuda.Stream(self.device) if self.cuda else None
         self._inputs: dict[Key, torch.Tensor] = {}
         self._outputs: dict[NestedKey, torch.Tensor] = {}
+        self._copied: dict[Key, Any] = {}  # staging buffer -> the event of the last copy out of it
 
     def context(self) -> Any:
         """The context a pass runs in: its stream on a GPU."""
@@ -151,8 +153,16 @@ class Lane:
             return torch.cat(list(parts), 0, out=self._buffer(self._inputs, key, parts[0], rows, pin=False))
         rows = sum(int(p.shape[0]) for p in parts)
         staged = self._buffer(self._inputs, key, parts[0], rows, pin=True)
+        copied = self._copied.pop(key, None)
+        if copied is not None:
+            # The host writes the staging buffer only once the last copy out of it finished: a pass that failed
+            # after its gather never reached to_host's synchronize.
+            copied.synchronize()
         torch.cat(list(parts), 0, out=staged)
-        return staged.to(self.device, non_blocking=True)  # on this lane's stream: see context()
+        on_device = staged.to(self.device, non_blocking=True)  # on this lane's stream: see context()
+        self._copied[key] = event = torch.cuda.Event()
+        event.record(self.stream)
+        return on_device
 
     def to_host(self, outputs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
         """The pass's outputs on the CPU: on a GPU, copied by DMA into page-locked buffers, waited for once."""
@@ -243,7 +253,7 @@ def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[K
     td = TensorDict({}, batch_size=[rows], device=device)
     for key in keys:
         value = lane.gather(key, [r.leaves[key] for r in requests])
-        td.set(key, value if value.device == device else value.to(device, non_blocking=True))
+        td.set(key, value if value.device == device else move_to(value, device))
     return td
 
 

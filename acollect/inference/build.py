@@ -52,6 +52,10 @@ def build_policy(spec: ServerSpec) -> Any:
         if spec.device is not None:
             module = module.to(spec.device)
         module.eval()
+        device = weights_device(module)
+        if device is not None and device.type == "cuda":
+            # Copied on this thread's stream; the passes run on streams of their own that nothing orders after it.
+            torch.cuda.current_stream(device).synchronize()
     return module
 
 

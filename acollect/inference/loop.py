@@ -369,6 +369,10 @@ class ServerLoop:
                         target = TensorDict.from_module(self.forward.module)
                         weights = ticket.weights
                         target.update_(weights.to(target.device) if target.device is not None else weights)
+                        if target.device is not None and target.device.type == "cuda":
+                            # The copy ran on this thread's stream; passes run on their lanes' streams, which
+                            # nothing orders after it: it lands before the next pass is even queued.
+                            torch.cuda.current_stream(target.device).synchronize()
                     self.version += 1
                     ticket.version = self.version
                 except Exception as exc:  # weights checked on the way in: this would be a device error

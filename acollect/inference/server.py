@@ -41,7 +41,7 @@ from acollect._loops import current_backend
 from acollect._tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
-from acollect.devices import DeviceLike
+from acollect.devices import DeviceLike, move_to
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
 from acollect.inference.batching import InferenceStats, Request, StatsRecorder
 from acollect.inference.build import ServerSpec
@@ -413,13 +413,22 @@ class InferenceServer:
         Raises:
             CollectorStateError: the server is not running, or closed before answering.
             Exception: what the policy raised, with its traceback.
+
+        Observations on a GPU are brought to the host first (their copy waited for off the event loop: the passes
+        gather every request in host memory), and the outputs set on the device they came from.
         """
         self._check_running("infer()")
         if not isinstance(td, TensorDictBase):
             raise ConfigurationError.bad_value("td", td, "a TensorDict of observations")
         single = td.batch_dims == 0
         batched = td.unsqueeze(0) if single else td
-        request = Request(leaves_of(batched), int(batched.batch_size[0]))
+        leaves = leaves_of(batched)
+        devices = {value.device for value in leaves.values() if not value.is_cpu}
+        if devices:
+            # The passes gather requests in host memory (one transfer per pass for all of them): observations on a
+            # GPU come to the host first, waited for off the event loop, and the outputs go back to their device.
+            leaves = await _to_host(leaves)
+        request = Request(leaves, int(batched.batch_size[0]))
         assert self._engine is not None
         event = self._events[request] = anyio.Event()
         self._engine.submit(request)
@@ -435,8 +444,10 @@ class InferenceServer:
         if request.outputs is None:
             self._check_running("infer()")
             raise CollectorStateError("infer(): the inference server closed before answering")
+        home = next(iter(devices)) if len(devices) == 1 else None
         for key, value in request.outputs.items():
-            td.set(key, value.squeeze(0) if single else value)
+            value = value.squeeze(0) if single else value
+            td.set(key, move_to(value, home) if home is not None else value)
         return td
 
     async def update_policy_weights_(
@@ -500,3 +511,19 @@ class InferenceServer:
             error = self.hung_error()
             if error is not None:
                 raise error
+
+
+async def _to_host(leaves: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
+    """``leaves`` on the CPU, copied in a thread once the work the caller queued on their streams is done."""
+    ready = []
+    for device in {value.device for value in leaves.values() if value.is_cuda}:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))  # the caller's stream: where these tensors were made
+        ready.append(event)
+
+    def copy() -> dict[Any, torch.Tensor]:
+        for event in ready:
+            event.synchronize()
+        return {key: value.to("cpu") for key, value in leaves.items()}  # waited for: the host reads them next
+
+    return await anyio.to_thread.run_sync(copy)

@@ -4,7 +4,8 @@
 * envs (:mod:`acollect.testing.envs`): :class:`CountingEnv` (a counter as
   observation, so gaps, repeats and transitions that did not happen show),
   :class:`CrashingEnv`, :class:`SlowEnv`, :class:`PixelEnv`,
-  :class:`CountingGymEnv`, :class:`CrashingGymEnv`, the stream check :func:`assert_counting_batch` and
+  :class:`CountingGymEnv`, :class:`CrashingGymEnv`, :class:`EchoGymEnv` (its next observation echoes the
+  action it received), the stream check :func:`assert_counting_batch` and
   :func:`wait_until`;
 * leak checks (:mod:`acollect.testing.leaks`): :class:`ResourceSnapshot`,
   :func:`leaked_resources`, :func:`assert_no_leaks`, the context manager
@@ -37,6 +38,7 @@ from acollect.testing.envs import CountingEnv as CountingEnv
 from acollect.testing.envs import CountingGymEnv as CountingGymEnv
 from acollect.testing.envs import CrashingEnv as CrashingEnv
 from acollect.testing.envs import CrashingGymEnv as CrashingGymEnv
+from acollect.testing.envs import EchoGymEnv as EchoGymEnv
 from acollect.testing.envs import PixelEnv as PixelEnv
 from acollect.testing.envs import SlowEnv as SlowEnv
 from acollect.testing.envs import assert_counting_batch as assert_counting_batch
@@ -63,6 +65,7 @@ __all__ = [
     "CrashingEnv",
     "CrashingGymEnv",
     "Doubler",
+    "EchoGymEnv",
     "PixelEnv",
     "ResourceSnapshot",
     "SlowEnv",

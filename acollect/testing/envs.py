@@ -7,7 +7,9 @@
 * :class:`SlowEnv`: a counting env whose steps take a chosen time;
 * :class:`CountingGymEnv`: the same counter as a ``gymnasium.Env``, to test
   gymnasium wrapping (vector envs in every autoreset mode); :class:`CrashingGymEnv`
-  raises at a chosen step of its life.
+  raises at a chosen step of its life;
+* :class:`EchoGymEnv`: a ``gymnasium.Env`` whose next observation holds the action it
+  received, so a batch shows whether the env acted on the action it records.
 
 The counting scheme (shared by :class:`CountingEnv` and :class:`CountingGymEnv`):
 sub-env ``i`` starts at ``start + i * ENV_STRIDE`` (its first reset observes
@@ -62,6 +64,7 @@ __all__ = [
     "CountingGymEnv",
     "CrashingEnv",
     "CrashingGymEnv",
+    "EchoGymEnv",
     "PixelEnv",
     "SlowEnv",
     "assert_counting_batch",
@@ -337,6 +340,49 @@ class CountingGymEnv(gym.Env[np.ndarray, np.int64]):
         self._in_episode += 1
         terminated = self._in_episode >= self.episode_length
         return np.array([self.counter], dtype=np.float32), 1.0, terminated, False, {"episode_id": self.episode_id}
+
+
+class EchoGymEnv(gym.Env[np.ndarray, np.int64]):
+    """A ``gymnasium.Env`` that echoes the action it received into its next observation.
+
+    Observation float32 ``(2,)``: ``[counter, last action received]``; action ``Discrete(n_actions)``. The counter
+    starts at ``start`` and counts steps; episodes never end. A collected batch then says whether the env acted on
+    the action the batch records: ``batch["next", "observation"][..., 1] == batch["action"]`` at every step. A
+    policy that picks its action from the counter (``counter % n_actions``) gives every step a different action,
+    so an env reading an action that has not arrived yet (a device-to-host copy not waited for) shows.
+
+    Args:
+        n_actions: size of the discrete action space.
+        start: the first observation's counter.
+
+    Examples:
+        >>> from acollect.testing import EchoGymEnv
+        >>> env = EchoGymEnv(n_actions=10)
+        >>> env.reset()[0].tolist()
+        [0.0, -1.0]
+        >>> env.step(np.int64(7))[0].tolist()
+        [1.0, 7.0]
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 - gymnasium's own convention
+
+    def __init__(self, n_actions: int = 1000, *, start: int = 0) -> None:
+        self.n_actions = _positive_int("n_actions", n_actions)
+        big = float(np.finfo(np.float32).max)
+        self.observation_space = gym.spaces.Box(-big, big, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(self.n_actions)
+        self.counter = start
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        return np.array([self.counter, -1], dtype=np.float32), {}
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        # Not checked against the space on purpose: a garbage action is what the echo must show, not refuse.
+        self.counter += 1
+        return np.array([self.counter, int(action)], dtype=np.float32), 1.0, False, False, {}
 
 
 class CrashingGymEnv(CountingGymEnv):

@@ -1,28 +1,38 @@
-"""Batches to a CUDA device by DMA: shared memory registered with CUDA, copied on a side stream.
+"""Batches to a CUDA device by DMA: the pool's shared memory registered with CUDA, copied on a side stream.
 
-A batch of a worker collector lies in shared memory (a worker's slot, or a lockstep segment every worker writes
-its rows of). To hand it out on a GPU, :class:`DeviceCopier` registers that memory with CUDA once
-(``cudaHostRegister``: the pages become page-locked, so the GPU's copy engine reads them directly), then copies the
-batch with ``non_blocking=True`` on a stream of its own: no CPU copy on the way, and the copy overlaps whatever the
-consumer's stream runs. The batch is handed out with the consumer's current stream told to wait for that copy
-(an event, not a host synchronization), so the consumer never sees a half-copied batch and its first kernel on it
-queues behind the copy; the shared memory is given back to its worker only once the copy finished
-(:meth:`DeviceCopier.copied`).
+A batch of a worker collector lies, in the main, in shared memory the pool created (a worker's slot ring, or a
+lockstep segment every worker writes its rows of). To hand it out on a GPU, :class:`DeviceCopier` registers such a
+segment with CUDA (``cudaHostRegister``: its pages become page-locked, so the GPU's copy engine reads them
+directly), then copies the batch with ``non_blocking=True`` on a stream of its own: no CPU copy on the way, and the
+copy overlaps whatever the consumer's stream runs. The batch is handed out with the consumer's current stream told
+to wait for that copy (an event, not a host synchronization), so the consumer never sees a half-copied batch and
+its first kernel on it queues behind the copy; the shared memory is given back to its worker only once the copy
+finished (:meth:`DeviceCopier.copied`).
 
-Where registering fails (a system that refuses to lock the pages, a segment mapped twice), the copy goes from
-pageable memory instead: correct, only not overlapped.
+The rules that keep this correct by construction:
 
-Registered memory must be unregistered before it is unmapped: :meth:`DeviceCopier.close` waits for the copies in
-flight and unregisters everything; the collector calls it before its pool unmaps the segments.
+- Only memory the pool owns is registered: a segment this process created (:attr:`ShmSegment.owner`), for as long
+  as it is mapped. It is registered the first time a copy reads it and unregistered by the segment's own
+  :meth:`~acollect.transport.shm.ShmSegment.before_unmap` hook (after the copies in flight finished), so a
+  registration never outlives its mapping, and an address a new mapping reuses is never taken for registered.
+- Everything else (a small batch that arrived as ZeroMQ frames on the heap, parts gathered into fresh memory, the
+  worker-id tensor made per batch) is copied from pageable memory with a plain, waited-for copy: CUDA has read it
+  when the copy returns, so the temporary may be freed at once.
+- A refused registration (a system that will not lock the pages) falls back to the pageable copy, and the CUDA
+  error it left pending on this thread is cleared, so that the next kernel launch does not report it as its own.
+  Where the error cannot be cleared (no ``libcudart`` of this process's to ask), nothing is registered at all.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+
+from acollect.transport.shm import ShmSegment
 
 __all__ = ["Copy", "DeviceCopier"]
 
@@ -48,8 +58,34 @@ class Copy:
         self.event.synchronize()
 
 
+def _cudart_library() -> Any | None:
+    """The ``libcudart`` this process loaded (the one torch calls), to clear its per-thread error; ``None`` if
+    there is none to find (a statically linked runtime, or not Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        library = _load(path)
+        if library is not None:
+            return library
+    return None
+
+
+def _load(path: str) -> Any | None:
+    try:
+        library = ctypes.CDLL(path)  # already loaded: the same instance, not a second runtime
+        library.cudaGetLastError.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return library
+
+
 class DeviceCopier:
-    """Copies CPU batches to one CUDA device by DMA on a side stream (see the module's notes).
+    """Copies CPU batches to one CUDA device on a side stream, by DMA where they lie in the pool's shared memory.
+
+    See the module's notes for the rules it keeps.
 
     Args:
         device: the CUDA device batches go to.
@@ -63,36 +99,64 @@ class DeviceCopier:
             raise RuntimeError(f"a DeviceCopier needs an available CUDA device, got {device}")
         self.device = device
         self.stream = torch.cuda.Stream(device)
-        self._registered: dict[int, int] = {}  # base address of a registered mapping -> its bytes
-        self._refused: set[int] = set()  # mappings CUDA would not register: copied from pageable memory
+        self._registered: dict[int, ShmSegment] = {}  # base address of a registered segment -> the segment
+        self._refused: set[int] = set()  # segments CUDA would not register: copied from pageable memory
+        self._cudart = _cudart_library()
         self._pending: list[Copy] = []  # copies whose source is not given back yet
 
     @property
     def registered_bytes(self) -> int:
-        """Bytes of shared memory registered with CUDA (page-locked) so far."""
-        return sum(self._registered.values())
+        """Bytes of shared memory registered with CUDA (page-locked) now."""
+        return sum(segment.size for segment in self._registered.values())
 
-    def _register(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        base, nbytes = storage.data_ptr(), storage.nbytes()
-        if base in self._registered or base in self._refused or nbytes == 0:
-            return
-        error = torch.cuda.cudart().cudaHostRegister(base, nbytes, 0)
+    def _registered_segment(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lies in a segment the pool owns that is registered (registered now if it is new)."""
+        segment = ShmSegment.containing(tensor.data_ptr())
+        if segment is None or not segment.owner or self._cudart is None:
+            return False
+        base = segment.address
+        if base is None or base in self._refused:
+            return False
+        if base in self._registered:
+            return True
+        error = torch.cuda.cudart().cudaHostRegister(base, segment.size, 0)
         code = getattr(error, "value", error)
         if code != 0:
+            self._cudart.cudaGetLastError()  # the refusal is handled here: the next launch must not report it
             self._refused.add(base)
             logger.debug("cudaHostRegister refused %d bytes at %#x (error %s): copied from pageable memory",
-                         nbytes, base, code)  # fmt: skip
+                         segment.size, base, code)  # fmt: skip
+            return False
+        self._registered[base] = segment
+        segment.before_unmap(self._unregister)
+        return True
+
+    def _unregister(self, segment: ShmSegment) -> None:
+        """The segment is about to be unmapped: the copies reading it finish first, then it is unregistered."""
+        base = segment.address
+        if base is None:
             return
-        self._registered[base] = nbytes
+        self._refused.discard(base)
+        if self._registered.pop(base, None) is not None:
+            self.stream.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(base)
 
     def copy(self, batch: TensorDictBase) -> Copy:
-        """Starts copying ``batch`` (CPU, shared memory) to the device; returns the copy in flight."""
-        for leaf in batch.values(include_nested=True, leaves_only=True):
-            if isinstance(leaf, torch.Tensor):
-                self._register(leaf)
+        """Starts copying ``batch`` (CPU) to the device; returns the copy in flight.
+
+        Leaves in the pool's registered shared memory go by DMA, not waited for (their memory is held until
+        :meth:`copied`); any other leaf is copied from pageable memory and read by CUDA before this returns.
+        """
+        device = self.device
+
+        def move(leaf: torch.Tensor) -> torch.Tensor:
+            if self._registered_segment(leaf):
+                return leaf.to(device, non_blocking=True)  # held until copied(): see _return_held
+            return leaf.to(device)  # pageable: read before it returns, so a temporary may go at once
+
         with torch.cuda.stream(self.stream):
-            on_device = batch.to(self.device, non_blocking=True)
+            on_device = batch.apply(move, device=device)
+            assert on_device is not None  # apply returns None only when told to work in place
             event = torch.cuda.Event()
             event.record(self.stream)
         copy = Copy(on_device, event)

@@ -23,7 +23,8 @@ import os
 import re
 import secrets
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDictBase
@@ -68,7 +69,11 @@ class ShmSegment:
         112
     """
 
+    #: the segments mapped in this process whose memory is seen as a tensor, by the address it starts at
+    _mapped: ClassVar[weakref.WeakValueDictionary[int, ShmSegment]] = weakref.WeakValueDictionary()
+
     def __init__(self, name: str, size: int, mapping: mmap.mmap, *, owner: bool) -> None:
+        self._before_unmap: list[Callable[[ShmSegment], None]] = []
         self._name = name
         self._size = size
         self._mapping: mmap.mmap | None = mapping
@@ -175,6 +180,7 @@ class ShmSegment:
                 # not a buffer export, so only the memoryview's export stops
                 # mmap.close() from unmapping memory a live tensor still points to.
                 self._tensor = torch.frombuffer(memoryview(mapping), dtype=torch.uint8, count=self._size)
+                ShmSegment._mapped[self._tensor.data_ptr()] = self
             else:
                 self._tensor = torch.empty(0, dtype=torch.uint8)
         return self._tensor
@@ -185,12 +191,41 @@ class ShmSegment:
         Tensors over the segment that are still alive keep the mapping valid; it is
         unmapped when the last of them is garbage collected.
         """
+        if self._tensor is not None and self._size:
+            ShmSegment._mapped.pop(self._tensor.data_ptr(), None)
+        hooks, self._before_unmap = self._before_unmap, []
+        for hook in hooks:  # e.g. a CUDA registration undone while the memory is still mapped
+            hook(self)
         mapping, self._mapping, self._tensor = self._mapping, None, None
         if mapping is not None:
             try:
                 mapping.close()
             except BufferError:
                 pass  # views are alive: the mmap object unmaps itself when they die
+
+    @property
+    def address(self) -> int | None:
+        """Where the segment's memory starts in this process, once seen as a tensor (``None`` before, or closed)."""
+        return self._tensor.data_ptr() if self._tensor is not None and self._size else None
+
+    @staticmethod
+    def containing(address: int) -> ShmSegment | None:
+        """The open segment of this process whose memory holds ``address`` (``None``: not shared memory of ours).
+
+        Examples:
+            >>> with ShmSegment.create(64) as seg:
+            ...     ShmSegment.containing(seg.tensor()[8:].data_ptr()) is seg
+            True
+        """
+        for start, segment in list(ShmSegment._mapped.items()):
+            if start <= address < start + segment.size:
+                return segment
+        return None
+
+    def before_unmap(self, hook: Callable[[ShmSegment], None]) -> None:
+        """Calls ``hook(segment)`` in :meth:`close`, while the memory is still mapped (once; at most at close)."""
+        self._require_open()
+        self._before_unmap.append(hook)
 
     def unlink(self) -> None:
         """Removes the segment's name (owner only, idempotent); mappings stay valid.
