@@ -27,7 +27,7 @@ from acollect.collectors.lending import Loans, default_budget
 from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.devices import move_to
-from acollect.errors import CollectorStateError
+from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool, WorkerState
 from acollect.pool.settings import PoolSettings
@@ -49,6 +49,11 @@ INLINE_HAND_OUT_BYTES = 1 << 20
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
+    if source is None:  # nothing given, and no policy given at construction to take the weights of
+        raise ConfigurationError.bad_value(
+            name, None, "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
+            "policy holding weights: pass one)",
+        )  # fmt: skip
     return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 

@@ -19,6 +19,10 @@ both sides, one batch at a time:
 
 A ``frames_per_update`` below 1 asks for several updates per frame (SAC's update-to-data ratio above 1).
 
+``start()`` is a plain call that returns a :class:`Started` handle, already done: ``await collector.start(rb)``, as
+an asyncio user may well write it, works too and returns at once (awaiting ``None`` would raise a ``TypeError``
+after the task had started).
+
 Examples:
     >>> ratio = ReplayRatio(frames_per_update=4, learning_starts=8, max_frames_ahead=16)
     >>> ratio.collector_may_collect(frames=20), ratio.trainer_may_update(frames=12)
@@ -33,11 +37,35 @@ Examples:
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
+from typing import Any
 
 from acollect._validate import check_int
 from acollect.errors import ConfigurationError
 
-__all__ = ["BackgroundRun", "ReplayRatio"]
+__all__ = ["BackgroundRun", "ReplayRatio", "Started"]
+
+
+class Started:
+    """What ``collector.start(rb)`` returns: the background task already runs, and awaiting this returns at once.
+
+    Examples:
+        >>> import asyncio
+        >>> async def main():
+        ...     return await Started()  # the same as not awaiting it
+        >>> asyncio.run(main()) is None
+        True
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        # A generator that ends before its first yield: the await completes without suspending, on any event loop.
+        return
+        yield
+
+    def __repr__(self) -> str:
+        return "<background collection started>"
 
 
 class BackgroundRun:

@@ -43,7 +43,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
 import anyio
 import torch
@@ -57,7 +57,7 @@ from acollect._tasks import CallScope, TaskOwner
 from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
 from acollect.collectors._reporting import ReportingMixin
-from acollect.collectors.background import BackgroundRun, ReplayRatio
+from acollect.collectors.background import BackgroundRun, ReplayRatio, Started
 from acollect.errors import (
     BackgroundCollectionError,
     ClosedCollectorError,
@@ -412,6 +412,14 @@ class CollectorBase(ReportingMixin):
     def __aiter__(self: _Collector) -> _Collector:
         return self
 
+    def __iter__(self) -> NoReturn:
+        # Python's own "'Collector' object is not iterable" gives no hint that the batches come by `async for`.
+        raise TypeError(
+            f"a {type(self).__name__} is iterated with `async for batch in collector` (in an async function run by "
+            "asyncio.run() or trio.run()), not `for`: its batches arrive without blocking the event loop. For one "
+            "batch: `batch = await anext(collector)`"
+        )
+
     def _ended(self) -> bool:
         """Whether the collector closed itself at the end of its ``total_frames``: iterating it ends at once."""
         return self._lifecycle.close_reason is CloseReason.EXHAUSTED
@@ -540,11 +548,13 @@ class CollectorBase(ReportingMixin):
         frames_per_update: float | None = None,
         learning_starts: int = 0,
         max_frames_ahead: int | None = None,
-    ) -> None:
+    ) -> Started:
         """Starts collecting in the background, extending ``replay_buffer`` batch after batch.
 
         Call it from a running event loop (asyncio or trio). The task belongs to the collector's task
-        group: it stops at :meth:`async_shutdown`, and its failure is raised at the next call.
+        group: it stops at :meth:`async_shutdown`, and its failure is raised at the next call. A plain call, not
+        a coroutine: the task runs once it returns. ``await collector.start(rb)`` works as well and returns at
+        once, so either spelling is right.
 
         With ``frames_per_update``, the collector holds a replay ratio with the trainer, which reports its
         gradient updates with :meth:`trained` (so many more) or :meth:`trained_until` (a running total; see
@@ -561,6 +571,9 @@ class CollectorBase(ReportingMixin):
             learning_starts: frames collected before the first update counts (the buffer's warm-up).
             max_frames_ahead: how far ahead of the ratio the collector may run, in frames (default: one batch, or
                 ``frames_per_update`` if that is more).
+
+        Returns:
+            A :class:`~acollect.collectors.background.Started` handle, already done: awaiting it returns at once.
 
         Raises:
             CollectorStateError: the collector was already started, or no event loop runs.
@@ -600,6 +613,7 @@ class CollectorBase(ReportingMixin):
         self._run.alive = True
         self._run.ratio = ratio
         self._tasks.spawn(self._run_background, replay_buffer, name="background")
+        return Started()
 
     async def trained(self, *positional: Never, updates: int = 1) -> None:
         """Reports ``updates`` *more* gradient updates; returns once the frames of the trainer's next update are in.

@@ -39,6 +39,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import cache
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
@@ -99,9 +100,36 @@ def _devices(name: str, value: Any) -> Any:
 
 
 def _policy_factory(name: str, value: Any) -> Any:
-    if value is None or callable(value) or isinstance(value, str):
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, torch.nn.Module):
+        # Callable, so it would pass for a factory, and fail only where it runs: `Linear.forward() missing ...`.
+        kind = type(value).__name__
+        raise ConfigurationError(
+            f"{name}={kind}(...) (an nn.Module instance) is invalid: expected a zero-argument callable that returns "
+            f"the policy, not the policy itself. Pass the instance as policy=..., or build it where it runs with "
+            f"{name}=lambda: {kind}(...)."
+        )
+    if callable(value):
+        missing = _required_parameters(value)
+        if missing:
+            raise ConfigurationError(
+                f"{name}={getattr(value, '__qualname__', value)!r} is invalid: expected a zero-argument callable "
+                f"that returns the policy, and it requires {', '.join(missing)}. Give them with "
+                f"{name}=functools.partial(..., {missing[0]}=...) or a lambda, or pass an instance as policy=...."
+            )
         return value
     raise ConfigurationError.bad_value(name, value, "None, a zero-argument callable, or an import path 'module:name'")
+
+
+def _required_parameters(fn: Callable[..., Any]) -> list[str]:
+    """The parameters a call of ``fn`` with no argument would miss (none where its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or an extension type: found out when it is called
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in variadic]
 
 
 def _exploration(name: str, value: Any) -> InteractionType | None:
@@ -175,7 +203,23 @@ def check_option(name: str, value: Any, *, label: str | None = None) -> Any:
 
 
 def check_policy_args(policy: object, policy_factory: object) -> None:
-    """A collector takes a policy or a factory building it where it runs, not both."""
+    """A collector takes a policy instance or a factory building it where it runs, not both.
+
+    Examples:
+        >>> check_policy_args(torch.nn.Linear, None)
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: policy=<class '...Linear'> is invalid: expected a policy instance, not ...
+    """
+    if isinstance(policy, type):
+        # Callable, so it would pass for a policy called on TensorDicts: `Linear.__init__() missing ...` at the first
+        # step, naming neither the argument nor the mistake.
+        name = policy.__name__
+        factory = f"lambda: {name}(...)" if _required_parameters(policy) else name
+        raise ConfigurationError.bad_value(
+            "policy", policy, f"a policy instance, not a class: pass policy={name}(...), or "
+            f"policy_factory={factory} to build it where it runs (policy_factory takes a zero-argument callable)",
+        )  # fmt: skip
     if policy is not None and policy_factory is not None:
         raise ConfigurationError(
             "policy and policy_factory were both given: pass one (policy_factory builds the policy where it runs)."

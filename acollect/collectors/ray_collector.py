@@ -28,6 +28,7 @@ from typing_extensions import Unpack
 from acollect._lifecycle import CloseReason
 from acollect._validate import check_bool, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors.background import Started
 from acollect.collectors.base import CollectorState
 from acollect.collectors.collector import Collector
 from acollect.collectors.collector_settings import RaySettings
@@ -370,11 +371,11 @@ class RayCollector(MultiCollectorBase):
             return []
         return [h.process.actor for h in self._pool.handles if isinstance(h.process, RayWorker)]
 
-    def start(self, replay_buffer: Any = None, **ratio: Any) -> None:
+    def start(self, replay_buffer: Any = None, **ratio: Any) -> Started:
         """Collects in the background into ``replay_buffer`` (default: the one given at construction); ``ratio``:
         the replay ratio's arguments, as for every collector (``frames_per_update``, ``learning_starts``,
         ``max_frames_ahead``)."""
-        super().start(replay_buffer if replay_buffer is not None else self.replay_buffer, **ratio)
+        return super().start(replay_buffer if replay_buffer is not None else self.replay_buffer, **ratio)
 
     async def _setup(self) -> None:
         try:

@@ -289,12 +289,24 @@ class GymEnv(EnvBase):
         return obs
 
     def _raise_if_outside(self, act: np.ndarray, exc: Exception) -> None:
-        """Raises :class:`PolicyError` if ``act`` (``[n_envs, *action_spec.shape]``) is outside the action spec."""
+        """Raises :class:`PolicyError` if ``act`` (``[n_envs, *action_spec.shape]``) is outside the action spec, or
+        holds floats where the spec takes integers."""
+        spec = self.action_spec
         try:
             value = torch.from_numpy(np.ascontiguousarray(act))
-            rows = torch.nonzero(self.action_spec.outside(value)).flatten().tolist()
+            rows = torch.nonzero(spec.outside(value)).flatten().tolist()
         except Exception:  # an action we cannot even read as the spec's shape: the env's error says more
             return
+        if value.is_floating_point() and not spec.dtype.is_floating_point and not self._one_hot:
+            # Within range, a float still fails gymnasium's Discrete check (`np.float32(0.59) ... invalid`), which
+            # names neither the policy nor the dtype. (A one-hot action was turned into indices before the step.)
+            raise PolicyError(
+                f"the policy wrote an 'action' of dtype {value.dtype} ({act.flat[0]:g} for sub-env 0): expected "
+                f"an integer dtype ({spec.dtype}) for action_spec {spec}. A float action for a discrete space "
+                "is usually probabilities or logits: sample an index from them "
+                "(torch.distributions.Categorical(logits=...).sample()) or take .argmax(-1); integral floats "
+                f"can be cast with .long() ({type(exc).__name__} from the env: {exc})"
+            ) from exc
         if rows:
             first = act[rows[0]]
             raise PolicyError(
