@@ -61,6 +61,15 @@ def test_every_example_has_a_smoke_test() -> None:
     assert scripts <= set(CASES), f"examples without a smoke test: {sorted(scripts - set(CASES))}"
 
 
+def test_docs_examples_page_names_every_example() -> None:
+    page = (EXAMPLES.parent / "docs" / "examples.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `([\w.]+\.py)` \|", page, flags=re.M))
+    scripts = {p.name for p in EXAMPLES.glob("*.py")}
+    assert rows == scripts, f"missing from the table: {sorted(scripts - rows)}; gone: {sorted(rows - scripts)}"
+    for other in sorted(p.name for p in EXAMPLES.iterdir() if p.is_file() and p.suffix != ".py"):
+        assert f"`{other}`" in page, f"docs/examples.md does not mention examples/{other}"
+
+
 def args_fields(path: Path) -> list[tuple[str, object, str]]:
     """(name, default, docstring) of each field of the example's ``Args`` dataclass, read from its source."""
     module = ast.parse(path.read_text(encoding="utf-8"))
