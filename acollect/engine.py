@@ -39,6 +39,7 @@ from tensordict import TensorDict
 
 from acollect.envs.base import EnvBase
 from acollect.policy import PolicyAdapter
+from acollect.time_split import Stopwatch
 
 __all__ = ["BlockingEngine", "Engine"]
 
@@ -113,6 +114,10 @@ class Engine(Protocol):
 @runtime_checkable
 class BlockingEngine(Engine, Protocol):
     """An :class:`Engine` that blocking code drives: what a worker process (and a collector's thread) calls."""
+
+    #: where the collecting thread's time goes (:mod:`acollect.time_split`); its driver charges the waits between
+    #: batches (for the trainer), the engine what it does within one
+    stopwatch: Stopwatch
 
     def allocate(self) -> TensorDict:
         """Empty buffers with the layout of one batch (what a worker announces, and its shared slots hold)."""

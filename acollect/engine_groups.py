@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from acollect.envs.base import EnvBase
 from acollect.rollout import RolloutEngine, exploration
+from acollect.time_split import ACTIONS
 
 __all__ = ["EngineGroups"]
 
@@ -70,6 +71,10 @@ class EngineGroups:
         self._asked = [0] * len(self.engines)
         self._turns = 0
         self._poller = select.poll()
+        #: where the worker's time goes: one stopwatch for every group, as they step in one thread
+        self.stopwatch = first.stopwatch
+        for engine in self.engines:
+            engine.stopwatch = self.stopwatch
 
     # -- the BlockingEngine protocol ------------------------------------------------------
     @property
@@ -182,6 +187,7 @@ class EngineGroups:
         poller = self._poller
         for fd in fds:
             poller.register(fd, select.POLLIN)
+        self.stopwatch.switch(ACTIONS)  # every group waits for its actions: nothing to step meanwhile
         try:
             while True:
                 ready = {fd for fd, _ in poller.poll(_POLL_MS)}

@@ -23,6 +23,7 @@ from acollect.async_rollout import AsyncRollout
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.policy import PolicyAdapter
 from acollect.rollout import RolloutInterrupted
+from acollect.time_split import Stopwatch
 
 __all__ = ["LoopRollout"]
 
@@ -47,6 +48,9 @@ class LoopRollout:
 
     def __init__(self, rollout: AsyncRollout) -> None:
         self.rollout = rollout
+        # Coroutine envs step as tasks on this loop, their policy passes batched among them: a batch's time is
+        # not split between env and policy here (it counts as "other"); the waits for the trainer are.
+        self.stopwatch = Stopwatch()
         self._loop = asyncio.new_event_loop()
         self._tasks: TaskOwner | None = None
         self._failure: BaseException | None = None

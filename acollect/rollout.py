@@ -43,6 +43,7 @@ from acollect.policy import (
     SplitPolicy,
     check_policy_outputs,
 )
+from acollect.time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 
 __all__ = ["RolloutEngine", "RolloutInterrupted", "exploration", "frames_per_batch_for"]
 
@@ -146,6 +147,8 @@ class RolloutEngine:
         self.policy_version = 0
         #: env steps taken so far (workers report it in heartbeats: a hung env stops it)
         self.steps = 0
+        #: where the collecting thread's time goes (env groups share one: they step in one thread)
+        self.stopwatch = Stopwatch()
         # Set by split_policy_calls(): the steps yield between sending the observations and taking the actions.
         self._split: SplitPolicy | None = None
         self._next_traj_counter = 0
@@ -368,9 +371,12 @@ class RolloutEngine:
         between_steps: Callable[[], object] | None = None,
     ) -> Generator[None, None, TensorDict]:
         root, nxt, env = self._root, self._next, self.env
+        switch = self.stopwatch.switch
         if start == 0:
             if self._needs_reset or self.reset_at_each_iter:
+                switch(ENV)
                 self._reset_all()
+                switch(OTHER)
             # Root done flags are False after every step (a finished env is reset in the same step), so
             # only their state at t=0 needs writing.
             for key in ("done", "terminated", "truncated"):
@@ -383,6 +389,7 @@ class RolloutEngine:
         traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), self._traj_ids)])
         out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
         policy, split = self.policy, self._split
+        remote = policy if split is None and isinstance(policy, SplitPolicy) else None
         random_until = self.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
         max_traj = self.max_frames_per_traj
@@ -399,16 +406,22 @@ class RolloutEngine:
             if between_steps is not None:
                 between_steps()
             root_copies.copy(t)
+            switch(POLICY)
             if self.frames + t * n < random_until:
                 outputs = self._random(None)
             elif split is not None:
                 split.submit(self._policy_input())
                 try:
                     yield  # the other env groups step while the server runs this one's pass
+                    switch(ACTIONS)  # (where the answer is here already, the receive is all this charges)
                     outputs = split.receive()
                 except (GeneratorExit, RolloutInterrupted):
                     self._partial = (batch, t)  # step t not taken: continued later (its late answer dropped)
                     raise
+            elif remote is not None:
+                remote.submit(self._policy_input())
+                switch(ACTIONS)  # an inference server's answer, with no other env group to step meanwhile
+                outputs = remote.receive()
             else:
                 outputs = policy(self._policy_input())
             for out_key, buffer, buffer_np in out_slots:
@@ -416,6 +429,7 @@ class RolloutEngine:
             action = outputs["action"]
             if cast_action:
                 action = move_to(action, env_dev)  # waited for on the way to the host: the env reads it next
+            switch(ENV)
             try:
                 env.step_and_reset_into(action, nxt, root)
             except Exception as exc:
@@ -434,6 +448,7 @@ class RolloutEngine:
                     if faults is None:
                         raise
                     failed_reset = exc  # the step itself is good: it is recorded first
+            switch(OTHER)
             next_copies.copy(t)
             traj_copy.copy(t)
             if count_nonzero(done_np):

@@ -37,13 +37,15 @@ import dataclasses
 import math
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+
+from acollect.time_split import TimeSplitWindow
 
 __all__ = [
     "EPISODE_WINDOW",
@@ -267,6 +269,16 @@ class CollectorStats:
             workers, whose processes stay up); each ended the episodes in flight as truncated.
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
+        time_split: the fraction of the collecting threads' time (the workers', or the in-process collection
+            thread's) over the last 10 seconds spent in each of ``"env"`` (stepping envs), ``"policy"`` (running
+            the policy where the envs run), ``"actions"`` (waiting for an inference server's answer with nothing
+            else to step), ``"trainer"`` (waiting for the trainer to take batches: no credit left, a slow
+            consumer, a pause) and ``"other"`` (copies, bookkeeping, messaging); they sum to 1 (all 0 before the
+            first batch). See :mod:`acollect.time_split` and docs/metrics.md.
+        worker_time_split: the same, per worker id.
+        bottleneck: what bounds collection now: ``"env"``, ``"policy"``, ``"inference"`` or ``"trainer"``, the
+            part of ``time_split`` (``"other"`` aside) with the largest share; ``None`` until half a second of
+            collecting time was measured.
     """
 
     frames: int = 0
@@ -288,6 +300,9 @@ class CollectorStats:
     lost_workers: int = 0
     env_restarts: int = 0
     inference: dict[str, Any] | None = None
+    time_split: dict[str, float] = field(default_factory=dict)
+    worker_time_split: dict[int, dict[str, float]] = field(default_factory=dict)
+    bottleneck: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A plain dict (for loggers such as TensorBoard or wandb)."""
@@ -315,10 +330,19 @@ class CollectorStats:
             parts.append(f"{self.discarded_frames:,} frames discarded by reseeds")
         if self.env_restarts:
             parts.append(f"{self.env_restarts} env restarts")
+        if self.bottleneck is not None:
+            share = self.time_split.get(_SHARE[self.bottleneck], 0.0)
+            parts.append(f"bound by {_BOUND[self.bottleneck]} ({share:.0%} of the collecting time)")
         return ", ".join(parts)
 
     def __str__(self) -> str:
         return self.describe()
+
+
+#: The bottleneck in words, and the part of the time split that says it.
+_BOUND = {"env": "env stepping", "policy": "the policy", "inference": "waiting for the inference server",
+          "trainer": "the trainer"}  # fmt: skip
+_SHARE = {"env": "env", "policy": "policy", "inference": "actions", "trainer": "trainer"}
 
 
 def _mean(values: deque[float] | deque[int]) -> float | None:
@@ -339,6 +363,7 @@ class StatsRecorder:
         self.lengths: deque[int] = deque(maxlen=episode_window)
         self.last_return: float | None = None
         self.last_length: int | None = None
+        self.time = TimeSplitWindow(window_s)
 
     def start(self, now: float | None = None) -> None:
         """Marks the start of collection (the origin of the first frame rate); later calls do nothing."""
@@ -360,9 +385,13 @@ class StatsRecorder:
         policy_version: int,
         episodes: EpisodeSummary | None = None,
         now: float | None = None,
+        time_spent: Sequence[float] | None = None,
     ) -> None:
-        """Takes one worker's report on a batch: its frames, the policy version it used, its episodes."""
+        """Takes one worker's report on a batch: its frames, the policy version it used, its episodes, and the
+        seconds its collecting thread spent in each part since its last batch (:mod:`acollect.time_split`)."""
         t = time.monotonic() if now is None else now
+        if time_spent is not None:
+            self.time.add(worker, time_spent, now=t)
         self.start(t)
         window = self.workers.get(worker)
         if window is None:
@@ -402,5 +431,8 @@ class StatsRecorder:
             policy_version=policy_version,
             policy_lag={w: policy_version - v for w, v in sorted(self.worker_versions.items())},
             worker_frames_per_s={w: window.rate() for w, window in sorted(self.workers.items())},
+            time_split=self.time.split(),
+            worker_time_split=self.time.worker_split(),
+            bottleneck=self.time.bottleneck(),
         )
         return dataclasses.replace(stats, **counters) if counters else stats

@@ -423,8 +423,11 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     def _lost(self, live: int) -> None:
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
+        lost = [h.index for h in self._require_pool().handles if h.lost]
+        for index in lost:
+            self._stats.time.forget(index)  # its last report would otherwise count on in the time split
         if self.settings.trajs_per_batch is not None:
-            self._episodes_to_end.update(h.index for h in self._require_pool().handles if h.lost)
+            self._episodes_to_end.update(lost)
         self._workers_lost(live)
 
     def _assembled(self, assembler: TrajectoryAssembler) -> None:
@@ -468,7 +471,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         header = item.header
         # The worker counted its episodes: statistics cost no message of their own.
         self._record_worker(item.worker, item.data.numel(), self._batch_version(item),
-                            EpisodeSummary.from_header(header.get("episodes")))  # fmt: skip
+                            EpisodeSummary.from_header(header.get("episodes")), _time_of(header))  # fmt: skip
         if lent:
             await self._dispatch.lent(self._require_pool(), item)
         elif held:
@@ -566,3 +569,11 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
             self.settings.address is None or self.settings.address.startswith("ipc://")
         )
         return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
+
+
+def _time_of(header: Mapping[str, Any]) -> list[float] | None:
+    """The seconds per part a batch's header reports (:mod:`acollect.time_split`); ``None`` if it has none."""
+    spent = header.get("time")
+    if not isinstance(spent, list) or not all(isinstance(s, (int, float)) for s in spent):
+        return None  # a peer that does not report it (or reports nonsense): nothing learnt, nothing broken
+    return [float(s) for s in spent]

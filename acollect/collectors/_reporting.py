@@ -8,6 +8,7 @@ that ended (:meth:`ReportingMixin._record_worker`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from tensordict import TensorDictBase
 
@@ -87,10 +88,16 @@ class ReportingMixin:
         )
 
     def _record_worker(
-        self, worker: int, frames: int, policy_version: int, episodes: EpisodeSummary | None = None
+        self,
+        worker: int,
+        frames: int,
+        policy_version: int,
+        episodes: EpisodeSummary | None = None,
+        time_spent: Sequence[float] | None = None,
     ) -> None:
-        """Hook for subclasses, on the event loop: a worker (``0`` in-process) produced a batch."""
-        self._stats.record_worker(worker, frames, policy_version, episodes)
+        """Hook for subclasses, on the event loop: a worker (``0`` in-process) produced a batch, and says where its
+        time went since its last one (``time_spent``, :mod:`acollect.time_split`)."""
+        self._stats.record_worker(worker, frames, policy_version, episodes, time_spent=time_spent)
 
     def _counters(self) -> dict[str, int]:
         """Hook: what a collector counted so far, by :class:`~acollect.CollectorStats` field (``restarts``,

@@ -45,6 +45,7 @@ from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.rollout import RolloutEngine
 from acollect.stats import EpisodeSummary, EpisodeTracker
+from acollect.time_split import OTHER, TRAINER
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, WeightUpdate, structure_of, weights_of
 
@@ -234,9 +235,11 @@ class Collector(CollectorBase):
     # -- collecting ----------------------------------------------------------------------
     def _collect_in_thread(
         self, stop: threading.Event, torch_threads: int
-    ) -> tuple[TensorDictBase, int, int, EpisodeSummary]:
+    ) -> tuple[TensorDictBase, int, int, EpisodeSummary, list[float]]:
         engine = self._engine
         assert isinstance(engine, RolloutEngine)
+        watch = engine.stopwatch
+        watch.switch(OTHER)  # since the last batch was handed out: the trainer's time
         # A fresh thread does not follow the caller's torch.set_num_threads(): its ops would start a pool of
         # OpenMP threads that spin on the other cores (a fifth more CPU per batch, or worse, with one thread asked).
         torch.set_num_threads(torch_threads)
@@ -252,7 +255,10 @@ class Collector(CollectorBase):
             version, frames = engine.policy_version, engine.frames_per_batch
             # Here, off the event loop and before postproc can change the layout.
             episodes = self._episodes.update(batch)
-        return self._finish(batch), version, frames, episodes
+        batch = self._finish(batch)
+        spent = watch.take()
+        watch.switch(TRAINER)  # until the next batch is asked for
+        return batch, version, frames, episodes, spent
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch as the options say it is handed out (with ``trajs_per_batch``, ``postproc`` applies to the
@@ -269,10 +275,10 @@ class Collector(CollectorBase):
         if isinstance(self._engine, AsyncRollout):
             return await self._collect_on_loop(self._engine)
         threads = torch.get_num_threads()
-        batch, version, frames, episodes = await run_in_thread(
+        batch, version, frames, episodes, spent = await run_in_thread(
             lambda stop: self._collect_in_thread(stop, threads), name="rollout"
         )
-        self._record_worker(0, frames, version, episodes)
+        self._record_worker(0, frames, version, episodes, spent)
         return batch
 
     async def _collect_on_loop(self, engine: AsyncRollout) -> TensorDictBase:

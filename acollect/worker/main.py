@@ -41,6 +41,7 @@ from acollect._affinity import pin_process
 from acollect.engine import BlockingEngine
 from acollect.rollout import RolloutInterrupted
 from acollect.stats import EpisodeTracker
+from acollect.time_split import OTHER, TRAINER
 from acollect.transport.shm_ring import ShmSlotRing
 from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect.transport.worker_socket import WorkerSocket
@@ -148,6 +149,9 @@ class _Worker(StagingMixin):
                 "layout": layout,
                 # What a weight push must fit, so the collector refuses a bad one before sending it.
                 "weights": encode_structure(self.engine.policy.weights_module),
+                # An env seeded only when built (EnvPool): the collector refuses set_seed() and warns of workers
+                # sharing seeds itself, at once, instead of a reseed failing here at the next batch.
+                "env_seed": self.engine.env.build_seed,
             },
         )
         self.runner = threading.Thread(target=self.runner_loop, name="acollect-runner", daemon=True)
@@ -296,10 +300,13 @@ class _Worker(StagingMixin):
         try:
             while True:
                 with self.cond:
+                    if not self._has_work(held is not None):
+                        engine.stopwatch.switch(TRAINER)  # no credit, no request, or paused: the trainer's turn
                     while not self._has_work(held is not None):
                         if self.state.stopping:
                             return
                         self.cond.wait(0.5)
+                    engine.stopwatch.switch(OTHER)
                     number = self.requested[0][0] if self.requested else None  # a one-shot request's
                     slot: int | None = held
                     if held is None and self.ring is not None:
@@ -320,6 +327,7 @@ class _Worker(StagingMixin):
                         version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
                         restarts = engine.env_restarts
                         episodes = self.episodes.update(batch).to_header()
+                        spent = engine.stopwatch.take()  # since the last batch: what made this one
                 except RolloutInterrupted:
                     # Paused (or stopping): the steps taken stay in the engine and in this slot.
                     with self.cond:
@@ -335,6 +343,7 @@ class _Worker(StagingMixin):
                     "episodes": episodes,
                     "resets": began_after,
                     "env_restarts": restarts,
+                    "time": spent,
                 }
                 if number is not None:
                     header["n"] = number
