@@ -319,10 +319,12 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     @property
     def worker_pids(self) -> list[int | None]:
-        """The pid of each worker process (``None`` before start)."""
+        """The pid of each worker process: ``None`` before start, and for a worker lost for good (``LOST`` in
+        :attr:`worker_states`, under ``on_worker_loss="continue"``), whose process is gone and whose number the
+        system may give to another."""
         if self._pool is None:
             return [None] * self.num_workers
-        return [h.pid for h in self._pool.handles]
+        return [None if h.lost else h.pid for h in self._pool.handles]
 
     async def _apply_pause(self, paused: bool) -> None:
         await self._dispatch.apply_pause(self._pool, paused)

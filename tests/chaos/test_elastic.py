@@ -63,9 +63,12 @@ async def test_multi_async_collects_on_with_the_workers_left(
         [env] * 3, frames_per_batch=N_ENVS * T, on_worker_loss="continue", start_method=start_method
     ) as collector:
         await anext(collector)
+        pids = collector.worker_pids
         kill(collector, 1)
         await lost(collector, 1)
         assert collector.worker_states == [WorkerState.READY, WorkerState.LOST, WorkerState.READY]
+        # The lost worker's process is gone (its number free for another): no pid; the others' are unchanged.
+        assert collector.worker_pids == [pids[0], None, pids[2]]
         by_worker: Counter[int] = Counter()
         with anyio.fail_after(60):
             for _ in range(16):
