@@ -102,7 +102,8 @@ class TqdmProgress:
         self._shown = 0
 
     def update(self, stats: CollectorStats) -> None:
-        self._bar.set_postfix_str(f"return {_return_text(stats)}, {stats.episodes} episodes", refresh=False)
+        bound = f", bound by {stats.bottleneck}" if stats.bottleneck is not None else ""
+        self._bar.set_postfix_str(f"return {_return_text(stats)}, {stats.episodes} episodes{bound}", refresh=False)
         self._bar.update(max(0, stats.frames - self._shown))
         self._shown = stats.frames
 
