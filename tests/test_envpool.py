@@ -8,6 +8,7 @@ fails that check, so a batch that held one would fail here.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -19,8 +20,9 @@ import pytest
 import torch
 from tensordict import TensorDictBase
 
-from acollect import Collector, MultiSyncCollector
+from acollect import Collector, CollectorBase, MultiSyncCollector
 from acollect.envs import EnvPoolEnv, GymEnv, is_envpool_env, make_env
+from acollect.envs.envpool import shared_seeds_warning
 from acollect.envs.factory import known_num_envs
 from acollect.errors import ConfigurationError, EnvError
 from acollect.testing import no_leaks
@@ -198,7 +200,9 @@ async def test_collector_batches_hold_only_real_transitions() -> None:
 async def test_multi_sync_collector_batches_hold_only_real_transitions() -> None:
     with no_leaks():
         async with MultiSyncCollector(
-            [lambda: envpool.make_gymnasium("CartPole-v1", num_envs=4)] * 2,
+            # A seed of its own for each worker: with EnvPool's default (42) for both, they would step the same
+            # episodes (and the collector warns).
+            [functools.partial(envpool.make_gymnasium, "CartPole-v1", num_envs=4, seed=4 * i) for i in range(2)],
             None,
             frames_per_batch=2 * 4 * 32,
             total_frames=2 * 4 * 32 * 2,
@@ -210,6 +214,65 @@ async def test_multi_sync_collector_batches_hold_only_real_transitions() -> None
     for batch in batches:
         check_layout(batch, (2, 4, 32))
     assert assert_real_cartpole_transitions(torch.cat(batches, dim=-1)) >= 2
+
+
+# -- seeds: EnvPool seeds its sub-envs once, when built (sub-env i with seed + i) ---------------------------------
+def test_only_workers_whose_seeds_overlap_are_named() -> None:
+    assert shared_seeds_warning([(0, 4), (4, 4), (None, 4), (None, 4)]) is None  # spaced by num_envs; not EnvPool
+    message = shared_seeds_warning([(0, 4), (8, 4), (2, 4)])
+    assert message is not None
+    assert message.startswith("workers 0 and 2 step EnvPool envs whose seeds overlap (worker 0 seed=0, worker 2 seed=2")
+    assert "EnvPool's default" not in message
+    assert "42 is EnvPool's default" in str(shared_seeds_warning([(42, 4), (42, 4)]))
+
+
+async def test_workers_sharing_an_envpool_seed_are_warned_of_when_the_collector_starts() -> None:
+    collector = MultiSyncCollector(
+        [functools.partial(make_cartpole, 4, seed=0)] * 2, frames_per_batch=2 * 4 * 4, start_method="forkserver"
+    )
+    match = r"workers 0 and 1 step EnvPool envs whose seeds overlap \(worker 0 seed=0, worker 1 seed=0.*seed=4 \* i"
+    with no_leaks(), anyio.fail_after(60):
+        try:
+            with pytest.warns(UserWarning, match=match):  # the workers said what they built: it warns as it starts
+                batch = await anext(collector)
+        finally:
+            await collector.async_shutdown()
+    # What the warning is about: the two workers stepped the same episodes.
+    assert torch.equal(batch["observation"][0, :, 0], batch["observation"][1, :, 0])
+
+
+def _seeded_at_build(kind: str) -> CollectorBase:
+    if kind == "Collector":
+        return Collector(functools.partial(make_cartpole, 4, seed=3), frames_per_batch=16)
+    factories = [functools.partial(make_cartpole, 4, seed=3 + 4 * i) for i in range(2)]
+    return MultiSyncCollector(factories, frames_per_batch=32, start_method="forkserver")
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
+async def test_set_seed_on_a_started_collector_raises_at_once(kind: str) -> None:
+    with no_leaks():
+        async with _seeded_at_build(kind) as collector:
+            with anyio.fail_after(60):
+                await anext(collector)
+                with pytest.raises(
+                    ConfigurationError,
+                    match=r"seed=0 is invalid: .* when it is built \((this one|worker 0's) with seed=3",
+                ):
+                    collector.set_seed(0)
+                await anext(collector)  # nothing was staged: it goes on
+
+
+@pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
+async def test_set_seed_before_the_start_raises_when_the_envs_are_known(kind: str) -> None:
+    collector = _seeded_at_build(kind)
+    with no_leaks():
+        collector.set_seed(0)  # nothing knows yet that the envs are EnvPool's
+        with anyio.fail_after(60):
+            # Not a RemoteError from a worker at the next batch: the collector's own error, as it starts.
+            with pytest.raises(ConfigurationError, match=r"seed=0 is invalid: expected no seed after the env is built"):
+                await anext(collector)
+            await anext(collector)  # the refused seed was dropped: it starts without it
+        await collector.async_shutdown()
 
 
 def test_leaves_numpy_cannot_view_are_written_through_staging() -> None:

@@ -210,6 +210,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
         self._settle_frames_per_batch(self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles]))
+        self._check_env_seeds()
         await self._apply_pending()
         paused = self._lifecycle.pauses > 0
         await self._dispatch.start(pool, paused=paused)

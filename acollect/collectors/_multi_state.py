@@ -13,6 +13,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._validate import check_int
+from acollect._warnings import warn
+from acollect.envs.envpool import reseed_error, shared_seeds_warning
 from acollect.errors import ConfigurationError
 from acollect.pool import WorkerPool
 from acollect.worker import protocol as P
@@ -52,13 +54,43 @@ class MultiStateMixin:
         Returns:
             The next free seed (``seed + total number of envs`` once the workers started, else
             ``seed + num_workers``).
+
+        Raises:
+            ConfigurationError: the workers' envs can only be seeded when built (EnvPool): here once the workers
+                started, else when they have (entering the collector, or its next batch).
         """
         check_int("seed", seed)
         self._check_usable("set_seed()")
+        self._refuse_seed_of_built_envs(seed)
         self._pending_seed = seed
         if self._pool is not None and all(h.n_envs for h in self._pool.handles):
             return seed + sum(h.n_envs for h in self._pool.handles)
         return seed + self.num_workers
+
+    def _refuse_seed_of_built_envs(self, seed: int) -> None:
+        """Raises where a worker's env was seeded when built (EnvPool): its reset takes no seed."""
+        seeds = [h.env_seed for h in self._pool.handles] if self._pool is not None else []
+        if any(s is not None for s in seeds):
+            raise reseed_error(seed, seeds)
+
+    def _check_env_seeds(self) -> None:
+        """Once every worker said hello: refuses a seed staged before, and warns of workers whose envs share seeds.
+
+        Only the workers know what their envs were built with (an EnvPool env's seed); said here, on the event
+        loop, the error and the warning point at the user's ``async with`` / ``async for``, and a reseed never
+        reaches a worker to fail there at the next batch.
+        """
+        pool = self._pool
+        assert pool is not None
+        if self._pending_seed is not None:
+            try:
+                self._refuse_seed_of_built_envs(self._pending_seed)
+            except ConfigurationError:
+                self._pending_seed = None  # refused: entering again starts without it
+                raise
+        message = shared_seeds_warning([(h.env_seed, h.n_envs) for h in pool.handles])
+        if message is not None:
+            warn(f"{type(self).__name__}: {message}")
 
     def state_dict(self) -> dict[str, Any]:
         """Counters of the collector and of every worker, the policy version and this process's policy weights."""

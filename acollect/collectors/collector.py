@@ -40,6 +40,7 @@ from acollect.collectors.options import (
 )
 from acollect.engine_builder import EngineSpec, build_engine
 from acollect.env_faults import check_env_errors
+from acollect.envs.envpool import reseed_error
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
@@ -200,6 +201,12 @@ class Collector(CollectorBase):
         threads = torch.get_num_threads()
         await run_in_thread(lambda _stop: self._build_and_keep(threads), name="build-env")
         assert self._engine is not None
+        if self._seed is not None:  # staged before the env was known
+            try:
+                self._refuse_seed_of_built_env(self._seed)
+            except ConfigurationError:
+                self._seed = None  # refused: entering again starts without it
+                raise
         if isinstance(self._engine, AsyncRollout):  # resets every env, probes the policy, starts the env tasks
             await self._engine.ensure_running(self._tasks.spawn)
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
@@ -364,12 +371,23 @@ class Collector(CollectorBase):
 
         Returns:
             The next free seed (``seed + n_envs`` once the env is known, else ``seed + 1``).
+
+        Raises:
+            ConfigurationError: the env can only be seeded when built (EnvPool): here once it is built, else when
+                it is (entering the collector, or its first batch).
         """
         check_int("seed", seed)
         self._check_usable("set_seed()")
+        self._refuse_seed_of_built_env(seed)
         self._seed = seed
         n_envs = self._engine.n_envs if self._engine is not None else 1
         return seed + n_envs
+
+    def _refuse_seed_of_built_env(self, seed: int) -> None:
+        """Raises where the env was seeded when built (EnvPool): now, not from the rollout thread at the next batch."""
+        engine = self._engine
+        if engine is not None and engine.env.build_seed is not None:
+            raise reseed_error(seed, [engine.env.build_seed])
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, trajectory ids, policy weights and version, so a resumed collector continues.

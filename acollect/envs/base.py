@@ -51,6 +51,9 @@ class EnvBase(abc.ABC):
         observation_spec: per-sub-env spec of the observation keys.
         action_spec: per-sub-env spec of ``"action"``.
         reward_spec: per-sub-env spec of ``"reward"`` (default ``Unbounded((1,))``).
+        build_seed: the seed the env was built with where only building seeds it (an EnvPool env: sub-env ``i``
+            starts from ``build_seed + i``, and its reset takes no seed); ``None`` (the default): ``reset_into``
+            seeds it.
 
     Examples:
         >>> from acollect.testing import CountingEnv
@@ -69,6 +72,7 @@ class EnvBase(abc.ABC):
     observation_spec: Composite
     action_spec: TensorSpec
     reward_spec: TensorSpec = Unbounded((1,))
+    build_seed: int | None = None
     _closed: bool = False
 
     @property

@@ -20,7 +20,9 @@ the env is wrapped already).
 
 from __future__ import annotations
 
+import itertools
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,10 +36,12 @@ from acollect.envs.gym_step import Binding, reshape_action
 from acollect.errors import ConfigurationError, EnvError
 from acollect.specs import OneHot, TensorSpec, Unbounded
 
-__all__ = ["EnvPoolEnv", "is_envpool_env"]
+__all__ = ["EnvPoolEnv", "is_envpool_env", "reseed_error", "shared_seeds_warning"]
 
 # The mixin of envpool.make_gymnasium envs; make_gym and make_dm envs have others (other step results, gym spaces).
 _GYMNASIUM_MIXIN = "GymnasiumEnvPoolMixin"
+#: the seed of an EnvPool env built with none given
+_DEFAULT_SEED = 42
 
 
 def is_envpool_env(obj: object) -> bool:
@@ -109,7 +113,7 @@ class EnvPoolEnv(EnvBase):
             raise ConfigurationError.bad_value("action_space", act_space, "a single (non Dict/Tuple) space")
         self.reward_spec = Unbounded((1,), dtype=torch.float32, device=self.device)
         self._env = env
-        self._seed = config.get("seed")
+        self.build_seed = int(config.get("seed", _DEFAULT_SEED))
         self._one_hot = isinstance(self.action_spec, OneHot)
         self._action_shape = (n, *self.action_spec.shape)
         self._all_ids = np.arange(n, dtype=np.int32)
@@ -122,12 +126,7 @@ class EnvPoolEnv(EnvBase):
     def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
         self._check_open()
         if seed is not None:
-            raise ConfigurationError.bad_value(
-                "seed",
-                seed,
-                f"None: EnvPool seeds its sub-envs once, when it is built (this one with seed={self._seed}); "
-                "pass seed= to envpool.make_gymnasium(...) instead of seeding the collector",
-            )
+            raise reseed_error(seed, [self.build_seed])
         ids = self._all_ids
         if mask is not None:
             mask_np = np.asarray(mask.detach().cpu().numpy(), dtype=np.bool_).reshape(-1)
@@ -203,6 +202,64 @@ class EnvPoolEnv(EnvBase):
 
     def __repr__(self) -> str:
         return f"EnvPoolEnv(env={type(self._env).__name__}, num_envs={self.num_envs})"
+
+
+def reseed_error(seed: int, build_seeds: Sequence[int | None]) -> ConfigurationError:
+    """The error for seeding EnvPool envs after they were built (a reset's ``seed``, a collector's ``set_seed``).
+
+    Args:
+        seed: the seed asked for.
+        build_seeds: the seeds the envs were built with: the env's, or one per worker (``None``: not EnvPool).
+
+    Examples:
+        >>> str(reseed_error(1, [0])).split(": ")[:2]
+        ['seed=1 is invalid', 'expected no seed after the env is built']
+    """
+    if len(build_seeds) == 1:
+        seeds, per_worker = f"this one with seed={build_seeds[0]}", ""
+    else:
+        seeds = ", ".join(f"worker {w}'s with seed={s}" for w, s in enumerate(build_seeds) if s is not None)
+        per_worker = ", one for each worker, spaced by num_envs,"
+    return ConfigurationError.bad_value(
+        "seed", seed, f"no seed after the env is built: EnvPool seeds its sub-envs once, when it is built ({seeds}; "
+        f"sub-env i with seed + i); pass seed= to envpool.make_gymnasium(...) in the env factory{per_worker} instead "
+        "of seeding the collector")  # fmt: skip
+
+
+def shared_seeds_warning(workers: Sequence[tuple[int | None, int]]) -> str | None:
+    """What to warn where the EnvPool envs of several workers share seeds; ``None`` where none do.
+
+    Two such workers step the same episodes (and, given the same actions, collect the same data), and no
+    ``set_seed`` can move them apart: EnvPool seeds its sub-envs once, when built.
+
+    Args:
+        workers: each worker's ``(build_seed, n_envs)``; ``build_seed`` ``None``: not an EnvPool env.
+
+    Examples:
+        >>> shared_seeds_warning([(0, 4), (4, 4)]) is None
+        True
+        >>> shared_seeds_warning([(42, 4), (42, 4), (8, 4)]).split(" (")[0]
+        'workers 0 and 1 step EnvPool envs whose seeds overlap'
+    """
+    seeded = [(w, seed, n) for w, (seed, n) in enumerate(workers) if seed is not None]
+    clash = sorted({w for (w, s, n), (v, t, m) in itertools.combinations(seeded, 2) if s < t + m and t < s + n
+                    for w in (w, v)})  # fmt: skip
+    if not clash:
+        return None
+    sizes = {n for w, _, n in seeded if w in clash}
+    each = f"{sizes.pop()} sub-envs each" if len(sizes) == 1 else "sub-envs " + ", ".join(
+        f"{n} for worker {w}" for w, _, n in seeded if w in clash)  # fmt: skip
+    seeds = ", ".join(f"worker {w} seed={s}" for w, s, _ in seeded if w in clash)
+    default = f"; {_DEFAULT_SEED} is EnvPool's default" if any(s == _DEFAULT_SEED for _, s, _ in seeded) else ""
+    n_envs = max(n for _, _, n in seeded)
+    names = ", ".join(map(str, clash[:-1])) + f" and {clash[-1]}"
+    return (
+        f"workers {names} step EnvPool envs whose seeds overlap ({seeds}, {each}{default}): EnvPool seeds sub-env i "
+        "with seed + i once, when it is built, so their sub-envs of the same seed start the same episodes, and "
+        "set_seed() cannot move them apart. Give each worker's env factory a seed of its own, spaced by num_envs, e.g. "
+        f"[functools.partial(envpool.make_gymnasium, task_id, num_envs={n_envs}, seed={n_envs} * i) "
+        f"for i in range({len(workers)})]."
+    )
 
 
 def _check_envpool(env: Any) -> None:

@@ -190,6 +190,7 @@ class WorkerHandle:
         "_config",
         "_discarded_frames",
         "_env_restarts",
+        "_env_seed",
         "_frames",
         "_frames_per_batch",
         "_generation",
@@ -233,6 +234,7 @@ class WorkerHandle:
         self._layout: dict[str, Any] | None = None
         self._batch_nbytes = 0
         self._weights_structure: WeightStructure | None = None
+        self._env_seed: int | None = None
         # Where its batches are written (same host), and its predecessors' rings, still read by batches queued.
         self._ring: ShmSlotRing | None = None
         self._retired_rings: list[ShmSlotRing] = []
@@ -365,6 +367,11 @@ class WorkerHandle:
         return self._weights_structure
 
     @property
+    def env_seed(self) -> int | None:
+        """The seed its env was built with where only building seeds it (EnvPool), as its hello said; else ``None``."""
+        return self._env_seed
+
+    @property
     def ring(self) -> ShmSlotRing | None:
         """The shared-memory slots its batches are written into (``None``: batches come as frames)."""
         return self._ring
@@ -481,6 +488,8 @@ class WorkerHandle:
         self._frames_per_batch = int(header["frames_per_batch"])
         self._layout = header["layout"]
         self._weights_structure = decode_structure(header.get("weights"))
+        seed = header.get("env_seed")
+        self._env_seed = None if seed is None else int(seed)
         self._batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
         if self._ring is not None:
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.

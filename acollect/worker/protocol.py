@@ -40,7 +40,8 @@ Worker -> collector:
 =============  ====================================================================
 ``hello``      ``pid``, ``protocol``, ``n_envs``, ``layout``, ``nbytes``: ready to collect; ``weights``: the
                structure of its policy's weights, ``[[key, shape, dtype], ...]`` (``[]``: none; ``None``:
-               too large to send), which every push is checked against before it is sent
+               too large to send), which every push is checked against before it is sent; ``env_seed``: the
+               seed its env was built with where only building seeds it (EnvPool), else ``None``
 ``batch``      ``seq``, ``policy_version``, ``traj_counter``, ``slot`` or tensor frames; ``resets``: how many
                ``seed`` and ``load_state`` messages the worker had received when it began the batch; ``n``:
                the number of the ``collect`` it answers (none for batches sent on credits); ``env_restarts``:
