@@ -95,6 +95,7 @@ def build_engine(
     blocking: Literal[True],
     remote_policy: Callable[[int], PolicyAdapter] | None = None,
     env_groups: int = 1,
+    require_groups: bool = False,
 ) -> BlockingEngine: ...
 
 
@@ -105,6 +106,7 @@ def build_engine(
     weights: PolicyWeights | None = None,
     remote_policy: Callable[[int], PolicyAdapter] | None = None,
     env_groups: int = 1,
+    require_groups: bool = False,
 ) -> Engine:
     """Builds the env, the policy, the devices and the engine that drives them.
 
@@ -121,6 +123,8 @@ def build_engine(
             one per env, ``env_kwargs["num_envs"]`` shared out among them), each stepping while the others wait
             for their actions. Applies where ``num_envs >= 2`` and ``init_random_frames`` is 0; coroutine envs are
             never split, their envs stepping while the others wait already.
+        require_groups: ``env_groups`` was asked for by name: where it cannot apply (coroutine envs), say so
+            instead of stepping one group.
 
     Returns:
         The engine. It owns the env and the policy adapter: its ``close()`` (``aclose()`` for an ``AsyncRollout``)
@@ -139,12 +143,12 @@ def build_engine(
         >>> engine.close()
     """
     if blocking:
-        return _blocking_engine(spec, remote_policy, env_groups)
+        return _blocking_engine(spec, remote_policy, env_groups, require_groups)
     return _owning(spec, None, lambda: spec.policy, functools.partial(_on_loop, spec, weights))
 
 
 def _blocking_engine(
-    spec: EngineSpec, remote_policy: Callable[[int], PolicyAdapter] | None, env_groups: int
+    spec: EngineSpec, remote_policy: Callable[[int], PolicyAdapter] | None, env_groups: int, require_groups: bool
 ) -> BlockingEngine:
     if remote_policy is None:
         return _owning(spec, None, lambda: spec.policy, functools.partial(_on_own_loop, spec))
@@ -156,6 +160,10 @@ def _blocking_engine(
             return _groups(spec, sizes, first, remote_policy)
         # Coroutine envs are one group: each already steps while the others wait for their actions.
         first.close()
+        if require_groups:
+            raise ConfigurationError.bad_value(
+                "env_groups", env_groups, "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already "
+                "steps while the others wait for their actions, so they are never split into groups")  # fmt: skip
     return _owning(spec, None, functools.partial(remote_policy, 0), functools.partial(_on_own_loop, spec))
 
 

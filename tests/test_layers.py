@@ -8,7 +8,7 @@ The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own
 below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the same)::
 
     errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
-    devices, _affinity
+    devices, _affinity, time_split
     envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
     rollout, _time_slices, weights, async_rollout, _row_ring, _env_turns, _env_steps, _policy_passes, loop_rollout,
     engine, engine_groups, engine_builder, env_faults
@@ -61,6 +61,7 @@ LAYERS: list[set[str]] = [
         "specs",
         "devices",
         "_affinity",
+        "time_split",
     },
     {"envs", "policy", "trajectories", "trajectory_batches", "stats", "progress", "replay_buffer"},
     {

@@ -25,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -98,8 +99,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
             group that waits. ``1`` steps every env together (a worker waits for each pass). ``None`` picks what
             measured best (``docs/central-inference.md``): 4 with a policy on a GPU (a pass frees the CPU: the workers
             step while it runs); on a CPU, 2 where a core is left for the server beside the workers, else 1 (the
-            server's pass needs the core the groups would step on). Applies where ``env_kwargs`` has ``num_envs >= 2``
-            and ``init_random_frames`` is 0; batches keep their layout. Defaults to ``None``.
+            server's pass needs the core the groups would step on), and one group where groups do not apply. A count
+            given by name where they cannot apply (``env_kwargs`` without ``num_envs`` of at least that many, coroutine
+            envs, ``init_random_frames``) is refused with the reason. Batches keep their layout. Defaults to ``None``.
         passes_in_flight (int | None): forward passes the server may run at once, each in a thread of its own (with its
             own CUDA stream and page-locked buffers on a GPU): requests gather into the next pass while one runs, and no
             worker waits for every other pass to end. ``None``: 2 on a GPU, 1 on a CPU (where passes at once only share
@@ -242,6 +244,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             raise ConfigurationError.bad_value(
                 "policy", None, "a policy (or a policy_factory): the inference server runs it for every worker"
             )
+        _check_env_groups(settings, create_env_fn)
         self._server: InferenceServer | None = None
         self._server_rejected = 0
         self._final_inference: dict[str, Any] | None = None  # the server's figures at its end
@@ -287,6 +290,8 @@ class AsyncBatchedCollector(MultiCollectorBase):
                 "address": server.address,
                 "slots": server.slot_address,
                 "env_groups": self._env_groups(),
+                # Asked for by name: a worker that finds it cannot apply (coroutine envs) says so.
+                "env_groups_required": self.settings.env_groups is not None and self.settings.env_groups > 1,
             }
             if server.secure:  # a key pair of its own per worker slot, accepted in memory, as for the collector's
                 config.inference["keys"] = server.local_client_keys()
@@ -419,3 +424,38 @@ class AsyncBatchedCollector(MultiCollectorBase):
         stats = super().stats()
         inference = self._server.stats().as_dict() if self._server is not None else self._final_inference
         return stats if inference is None else dataclasses.replace(stats, inference=inference)
+
+
+def _check_env_groups(settings: BatchedSettings, create_env_fn: Any) -> None:
+    """Refuses an ``env_groups`` asked for by name that cannot apply, with the reason: never one group silently.
+
+    (``None`` picks a count only where groups apply, and steps one group elsewhere.)
+    """
+    wanted = settings.env_groups
+    if wanted is None or wanted < 2:
+        return
+    if settings.init_random_frames:
+        raise ConfigurationError.bad_value(
+            "env_groups", wanted, f"None or 1 with init_random_frames={settings.init_random_frames}: the random "
+            "warm-up steps every env together without the server, so env groups do not apply")  # fmt: skip
+    n_envs = settings.env_kwargs.get("num_envs")
+    if type(n_envs) is not int or n_envs < wanted:
+        raise ConfigurationError.bad_value(
+            "env_groups", wanted, f"at most the envs a worker builds, shared out through env_kwargs: the env factory "
+            f"is called once per group with its share of env_kwargs['num_envs'], which is {n_envs!r}; pass "
+            f"env_kwargs={{'num_envs': N}} with N >= {wanted}, or env_groups=None")  # fmt: skip
+    factories = create_env_fn if isinstance(create_env_fn, Sequence) else [create_env_fn]
+    if any(_makes_coroutine_envs(factory) for factory in factories):
+        raise ConfigurationError.bad_value(
+            "env_groups", wanted, "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already steps "
+            "while the others wait for their actions, so they are never split into groups")  # fmt: skip
+
+
+def _makes_coroutine_envs(factory: Any) -> bool:
+    """Whether ``factory`` is, by its type alone, a coroutine env class (or a partial of one); a plain function
+    is only known once called, in the worker, which refuses it there."""
+    from acollect.envs.async_pool import AsyncEnvPool
+
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return isinstance(factory, type) and issubclass(factory, AsyncEnvPool)

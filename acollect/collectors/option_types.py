@@ -435,8 +435,10 @@ class BatchedOptions(MultiAsyncOptions, total=False):
     #: idles while a pass runs, and a pass takes the requests of every group that waits. ``1`` steps every env together
     #: (a worker waits for each pass). ``None`` picks what measured best (``docs/central-inference.md``): 4 with a
     #: policy on a GPU (a pass frees the CPU: the workers step while it runs); on a CPU, 2 where a core is left for the
-    #: server beside the workers, else 1 (the server's pass needs the core the groups would step on). Applies where
-    #: ``env_kwargs`` has ``num_envs >= 2`` and ``init_random_frames`` is 0; batches keep their layout.
+    #: server beside the workers, else 1 (the server's pass needs the core the groups would step on), and one group
+    #: where groups do not apply. A count given by name where they cannot apply (``env_kwargs`` without ``num_envs`` of
+    #: at least that many, coroutine envs, ``init_random_frames``) is refused with the reason. Batches keep their
+    #: layout.
     env_groups: int | None
 
     #: forward passes the server may run at once, each in a thread of its own (with its own CUDA stream and page-locked

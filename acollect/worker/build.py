@@ -57,7 +57,8 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
     else:
         remote = functools.partial(_remote_policy, config, config.inference, interrupt)
         engine = build_any_engine(spec, blocking=True, remote_policy=remote,
-                                  env_groups=config.inference.get("env_groups", 1))  # fmt: skip
+                                  env_groups=config.inference.get("env_groups", 1),
+                                  require_groups=bool(config.inference.get("env_groups_required")))  # fmt: skip
     engine.next_traj_counter = config.next_traj_counter
     engine.frames = config.frames
     return engine

@@ -7,14 +7,16 @@ env acting on its own observation, the version of the weights behind every frame
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import anyio
 import pytest
 import torch
 from tensordict.nn import TensorDictModule
 
-from acollect import AsyncBatchedCollector, MultiAsyncCollector
+from acollect import AsyncBatchedCollector, ConfigurationError, MultiAsyncCollector
 from acollect.envs import AsyncEnvPool
+from acollect.errors import WorkerError
 from acollect.testing import AsyncCountingEnv, CountingEnv, WeightProbe, assert_counting_batch
 
 
@@ -99,11 +101,34 @@ def async_pool(num_envs: int) -> AsyncEnvPool:
     return AsyncEnvPool(AsyncCountingEnv, num_envs)
 
 
-async def test_coroutine_envs_step_as_one_group_when_env_groups_are_asked_for(start_method: str) -> None:
+async def test_coroutine_envs_step_as_one_group_by_default_and_refuse_groups_asked_for(start_method: str) -> None:
     # A pool's envs step while the others wait for their actions already: it is not split, and runs as one group.
     kwargs = {"frames_per_batch": 16, "total_frames": 32, "env_kwargs": {"num_envs": 4}, "start_method": start_method}
     with anyio.fail_after(90):
-        async with AsyncBatchedCollector([async_pool], WeightProbe(1.0), env_groups=2, **kwargs) as collector:
+        async with AsyncBatchedCollector([async_pool], WeightProbe(1.0), **kwargs) as collector:
             batches = [batch async for batch in collector]
     assert [batch.batch_size for batch in batches] == [(4, 4), (4, 4)]
     assert all((batch["action"] == 1).all() for batch in batches)
+    # Asked for by name, groups that cannot apply are refused, with the reason, not run as one group silently:
+    # here by the worker that built the envs (a plain function says what it makes only when called).
+    with anyio.fail_after(90), pytest.raises(WorkerError, match="coroutine envs") as caught:
+        async with AsyncBatchedCollector([async_pool], WeightProbe(1.0), env_groups=2, **kwargs) as collector:
+            await anext(collector)
+    assert "ConfigurationError" in str(caught.value) or isinstance(caught.value.__cause__, ConfigurationError)
+
+
+def test_env_groups_that_cannot_apply_are_refused_at_construction() -> None:
+    kwargs: dict[str, Any] = {"frames_per_batch": 16, "env_groups": 4}
+    with pytest.raises(ConfigurationError, match=r"env_groups=4.*num_envs.*None"):
+        AsyncBatchedCollector([CountingEnv], WeightProbe(1.0), **kwargs)  # nothing to share out
+    with pytest.raises(ConfigurationError, match=r"env_groups=4.*N >= 4"):
+        AsyncBatchedCollector([CountingEnv], WeightProbe(1.0), env_kwargs={"num_envs": 3}, **kwargs)
+    with pytest.raises(ConfigurationError, match=r"env_groups=4.*init_random_frames=64"):
+        AsyncBatchedCollector([CountingEnv], WeightProbe(1.0), env_kwargs={"num_envs": 8}, init_random_frames=64,
+                              **kwargs)  # fmt: skip
+    pool = functools.partial(AsyncEnvPool, AsyncCountingEnv)
+    with pytest.raises(ConfigurationError, match=r"env_groups=4.*coroutine envs"):
+        AsyncBatchedCollector([pool], WeightProbe(1.0), env_kwargs={"num_envs": 8}, **kwargs)
+    # What applies is taken: one group per env at most, and None or 1 anywhere.
+    AsyncBatchedCollector([CountingEnv], WeightProbe(1.0), env_kwargs={"num_envs": 4}, **kwargs)
+    AsyncBatchedCollector([CountingEnv], WeightProbe(1.0), frames_per_batch=16, env_groups=1)
