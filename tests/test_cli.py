@@ -149,7 +149,13 @@ def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
         assert rows[name]["vs_ceiling"] == pytest.approx(rows[name]["median"] / ceiling["median"]), rows[name]
         assert re.search(rf"^{name} \(2x16 envs\) .* {rows[name]['vs_ceiling']:.2f}x$", proc.stdout, flags=re.M)
     assert rows["acollect Collector"]["vs_ceiling"] is None
-    assert proc.stdout.count("vs ceiling") == 1, proc.stdout  # a column of the CartPole table only
+    # A column of the CartPole table only, said under it: what the ceiling is.
+    assert len(re.findall(r"^contender .* vs ceiling", proc.stdout, flags=re.M)) == 1, proc.stdout
+    note = report["workloads"]["cartpole"]["note"]
+    assert note.startswith("vs ceiling: frames/s over the ceiling's, 2 copies of the hand loop (2x16 envs)"), note
+    assert "never communicating" in note, note
+    assert " ".join(note.split()) in " ".join(proc.stdout.split()), proc.stdout
+    assert report["workloads"]["pixels"]["note"] is None
     torchrl_rows = [r for r in report["workloads"]["cartpole"]["results"] if r["name"].startswith("torchrl")]
     assert len(torchrl_rows) == 2
     try:
@@ -164,6 +170,32 @@ def test_bench_rejects_bad_arguments_with_a_clear_message(capsys: pytest.Capture
     assert "--workers" in err
     assert "a divisor of --num-envs (32)" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--frames", "1000"], "--frames=1000 is invalid: expected at least one batch, --frames-per-batch (2048)"),
+        (["--only", "cartpole", "--frames", "4095", "--frames-per-batch", "4096"], "--frames-per-batch (4096)"),
+        (["--pixel-frames", "100"], "--pixel-frames=100 is invalid: expected at least one batch, --pixel-envs x "
+         "--pixel-steps (512)"),
+    ],
+)  # fmt: skip
+def test_bench_refuses_fewer_frames_than_one_batch(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", *argv]) == 1  # refused before anything is measured
+    err = capsys.readouterr().err
+    assert expected in err, err
+    assert "Traceback" not in err
+
+
+def test_bench_checks_frames_only_for_the_workloads_it_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    # No CartPole round: its --frames do not matter, and the refusal names the pixels' own (checked after it).
+    assert main(["bench", "--only", "pixels", "--frames", "10", "--pixel-frames", "100"]) == 1
+    err = capsys.readouterr().err
+    assert "--pixel-frames=100 is invalid" in err, err
+    assert "--frames=10" not in err, err
 
 
 def test_no_command_prints_usage(capsys: pytest.CaptureFixture[str]) -> None:
