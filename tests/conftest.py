@@ -11,8 +11,8 @@ torch.set_num_threads(1)
 
 
 # The longest scenarios of a plain `pytest` (`pytest --durations=60` on 2 cores: 6-17 s each, most of it fresh
-# interpreters importing torch), marked `slow` here so the README's `pytest` stays under ten minutes; CI runs
-# them with `pytest -m slow`. Each capability keeps a faster test in the plain run.
+# interpreters importing torch), marked `slow` here so the README's `pytest` stays near the 7 minutes it states
+# for CI's 2 cores; CI runs them with `pytest -m slow`. Each capability keeps a faster test in the plain run.
 SLOW_SCENARIOS = {
     # examples end to end (quickstart runs as the README does, in test_quickstart_as_the_readme_runs_it...)
     "tests/test_examples.py::test_example_runs[central_inference.py]",
