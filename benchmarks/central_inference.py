@@ -227,6 +227,7 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
             )  # fmt: skip
             batched, batched_pids, startup[BATCHED[mode]] = await _enter(stack, central)
             runs.append((BATCHED[mode], batched, batched_pids))
+        splits: dict[str, list[dict[str, float]]] = {}  # where the workers' time went, after each turn
         for index in range(args.turns):
             line = []
             shift = index % len(runs)
@@ -236,7 +237,12 @@ async def measure(args: argparse.Namespace) -> tuple[Turns, dict[str, Any], dict
                 frames, wall, cpu = await _turn(collector, pids, args.turn_batches, args.train_ms)
                 turns.add(name, frames, wall, cpu)
                 line.append(f"{name} {frames / wall:,.0f}")
+                splits.setdefault(name, []).append(collector.stats().time_split)
             print(f"turn {index + 1}/{args.turns}: " + ", ".join(line) + " frames/s", flush=True)
+        for name, per_turn in splits.items():
+            # The window spans the last 10 s: the turn just taken, and the others' (the workers wait for credits).
+            mean = {part: sum(split[part] for split in per_turn) / len(per_turn) for part in per_turn[0]}
+            print(f"{name}: workers' time " + ", ".join(f"{part} {share:.0%}" for part, share in mean.items()))
         servers = {name: collector.stats().inference for name, collector, _ in runs if name in BATCHED.values()}
         for name, collector, _ in runs:
             if name in servers:
