@@ -1,9 +1,17 @@
 """Fresh Python interpreters handed a cloudpickled config on their stdin: how worker and server processes start.
 
-``python -c <bootstrap>`` reads the payload before importing anything heavy (so the parent's write never waits
-on the child importing torch), takes the parent's import path (so that acollect and the modules defining the
-user's factories import there as they did here), then calls the entry point with the cloudpickled config. The
-entry point ends with :func:`exit_now`.
+``python -c <bootstrap>`` first ignores SIGINT, then reads the payload before importing anything heavy (so the
+parent's write never waits on the child importing torch), takes the parent's import path (so that acollect and
+the modules defining the user's factories import there as they did here), then calls the entry point with the
+cloudpickled config. The entry point ends with :func:`exit_now`.
+
+Why SIGINT is ignored: Ctrl-C in a terminal signals the whole process group, children included. Whether the
+program ends is the trainer's decision (its ``KeyboardInterrupt``), and a child that took it too would only print
+its own traceback; the child ends when the trainer tells it to stop, or when the trainer is gone (each child
+watches it). So that a Ctrl-C during start-up is quiet too, the child is started with SIGINT blocked (the thread
+that starts it blocks it for the moment of the start, and a child inherits its mask across ``exec``): one that
+arrives while the interpreter starts waits, and the bootstrap's first statements ignore it (which discards one
+waiting) and unblock it. CPython starts its resource tracker the same way.
 """
 
 from __future__ import annotations
@@ -12,19 +20,28 @@ import atexit
 import contextlib
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from acollect._pickling import cloudpickle_dumps
 from acollect.errors import ConfigurationError
 
-__all__ = ["bootstrap", "exit_now", "pickle_payload", "reap_later", "spawn_python"]
+__all__ = ["bootstrap", "exit_now", "pickle_payload", "reap_later", "sigint_blocked", "spawn_python"]
 
 #: Processes killed and not reaped yet (see :func:`reap_later`).
 _unreaped: list[subprocess.Popen[bytes]] = []
+
+#: Whether SIGINT can be blocked while a child starts (POSIX; not Windows, where Ctrl-C is no signal to a group).
+_HAVE_SIGMASK = hasattr(signal, "pthread_sigmask")
+
+#: The bootstrap's first statements: a Ctrl-C is the trainer's (see the module docstring).
+_IGNORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); " + (
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); " if _HAVE_SIGMASK else ""
+)
 
 
 def bootstrap(module: str, function: str) -> str:
@@ -35,7 +52,7 @@ def bootstrap(module: str, function: str) -> str:
         ...     "acollect.worker.process", "_run_payload")
         True
     """
-    return (
+    return _IGNORE_SIGINT + (
         "import sys, pickle; path, payload = pickle.loads(sys.stdin.buffer.read()); sys.stdin.close(); "
         "sys.path[:0] = [p for p in path if p not in sys.path]; "
         f"from {module} import {function}; {function}(payload)"
@@ -80,13 +97,34 @@ def _reap_at_exit() -> None:
 
 
 def spawn_python(code: str, *, num_threads: int, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
-    """Starts ``python -c code`` with a stdin pipe for the payload and ``num_threads`` OpenMP/MKL threads."""
+    """Starts ``python -c code`` with a stdin pipe for the payload and ``num_threads`` OpenMP/MKL threads.
+
+    ``code`` comes from :func:`bootstrap`: the child starts with SIGINT blocked, and the bootstrap unblocks it.
+    """
     _reap()
     threads = str(num_threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    return subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, env=env, close_fds=True, pass_fds=tuple(pass_fds)
-    )
+    with sigint_blocked():
+        return subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, env=env, close_fds=True, pass_fds=tuple(pass_fds)
+        )
+
+
+@contextlib.contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """Blocks SIGINT in this thread meanwhile: children started meanwhile begin with it blocked.
+
+    Here, a Ctrl-C meanwhile waits (for a process start: about a millisecond) and is then delivered as usual;
+    in any other thread of the process, it is delivered at once.
+    """
+    if not _HAVE_SIGMASK:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def exit_now(code: int) -> None:

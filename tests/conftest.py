@@ -55,6 +55,8 @@ SLOW_SCENARIOS = {
     "tests/inference/test_batched_collector.py::test_state_dict_carries_the_servers_weights_and_version_to_a_new_collector",
     "tests/inference/test_server_process.py::test_a_killed_trainer_leaves_no_server_process_and_nothing_it_bound",
     "tests/test_stats.py::test_nothing_is_printed_unless_asked_and_progress_shows_without_logging_setup",
+    # Ctrl-C: the server process starts as spawned workers do, which the plain run interrupts
+    "tests/test_ctrl_c.py::test_ctrl_c_while_collecting_ends_the_program_with_the_trainers_traceback_only[Batched-spawn]",
     "tests/test_async_envs.py::test_worker_collectors_run_each_pool_on_the_workers_own_loop",
 }
 

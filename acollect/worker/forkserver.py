@@ -10,22 +10,37 @@ it for a fork is left. This module is preloaded there (:data:`PRELOAD`), and whe
 removes the socket, and the ``pymp-`` directory if nothing else is in it. The server can serve nobody
 by then, so no other user of multiprocessing loses anything; whatever else the directory holds belongs
 to someone else and stays.
+
+Ctrl-C (SIGINT, which a terminal sends to the whole process group): the server ignores it once it serves,
+and its workers from their entry point on (:mod:`acollect.worker.process`), so that the trainer alone decides,
+and nothing else prints a traceback. Before it serves, while it imports the worker's code (torch: seconds), a
+trainer waiting for its first worker would wait for that import to end, so there a Ctrl-C ends the server at
+once, silently (SIGINT's default action): the waiting start fails, and multiprocessing starts another server
+when one is needed next. The server is started with SIGINT blocked (as a spawned worker is,
+:mod:`acollect._spawn`), so that one arriving while its interpreter starts waits until this module takes over;
+after the import, the server's handler is put back, so that the other children of a server the program shares
+keep theirs.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import multiprocessing.forkserver
 import os
+import signal
 import sys
 import types
 
 __all__ = ["PRELOAD"]
 
-#: The modules the fork server imports before it forks any worker: the worker's code, so that each
-#: worker is a cheap fork of a process that imported torch once, and this module.
-PRELOAD = ["acollect.worker.main", __name__]
+#: The modules the fork server imports before it forks any worker: this module, which imports the worker's code
+#: (so that each worker is a cheap fork of a process that imported torch once).
+PRELOAD = [__name__]
+
+#: What this module imports in the fork server (a Ctrl-C meanwhile ends the server, silently).
+_WORKER_CODE = "acollect.worker.main"
 
 
 def _remove_listener() -> None:
@@ -55,5 +70,23 @@ def _imported_by_the_fork_server() -> bool:
     return False
 
 
+def _import_worker_code() -> None:
+    """Imports the worker's code (torch: seconds), a Ctrl-C meanwhile ending the server silently; then puts the
+    server's SIGINT handler back."""
+    # The default action, not KeyboardInterrupt: that would print the server's traceback beside the trainer's.
+    # Put back after: the server's loop ignores SIGINT itself, and hands the handler it found to the children it
+    # forks, which may not be ours.
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        # Blocked by the thread that started the server: one that came meanwhile ends it here.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        importlib.import_module(_WORKER_CODE)
+    finally:
+        if previous is not None:  # None: a handler not set from Python, which cannot be set back from here
+            signal.signal(signal.SIGINT, previous)
+
+
 if _imported_by_the_fork_server():
     atexit.register(_remove_listener)
+    _import_worker_code()

@@ -21,12 +21,15 @@ functions defined in ``__main__`` work. Batches and weights never are pickled.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import pickle
+import signal
 import subprocess
 import sys
 from typing import Any
 
-from acollect._spawn import bootstrap, exit_now, pickle_payload, reap_later, spawn_python
+from acollect._spawn import bootstrap, exit_now, pickle_payload, reap_later, sigint_blocked, spawn_python
 from acollect.errors import ConfigurationError, describe_exit
 from acollect.worker import forkserver
 from acollect.worker.protocol import WorkerConfig
@@ -48,6 +51,8 @@ def _run_payload(payload: bytes) -> None:
 
 
 def _forkserver_entry(data: bytes) -> None:
+    # First: a Ctrl-C is the trainer's to act on (see acollect._spawn); the spawn bootstrap does the same.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     path, payload = pickle.loads(data)
     sys.path[:0] = [p for p in path if p not in sys.path]
     _run_payload(payload)
@@ -144,6 +149,11 @@ def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> Worker
         # The server imports the worker code once (every worker is then a cheap fork of it), and removes
         # its listener when it exits, which multiprocessing leaves behind when this process is killed.
         ctx.set_forkserver_preload(forkserver.PRELOAD)
+        # Started (once) with SIGINT blocked, as a spawned child is: its preload unblocks it (see forkserver). The
+        # resource tracker it starts first unblocks SIGINT in this thread after its own start: started before.
+        multiprocessing.resource_tracker.ensure_running()
+        with sigint_blocked():
+            multiprocessing.forkserver.ensure_running()
         process = ctx.Process(target=_forkserver_entry, args=(payload,), name=f"acollect-worker-{config.index}")
         process.daemon = True
         process.start()
