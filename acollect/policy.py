@@ -82,7 +82,7 @@ class SplitPolicy(Protocol):
     """A policy whose call splits in two: the observations go out, the actions come back later.
 
     An inference server's client (:class:`~acollect.inference.client.RemotePolicy`) is one. A worker whose envs
-    step in groups (:class:`~acollect.engine_groups.EngineGroups`) sends one group's observations, steps the other
+    step in groups (:class:`~acollect._rollout.groups.EngineGroups`) sends one group's observations, steps the other
     groups meanwhile, and then takes the first group's actions.
 
     Examples:
@@ -338,7 +338,7 @@ def build_policy(
     """Builds the policy (given, or built by ``policy_factory``) for ``env``, resolves the devices, wraps it.
 
     The one place a policy is placed and wrapped: the one engine builder
-    (:func:`~acollect.engine_builder.build_engine`) calls it for every engine.
+    (:func:`~acollect._rollout.build.build_engine`) calls it for every engine.
     """
     if policy_factory is not None:
         policy = policy_factory()

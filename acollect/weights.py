@@ -34,7 +34,7 @@ from acollect._validate import check_int, check_seconds
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
-    from acollect.engine import Engine
+    from acollect._rollout.protocol import Engine
 
 __all__ = [
     "PolicyWeights",

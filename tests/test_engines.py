@@ -1,8 +1,9 @@
-"""The rollout engines: each an :class:`~acollect.engine.Engine`, all made by the one builder.
+"""The rollout engines: each an :class:`~acollect._rollout.protocol.Engine`, all made by the one builder.
 
-The collectors and the worker processes use an engine through the protocols of :mod:`acollect.engine` only, so
+The collectors and the worker processes use an engine through the protocols of :mod:`acollect._rollout.protocol`
+only, so
 each class is checked against them here, on a built engine (mypy checks the same where the engines are built);
-then :func:`~acollect.engine_builder.build_engine`: which engine it picks, what it refuses, and that it closes
+then :func:`~acollect._rollout.build.build_engine`: which engine it picks, what it refuses, and that it closes
 what it built when it fails.
 """
 
@@ -14,17 +15,17 @@ from typing import Any
 import anyio
 import pytest
 
+from acollect._rollout.blocking import RolloutEngine
+from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.coroutines import AsyncRollout
+from acollect._rollout.groups import EngineGroups
+from acollect._rollout.own_loop import LoopRollout
+from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._tasks import TaskOwner
-from acollect.async_rollout import AsyncRollout
 from acollect.devices import resolve_devices
-from acollect.engine import BlockingEngine, Engine
-from acollect.engine_builder import EngineSpec, build_engine
-from acollect.engine_groups import EngineGroups
 from acollect.envs import AsyncEnvPool
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.loop_rollout import LoopRollout
 from acollect.policy import RandomPolicy
-from acollect.rollout import RolloutEngine
 from acollect.testing import AsyncCountingEnv, CountingEnv, SplitProbe
 
 

@@ -20,8 +20,8 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect import Collector, MultiAsyncCollector
-from acollect.engine_builder import EngineSpec, build_engine
-from acollect.env_faults import MAX_REBUILDS_IN_A_ROW
+from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.env_faults import MAX_REBUILDS_IN_A_ROW
 from acollect.envs import AsyncEnvPool, GymEnv
 from acollect.errors import ConfigurationError, EnvError
 from acollect.testing import (

@@ -10,8 +10,7 @@ below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the
     errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
     devices, _affinity, time_split
     envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
-    rollout, _time_slices, weights, async_rollout, _row_ring, _env_turns, _env_steps, _policy_passes, loop_rollout,
-    engine, engine_groups, engine_builder, env_faults
+    _rollout, weights
     transport
     inference
     worker
@@ -65,19 +64,8 @@ LAYERS: list[set[str]] = [
     },
     {"envs", "policy", "trajectories", "trajectory_batches", "stats", "progress", "replay_buffer"},
     {
-        "rollout",
-        "_time_slices",
+        "_rollout",
         "weights",
-        "async_rollout",
-        "_row_ring",
-        "_env_turns",
-        "_env_steps",
-        "_policy_passes",
-        "loop_rollout",
-        "engine",
-        "engine_groups",
-        "engine_builder",
-        "env_faults",
     },
     {"transport"},
     {"inference"},
@@ -225,7 +213,7 @@ def test_every_module_has_a_layer() -> None:
 def test_the_graph_sees_known_imports() -> None:
     # Guards the parser: a broken resolution would make the other tests pass vacuously.
     assert "acollect.worker.protocol" in GRAPH["acollect.worker.main"]  # `from acollect.worker import protocol`
-    assert "acollect.envs.factory" in GRAPH["acollect.engine_builder"]  # `from acollect.envs.factory import make_env`
+    assert "acollect.envs.factory" in GRAPH["acollect._rollout.build"]  # `from acollect.envs.factory import make_env`
     assert "acollect.errors" in GRAPH["acollect.transport.wire"]
 
 

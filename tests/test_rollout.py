@@ -17,11 +17,11 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted, frames_per_batch_for
 from acollect.devices import resolve_devices
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.policy import wrap_policy
-from acollect.rollout import RolloutEngine, RolloutInterrupted, frames_per_batch_for
 from acollect.testing import (
     ENV_STRIDE,
     RESET_JUMP,

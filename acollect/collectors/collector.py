@@ -3,7 +3,7 @@
 Env stepping runs in a thread owned by the collector for the length of each
 batch, so the event loop stays responsive while frames are collected. A pool of
 coroutine envs (:class:`~acollect.envs.AsyncEnvPool`) is stepped on the event
-loop itself instead, each env as a task (:mod:`acollect.async_rollout`).
+loop itself instead, each env as a task (:mod:`acollect._rollout.coroutines`).
 
 Examples:
     >>> import anyio
@@ -27,9 +27,12 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from typing_extensions import Unpack
 
+from acollect._rollout.blocking import RolloutEngine
+from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.coroutines import AsyncRollout
+from acollect._rollout.env_faults import check_env_errors
 from acollect._threads import GilHandover, run_in_thread
 from acollect._validate import check_int
-from acollect.async_rollout import AsyncRollout
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
@@ -38,13 +41,10 @@ from acollect.collectors.options import (
     parse,
     settle_frames_per_batch,
 )
-from acollect.engine_builder import EngineSpec, build_engine
-from acollect.env_faults import check_env_errors
 from acollect.envs.envpool import reseed_error
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
-from acollect.rollout import RolloutEngine
 from acollect.stats import EpisodeSummary, EpisodeTracker
 from acollect.time_split import OTHER, TRAINER
 from acollect.trajectories import split_trajectories

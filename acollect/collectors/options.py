@@ -44,6 +44,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._affinity import check_worker_affinity
+from acollect._rollout.blocking import frames_per_batch_for
+from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect._validate import (
     check_bool,
     check_callable,
@@ -54,12 +56,10 @@ from acollect._validate import (
 )
 from acollect._warnings import warn
 from acollect.devices import check_device
-from acollect.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect.errors import ConfigurationError
 from acollect.launchers.registry import resolve_launcher
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.progress import check_progress
-from acollect.rollout import frames_per_batch_for
 from acollect.transport.auth import ServerKeys, as_server_keys
 from acollect.transport.weight_sync import WeightSyncScheme
 from acollect.worker.process import START_METHODS

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from acollect._affinity import AffinityPlan, plan_affinity
+from acollect._rollout.env_faults import check_env_errors
 from acollect._validate import check_int
 from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option, settle_frames_per_batch
 from acollect.devices import check_device
-from acollect.env_faults import check_env_errors
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike

@@ -2,7 +2,7 @@
 
 The in-process :class:`~acollect.Collector` and every worker process recognise an
 :class:`AsyncEnvPool` and step it on an event loop, each env as its own task (see
-:mod:`acollect.async_rollout`): no thread, no process per env. Called from plain code
+:mod:`acollect._rollout.coroutines`): no thread, no process per env. Called from plain code
 (:meth:`~acollect.envs.EnvBase.reset`, :meth:`~acollect.envs.EnvBase.step`), the pool is an
 ordinary blocking acollect env that runs its envs on a private event loop of its own, all of them
 concurrently within each step (``asyncio.gather`` lockstep).

@@ -25,10 +25,10 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
+from acollect._rollout.blocking import exploration
 from acollect.devices import move_to
 from acollect.errors import PolicyError
 from acollect.policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
-from acollect.rollout import exploration
 
 __all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Lane", "Request", "StatsRecorder"]
 

@@ -2,7 +2,7 @@
 
 The config says what to build (the env factory, the policy sent whole or built here by ``policy_factory``, the
 devices, the collection options) and, under central inference, which inference server chooses the actions; the
-one engine builder (:func:`acollect.engine_builder.build_engine`) builds it, as it does for the in-process
+one engine builder (:func:`acollect._rollout.build.build_engine`) builds it, as it does for the in-process
 collector. Also here: the modules a weight push may name (:func:`resolve_model`).
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from acollect.engine import BlockingEngine, Engine
-from acollect.engine_builder import EngineSpec
-from acollect.engine_builder import build_engine as build_any_engine
+from acollect._rollout.blocking import RolloutInterrupted
+from acollect._rollout.build import EngineSpec
+from acollect._rollout.build import build_engine as build_any_engine
+from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect.inference.client import RemotePolicy
 from acollect.policy import parse_exploration_type
-from acollect.rollout import RolloutInterrupted
 from acollect.worker import protocol as P
 from acollect.worker.config_codec import resolve_import_path
 
@@ -33,7 +33,7 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
     collector's inference server; ``interrupt`` (the worker's pause and stop) abandons a step waiting on it.
     With ``config.inference["env_groups"]`` above 1 and ``num_envs >= 2`` in ``env_kwargs``, the envs are built
     as that many groups (at most one per env), each stepping while the others wait for their actions
-    (:class:`~acollect.engine_groups.EngineGroups`).
+    (:class:`~acollect._rollout.groups.EngineGroups`).
     """
     # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
     spec = EngineSpec(

@@ -38,8 +38,8 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._affinity import pin_process
-from acollect.engine import BlockingEngine
-from acollect.rollout import RolloutInterrupted
+from acollect._rollout.blocking import RolloutInterrupted
+from acollect._rollout.protocol import BlockingEngine
 from acollect.stats import EpisodeTracker
 from acollect.time_split import OTHER, TRAINER
 from acollect.transport.shm_ring import ShmSlotRing

@@ -193,7 +193,7 @@ class WorkerConfig:
     max_frames_per_traj: int | None = None
     init_random_frames: int = 0
     reset_at_each_iter: bool = False
-    #: ``"raise"`` or ``"restart"``: what an exception of the env does (see :mod:`acollect.env_faults`)
+    #: ``"raise"`` or ``"restart"``: what an exception of the env does (see :mod:`acollect._rollout.env_faults`)
     env_errors: str = "raise"
     exploration_type: str | None = "RANDOM"
     num_threads: int = 1

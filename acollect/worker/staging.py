@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect.engine import BlockingEngine, Engine
+from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect.errors import ProtocolError
 from acollect.transport.shm import ShmSegment
 from acollect.transport.weight_sync import Staged, WeightPlan, copy_planned, plan_unflatten, read_weights

@@ -1,9 +1,10 @@
 """Env groups for central inference: a worker's envs in several groups, each stepping while the others wait.
 
 With its policy on an inference server, a worker would otherwise wait for the round trip at every step, its
-core idle. :class:`EngineGroups` drives several :class:`~acollect.rollout.RolloutEngine` (each over a share of
+core idle. :class:`EngineGroups` drives several :class:`~acollect._rollout.blocking.RolloutEngine` (each over a share of
 the worker's envs, built from the same factory, each with its own connection to the server) in turn, with their
-policy calls split (:meth:`~acollect.rollout.RolloutEngine.split_policy_calls`): group A sends its observations, group B
+policy calls split (:meth:`~acollect._rollout.blocking.RolloutEngine.split_policy_calls`): group A sends its
+observations, group B
 receives its actions and steps, sends; group C ..., group A receives and steps, ... So the server's passes for
 some groups run while the worker steps the others, and a pass takes the requests of every group that waits.
 
@@ -22,8 +23,8 @@ from collections.abc import Generator, Sequence
 import torch
 from tensordict import TensorDict
 
+from acollect._rollout.blocking import RolloutEngine, exploration
 from acollect.envs.base import EnvBase
-from acollect.rollout import RolloutEngine, exploration
 from acollect.time_split import ACTIONS
 
 __all__ = ["EngineGroups"]
@@ -32,7 +33,8 @@ _POLL_MS = 50  # how often a worker waiting for any group's actions looks at its
 
 
 class EngineGroups:
-    """Several engines over shares of a worker's envs, stepped in turn, as one :class:`~acollect.engine.BlockingEngine`.
+    """Several engines over shares of a worker's envs, stepped in turn, as one
+    :class:`~acollect._rollout.protocol.BlockingEngine`.
 
     Args:
         engines: the engines, in the order of their rows in each batch (the first over rows ``[0, n_0)``, the

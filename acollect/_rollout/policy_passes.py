@@ -1,7 +1,7 @@
 """The policy task of the coroutine-env engine: a pass over the envs waiting, as soon as one waits.
 
 :meth:`PolicyPasses.run` takes the envs waiting for an action (the batching rule of
-:mod:`acollect.async_rollout`), runs the policy on their observations, writes what each step starts from into its
+:mod:`acollect._rollout.coroutines`), runs the policy on their observations, writes what each step starts from into its
 row (observations, the policy's outputs, trajectory id, weights version) and hands each env its action.
 
 Where the policy runs is decided once, by timing it on every env (the fastest of a few passes): a pass that takes
@@ -18,14 +18,14 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
-from acollect._env_steps import EnvSteps
-from acollect._env_turns import EnvTurns
-from acollect._row_ring import RowRing
+from acollect._rollout.blocking import exploration
+from acollect._rollout.env_steps import EnvSteps
+from acollect._rollout.env_turns import EnvTurns
+from acollect._rollout.row_ring import RowRing
 from acollect._threads import run_in_thread
 from acollect.devices import Devices
 from acollect.errors import PolicyError
 from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, unseeded_generator
-from acollect.rollout import exploration
 
 __all__ = ["INLINE_POLICY_SECONDS", "OutputLayout", "PolicyPasses"]
 

@@ -3,8 +3,8 @@
 :class:`RolloutEngine` drives a batched env with a policy and fills preallocated ``[n_envs, T]`` buffers. It is
 plain blocking code: the in-process :class:`~acollect.Collector` runs it in a thread so the event loop never
 blocks, and every worker process runs the same engine (several, interleaved by :meth:`RolloutEngine.stepper`, in
-a worker of central inference whose envs step in groups: :mod:`acollect.engine_groups`). Coroutine envs have an
-engine of their own (:mod:`acollect.async_rollout`; in a worker, behind :mod:`acollect.loop_rollout`).
+a worker of central inference whose envs step in groups: :mod:`acollect._rollout.groups`). Coroutine envs have an
+engine of their own (:mod:`acollect._rollout.coroutines`; in a worker, behind :mod:`acollect._rollout.own_loop`).
 
 The hot loop allocates no TensorDict per step: the env writes into two TensorDicts allocated once (``root``: what
 the next step starts from; ``next``: the result of the step), and the engine copies their leaves into per-step
@@ -30,9 +30,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
-from acollect._time_slices import TimeSlices, numpy_view, write_output
+from acollect._rollout.env_faults import EnvFaults
+from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
 from acollect.devices import Devices, move_to
-from acollect.env_faults import EnvFaults
 from acollect.envs.base import EnvBase
 from acollect.errors import ConfigurationError
 from acollect.policy import (
@@ -96,7 +96,7 @@ class RolloutEngine:
         traj_id_stride: step between consecutive trajectory ids.
         env_faults: where an exception of the env's ``step`` or ``reset`` goes (``env_errors="restart"``): the env
             is rebuilt, the episodes in flight end as truncated at their last step recorded, and the batch goes
-            on from the new env's reset (:mod:`acollect.env_faults`); ``None``: the exception is raised.
+            on from the new env's reset (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
 
     Examples:
         >>> from acollect.testing import CountingEnv
@@ -196,7 +196,7 @@ class RolloutEngine:
     def split_policy_calls(self) -> SplitPolicy:
         """From now on, :meth:`stepper` yields in every step between sending the observations and taking the actions.
 
-        A caller stepping several engines in turn (:class:`~acollect.engine_groups.EngineGroups`) steps the others
+        A caller stepping several engines in turn (:class:`~acollect._rollout.groups.EngineGroups`) steps the others
         while this one's actions are computed elsewhere.
 
         Returns:
@@ -268,7 +268,7 @@ class RolloutEngine:
     def _recover(self, error: Exception, next_td: TensorDictBase | None, last: int) -> None:
         """The env raised ``error``: the episodes in flight end as truncated at step ``last`` of the batch (their
         last step recorded; ``-1``: in a batch handed out already, the new trajectory ids alone mark the end), and a
-        rebuilt env (:class:`~acollect.env_faults.EnvFaults`) is reset in its place."""
+        rebuilt env (:class:`~acollect._rollout.env_faults.EnvFaults`) is reset in its place."""
         assert self._faults is not None
         if next_td is not None and last >= 0:
             truncated = next_td.get("truncated")[:, last]

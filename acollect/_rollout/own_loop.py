@@ -1,13 +1,13 @@
 """Coroutine envs driven from blocking code: :class:`LoopRollout`, one batch at a time on a loop of its own.
 
 A worker process (``MultiSyncCollector`` and the other worker collectors) runs plain blocking code
-around a :class:`~acollect.engine.BlockingEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
+around a :class:`~acollect._rollout.protocol.BlockingEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
 it runs a :class:`LoopRollout`: that surface (``collect(stop, out=)``, ``allocate()``, the counters,
-``seed``/``restart``) over an :class:`~acollect.async_rollout.AsyncRollout` on an event loop the
+``seed``/``restart``) over an :class:`~acollect._rollout.coroutines.AsyncRollout` on an event loop the
 engine owns. Each ``collect`` runs that loop until the batch is complete, so the
 worker's envs follow the same batching rule as in the in-process ``Collector``; between batches the
 loop stands still (and so do the envs). Setting ``stop`` ends ``collect`` with
-:class:`~acollect.rollout.RolloutInterrupted` within a few milliseconds, losing nothing.
+:class:`~acollect._rollout.blocking.RolloutInterrupted` within a few milliseconds, losing nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import threading
 import anyio
 from tensordict import TensorDict
 
+from acollect._rollout.blocking import RolloutInterrupted
+from acollect._rollout.coroutines import AsyncRollout
 from acollect._tasks import TaskOwner
-from acollect.async_rollout import AsyncRollout
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.policy import PolicyAdapter
-from acollect.rollout import RolloutInterrupted
 from acollect.time_split import Stopwatch
 
 __all__ = ["LoopRollout"]
@@ -32,7 +32,7 @@ _STOP_POLL_SECONDS = 0.005
 
 
 class LoopRollout:
-    """An :class:`AsyncRollout` driven from blocking code: a :class:`~acollect.engine.BlockingEngine`.
+    """An :class:`AsyncRollout` driven from blocking code: a :class:`~acollect._rollout.protocol.BlockingEngine`.
 
     Examples:
         >>> from acollect.devices import resolve_devices

@@ -1,9 +1,9 @@
 """Env faults survived (``env_errors="restart"``): the env that raised is rebuilt, counted, and given up on after a few.
 
 A rollout engine built with an :class:`EnvFaults` hands it every exception its env raises from ``step`` or
-``reset``: :meth:`EnvFaults.recover` for a batched env (:class:`~acollect.rollout.RolloutEngine`, in this
+``reset``: :meth:`EnvFaults.recover` for a batched env (:class:`~acollect._rollout.blocking.RolloutEngine`, in this
 process, a worker, or each env group of central inference), :meth:`EnvFaults.arecover` for one coroutine env
-of an :class:`~acollect.envs.AsyncEnvPool` (:mod:`acollect._env_steps`). The policy lives here once, whichever
+of an :class:`~acollect.envs.AsyncEnvPool` (:mod:`acollect._rollout.env_steps`). The policy lives here once, whichever
 engine and process steps the env:
 
 * the env that raised is closed (as well as it still closes) and a new one is built from the factory the

@@ -1,8 +1,9 @@
 """The task of each coroutine env, in the coroutine-env engine: its action, its step, its row of the batch.
 
-Env ``i``'s task (:meth:`EnvSteps.run`) waits for its action (:class:`~acollect._env_turns.EnvTurns`), awaits its
+Env ``i``'s task (:meth:`EnvSteps.run`) waits for its action (:class:`~acollect._rollout.env_turns.EnvTurns`),
+awaits its
 ``step`` (and its ``reset`` when the episode ended, in the same step), writes the step into its row of the ring
-(:class:`~acollect._row_ring.RowRing`) and waits again. :class:`Trajectories` keeps each env's trajectory id and
+(:class:`~acollect._rollout.row_ring.RowRing`) and waits again. :class:`Trajectories` keeps each env's trajectory id and
 length, and the ids handed out, so that ids stay unique across workers.
 """
 
@@ -13,9 +14,9 @@ from typing import Any
 import anyio
 import numpy as np
 
-from acollect._env_turns import EnvTurns
-from acollect._row_ring import RowRing
-from acollect.env_faults import EnvFaults
+from acollect._rollout.env_faults import EnvFaults
+from acollect._rollout.env_turns import EnvTurns
+from acollect._rollout.row_ring import RowRing
 from acollect.envs.async_pool import AsyncEnvPool
 
 __all__ = ["EnvSteps", "Trajectories"]
@@ -67,7 +68,7 @@ class EnvSteps:
         max_frames_per_traj: truncate (and reset) trajectories longer than this.
         faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env alone
             is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step recorded
-            (:mod:`acollect.env_faults`); ``None``: the exception is raised.
+            (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
 
     Attributes:
         obs_keys: the observation keys, in the order the pool writes them.
@@ -128,7 +129,7 @@ class EnvSteps:
 
         Raises:
             Exception: the last exception, once the rebuilds in a row are spent (see
-                :class:`~acollect.env_faults.EnvFaults`).
+                :class:`~acollect._rollout.env_faults.EnvFaults`).
         """
         assert self.faults is not None
         first: list[Any] = []

@@ -1,4 +1,4 @@
-"""Rows of two batches in one ring, for the coroutine-env engine (:mod:`acollect.async_rollout`).
+"""Rows of two batches in one ring, for the coroutine-env engine (:mod:`acollect._rollout.coroutines`).
 
 Row ``i`` of a batch is env ``i``'s ``T`` consecutive steps. Envs step at their
 own pace, so at any moment some rows of the current batch are full and others

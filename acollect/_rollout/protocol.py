@@ -2,10 +2,10 @@
 
 Four classes drive envs with a policy, and share no base class, each being a different machine:
 
-* :class:`~acollect.rollout.RolloutEngine`: a batched env stepped by blocking code, into preallocated buffers;
-* :class:`~acollect.async_rollout.AsyncRollout`: coroutine envs, each a task on the caller's event loop;
-* :class:`~acollect.loop_rollout.LoopRollout`: an ``AsyncRollout`` driven from blocking code, on a loop of its own;
-* :class:`~acollect.engine_groups.EngineGroups`: several ``RolloutEngine`` stepped in turn, under central inference.
+* :class:`~acollect._rollout.blocking.RolloutEngine`: a batched env stepped by blocking code, into preallocated buffers;
+* :class:`~acollect._rollout.coroutines.AsyncRollout`: coroutine envs, each a task on the caller's event loop;
+* :class:`~acollect._rollout.own_loop.LoopRollout`: an ``AsyncRollout`` driven from blocking code, on a loop of its own;
+* :class:`~acollect._rollout.groups.EngineGroups`: several ``RolloutEngine`` stepped in turn, under central inference.
 
 What their users need of them is said here once. :class:`Engine` is what every user reads and sets between
 batches: the counters (a worker's heartbeats and replies), trajectory ids and frames (state dicts), the weights'
@@ -14,13 +14,13 @@ drives one (``allocate``, ``collect(stop, out=)``, ``close``): every engine a wo
 is the engine the in-process :class:`~acollect.Collector` runs in a thread. The in-process collector steps an
 ``AsyncRollout`` on its event loop through that class's own coroutines instead.
 
-mypy checks each class against these protocols where it is built (:func:`acollect.engine_builder.build_engine`)
+mypy checks each class against these protocols where it is built (:func:`acollect._rollout.build.build_engine`)
 and where it is used; nothing is cast.
 
 Examples:
     >>> from acollect.devices import resolve_devices
     >>> from acollect.policy import RandomPolicy
-    >>> from acollect.rollout import RolloutEngine
+    >>> from acollect._rollout.blocking import RolloutEngine
     >>> from acollect.testing import CountingEnv
     >>> env = CountingEnv(num_envs=2)
     >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), frames_per_batch=4,
@@ -93,7 +93,7 @@ class Engine(Protocol):
 
     @property
     def env_restarts(self) -> int:
-        """Envs rebuilt after an exception of theirs (``env_errors="restart"``: :mod:`acollect.env_faults`)."""
+        """Envs rebuilt after an exception of theirs (``env_errors="restart"``: :mod:`acollect._rollout.env_faults`)."""
         ...
 
     @property

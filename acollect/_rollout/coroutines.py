@@ -1,7 +1,7 @@
 """The rollout engine for coroutine envs: every env a task on the event loop, the policy over those waiting.
 
 :class:`AsyncRollout` is what the in-process :class:`~acollect.Collector` runs
-in place of :class:`~acollect.rollout.RolloutEngine` when its env is an
+in place of :class:`~acollect._rollout.blocking.RolloutEngine` when its env is an
 :class:`~acollect.envs.AsyncEnvPool`. Nothing runs in a thread (unless the
 policy is big, see below): each env is a task that waits for its action, awaits
 its ``step`` (and its ``reset`` when the episode ended, in the same step),
@@ -22,7 +22,7 @@ a slower one runs in a thread (:func:`acollect._threads.run_in_thread`).
 
 **Rows.** Row ``i`` of a batch is env ``i``'s ``T`` consecutive steps, and an
 env whose row of the current batch is full goes on in its row of the next one
-(:class:`acollect._row_ring.RowRing`): no env idles at a batch boundary, and
+(:class:`acollect._rollout.row_ring.RowRing`): no env idles at a batch boundary, and
 memory stays bounded at two batches.
 
 **Versions.** Weights apply between passes; every frame carries the version
@@ -30,9 +30,9 @@ of the weights that chose its action (``("collector", "policy_version")``), so
 a batch may hold two versions around a weight push.
 
 **Parts.** :class:`AsyncRollout` holds the counters and the batch, and starts and
-stops the rest: the env tasks (:class:`acollect._env_steps.EnvSteps`), the policy
-task (:class:`acollect._policy_passes.PolicyPasses`), and the hand-over between
-them, which a pause holds (:class:`acollect._env_turns.EnvTurns`); those tasks
+stops the rest: the env tasks (:class:`acollect._rollout.env_steps.EnvSteps`), the policy
+task (:class:`acollect._rollout.policy_passes.PolicyPasses`), and the hand-over between
+them, which a pause holds (:class:`acollect._rollout.env_turns.EnvTurns`); those tasks
 stand or fall together (:class:`TaskCrew`).
 """
 
@@ -46,15 +46,15 @@ import anyio
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
-from acollect._env_steps import EnvSteps, Trajectories
-from acollect._env_turns import EnvTurns
-from acollect._policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
-from acollect._row_ring import RowRing
+from acollect._rollout.blocking import frames_per_batch_for
+from acollect._rollout.env_faults import EnvFaults
+from acollect._rollout.env_steps import EnvSteps, Trajectories
+from acollect._rollout.env_turns import EnvTurns
+from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
+from acollect._rollout.row_ring import RowRing
 from acollect.devices import Devices
-from acollect.env_faults import EnvFaults
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.policy import PolicyAdapter
-from acollect.rollout import frames_per_batch_for
 from acollect.weights import PolicyWeights
 
 __all__ = ["INLINE_POLICY_SECONDS", "AsyncRollout", "TaskCrew"]
@@ -158,7 +158,7 @@ class AsyncRollout:
         traj_id_stride: step between consecutive trajectory ids.
         env_faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env
             alone is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step
-            recorded (:mod:`acollect.env_faults`); ``None``: the exception is raised.
+            recorded (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
 
     Examples:
         >>> import anyio

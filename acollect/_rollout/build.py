@@ -1,13 +1,13 @@
 """The one engine builder: an env, a policy and devices in, the engine that drives them out.
 
-Which engine :func:`build_engine` builds (each an :class:`~acollect.engine.Engine`):
+Which engine :func:`build_engine` builds (each an :class:`~acollect._rollout.protocol.Engine`):
 
-* for an :class:`~acollect.envs.AsyncEnvPool` (coroutine envs), an :class:`~acollect.async_rollout.AsyncRollout`,
+* for an :class:`~acollect.envs.AsyncEnvPool` (coroutine envs), an :class:`~acollect._rollout.coroutines.AsyncRollout`,
   each env a task on the caller's event loop; for blocking code (a worker process), the same inside a
-  :class:`~acollect.loop_rollout.LoopRollout`, on an event loop of its own;
-* for any other env, a :class:`~acollect.rollout.RolloutEngine`;
+  :class:`~acollect._rollout.own_loop.LoopRollout`, on an event loop of its own;
+* for any other env, a :class:`~acollect._rollout.blocking.RolloutEngine`;
 * for a worker of central inference whose envs step in groups, one ``RolloutEngine`` per group in an
-  :class:`~acollect.engine_groups.EngineGroups`.
+  :class:`~acollect._rollout.groups.EngineGroups`.
 
 The in-process :class:`~acollect.Collector` and every worker process call it, so an env or a policy is checked,
 placed and wrapped the same way wherever it runs, an option that does not apply to coroutine envs is refused in
@@ -24,18 +24,18 @@ from typing import Any, Literal, TypeVar, overload
 
 from tensordict.nn import InteractionType
 
-from acollect.async_rollout import AsyncRollout
+from acollect._rollout.blocking import RolloutEngine, frames_per_batch_for
+from acollect._rollout.coroutines import AsyncRollout
+from acollect._rollout.env_faults import EnvFaults, check_env_errors, env_faults_for
+from acollect._rollout.groups import EngineGroups
+from acollect._rollout.own_loop import LoopRollout
+from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect.devices import Devices
-from acollect.engine import BlockingEngine, Engine
-from acollect.engine_groups import EngineGroups
-from acollect.env_faults import EnvFaults, check_env_errors, env_faults_for
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.envs.base import EnvBase
 from acollect.envs.factory import make_env
 from acollect.errors import ConfigurationError
-from acollect.loop_rollout import LoopRollout
 from acollect.policy import PolicyAdapter, build_policy
-from acollect.rollout import RolloutEngine, frames_per_batch_for
 from acollect.weights import PolicyWeights
 
 __all__ = ["EngineSpec", "build_engine"]
@@ -63,7 +63,7 @@ class EngineSpec:
         traj_id_offset: the first trajectory id; with ``traj_id_stride`` it keeps the ids of workers apart.
         traj_id_stride: the step between consecutive trajectory ids.
         env_errors: ``"raise"``: an exception of the env breaks the engine; ``"restart"``: the env is rebuilt from
-            ``create_env_fn`` and collection goes on (:mod:`acollect.env_faults`; coroutine envs one by one, by
+            ``create_env_fn`` and collection goes on (:mod:`acollect._rollout.env_faults`; coroutine envs one by one, by
             their pool).
     """
 
@@ -113,7 +113,7 @@ def build_engine(
     Args:
         spec: what to build.
         blocking: whether blocking code drives the engine (a worker process): coroutine envs then step on an
-            event loop of the engine's own (:class:`~acollect.loop_rollout.LoopRollout`). ``False``: the caller
+            event loop of the engine's own (:class:`~acollect._rollout.own_loop.LoopRollout`). ``False``: the caller
             runs an event loop (the in-process collector), and coroutine envs step on it as tasks.
         weights: weights staged by the caller, which coroutine envs' engine applies between its policy passes
             (``blocking=False`` only; a blocking engine's caller applies them between batches).

@@ -1,8 +1,9 @@
 """Whose turn it is, in the coroutine-env engine: envs waiting for an action, actions handed out, steps in flight.
 
-The policy task (:class:`~acollect._policy_passes.PolicyPasses`) takes the envs waiting for an action
+The policy task (:class:`~acollect._rollout.policy_passes.PolicyPasses`) takes the envs waiting for an action
 (:meth:`EnvTurns.waiting`, the batching rule's wait) and hands each its action (:meth:`EnvTurns.give`); the task of
-each env (:class:`~acollect._env_steps.EnvSteps`) waits for its own (:meth:`EnvTurns.action_for`), steps, and says
+each env (:class:`~acollect._rollout.env_steps.EnvSteps`) waits for its own (:meth:`EnvTurns.action_for`), steps,
+and says
 its step ended (:meth:`EnvTurns.stepped`). A pause stops the handing out; :meth:`EnvTurns.settle` waits for the
 steps in flight to end.
 
