@@ -12,68 +12,21 @@ from here too, for code written against TorchRL, but live in :mod:`acollect.comp
 
 The names load when first used (:pep:`562`): ``import acollect`` loads neither torch nor any
 collector, so the ``acollect`` command answers ``--help`` at once, and ``from acollect import
-Collector`` loads what ``Collector`` needs.
+Collector`` loads what ``Collector`` needs. They are listed once, as the re-exports of a
+``TYPE_CHECKING`` block that type checkers read and this module reads (not runs) into the map
+that loads them and into ``__all__``.
 """
 
+import ast as _ast
 import importlib as _importlib
 import typing as _typing
 
 __version__ = "0.1.0"
 
-# Each name the package hands out, and the module it comes from.
-_EXPORTS: dict[str, str] = {
-    "AsyncBatchedCollector": "acollect.collectors",
-    "AsyncCollector": "acollect.collectors",
-    "Collector": "acollect.collectors",
-    "CollectorBase": "acollect.collectors",
-    "CollectorState": "acollect.collectors",
-    "DistributedCollector": "acollect.collectors",
-    "DistributedSyncCollector": "acollect.collectors",
-    "MultiAsyncCollector": "acollect.collectors",
-    "MultiSyncCollector": "acollect.collectors",
-    "RayCollector": "acollect.collectors",
-    "SharedMemWeightSyncScheme": "acollect.collectors",
-    "WeightSyncScheme": "acollect.collectors",
-    "ZmqWeightSyncScheme": "acollect.collectors",
-    # TorchRL's spellings, for code written against TorchRL: importable from here, kept out of __all__
-    # (acollect's own surface). They are documented in acollect.compat.torchrl.
-    "BaseCollector": "acollect.compat.torchrl",
-    "DataCollectorBase": "acollect.compat.torchrl",
-    "DistributedDataCollector": "acollect.compat.torchrl",
-    "DistributedSyncDataCollector": "acollect.compat.torchrl",
-    "MultiaSyncDataCollector": "acollect.compat.torchrl",
-    "MultiSyncDataCollector": "acollect.compat.torchrl",
-    "RPCCollector": "acollect.compat.torchrl",
-    "RPCDataCollector": "acollect.compat.torchrl",
-    "SyncDataCollector": "acollect.compat.torchrl",
-    "aSyncDataCollector": "acollect.compat.torchrl",
-    "EnvBase": "acollect.envs",
-    "GymEnv": "acollect.envs",
-    "AcollectError": "acollect.errors",
-    "BackgroundCollectionError": "acollect.errors",
-    "ClosedCollectorError": "acollect.errors",
-    "CollectorStateError": "acollect.errors",
-    "ConfigurationError": "acollect.errors",
-    "EmptyBufferError": "acollect.errors",
-    "EnvError": "acollect.errors",
-    "InferencePolicyError": "acollect.errors",
-    "InferenceServerError": "acollect.errors",
-    "PolicyError": "acollect.errors",
-    "ProtocolError": "acollect.errors",
-    "RemoteError": "acollect.errors",
-    "TransportError": "acollect.errors",
-    "WeightSyncError": "acollect.errors",
-    "WorkerCrashedError": "acollect.errors",
-    "WorkerError": "acollect.errors",
-    "WorkerTimeoutError": "acollect.errors",
-    "InferenceServer": "acollect.inference",
-    "InferenceStats": "acollect.inference",
-    "submitit_delayed_launcher": "acollect.launchers",
-    "ReplayBuffer": "acollect.replay_buffer",
-    "CollectorStats": "acollect.stats",
-}
-
-if _typing.TYPE_CHECKING:  # the same names, for type checkers and editors (tests/test_public_api.py keeps them equal)
+# The public names, listed once, as re-exports. Type checkers and editors read these imports; at run time they
+# do not run: _read_exports() reads them into _EXPORTS, the map by which __getattr__ loads each name on first
+# use, and __all__ is made from it.
+if _typing.TYPE_CHECKING:
     from acollect.collectors import AsyncBatchedCollector as AsyncBatchedCollector
     from acollect.collectors import AsyncCollector as AsyncCollector
     from acollect.collectors import Collector as Collector
@@ -87,6 +40,9 @@ if _typing.TYPE_CHECKING:  # the same names, for type checkers and editors (test
     from acollect.collectors import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
     from acollect.collectors import WeightSyncScheme as WeightSyncScheme
     from acollect.collectors import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+
+    # TorchRL's spellings, for code written against TorchRL: importable from here, but kept out of __all__
+    # (acollect's own surface); acollect.compat.torchrl documents them.
     from acollect.compat.torchrl import BaseCollector as BaseCollector
     from acollect.compat.torchrl import DataCollectorBase as DataCollectorBase
     from acollect.compat.torchrl import DistributedDataCollector as DistributedDataCollector
@@ -122,46 +78,25 @@ if _typing.TYPE_CHECKING:  # the same names, for type checkers and editors (test
     from acollect.replay_buffer import ReplayBuffer as ReplayBuffer
     from acollect.stats import CollectorStats as CollectorStats
 
-__all__ = [
-    "AcollectError",
-    "AsyncBatchedCollector",
-    "AsyncCollector",
-    "BackgroundCollectionError",
-    "ClosedCollectorError",
-    "Collector",
-    "CollectorBase",
-    "CollectorState",
-    "CollectorStateError",
-    "CollectorStats",
-    "ConfigurationError",
-    "DistributedCollector",
-    "DistributedSyncCollector",
-    "EmptyBufferError",
-    "EnvBase",
-    "EnvError",
-    "GymEnv",
-    "InferencePolicyError",
-    "InferenceServer",
-    "InferenceServerError",
-    "InferenceStats",
-    "MultiAsyncCollector",
-    "MultiSyncCollector",
-    "PolicyError",
-    "ProtocolError",
-    "RayCollector",
-    "RemoteError",
-    "ReplayBuffer",
-    "SharedMemWeightSyncScheme",
-    "TransportError",
-    "WeightSyncError",
-    "WeightSyncScheme",
-    "WorkerCrashedError",
-    "WorkerError",
-    "WorkerTimeoutError",
-    "ZmqWeightSyncScheme",
-    "__version__",
-    "submitit_delayed_launcher",
-]
+
+#: Where TorchRL's spellings come from: names from this module stay out of ``__all__``.
+_COMPAT_MODULE = "acollect.compat.torchrl"
+
+
+def _read_exports() -> dict[str, str]:
+    """Each name the ``TYPE_CHECKING`` block above re-exports, and the module it comes from: read, not run."""
+    with open(__file__, encoding="utf-8") as source:
+        tree = _ast.parse(source.read(), __file__)
+    block = next(node for node in tree.body if isinstance(node, _ast.If))
+    return {
+        alias.name: str(node.module) for node in block.body if isinstance(node, _ast.ImportFrom) for alias in node.names
+    }
+
+
+#: Each name the package hands out, and the module it loads from.
+_EXPORTS = _read_exports()
+
+__all__ = ["__version__", *sorted(name for name, module in _EXPORTS.items() if module != _COMPAT_MODULE)]
 
 
 def __getattr__(name: str) -> _typing.Any:

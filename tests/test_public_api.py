@@ -16,10 +16,12 @@ import __future__
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -147,44 +149,80 @@ def test_compat_reexports_are_the_documented_objects(module_name: str) -> None:
     assert not differ, f"{module_name} lacks, or re-binds, these names of {source.__name__}: {differ}"
 
 
-def test_init_only_reexports() -> None:
-    # The package defines nothing of its own. Its names load on first use: a table says where each comes
-    # from (_EXPORTS), a PEP 562 __getattr__ loads it, and the same names, as explicit re-exports
-    # (`from x import Name as Name`) under TYPE_CHECKING, are what type checkers read. The two must agree.
-    import acollect
-
-    tree = ast.parse(inspect.getsource(acollect))
+def _typing_reexports(tree: ast.Module) -> dict[str, str]:
+    """The names acollect/__init__.py re-exports under TYPE_CHECKING, and their modules, checking its shape."""
     typed: dict[str, str] = {}
-    table: dict[str, str] | None = None  # _EXPORTS, as the source writes it (a literal: read, not imported)
+    blocks = 0
     for node in tree.body:
         where = f"acollect/__init__.py line {node.lineno}"
         if isinstance(node, ast.If):
+            blocks += 1
             assert ast.unparse(node.test) == "_typing.TYPE_CHECKING", f"{where}: only a TYPE_CHECKING block"
             assert not node.orelse, f"{where}: nothing runs in place of the re-exports"
             for imported in node.body:
                 assert isinstance(imported, ast.ImportFrom), f"{where}: re-exports only"
                 implicit = [alias.name for alias in imported.names if alias.asname != alias.name]
                 assert not implicit, f"{where}: write `import {implicit[0]} as {implicit[0]}`"
+                duplicated = [alias.name for alias in imported.names if alias.name in typed]
+                assert not duplicated, f"{where}: {duplicated} listed twice"
                 typed |= {alias.name: str(imported.module) for alias in imported.names}
         elif isinstance(node, ast.Import):
             assert all(alias.asname and alias.asname.startswith("_") for alias in node.names), f"{where}: private"
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = {t.id for t in targets if isinstance(t, ast.Name)}
-            assert names <= {"__version__", "__all__", "_EXPORTS"}, f"{where} defines {names}"
-            if names == {"_EXPORTS"}:
+            assert names <= {"__version__", "__all__", "_EXPORTS", "_COMPAT_MODULE"}, f"{where} defines {names}"
+            if names & {"__all__", "_EXPORTS"}:
+                # Made from the block, never written out: a name spelt here would be a second list.
                 assert node.value is not None
-                table = ast.literal_eval(node.value)
+                spelt = {n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant)} - {"__version__"}
+                assert not spelt, f"{where}: a second list ({sorted(map(str, spelt))})"
         elif isinstance(node, ast.FunctionDef):
-            assert node.name in {"__getattr__", "__dir__"}, f"{where} defines {node.name}"
+            assert node.name in {"__getattr__", "__dir__", "_read_exports"}, f"{where} defines {node.name}"
         else:
             is_docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
             assert is_docstring, f"{where}: re-exports only ({type(node).__name__})"
-    assert table is not None, "acollect/__init__.py has no _EXPORTS table"
-    assert typed == table, "the TYPE_CHECKING re-exports and _EXPORTS list different names or modules"
+    assert blocks == 1, "acollect/__init__.py lists its names in one TYPE_CHECKING block"
+    return typed
+
+
+def test_init_lists_its_names_once() -> None:
+    # The package defines nothing of its own, and lists its names once: as explicit re-exports
+    # (`from x import Name as Name`) under TYPE_CHECKING, which type checkers read. At run time the block is
+    # read, not run, into the map a PEP 562 __getattr__ loads each name by (_EXPORTS), and into __all__.
+    import acollect
+
+    typed = _typing_reexports(ast.parse(inspect.getsource(acollect)))
+    assert acollect._EXPORTS == typed
+    compat = importlib.import_module(COMPAT_REEXPORTS["acollect"])
+    assert {name for name, module in typed.items() if module == compat.__name__} == set(compat.__all__)
+    assert sorted(acollect.__all__) == sorted({*typed, "__version__"} - set(compat.__all__))
     for name, module in typed.items():
         assert getattr(acollect, name) is getattr(importlib.import_module(module), name), name
         assert name in dir(acollect), name
+
+
+def test_a_name_added_to_the_block_is_exported(tmp_path: Path) -> None:
+    # One line in the TYPE_CHECKING block is all a new public name takes: a copy of acollect/__init__.py with
+    # one more re-export hands it out, lists it in __all__ and in dir(), and loads it on use.
+    import acollect
+
+    source = inspect.getsource(acollect).replace(
+        "    from acollect.stats import CollectorStats as CollectorStats\n",
+        "    from acollect.stats import CollectorStats as CollectorStats\n"
+        "    from acollect.stats import EpisodeTracker as EpisodeTracker\n",
+    )
+    assert "EpisodeTracker as EpisodeTracker" in source
+    (tmp_path / "__init__.py").write_text(source)
+    spec = importlib.util.spec_from_file_location("copy_of_acollect", tmp_path / "__init__.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert "EpisodeTracker" in module.__all__
+    assert "EpisodeTracker" in dir(module)
+    assert module.EpisodeTracker is importlib.import_module("acollect.stats").EpisodeTracker
+    assert sorted(set(module.__all__) - {"EpisodeTracker"}) == sorted(acollect.__all__)
 
 
 def test_an_unknown_name_is_an_attribute_error() -> None:
