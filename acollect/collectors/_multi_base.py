@@ -15,11 +15,12 @@ from typing import Any, ClassVar
 
 import anyio
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
 from acollect._validate import check_int
-from acollect.collectors._multi_state import MultiStateMixin
+from acollect._warnings import warn
+from acollect.collectors._pending import PendingChanges
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors.dispatch import Dispatch, dispatch_for
@@ -27,6 +28,7 @@ from acollect.collectors.lending import Loans, default_budget
 from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.devices import move_to
+from acollect.envs.envpool import reseed_error, shared_seeds_warning
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.pool import Received, WorkerPool, WorkerState
@@ -57,7 +59,7 @@ def _params_of(name: str, source: object) -> TensorDictBase:
     return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
-class MultiCollectorBase(MultiStateMixin, CollectorBase):
+class MultiCollectorBase(CollectorBase):
     """Shared machinery of the multi-process collectors (see :class:`MultiSyncCollector` and
     :class:`MultiAsyncCollector`): each holds the worker pool and one dispatch strategy."""
 
@@ -87,9 +89,8 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         self._copies: list[Copy] = []  # copies whose source slots are lent until they finished
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
-        self._pending_seed: int | None = None
-        self._pending_state: Mapping[str, Any] | None = None
-        self._pending_weights: TensorDictBase | None = None
+        # set_seed and load_state_dict return at once: what they ask waits here for the next batch boundary.
+        self._pending = PendingChanges()
         self._initial_version = 0
         self._last_push = 0
         # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
@@ -330,6 +331,100 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     async def _apply_pause(self, paused: bool) -> None:
         await self._dispatch.apply_pause(self._pool, paused)
 
+    # -- seeds and state ---------------------------------------------------------------------
+    def set_seed(self, seed: int) -> int:
+        """Seeds every worker: worker ``i`` gets ``seed`` plus the number of envs of the workers before it.
+
+        Applied at the next batch boundary, which starts from a fresh seeded reset.
+
+        Returns:
+            The next free seed (``seed + total number of envs`` once the workers started, else
+            ``seed + num_workers``).
+
+        Raises:
+            ConfigurationError: the workers' envs can only be seeded when built (EnvPool): here once the workers
+                started, else when they have (entering the collector, or its next batch).
+        """
+        check_int("seed", seed)
+        self._check_usable("set_seed()")
+        self._refuse_seed_of_built_envs(seed)
+        self._pending.stage_seed(seed)
+        if self._pool is not None and all(h.n_envs for h in self._pool.handles):
+            return seed + sum(h.n_envs for h in self._pool.handles)
+        return seed + self.num_workers
+
+    def _refuse_seed_of_built_envs(self, seed: int) -> None:
+        """Raises where a worker's env was seeded when built (EnvPool): its reset takes no seed."""
+        seeds = [h.env_seed for h in self._pool.handles] if self._pool is not None else []
+        if any(s is not None for s in seeds):
+            raise reseed_error(seed, seeds)
+
+    def _check_env_seeds(self) -> None:
+        """Once every worker said hello: refuses a seed staged before, and warns of workers whose envs share seeds.
+
+        Only the workers know what their envs were built with (an EnvPool env's seed); said here, on the event
+        loop, the error and the warning point at the user's ``async with`` / ``async for``, and a reseed never
+        reaches a worker to fail there at the next batch.
+        """
+        pool = self._pool
+        assert pool is not None
+        if self._pending.seed is not None:
+            try:
+                self._refuse_seed_of_built_envs(self._pending.seed)
+            except ConfigurationError:
+                self._pending.take_seed()  # refused: entering again starts without it
+                raise
+        message = shared_seeds_warning([(h.env_seed, h.n_envs) for h in pool.handles])
+        if message is not None:
+            warn(f"{type(self).__name__}: {message}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters of the collector and of every worker, the policy version and this process's policy weights."""
+        if self._pool is not None:
+            workers = [{"next_traj_counter": h.traj_counter, "frames": h.frames} for h in self._pool.handles]
+        elif self._pending.state is not None:
+            workers = [dict(w) for w in self._pending.state]
+        else:
+            workers = [{"next_traj_counter": 0, "frames": 0} for _ in self._configs]
+        module = self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None
+        return {
+            "frames": self._tally.frames,
+            "batches": self._tally.batches,
+            "policy_version": self.policy_version,
+            "workers": workers,
+            "policy_state_dict": TensorDict.from_module(module).clone() if module is not None else None,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` saved.
+
+        Worker counters and weights reach the workers before the next batch.
+        """
+        missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
+        if missing:
+            raise ConfigurationError.bad_value(
+                "state_dict", sorted(state_dict), f"a multi-process collector state dict (missing {sorted(missing)})"
+            )
+        workers = state_dict["workers"]
+        if not isinstance(workers, Sequence) or len(workers) != self.num_workers:
+            raise ConfigurationError.bad_value(
+                "state_dict['workers']", workers, f"a list of {self.num_workers} worker states (one per worker)"
+            )
+        self._check_usable("load_state_dict()")
+        self._tally.restore(int(state_dict["frames"]), int(state_dict["batches"]))
+        version = int(state_dict["policy_version"])
+        if self._pool is not None:
+            self._pool.version = version
+        self._initial_version = version
+        self._pending.stage_state(workers)
+        weights = state_dict.get("policy_state_dict")
+        if weights is not None:
+            self._pending.stage_weights(weights)
+            # The push bumps the version: start one below so the restored version is what batches carry.
+            if self._pool is not None:
+                self._pool.version = version - 1
+            self._initial_version = version - 1
+
     # -- per batch -------------------------------------------------------------------------
     async def _collect_batch(self) -> TensorDictBase:
         pool = self._require_pool()
@@ -386,13 +481,13 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
     def _wants_next(self) -> bool:
         """Whether workers may begin the batch after this one now: not when it is the last, nor when the
         collector will push weights before it (a batch begun before a push is not handed out after it)."""
-        if self.total_frames != -1 and self._frames + self.frames_per_batch >= self.total_frames:
+        if self.total_frames != -1 and self._tally.frames + self.frames_per_batch >= self.total_frames:
             return False
         if self.settings.update_after_each_batch:
             return False
         interval = self.settings.max_weight_update_interval
         pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
-        return not (pushes and self._batches + 1 - self._last_push >= interval)  # type: ignore[operator]
+        return not (pushes and self._tally.batches + 1 - self._last_push >= interval)  # type: ignore[operator]
 
     def _hands_out_inline(self, items: list[Received], *, lent: bool) -> bool:
         # A small batch is combined on the event loop: its copy costs less than the hop to a thread (and the
@@ -419,16 +514,16 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
-        due = self.settings.update_after_each_batch and self._batches > 0
+        due = self.settings.update_after_each_batch and self._tally.batches > 0
         interval = self.settings.max_weight_update_interval
-        if due or (interval is not None and self._batches - self._last_push >= interval):
+        if due or (interval is not None and self._tally.batches - self._last_push >= interval):
             await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
 
     def _lost(self, live: int) -> None:
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
         lost = [h.index for h in self._require_pool().handles if h.lost]
         for index in lost:
-            self._stats.time.forget(index)  # its last report would otherwise count on in the time split
+            self._tally.forget_worker(index)  # its last report would otherwise count on in the time split
         if self.settings.trajs_per_batch is not None:
             self._episodes_to_end.update(lost)
         self._workers_lost(live)
@@ -449,23 +544,23 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
 
     async def _apply_pending(self) -> None:
         pool = self._require_pool()
-        if self._pending_state is not None:
-            state, self._pending_state = self._pending_state, None
-            for handle, counters in zip(pool.handles, state["workers"], strict=True):
+        state = self._pending.take_state()
+        if state is not None:
+            for handle, counters in zip(pool.handles, state, strict=True):
                 handle.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
                 fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
                 # A worker restarting now is not connected yet (a message to it would fail, and read as its
                 # death): its successor starts from these counters, passed with its config.
                 if handle.ready:
                     await pool.send(handle, P.LOAD_STATE, fields)
-        if self._pending_seed is not None:
-            seed, self._pending_seed = self._pending_seed, None
+        seed = self._pending.take_seed()
+        if seed is not None:
             for handle in pool.handles:
                 if handle.ready:  # a successor not connected yet starts from a fresh reset of its own
                     await pool.send(handle, P.SEED, {"seed": seed})
                 seed += handle.n_envs
-        if self._pending_weights is not None:
-            weights, self._pending_weights = self._pending_weights, None
+        weights = self._pending.take_weights()
+        if weights is not None:
             await self._push({"policy": _params_of("state_dict", weights)}, range(self.num_workers), 30.0)
 
     async def _release(self, item: Received, *, lent: bool = False, held: bool = False) -> None:
@@ -473,7 +568,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         once the caller drops it, when ``lent``; at the next batch, when ``held`` (a copy to a GPU reads it)."""
         header = item.header
         # The worker counted its episodes: statistics cost no message of their own.
-        self._record_worker(item.worker, item.data.numel(), self._batch_version(item),
+        self._tally.record_worker(item.worker, item.data.numel(), self._batch_version(item),
                             EpisodeSummary.from_header(header.get("episodes")), _time_of(header))  # fmt: skip
         if lent:
             await self._dispatch.lent(self._require_pool(), item)
@@ -564,7 +659,7 @@ class MultiCollectorBase(MultiStateMixin, CollectorBase):
         # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
         models = check_push(models, [pool.handles[i].weights_structure for i in ids])
         version = await pool.push_weights(models, self.settings.weight_sync_schemes, self._default_scheme, ids, limit)
-        self._last_push = self._batches
+        self._last_push = self._tally.batches
         return version
 
     def _default_scheme(self) -> WeightSyncScheme:

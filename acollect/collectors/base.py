@@ -56,7 +56,7 @@ from acollect._notify import Notifier
 from acollect._tasks import CallScope, TaskOwner
 from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
-from acollect.collectors._reporting import ReportingMixin
+from acollect.collectors._tally import Tally
 from acollect.collectors.background import BackgroundRun, ReplayRatio, Started
 from acollect.errors import (
     BackgroundCollectionError,
@@ -65,6 +65,7 @@ from acollect.errors import (
     ConfigurationError,
 )
 from acollect.replay_buffer import SupportsExtend, extend_from_loop
+from acollect.stats import CollectorStats
 from acollect.trajectory_batches import TrajectoryAssembler
 from acollect.weights import WeightUpdate
 
@@ -88,7 +89,7 @@ _INLINE_ASSEMBLY_BYTES = 1 << 16
 _DRAIN_TIMEOUT = 10.0
 
 
-class CollectorBase(ReportingMixin):
+class CollectorBase:
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
     Subclasses name the class of their options (``settings_class``), call ``super().__init__(
@@ -109,10 +110,9 @@ class CollectorBase(ReportingMixin):
         self._requested_frames_per_batch = requested_frames_per_batch
         self._frames_per_batch = frames_per_batch
         self.total_frames = check_total_frames(total_frames, frames_per_batch)
-        self._init_reporting(progress)
+        # Frames, batches, statistics and the progress display: one part, counted only through its methods.
+        self._tally = Tally(total_frames=self.total_frames, progress=progress, name=type(self).__name__)
         self._lifecycle = Lifecycle()  # the state, and all it depends on: read it, never keep a copy
-        self._frames = 0
-        self._batches = 0
         self._tasks = TaskOwner(type(self).__name__, on_failure=self._fail, on_loop_end=self._on_loop_end)
         self._calls: set[CallScope] = set()
         self._changes = Notifier()  # calls leaving, pauses ending, the background batch handed over
@@ -183,7 +183,40 @@ class CollectorBase(ReportingMixin):
     def frames(self) -> int:
         """Frames collected so far (a resumed collector continues the count); all handed out, but with
         ``trajs_per_batch``, where those of the episodes in progress are held until the episodes end."""
-        return self._frames
+        return self._tally.frames
+
+    def stats(self) -> CollectorStats:
+        """Progress so far: frames, frames/s, episodes and their returns, policy lag, restarts, where the time goes.
+
+        Cheap to call (no message to any worker): collectors fill it from what comes with each batch.
+        Episode returns and lengths are counted over whole episodes, across batch boundaries.
+
+        Examples:
+            >>> import anyio
+            >>> from acollect import Collector
+            >>> from acollect.testing import CountingEnv
+            >>> async def main():
+            ...     env = lambda: CountingEnv(num_envs=2, episode_length=5)  # reward 1 per step
+            ...     async with Collector(env, frames_per_batch=20, total_frames=40) as collector:
+            ...         async for _ in collector:
+            ...             pass
+            ...         return collector.stats()
+            >>> stats = anyio.run(main)
+            >>> stats.frames, stats.episodes, stats.episode_return_mean, stats.policy_lag
+            (40, 8, 5.0, {0: 0})
+        """
+        return self._tally.snapshot(policy_version=int(getattr(self, "policy_version", 0)), counters=self._counters())
+
+    def _counters(self) -> dict[str, int]:
+        """Hook: what a collector counted so far, by :class:`~acollect.CollectorStats` field (``restarts``,
+        ``dropped_batches``, ``discarded_frames``, ``stale_batches``...); those left out are 0."""
+        return {}
+
+    def _count_frames(self, frames: int) -> None:
+        """Counts ``frames`` collected (toward ``total_frames``), and shows them where progress is displayed."""
+        self._tally.count_frames(frames)
+        if self._tally.shows_progress:
+            self._tally.show(self.stats())
 
     def __len__(self) -> int:
         """Number of batches the collector yields in all; endless collectors, and those handing out whole episodes
@@ -204,7 +237,7 @@ class CollectorBase(ReportingMixin):
         return self._collected_all() and (self._assembler is None or self._assembler.empty)
 
     def _collected_all(self) -> bool:
-        return self.total_frames != -1 and self._frames >= self.total_frames
+        return self.total_frames != -1 and self._tally.frames >= self.total_frames
 
     def _check_usable(self, action: str, *, allow_broken: bool = False) -> None:
         lifecycle = self._lifecycle
@@ -296,7 +329,7 @@ class CollectorBase(ReportingMixin):
                 self._lifecycle.setup_undone()
                 raise
             self._lifecycle.setup_finished()
-            self._stats.start()  # frame rates count from here: building envs and workers is not collecting
+            self._tally.start()  # frame rates count from here: building envs and workers is not collecting
         if self._lifecycle.pauses:
             await self._sync_pause()
 
@@ -348,7 +381,7 @@ class CollectorBase(ReportingMixin):
                     await self._close()
             finally:
                 lifecycle.move(CollectorState.CLOSED)
-                self._close_progress()
+                self._tally.close_progress(self.stats())
         if (
             raise_background_error
             and lifecycle.background
@@ -386,7 +419,7 @@ class CollectorBase(ReportingMixin):
             logger.exception("releasing %s without waiting failed", type(self).__name__)
         finally:
             lifecycle.move(CollectorState.CLOSED)
-            self._close_progress()
+            self._tally.close_progress(self.stats())
         if warn and held:
             warn_unclosed(
                 self,
@@ -459,7 +492,8 @@ class CollectorBase(ReportingMixin):
                 elif not self.exhausted:
                     await self._ensure_setup()
                     batch = await self._collect_checked()
-                    self._count(batch)
+                    self._count_frames(batch.numel())
+                    self._tally.count_batch()
         return batch
 
     async def _collect_checked(self) -> TensorDictBase:
@@ -530,7 +564,7 @@ class CollectorBase(ReportingMixin):
         if assembler.complete < (1 if final else n):
             return None
         out = assembler.take(min(n, assembler.complete))
-        self._count_batch()
+        self._tally.count_batch()
         postproc = self.settings.postproc
         if postproc is not None:  # user code: in a thread, as for the batches of a worker collector
             batch = out
@@ -700,7 +734,7 @@ class CollectorBase(ReportingMixin):
         ratio.add_updates(more(ratio))
         self._changes.notify()  # a collector waiting for the trainer may go on
         with self._call(call):
-            while not ratio.trainer_may_update(self._frames) and not self.exhausted and self._run.alive:
+            while not ratio.trainer_may_update(self._tally.frames) and not self.exhausted and self._run.alive:
                 await self._changes.wait()
 
     @property
@@ -719,7 +753,9 @@ class CollectorBase(ReportingMixin):
             ratio = self._run.ratio
             while not self.exhausted:
                 # Held by a pause, or ahead of the replay ratio: the trainer's pause exit or trained() wakes it.
-                while self._lifecycle.pauses or (ratio is not None and not ratio.collector_may_collect(self._frames)):
+                while self._lifecycle.pauses or (
+                    ratio is not None and not ratio.collector_may_collect(self._tally.frames)
+                ):
                     await self._changes.wait()
                 self._run.busy = True
                 try:
@@ -730,7 +766,8 @@ class CollectorBase(ReportingMixin):
                     batch = await self._collect_batch()
                     with anyio.CancelScope(shield=True):  # a batch that reached the buffer is in it whole, counted
                         await extend_from_loop(replay_buffer, batch)
-                        self._count(batch)
+                        self._count_frames(batch.numel())
+                        self._tally.count_batch()
                 finally:
                     self._run.busy = False
                     self._changes.notify()
@@ -833,6 +870,6 @@ class CollectorBase(ReportingMixin):
     def __repr__(self) -> str:
         total = "endless" if self.total_frames == -1 else self.total_frames
         return (
-            f"{type(self).__name__}(state={self._lifecycle.state.name}, frames={self._frames}/{total}, "
+            f"{type(self).__name__}(state={self._lifecycle.state.name}, frames={self._tally.frames}/{total}, "
             f"frames_per_batch={self.frames_per_batch})"
         )

@@ -407,7 +407,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if set(models) != {"policy"}:
             raise ConfigurationError.bad_value("model_id", sorted(models), "'policy' (the server's only model)")
         version = await self.server.update_policy_weights_(models["policy"])
-        self._last_push = self._batches
+        self._last_push = self._tally.batches
         return version
 
     # -- stats ---------------------------------------------------------------------------------

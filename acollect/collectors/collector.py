@@ -285,7 +285,7 @@ class Collector(CollectorBase):
         batch, version, frames, episodes, spent = await run_in_thread(
             lambda stop: self._collect_in_thread(stop, threads), name="rollout"
         )
-        self._record_worker(0, frames, version, episodes, spent)
+        self._tally.record_worker(0, frames, version, episodes, spent)
         return batch
 
     async def _collect_on_loop(self, engine: AsyncRollout) -> TensorDictBase:
@@ -296,7 +296,7 @@ class Collector(CollectorBase):
         batch: TensorDictBase = await engine.collect(self._tasks.spawn)
         episodes = self._episodes.update(batch)
         batch = self._finish(batch)
-        self._record_worker(0, engine.frames_per_batch, engine.policy_version, episodes)
+        self._tally.record_worker(0, engine.frames_per_batch, engine.policy_version, episodes)
         return batch
 
     async def _apply_pause(self, paused: bool) -> None:
@@ -404,8 +404,8 @@ class Collector(CollectorBase):
             else (self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None)
         )
         return {
-            "frames": self._frames,
-            "batches": self._batches,
+            "frames": self._tally.frames,
+            "batches": self._tally.batches,
             "next_traj_counter": engine.next_traj_counter if engine is not None else 0,
             "policy_version": self._weights.version,
             "policy_state_dict": TensorDict.from_module(module).clone() if module is not None else None,
@@ -418,8 +418,7 @@ class Collector(CollectorBase):
             raise ConfigurationError.bad_value(
                 "state_dict", sorted(state_dict), f"a collector state dict (missing keys: {sorted(missing)})"
             )
-        self._frames = int(state_dict["frames"])
-        self._batches = int(state_dict["batches"])
+        self._tally.restore(int(state_dict["frames"]), int(state_dict["batches"]))
         self._weights.version = int(state_dict["policy_version"])
         weights = state_dict.get("policy_state_dict")
         if weights is not None:

@@ -1,0 +1,119 @@
+"""What a collector counts as it goes: frames and batches, the statistics behind ``stats()``, the progress display.
+
+:class:`Tally` is one of a collector's parts, with one writer: the collector's lifecycle counts what it hands out
+(:meth:`Tally.count_frames`, :meth:`Tally.count_batch`), each collector reports, per batch and per worker, the
+policy version, the episodes that ended and where the worker's time went (:meth:`Tally.record_worker`), and
+``load_state_dict`` restores the counts (:meth:`Tally.restore`). Nobody else writes its fields.
+
+Examples:
+    >>> tally = Tally(total_frames=64, progress=False)
+    >>> tally.count_frames(32); tally.count_batch()
+    >>> tally.frames, tally.batches
+    (32, 1)
+    >>> tally.snapshot(policy_version=0, counters={}).frames
+    32
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from acollect.progress import ProgressReporter, check_progress, make_progress
+from acollect.stats import CollectorStats, EpisodeSummary, StatsRecorder
+
+__all__ = ["Tally"]
+
+logger = logging.getLogger("acollect")
+
+
+class Tally:
+    """Frames and batches counted, the statistics of :class:`~acollect.CollectorStats`, and the progress display.
+
+    Args:
+        total_frames: the collector's ``total_frames`` (for the progress display; ``-1``: endless).
+        progress: the collector's ``progress`` option (checked here).
+        name: what the progress display calls the collector.
+    """
+
+    __slots__ = ("_batches", "_frames", "_name", "_progress", "_progress_kind", "_stats", "total_frames")
+
+    def __init__(self, *, total_frames: int, progress: bool | str, name: str = "collector") -> None:
+        self.total_frames = total_frames
+        self._progress_kind = check_progress(progress)
+        self._progress: ProgressReporter | None = None
+        self._name = name
+        self._stats = StatsRecorder()
+        self._frames = 0
+        self._batches = 0
+
+    @property
+    def frames(self) -> int:
+        """Frames collected so far (toward ``total_frames``; a resumed collector continues the count)."""
+        return self._frames
+
+    @property
+    def batches(self) -> int:
+        """Batches handed out so far."""
+        return self._batches
+
+    def start(self) -> None:
+        """Collection starts now: frame rates count from here (building envs and workers is not collecting)."""
+        self._stats.start()
+
+    def count_batch(self) -> None:
+        """Counts a batch handed out (its frames are counted as they are collected, :meth:`count_frames`)."""
+        self._batches += 1
+
+    def count_frames(self, frames: int) -> None:
+        """Counts ``frames`` collected (toward ``total_frames``, and in the frame rates)."""
+        self._frames += frames
+        self._stats.record_batch(frames)
+
+    def show(self, stats: CollectorStats) -> None:
+        """Updates the progress display with ``stats`` (made at the first call; nothing without a display)."""
+        if self._progress_kind is None:
+            return
+        if self._progress is None:
+            self._progress = make_progress(self._progress_kind, total_frames=self.total_frames, name=self._name)
+        if self._progress is not None:
+            self._progress.update(stats)
+
+    @property
+    def shows_progress(self) -> bool:
+        """Whether a progress display was asked for (the collector then passes its stats with each count)."""
+        return self._progress_kind is not None
+
+    def restore(self, frames: int, batches: int) -> None:
+        """The counts of a saved state (``load_state_dict``)."""
+        self._frames, self._batches = frames, batches
+
+    def record_worker(
+        self,
+        worker: int,
+        frames: int,
+        policy_version: int,
+        episodes: EpisodeSummary | None = None,
+        time_spent: Sequence[float] | None = None,
+    ) -> None:
+        """A worker (``0`` in-process) produced a batch: its frames, the policy version it used, the episodes that
+        ended in it, and where its time went since its last one (``time_spent``, :mod:`acollect.time_split`)."""
+        self._stats.record_worker(worker, frames, policy_version, episodes, time_spent=time_spent)
+
+    def forget_worker(self, worker: int) -> None:
+        """A worker was lost for good: its last time report no longer counts."""
+        self._stats.time.forget(worker)
+
+    def snapshot(self, *, policy_version: int, counters: Mapping[str, int]) -> CollectorStats:
+        """The collector's :class:`~acollect.CollectorStats` now; ``counters``: its counts by field name."""
+        return self._stats.snapshot(frames=self._frames, batches=self._batches, policy_version=policy_version,
+                                    counters=counters)  # fmt: skip
+
+    def close_progress(self, stats: CollectorStats) -> None:
+        """Ends the progress display (with the last figures), if one was shown; never raises."""
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            try:
+                progress.close(stats)
+            except Exception as exc:  # a broken display must not hide how the shutdown went
+                logger.warning("closing the progress display failed: %s: %s", type(exc).__name__, exc)
