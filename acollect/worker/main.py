@@ -49,7 +49,7 @@ from acollect.weights import encode_structure
 from acollect.worker import protocol as P
 from acollect.worker.build import build_engine
 from acollect.worker.orphans import parent_alive, remove_orphans
-from acollect.worker.staging import StagingMixin
+from acollect.worker.staging import Staging
 from acollect.worker.state import LoopState
 
 __all__ = ["run_worker"]
@@ -73,7 +73,7 @@ def _error_fields(exc: BaseException) -> dict[str, Any]:
     return {"type": name, "message": str(exc), "traceback": tb}
 
 
-class _Worker(StagingMixin):
+class _Worker:
     def __init__(self, config: P.WorkerConfig) -> None:
         self.config = config
         self.identity = P.worker_identity(config.index, config.generation)
@@ -88,7 +88,13 @@ class _Worker(StagingMixin):
         self.state = LoopState()  # what it is doing (both threads move it, under `cond`)
         self.ring: ShmSlotRing | None = None
         self.interrupt = threading.Event()  # stops the batch in progress at the next step (kept, continued later)
-        self.init_staging()
+        self.asked = 0  # the highest number of a one-shot request received (under `cond`)
+        # Weights, seed and state staged by the control thread for the runner's next batch boundary.
+        self.staging = Staging(
+            send=self.send, engine=lambda: self.engine, dist=lambda: self.dist,
+            next_request=lambda: self.requested[0][0] if self.requested else self.asked + 1,
+            requests_waiting=lambda: bool(self.requested), asked=lambda: self.asked,
+        )  # fmt: skip
         self.runner: threading.Thread | None = None
         self.sent = 0  # batches handed to ZeroMQ; heartbeats carry it so a lost batch is noticed
         self.episodes = EpisodeTracker()  # the runner's: episodes travel in each batch header
@@ -186,7 +192,7 @@ class _Worker(StagingMixin):
             if self.config.parent_pid and not parent_alive(self.config.parent_pid, ppid):
                 remove_orphans(
                     self.config.parent_pid,
-                    [*self.segments, *(self.ring.names if self.ring is not None else ())],
+                    [*self.staging.segments, *(self.ring.names if self.ring is not None else ())],
                     self.config.address,
                 )
                 os._exit(1)  # the collector died: nobody will ever read what we collect
@@ -215,7 +221,7 @@ class _Worker(StagingMixin):
     def handle(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
         kind = header["kind"]
         if kind == P.WEIGHTS:
-            self.stage_weights(header, td)
+            self.staging.stage_weights(header, td)
             return
         if kind == P.DIST_INIT:
             from acollect.transport.torch_dist import DistLink
@@ -223,16 +229,10 @@ class _Worker(StagingMixin):
             self.dist = DistLink(header)  # blocks until every rank joined (within the given timeout)
             return
         if kind == P.SEED:
-            with self.pending_lock:
-                self.pending_seed = int(header["seed"])
-                self.resets += 1
-            self.apply_if_idle()
+            self.staging.stage_seed(int(header["seed"]))
             return
         if kind == P.LOAD_STATE:
-            with self.pending_lock:
-                self.pending_state = {k: int(header[k]) for k in ("next_traj_counter", "frames")}
-                self.resets += 1
-            self.apply_if_idle()
+            self.staging.stage_state({k: int(header[k]) for k in ("next_traj_counter", "frames")})
             return
         if kind == P.STATE:
             engine = self.engine
@@ -317,8 +317,8 @@ class _Worker(StagingMixin):
                     self.interrupt.clear()
                     self.state.begin()
                 try:
-                    with self.engine_lock:
-                        resets = self.apply_pending(number)
+                    with self.staging.engine_lock:
+                        resets = self.staging.apply_pending(number)
                         if not engine.in_batch:  # a new batch (a reseed may have given up the one held)
                             began_after = resets
                         # With slots, the engine writes straight into shared memory: no copy on this side.
@@ -398,8 +398,7 @@ class _Worker(StagingMixin):
                 traceback.print_exc()
         if self.ring is not None:
             self.ring.close()
-        for segment in self.segments.values():
-            segment.close()
+        self.staging.close()
         self.control.close()
 
 

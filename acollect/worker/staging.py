@@ -1,7 +1,7 @@
 """What a worker applies at a batch boundary: weights, seed and counters, staged until the engine is free.
 
 The control thread receives them while the runner may be in the middle of a batch; the
-runner applies what is staged before its next batch (:meth:`StagingMixin.apply_pending`), or
+runner applies what is staged before its next batch (:meth:`Staging.apply_pending`), or
 the control thread applies it at once when the engine is idle. Every message that starts the envs
 afresh (:data:`~acollect.worker.protocol.RESETS`) is counted, and each batch carries the count it
 began after, so the collector can tell a batch that began before a reseed from one that began after
@@ -18,8 +18,8 @@ changes nothing: the worker refuses it and goes on collecting.
 from __future__ import annotations
 
 import threading
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -31,7 +31,7 @@ from acollect.transport.weight_sync import Staged, WeightPlan, copy_planned, pla
 from acollect.worker import protocol as P
 from acollect.worker.build import resolve_model
 
-__all__ = ["StagingMixin", "plan_weights"]
+__all__ = ["Staging", "plan_weights"]
 
 
 def plan_weights(engine: Engine | None, weights: Staged) -> list[WeightPlan]:
@@ -42,61 +42,96 @@ def plan_weights(engine: Engine | None, weights: Staged) -> list[WeightPlan]:
     return [plan_unflatten(layout, flat, targets[model_id]) for model_id, (layout, flat) in weights.items()]
 
 
-class StagingMixin:
-    """Staged weights, seed and state of a worker (mixed into its main loop, :mod:`acollect.worker.main`)."""
+class Staging:
+    """Staged weights, seed and state of a worker, and the lock of its engine: one of the worker's parts.
 
-    engine: BlockingEngine | None
-    dist: Any
-    requested: deque[tuple[int, int | None]]  # the worker's one-shot requests: (number, named segment)
+    The control thread stages (:meth:`stage_weights`, :meth:`stage_seed`, :meth:`stage_state`), the runner applies
+    at each batch boundary (:meth:`apply_pending`, with :attr:`engine_lock` held); nobody else writes its fields.
 
-    if TYPE_CHECKING:  # the worker's own (declared for the type checker only: it must not shadow it)
+    Args:
+        send: sends a message to the collector (the worker's control socket).
+        engine: the worker's engine (``None`` until built).
+        dist: the worker's torch.distributed link (``None`` unless ``DistributedCollector`` set one up).
+        next_request: the number of the one-shot request the next batch serves (the first asked and not served,
+            else the one after the last asked).
+        requests_waiting: whether a one-shot request waits to be served.
+        asked: the highest number of a one-shot request received.
+    """
 
-        def send(self, kind: str, fields: dict[str, Any] | None = None, *, timeout: float = 10.0) -> None: ...
-
-    def init_staging(self) -> None:
-        # Held by whoever uses the engine (the runner for a whole batch); staged work waits in the
-        # pending_* fields, guarded by `pending_lock`, for the next batch boundary.
+    def __init__(
+        self,
+        *,
+        send: Callable[..., None],
+        engine: Callable[[], BlockingEngine | None],
+        dist: Callable[[], Any],
+        next_request: Callable[[], int],
+        requests_waiting: Callable[[], bool],
+        asked: Callable[[], int],
+    ) -> None:
+        self._send, self._engine, self._dist = send, engine, dist
+        self._next_request, self._requests_waiting, self._asked = next_request, requests_waiting, asked
+        #: held by whoever uses the engine (the runner for a whole batch)
         self.engine_lock = threading.Lock()
-        self.pending_lock = threading.Lock()
+        # Staged work waits in these fields, guarded by `_lock`, for the next batch boundary.
+        self._lock = threading.Lock()
         # Pushes waiting for their first batch, in the order they came: (the first one-shot request they apply to,
         # version, a private copy of each model's weights). Several may wait: each chooses the batches from its own
         # first one on, so none is skipped where the batch it begins with was asked of another worker already.
-        self.pending_weights: list[tuple[int, int, dict[str, tuple[Any, torch.Tensor]]]] = []
-        # The highest number of a one-shot request received (under the worker's condition).
-        self.asked = 0
-        self.pending_seed: int | None = None
-        self.pending_state: dict[str, int] | None = None
-        self.resets = 0  # P.RESETS messages received (under pending_lock)
+        self._weights: list[tuple[int, int, dict[str, tuple[Any, torch.Tensor]]]] = []
+        self._seed: int | None = None
+        self._state: dict[str, int] | None = None
+        self._resets = 0  # P.RESETS messages received
+        #: the shared-memory segments of weight pushes attached so far (one per model, rewritten by each push)
         self.segments: dict[str, ShmSegment] = {}
+
+    def stage_seed(self, seed: int) -> None:
+        """A reseed: applied at the next batch boundary (at once if the engine is idle)."""
+        with self._lock:
+            self._seed = seed
+            self._resets += 1
+        self.apply_if_idle()
+
+    def stage_state(self, counters: dict[str, int]) -> None:
+        """Restored counters (``next_traj_counter``, ``frames``): applied as a reseed is."""
+        with self._lock:
+            self._state = counters
+            self._resets += 1
+        self.apply_if_idle()
+
+    def close(self) -> None:
+        """Unmaps the weight segments attached."""
+        for segment in self.segments.values():
+            segment.close()
 
     # -- weights, seeds, state ---------------------------------------------------------
     def stage_weights(self, header: dict[str, Any], td: TensorDictBase | None) -> None:
+        """A weight push: checked against the worker's policy, applied now if the engine is idle, else staged."""
         version = header.get("version")
         try:
             if type(version) is not int:
                 raise ProtocolError(f"weights version {version!r:.40} is not an int")
-            staged = read_weights(header, td, self.segments, self.dist)
-            plans = plan_weights(self.engine, staged)  # checked against our own policy before anything is kept
+            staged = read_weights(header, td, self.segments, self._dist())
+            plans = plan_weights(self._engine(), staged)  # checked against our own policy before anything is kept
         except Exception as exc:
             # A push that does not fit (a peer that skipped the collector's check, or a malformed message)
             # is refused, and this worker goes on collecting with the weights it has.
             refused = version if type(version) is int else -1
-            self.send(P.ACK, {"version": refused, "error": f"{type(exc).__name__}: {exc}"})
+            self._send(P.ACK, {"version": refused, "error": f"{type(exc).__name__}: {exc}"})
             return
-        engine = self.engine
+        engine = self._engine()
         assert engine is not None
         # The first one-shot request these weights choose the frames of: as the collector numbered it, since a
         # lockstep batch asked of one worker ahead keeps the version it was asked under on every worker, even one
         # asked for it after this push (its parts must not differ by when each was asked or begun); else the
         # first request received after this push.
-        first = header.get("from", self.asked + 1)
+        first = header.get("from", self._asked() + 1)
         if type(first) is not int:
-            first = self.asked + 1
+            first = self._asked() + 1
         if self.engine_lock.acquire(blocking=False):
             try:
                 # Idle between batches, nothing asked for before these weights: apply straight from the message or
                 # segment, no staging copy. Not into a batch held by a pause: one version chooses a batch's frames.
-                idle = not engine.in_batch and not self.requested and self.asked + 1 >= first
+                idle = not engine.in_batch and not self._requests_waiting() and self._asked() + 1 >= first
                 if idle:
                     self._apply_due(None)  # any push staged before this one comes first
                     for plan in plans:
@@ -109,18 +144,18 @@ class StagingMixin:
         if not idle:
             # The segment may be rewritten by the next push once we acknowledge: keep a private copy.
             copies = {k: (layout, flat.clone()) for k, (layout, flat) in staged.items()}
-            with self.pending_lock:
-                self.pending_weights.append((first, version, copies))
-        self.send(P.ACK, {"version": version})
+            with self._lock:
+                self._weights.append((first, version, copies))
+        self._send(P.ACK, {"version": version})
 
     def _apply_due(self, serving: int | None) -> None:
         """Applies, in order, the staged pushes due for one-shot request ``serving`` (``None``: all of them)."""
-        engine = self.engine
+        engine = self._engine()
         assert engine is not None
-        with self.pending_lock:
+        with self._lock:
             # ``first`` never decreases from one push to the next, so the pushes due are the oldest ones.
-            due = [p for p in self.pending_weights if serving is None or p[0] <= serving]
-            del self.pending_weights[: len(due)]
+            due = [p for p in self._weights if serving is None or p[0] <= serving]
+            del self._weights[: len(due)]
         weights: dict[str, tuple[Any, torch.Tensor]] = {}
         for *_, models in due:
             weights.update(models)  # a later push of the same model supersedes an earlier one
@@ -138,12 +173,12 @@ class StagingMixin:
         while the batch about to begin (one-shot request number ``serving``; ``None``: a batch on credits) is
         numbered below the first they apply to.
         """
-        engine = self.engine
+        engine = self._engine()
         assert engine is not None
-        with self.pending_lock:
-            seed, self.pending_seed = self.pending_seed, None
-            state, self.pending_state = self.pending_state, None
-            resets = self.resets
+        with self._lock:
+            seed, self._seed = self._seed, None
+            state, self._state = self._state, None
+            resets = self._resets
         if seed is not None:
             torch.manual_seed(seed)
             engine.seed(seed)
@@ -156,8 +191,9 @@ class StagingMixin:
         return resets
 
     def apply_if_idle(self) -> None:
-        if self.engine is not None and self.engine_lock.acquire(blocking=False):
+        """Applies what is staged now, if the engine is built and no batch is using it."""
+        if self._engine() is not None and self.engine_lock.acquire(blocking=False):
             try:
-                self.apply_pending(self.requested[0][0] if self.requested else self.asked + 1)
+                self.apply_pending(self._next_request())
             finally:
                 self.engine_lock.release()
