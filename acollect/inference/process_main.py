@@ -1,6 +1,6 @@
 """The inference server process: the server's loop with a GIL of its own.
 
-Started by :class:`~acollect.inference.process_engine.ProcessEngine` as a fresh interpreter (``python -c``,
+Started by :class:`~acollect.inference.loop_process.LoopProcess` as a fresh interpreter (``python -c``,
 like a spawned worker), it builds the policy from the spec (the policy, cloudpickled, or ``policy_factory``
 called here), binds the address env workers reach it on (and their shared-memory slot listener), says hello
 on its control socket and serves until told to stop, or until that socket closes: the trainer is gone (even

@@ -8,11 +8,11 @@ scatters the outputs back.
 
 Where the loop runs (``mode``):
 
-* ``"process"`` (the default, :mod:`acollect.inference.process_engine`): a process of its own, owned like a
+* ``"process"`` (the default, :mod:`acollect.inference.loop_process`): a process of its own, owned like a
   worker. Workers reach it directly, so no step waits for the trainer's GIL, and the trainer's Python code
   never waits for the server's. The trainer reads its figures from shared memory and sends weights through
   shared memory; its crash or hang breaks its owner within about a second, with its exit code or traceback.
-* ``"thread"`` (:mod:`acollect.inference.thread_engine`): a thread of this process. Nothing to start and no copy
+* ``"thread"`` (:mod:`acollect.inference.loop_thread`): a thread of this process. Nothing to start and no copy
   of the trainer's own requests, but every forward pass and every step's bookkeeping shares the trainer's GIL.
 
 Weights: the server runs its own *inference copy* of the policy. :meth:`InferenceServer.update_policy_weights_`
@@ -47,8 +47,8 @@ from acollect.inference.batching import InferenceStats, Request, StatsRecorder
 from acollect.inference.build import ServerSpec
 from acollect.inference.codec import leaves_of
 from acollect.inference.loop import Ticket
-from acollect.inference.process_engine import ProcessEngine
-from acollect.inference.thread_engine import ThreadEngine
+from acollect.inference.loop_process import LoopProcess
+from acollect.inference.loop_thread import LoopThread
 from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.transport.auth import ClientKeys, ServerKeys, as_server_keys
 from acollect.weights import as_weights, check_weights, one_source
@@ -159,7 +159,7 @@ class InferenceServer:
         )  # fmt: skip
         self._initial_version = 0
         self._sources: int | None = None
-        self._engine: ThreadEngine | ProcessEngine | None = None
+        self._host: LoopThread | LoopProcess | None = None
         self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
         self._weights_lock = anyio.Lock()  # one update at a time: versions in call order, one staging area
         self._tasks: TaskOwner | None = None
@@ -171,17 +171,17 @@ class InferenceServer:
     @property
     def address(self) -> str | None:
         """Where worker processes connect (the real path or port), once started with an ``address``."""
-        return self._engine.address if self._engine is not None else None
+        return self._host.address if self._host is not None else None
 
     @property
     def slot_address(self) -> str | None:
         """Where same-host workers hand over their shared-memory slots (``None``: messages only)."""
-        return self._engine.slot_address if self._engine is not None else None
+        return self._host.slot_address if self._host is not None else None
 
     @property
     def pid(self) -> int | None:
         """The server process's id (``mode="process"``, once started); ``None`` in thread mode."""
-        return self._engine.pid if isinstance(self._engine, ProcessEngine) else None
+        return self._host.pid if isinstance(self._host, LoopProcess) else None
 
     @property
     def policy_device(self) -> torch.device | None:
@@ -190,7 +190,7 @@ class InferenceServer:
 
         ``device`` is what was asked for (``None``: let the policy say); this is what came of it.
         """
-        return self._engine.policy_device if self._engine is not None else None
+        return self._host.policy_device if self._host is not None else None
 
     @property
     def secure(self) -> bool:
@@ -201,7 +201,7 @@ class InferenceServer:
     def rejected_peers(self) -> int:
         """Connection attempts refused by the server's CURVE keys (a key not on the allow-list, no CURVE, a
         wrong server key); each attempt of a peer that keeps retrying counts. ``0`` without ``keys``."""
-        return self._engine.rejected_peers if self._engine is not None else 0
+        return self._host.rejected_peers if self._host is not None else 0
 
     def local_client_keys(self) -> ClientKeys:
         """A fresh key pair the server accepts, for worker processes its owner starts (handed over privately).
@@ -212,29 +212,29 @@ class InferenceServer:
         Raises:
             CollectorStateError: the server has no keys, or is not started yet.
         """
-        engine = self._engine
-        if self._keys is None or engine is None or not self._lifecycle.set_up:
+        host = self._host
+        if self._keys is None or host is None or not self._lifecycle.set_up:
             raise CollectorStateError("local_client_keys() needs a started inference server with keys")
-        return engine.local_client_keys(self._keys.public)
+        return host.local_client_keys(self._keys.public)
 
     async def flush(self) -> None:
         """Returns once the server has taken every order given before (keys, batch sizes, sources)."""
         self._check_running("flush()")
-        assert self._engine is not None
-        await self._engine.flush()
+        assert self._host is not None
+        await self._host.flush()
 
     def hung_error(self, timeout: float | None = None) -> PolicyError | None:
         """The error of a hung server (a :class:`~acollect.errors.PolicyError` naming it, how long the pass has run
         and the timeout) if a forward pass has run longer than ``timeout`` (default ``hang_timeout``), else ``None``."""
         limit = self.hang_timeout if timeout is None else timeout
-        engine = self._engine
-        if limit is None or engine is None:
+        host = self._host
+        if limit is None or host is None:
             return None
-        started = engine.recorder.pass_started
+        started = host.recorder.pass_started
         ran = time.monotonic() - started if started is not None else 0.0
         if started is None or ran <= limit:
             return None
-        where = f" at {engine.address}" if engine.address is not None else ""
+        where = f" at {host.address}" if host.address is not None else ""
         return PolicyError(
             f"the inference server{where} is hung: a forward pass has run for {ran:.1f}s (timeout {limit:g}s): "
             "the policy's forward has not returned"
@@ -244,20 +244,20 @@ class InferenceServer:
         """The server's own end if it has ended (a server process that died, or failed: an
         :class:`~acollect.errors.InferencePolicyError` where its policy raised), else ``None``: what a collector
         reports instead of its workers' view of it (they only see their connection close)."""
-        engine = self._engine
-        return engine.failure_now() if engine is not None else None
+        host = self._host
+        return host.failure_now() if host is not None else None
 
     @property
     def version(self) -> int:
         """Version of the weights the next forward pass runs with."""
-        engine = self._engine
-        return int(engine.recorder.version) if engine is not None else self._initial_version
+        host = self._host
+        return int(host.recorder.version) if host is not None else self._initial_version
 
     @version.setter
     def version(self, value: int) -> None:
         self._initial_version = check_int("version", value)
-        if self._engine is not None:  # the board: the server's loop reads it at its next pass, in any process
-            self._engine.recorder.version = self._initial_version
+        if self._host is not None:  # the board: the server's loop reads it at its next pass, in any process
+            self._host.recorder.version = self._initial_version
 
     @property
     def running(self) -> bool:
@@ -267,14 +267,14 @@ class InferenceServer:
     def set_max_batch_size(self, value: int) -> None:
         """Changes ``max_batch_size`` (from the next forward pass on)."""
         self.max_batch_size = self._spec.max_batch_size = check_int("max_batch_size", value, minimum=1)
-        if self._engine is not None:
-            self._engine.configure(max_batch_size=self.max_batch_size)
+        if self._host is not None:
+            self._host.configure(max_batch_size=self.max_batch_size)
 
     def expect_sources(self, sources: int | None) -> None:
         """Runs a pass as soon as this many distinct remote clients (worker processes) all wait."""
         self._sources = sources
-        if self._engine is not None:
-            self._engine.configure(sources=sources)
+        if self._host is not None:
+            self._host.configure(sources=sources)
 
     async def __aenter__(self) -> InferenceServer:
         await self.start()
@@ -292,9 +292,7 @@ class InferenceServer:
         if self._lifecycle.state is not CollectorState.NEW:
             raise CollectorStateError(f"an inference server starts once (it is {self._lifecycle.state.value})")
         self._lifecycle.move(CollectorState.STARTING)
-        engine = self._engine = (ThreadEngine if self.mode == "thread" else ProcessEngine)(
-            self._spec, self._initial_version
-        )
+        host = self._host = (LoopThread if self.mode == "thread" else LoopProcess)(self._spec, self._initial_version)
         if tasks is None:
             tasks = TaskOwner("InferenceServer", on_failure=self._fail, on_loop_end=self._on_loop_end)
             self._tasks, self._own_tasks = tasks, True  # before any await: a cancelled start still closes it
@@ -302,15 +300,15 @@ class InferenceServer:
             await tasks.started()
         self._tasks = tasks
         try:
-            self._scopes = await engine.start(tasks, self._answered)
+            self._scopes = await host.start(tasks, self._answered)
         except BaseException:
             # Nothing half-built is kept: no process, socket, slot listener or segment (a failed policy build or a
             # cancelled start); async_shutdown() is still the way out of STARTING.
             with anyio.CancelScope(shield=True):
-                await engine.close(0.0)
+                await host.close(0.0)
             raise
         if self._sources is not None:
-            engine.configure(sources=self._sources)
+            host.configure(sources=self._sources)
         self._lifecycle.setup_finished()
         if self.hang_timeout is not None:
             self._scopes.append(tasks.spawn(self._watch, self.hang_timeout, name="inference-liveness"))
@@ -341,8 +339,8 @@ class InferenceServer:
             with anyio.CancelScope(shield=True):
                 for scope in self._scopes:
                     scope.cancel()
-                if self._engine is not None:
-                    await self._engine.close(grace if isinstance(self._engine, ProcessEngine) else timeout)
+                if self._host is not None:
+                    await self._host.close(grace if isinstance(self._host, LoopProcess) else timeout)
                 if self._own_tasks and self._tasks is not None:
                     await self._tasks.aclose(timeout)
                 for event in self._events.values():
@@ -359,8 +357,8 @@ class InferenceServer:
         if not lifecycle.closing:
             lifecycle.move(CollectorState.CLOSING, reason=reason)
         try:
-            if self._engine is not None:
-                self._engine.abandon()
+            if self._host is not None:
+                self._host.abandon()
         finally:
             lifecycle.move(CollectorState.CLOSED)
 
@@ -429,9 +427,9 @@ class InferenceServer:
             # GPU come to the host first, waited for off the event loop, and the outputs go back to their device.
             leaves = await _to_host(leaves)
         request = Request(leaves, int(batched.batch_size[0]))
-        assert self._engine is not None
+        assert self._host is not None
         event = self._events[request] = anyio.Event()
-        self._engine.submit(request)
+        self._host.submit(request)
         try:
             await event.wait()
         except BaseException:
@@ -473,15 +471,15 @@ class InferenceServer:
         source = one_source(policy_or_weights=policy_or_weights, policy=policy, weights=weights)
         source = self._policy_arg if source is None else source
         self._check_running("update_policy_weights_()")
-        engine = self._engine
-        assert engine is not None
-        checked = check_weights(as_weights(source), engine.structure, what="the server's policy")
+        host = self._host
+        assert host is not None
+        checked = check_weights(as_weights(source), host.structure, what="the server's policy")
         async with self._weights_lock:
             self._check_running("update_policy_weights_()")
             ticket = Ticket(checked)
             event = self._events[ticket] = anyio.Event()
             try:
-                await engine.submit_weights(ticket)
+                await host.submit_weights(ticket)
                 await event.wait()
             except BaseException:
                 ticket.abandoned = True
@@ -497,10 +495,10 @@ class InferenceServer:
 
     def stats(self) -> InferenceStats:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
-        engine = self._engine
-        if engine is None:
+        host = self._host
+        if host is None:
             return StatsRecorder(self.max_batch_size).snapshot(0)
-        return engine.recorder.snapshot(engine.rejected_peers)
+        return host.recorder.snapshot(host.rejected_peers)
 
     async def _watch(self, timeout: float) -> None:
         """Fails the server once a forward pass has run longer than ``timeout``: callers learn the server is

@@ -1,7 +1,7 @@
 """The trainer's side of an inference server process: start it, talk to it, notice its end, end it.
 
 The server process (:mod:`acollect.inference.process_main`) is owned like a worker: started as a fresh
-interpreter, handed its spec through its stdin, and watched. Its control socket closing is its end: the engine
+interpreter, handed its spec through its stdin, and watched. Its control socket closing is its end: this side
 then reads its exit code (within a second) and fails with it, or with the traceback the process sent first; a
 pass that never returns shows on the shared stats board as a hung server. A start that is cancelled, or fails,
 kills the process at once. Shutdown asks it to stop, waits, then kills it: nothing is left running, and the
@@ -47,14 +47,14 @@ from acollect.transport.shm import ShmSegment, ShmTensorDictSlot
 from acollect.transport.wire import encode_tensordict
 from acollect.weights import WeightStructure, decode_structure
 
-__all__ = ["ProcessEngine"]
+__all__ = ["LoopProcess"]
 
 _START_TIMEOUT = 120.0  # importing torch and building a large policy on a loaded machine
 _EXIT_GRACE = 1.0  # after its socket closed, how long a dead process may take to show its exit code
 _POLL = 0.01
 
 
-class ProcessEngine:
+class LoopProcess:
     """Runs an inference server's loop in a process of its own.
 
     Args:

@@ -24,10 +24,10 @@ from acollect.transport.auth import ClientKeys
 from acollect.transport.server_socket import ServerSocket
 from acollect.weights import WeightStructure, structure_of
 
-__all__ = ["ThreadEngine"]
+__all__ = ["LoopThread"]
 
 
-class ThreadEngine:
+class LoopThread:
     """Runs an inference server's loop in a thread of this process.
 
     Args:
