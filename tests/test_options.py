@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import inspect
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import acollect
 from acollect import (
     AsyncBatchedCollector,
     AsyncCollector,
@@ -166,17 +167,71 @@ def test_every_multi_process_collector_has_one_mode(name: str) -> None:
     assert frames == ([8 // len(frames)] * len(frames) if SYNC[name] else [8] * len(frames))
 
 
-def test_the_typed_options_are_generated_from_the_declarations() -> None:
-    # Each option is declared once (options.py); the TypedDicts mypy checks **options against are generated.
-    from pathlib import Path
+def test_the_generated_modules_are_current() -> None:
+    # Each option is declared once (options.py, collector_settings.py); the TypedDicts mypy checks **options against
+    # and each collector's Keyword Args are generated from the declarations into _generated_*.py, checked in.
+    from acollect.collectors.option_codegen import REGENERATE, stale
 
-    import acollect.collectors.option_types as generated
-    from acollect.collectors.option_codegen import typed_options_source
+    assert not stale(), f"stale in acollect/collectors: {stale()}; run {REGENERATE}"
 
-    assert Path(generated.__file__).read_text() == typed_options_source(), (
-        "acollect/collectors/option_types.py is stale: run "
-        "python -c 'from acollect.collectors.option_codegen import write_option_types; write_option_types()'"
-    )
+
+def test_the_staleness_check_sees_a_changed_declaration_or_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What makes the test above able to fail: a declaration changed after the last regeneration, a generated file
+    # edited by hand, or one missing.
+    from acollect.collectors.collector_settings import MultiSyncSettings
+    from acollect.collectors.option_codegen import stale, write_all
+    from acollect.collectors.options import Override
+
+    write_all(tmp_path)
+    assert stale(tmp_path) == []
+    overrides = {**MultiSyncSettings.OVERRIDES, "cat_results": Override(note="A note added since.")}
+    monkeypatch.setattr(MultiSyncSettings, "OVERRIDES", overrides)
+    assert stale(tmp_path) == ["_generated_keyword_args.py"]
+    monkeypatch.undo()
+    edited = tmp_path / "_generated_options.py"
+    edited.write_text(edited.read_text().replace("total_frames: int", "total_frames: float"))
+    assert stale(tmp_path) == ["_generated_options.py"]
+    (tmp_path / "_generated_keyword_args.py").unlink()
+    assert stale(tmp_path) == ["_generated_options.py", "_generated_keyword_args.py"]
+
+
+def test_the_generated_modules_say_so() -> None:
+    from acollect.collectors import _generated_keyword_args, _generated_options
+    from acollect.collectors.option_codegen import BANNER
+
+    for module in (_generated_options, _generated_keyword_args):
+        assert Path(str(module.__file__)).name.startswith("_generated_")
+        assert Path(str(module.__file__)).read_text().startswith(BANNER)
+    assert "do not edit" in BANNER
+    assert "Regenerate with: python" in BANNER
+
+
+def test_each_collector_typed_dict_holds_its_keywords_each_declared_once() -> None:
+    # The TypedDicts share fields by inheritance: each keyword is declared in one class body only, and each
+    # collector's TypedDict (its constructor's **options) still holds exactly the keywords the collector takes.
+    import ast
+
+    from acollect.collectors import _generated_options
+    from acollect.collectors.option_codegen import collectors
+    from acollect.collectors.options import accepted
+
+    tree = ast.parse(Path(str(_generated_options.__file__)).read_text())
+    declared = [
+        node.target.id
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef)
+        for node in cls.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    ]
+    assert len(declared) == len(set(declared)), sorted({k for k in declared if declared.count(k) > 1})
+    for collector in collectors():
+        typed = inspect.signature(collector.__init__).parameters["options"].annotation
+        name = typed.removeprefix("Unpack[").removesuffix("]")
+        keys = getattr(_generated_options, name)
+        assert keys.__required_keys__ == {"frames_per_batch"}, name
+        assert keys.__required_keys__ | keys.__optional_keys__ == {f.name for f in accepted(collector.settings_class)}
 
 
 def test_every_option_has_a_doc_and_a_check_or_says_who_checks_it() -> None:
@@ -208,48 +263,64 @@ def test_every_public_collector_has_its_keyword_args_generated() -> None:
 @pytest.mark.parametrize("collector", sorted(_public_collectors(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_the_docstring_lists_each_option_as_declared(collector: type) -> None:
     # What help(collector) and the API page show is what the declarations say: each keyword the collector takes,
-    # its type, doc and default. After changing a declaration (or a collector's OVERRIDES), regenerate.
+    # its type, doc and default.
     from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_section
 
-    assert docstring_keyword_args(collector) == keyword_args_section(collector), (
-        f"{collector.__name__}'s Keyword Args differ from its option declarations: run "
-        "python -c 'from acollect.collectors.option_codegen import write_all; write_all()'"
-    )
+    assert docstring_keyword_args(collector.__doc__, collector.__name__) == keyword_args_section(collector)
+    assert collector.__doc__.count("Keyword Args:") == 1
 
 
-def test_the_docstring_check_sees_a_section_that_differs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A collector whose docstring was written for another collector's options: the check tells them apart, and
-    # the writer rewrites the section in its source file (the rest of the docstring kept).
-    from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_section, write_keyword_args
+@pytest.mark.parametrize("collector", sorted(_public_collectors(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_the_source_docstring_holds_a_pointer_not_the_generated_text(collector: type) -> None:
+    # No generated line inside a hand-written class: its source says where its keywords are declared.
+    import ast
+    import textwrap
 
-    source = '''from acollect import MultiAsyncCollector, MultiSyncCollector
+    from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_pointer
+
+    source = ast.parse(textwrap.dedent(inspect.getsource(collector)))
+    node = source.body[0]
+    assert isinstance(node, ast.ClassDef)
+    written = docstring_keyword_args(ast.get_docstring(node, clean=False) or "", collector.__name__)
+    assert " ".join(written.split()) == keyword_args_pointer(collector)
+    assert collector.settings_class.__name__ in written
 
 
-class Stale(MultiAsyncCollector):
-    """A collector documented with MultiSyncCollector's options.
+def test_add_keyword_args_puts_the_section_in_place_of_what_the_source_says() -> None:
+    # Between the sections around it, as often as it is called; a docstring without the section is refused.
+    from acollect.collectors import _generated_keyword_args
+    from acollect.collectors.option_codegen import add_keyword_args, keyword_args_section
 
-    Keyword Args:
-{section}
+    class MultiAsyncCollector(acollect.MultiAsyncCollector):
+        """A collector documented with a pointer.
 
-    Raises:
-        ConfigurationError: a bad argument.
-    """
-'''
-    written = "\n".join(f"    {line}" if line else "" for line in keyword_args_section(MultiSyncCollector).splitlines())
-    (tmp_path / "stale_collector.py").write_text(source.format(section=written))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("stale_collector")
-    assert "cat_results (" in docstring_keyword_args(module.Stale)
-    assert docstring_keyword_args(module.Stale) != keyword_args_section(module.Stale)
-    write_keyword_args(module.Stale)
-    rewritten = (tmp_path / "stale_collector.py").read_text()
-    namespace: dict[str, Any] = {}
-    exec(compile(rewritten, "stale_collector.py", "exec"), namespace)
-    stale = namespace["Stale"]
-    assert docstring_keyword_args(stale) == keyword_args_section(MultiAsyncCollector)
-    assert "credits (int): batches each worker may collect ahead" in stale.__doc__
-    assert "cat_results" not in stale.__doc__
-    assert stale.__doc__.rstrip().endswith("ConfigurationError: a bad argument.")
+        Args:
+            create_env_fn_list: the envs.
+
+        Keyword Args:
+            Declared elsewhere.
+
+        Raises:
+            ConfigurationError: a bad argument.
+        """
+
+    add_keyword_args(MultiAsyncCollector)
+    first = MultiAsyncCollector.__doc__
+    add_keyword_args(MultiAsyncCollector)
+    assert MultiAsyncCollector.__doc__ == first
+    assert "Declared elsewhere" not in first
+    section = _generated_keyword_args.KEYWORD_ARGS["MultiAsyncCollector"]
+    assert section == keyword_args_section(acollect.MultiAsyncCollector) + "\n"
+    body = "\n".join(f"            {line}" if line else "" for line in section.splitlines())
+    assert f"create_env_fn_list: the envs.\n\n        Keyword Args:\n{body}\n\n        Raises:\n" in first
+    assert first.rstrip().endswith("ConfigurationError: a bad argument.")
+
+    undocumented = type("MultiAsyncCollector", (acollect.MultiAsyncCollector,), {"__doc__": "No section."})
+    with pytest.raises(ValueError, match="one 'Keyword Args:' line in MultiAsyncCollector's docstring, found 0"):
+        add_keyword_args(undocumented)
+    unknown = type("NewCollector", (acollect.MultiAsyncCollector,), {"__doc__": "Keyword Args:\n    Not yet."})
+    add_keyword_args(unknown)  # not generated yet (the staleness test says so): it keeps what its source says
+    assert unknown.__doc__ == "Keyword Args:\n    Not yet."
 
 
 SETTINGS_CLASSES = sorted({c.settings_class for c in _public_collectors()} | {WorkerSettings}, key=lambda s: s.__name__)

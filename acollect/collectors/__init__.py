@@ -3,6 +3,9 @@
 TorchRL's spellings of these classes (``SyncDataCollector``, ``RPCCollector``...) live in
 :mod:`acollect.compat.torchrl`, a layer above this package, and import from ``acollect`` too; this
 package never imports them, so it stays below the compatibility layer.
+
+Each collector's docstring gets its "Keyword Args" here, as the package loads: generated from its option
+declarations (:mod:`acollect.collectors.option_codegen`), they stand in for the pointer its source holds.
 """
 
 from acollect.collectors.async_collector import AsyncCollector as AsyncCollector
@@ -14,7 +17,10 @@ from acollect.collectors.distributed import DistributedCollector as DistributedC
 from acollect.collectors.distributed import DistributedSyncCollector as DistributedSyncCollector
 from acollect.collectors.multi import MultiAsyncCollector as MultiAsyncCollector
 from acollect.collectors.multi import MultiSyncCollector as MultiSyncCollector
+from acollect.collectors.option_codegen import add_keyword_args as _add_keyword_args
 from acollect.collectors.ray_collector import RayCollector as RayCollector
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from acollect.transport.weight_sync import WeightSyncScheme as WeightSyncScheme
 from acollect.transport.weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+
+_add_keyword_args()

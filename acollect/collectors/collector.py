@@ -51,7 +51,7 @@ from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, WeightUpdate, structure_of, weights_of
 
 if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
-    from acollect.collectors.option_types import InProcessOptions
+    from acollect.collectors._generated_options import InProcessOptions
 
 __all__ = ["Collector"]
 
@@ -66,62 +66,8 @@ class Collector(CollectorBase):
             TensorDicts, or ``None`` for random actions.
 
     Keyword Args:
-        frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
-            from each (``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or
-            worker. Rounded up to a multiple of the number of envs, so that every env steps equally often (with a
-            warning): ``collector.frames_per_batch`` then says what each batch holds,
-            ``collector.requested_frames_per_batch`` what was asked. Required.
-        total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
-            ``-1``.
-        gil_handover_interval (float | None): the collection thread shares the GIL with the event loop; between two env
-            steps it offers the GIL to the loop (``acollect._threads.GilHandover``) if this many seconds passed since
-            its last offer, so the loop waits about this long plus one step for it each time (``0``: at every step;
-            ``None``: never, as threads do by themselves: the loop may then wait several 5 ms switch intervals). A
-            trainer that keeps the GIL busy on the loop gets a larger share of it, and collection a smaller one
-            (``docs/concepts.md``, background mode). Defaults to ``0.002``.
-        policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
-            runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
-            import path ``'module:name'``, which each worker imports. Defaults to ``None``.
-        device (Devices): fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given; the
-            multi-process collectors take a list too, with one device per worker. Defaults to ``None``.
-        env_device (Devices): where env data lives; the multi-process collectors take a list too, with one device per
-            worker. Defaults to ``None``.
-        policy_device (Devices): where the policy runs (data is cast between it and the env device); the multi-process
-            collectors take a list too, with one device per worker. Defaults to ``None``.
-        storing_device (Devices): where batches land; the multi-process collectors take a list too, with one device per
-            worker. Defaults to ``None``.
-        max_frames_per_traj (int | None): truncate (``truncated=True``) and reset trajectories longer than this;
-            ``None``: no limit. Defaults to ``None``.
-        init_random_frames (int | None): act randomly for this many frames first (``None``: 0). Defaults to ``0``.
-        reset_at_each_iter (bool): reset every env at the start of each batch. Defaults to ``False``.
-        env_errors (str): what an exception from the env's ``step`` or ``reset`` does: ``"raise"`` breaks the collector
-            with it (from a worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env
-            from its factory (a vector env whole), where it runs (a worker process stays up), ends the episodes in
-            flight as truncated at their last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the
-            failed step yields no frame, and the next frames start new trajectories from a reset), counts it in
-            ``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that fails
-            again after 3 rebuilds in a row with no step taken between them (its factory raises, or it raises before its
-            first step each time) breaks the collector with its last exception. ``"restart"`` needs an env factory or a
-            gymnasium id (not an env instance); the coroutine envs of an ``AsyncEnvPool`` are rebuilt one by one, by the
-            pool, each ending its own episode. Defaults to ``'raise'``.
-        postproc (Callable[[TensorDictBase], TensorDictBase] | None): a callable applied to each batch before it is
-            handed out, in this process (in the collection thread, for ``Collector``). Defaults to ``None``.
-        split_trajs (bool): hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of
-            ``[n_envs, T]`` batches. Defaults to ``False``.
-        trajs_per_batch (int | None): hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the
-            longest, with a boolean ``("collector", "mask")`` (True on real frames), in the order they ended. Workers
-            still collect ``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames
-            collected; when they are reached, the episodes in progress are handed out cut, truncated at their last frame
-            (the last batch may hold fewer than N). ``None``: ``[n_envs, T]`` batches. Defaults to ``None``.
-        exploration_type (InteractionType | str | None): tensordict interaction type used while collecting (an
-            ``InteractionType`` or its name, such as ``"mode"``); set per collection thread and per worker, so
-            collectors never change each other's. Defaults to ``InteractionType.RANDOM``.
-        env_kwargs (Mapping[str, Any] | None): keyword arguments of the env factory, or of the env a gymnasium id names
-            (such as ``{"num_envs": 8}``). Defaults to ``{}``.
-        progress (bool | str): show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm
-            bar if tqdm is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``,
-            ``"log"`` or ``False`` (nothing shown). Workers count their episodes and send them with each batch. Defaults
-            to ``False``.
+        The options declared by :class:`~acollect.collectors.options.InProcessSettings`, each with its type, doc and
+        default: generated into ``_generated_keyword_args.py`` and put here on import.
 
     Examples:
         >>> import anyio, torch

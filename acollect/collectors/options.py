@@ -13,9 +13,9 @@ takes what it inherits. Everything else is read from the declarations:
   refused one with the reason;
 * :func:`check_option` checks one value (``collector_kwargs`` per worker) with the field's check;
 * the ``TypedDict`` s that type the constructors' ``**options`` for mypy
-  (:mod:`acollect.collectors.option_types`) and each collector's docstring section "Keyword Args"
-  are generated from the fields by :mod:`acollect.collectors.option_codegen` (a test fails when
-  either is stale).
+  (:mod:`acollect.collectors._generated_options`) and each collector's docstring section "Keyword
+  Args" (:mod:`acollect.collectors._generated_keyword_args`) are generated from the fields by
+  :mod:`acollect.collectors.option_codegen` (a test fails when either is stale).
 
 Constructors keep the settings (``collector.settings``) and copy no field out of them.
 
