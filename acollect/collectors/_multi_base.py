@@ -13,21 +13,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
 from acollect._validate import check_int
 from acollect._warnings import warn
+from acollect.collectors._handout import HandOut, default_budget
 from acollect.collectors._pending import PendingChanges
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors.dispatch import Dispatch, dispatch_for
-from acollect.collectors.lending import Loans, default_budget
 from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
-from acollect.devices import move_to
 from acollect.envs.envpool import reseed_error, shared_seeds_warning
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.policy import PolicyLike
@@ -36,18 +34,13 @@ from acollect.pool.settings import PoolSettings
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.trajectory_batches import TrajectoryAssembler
-from acollect.transport.cuda_dma import Copy, DeviceCopier
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import WeightUpdate, as_weights, check_push
 from acollect.worker import protocol as P
 from acollect.worker.protocol import WorkerConfig
 
-__all__ = ["INLINE_HAND_OUT_BYTES", "MultiCollectorBase"]
-
-#: Batches of at most this many bytes are combined and handed out on the event loop (well under a
-#: millisecond of copying), larger ones in a thread.
-INLINE_HAND_OUT_BYTES = 1 << 20
+__all__ = ["MultiCollectorBase"]
 
 
 def _params_of(name: str, source: object) -> TensorDictBase:
@@ -84,21 +77,19 @@ class MultiCollectorBase(CollectorBase):
         self._trainer_pin = TrainerPin(plan.affinity.trainer)
         self._shutdown_limit = settings.shutdown_timeout
         self._storing_device = collector_storing_device(self._worker_policy()[1])
-        # storing_device on a GPU: batches go there by DMA from the workers' shared memory (transport.cuda_dma).
-        self._copier: DeviceCopier | None = None
-        self._copies: list[Copy] = []  # copies whose source slots are lent until they finished
+        # How batches leave: lent (shared memory given back once dropped), copied, or copied to a GPU by DMA.
+        self._handout = HandOut(
+            self._dispatch, copy_batches=settings.copy_batches, storing_device=self._storing_device,
+            budget=settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget(),
+        )  # fmt: skip
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         # set_seed and load_state_dict return at once: what they ask waits here for the next batch boundary.
         self._pending = PendingChanges()
         self._initial_version = 0
         self._last_push = 0
-        # Batches lent to the caller (their shared memory, given back once dropped: acollect.collectors.lending).
-        self._loans = Loans(settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget())
         self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
         self._episodes_to_end: set[int] = set()  # lost workers whose episodes in progress are still to be cut
-        # Copied to a GPU: items whose slots are read until their copy ended (given back at the next batch).
-        self._held: list[Received] = []
 
     def _plan(self, create_env_fn_list: Any) -> WorkerPlan:
         """The workers' configs and what each batch holds, from the env factories and the settings."""
@@ -201,9 +192,7 @@ class MultiCollectorBase(CollectorBase):
         pool.version = self._initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
-        self._held, self._copies = [], []
-        if self._storing_device is not None and self._storing_device.type == "cuda":
-            self._copier = DeviceCopier(self._storing_device)
+        self._handout.open()
         await pool.start(self._tasks)
         # Pinned once the workers started, not before: a fork server started now (start_method="forkserver")
         # would keep the trainer's cores for the rest of the program, and every later worker forked from it too.
@@ -218,7 +207,7 @@ class MultiCollectorBase(CollectorBase):
         self._lifecycle.pause_was_applied(paused)
 
     async def _teardown(self) -> None:
-        self._close_copier()  # registered memory is unregistered before the pool unmaps it
+        self._handout.close()  # registered memory is unregistered before the pool unmaps it
         # Workers get ``stop``, then SIGTERM, then SIGKILL, all within shutdown_timeout.
         pool = self._pool
         try:
@@ -229,17 +218,11 @@ class MultiCollectorBase(CollectorBase):
         self._dispatch.reset()
 
     def _release_now(self) -> None:
-        self._close_copier()
+        self._handout.close()
         self._trainer_pin.restore()
         if self._pool is not None:
             self._pool.abandon()
         self._dispatch.reset()
-
-    def _close_copier(self) -> None:
-        copier, self._copier = self._copier, None
-        self._copies = []
-        if copier is not None:
-            copier.close()
 
     @property
     def rejected_messages(self) -> int:
@@ -317,7 +300,7 @@ class MultiCollectorBase(CollectorBase):
             >>> MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8).pinned_bytes
             0
         """
-        return self._copier.registered_bytes if self._copier is not None else 0
+        return self._handout.pinned_bytes
 
     @property
     def worker_pids(self) -> list[int | None]:
@@ -430,25 +413,9 @@ class MultiCollectorBase(CollectorBase):
         pool = self._require_pool()
         await self._before_batch()
         items = await self._take_fresh(pool)
-        copier = self._copier
-        loans = None
-        lend = copier is None and not self.settings.copy_batches
-        if lend and await self._dispatch.can_lend(pool, items, self._loans):
-            loans = self._loans
-        try:
-            if copier is not None:
-                batch = self._to_device(copier, items)
-                if self._reshapes():
-                    batch = await anyio.to_thread.run_sync(self._finish, batch)
-            elif self._hands_out_inline(items, lent=loans is not None):
-                batch = self._hand_out(items, loans)
-            else:
-                # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
-                batch = await anyio.to_thread.run_sync(self._hand_out, items, loans)
-        finally:
-            for item in items:
-                await self._release(item, lent=loans is not None, held=copier is not None)
-        return batch
+        for item in items:
+            self._record(item)
+        return await self._handout.hand_out(pool, items, self._reshape if self._reshapes() else None)
 
     async def _take_fresh(self, pool: WorkerPool) -> list[Received]:
         """The next batch's items, those more than ``max_policy_lag`` versions behind dropped (and given back)."""
@@ -463,20 +430,12 @@ class MultiCollectorBase(CollectorBase):
                 return items
             self._stale_batches += 1  # its worker's stream goes on with its next batch
             for item in items:
-                await self._give_back(item)
+                await self._handout.give_back(pool, item)
         raise CollectorStateError(
             f"max_policy_lag={limit}: the last {most} batches were each more than {limit} versions behind the "
             f"collector's weights (version {self.policy_version}): the weights change faster than a batch is "
             "collected; push less often or raise max_policy_lag"
         )
-
-    def _to_device(self, copier: DeviceCopier, items: list[Received]) -> TensorDictBase:
-        """The batch on the GPU: its shared memory copied there by DMA on a side stream, no CPU copy on the way
-        (parts that do not lie in one segment are gathered first), ordered before the caller's next kernels."""
-        # Read where it lies, held until its copy ended (_return_held): no CPU copy on the way.
-        copy = copier.copy(self._dispatch.view(items))
-        self._copies.append(copy)
-        return copier.hand_over(copy)
 
     def _wants_next(self) -> bool:
         """Whether workers may begin the batch after this one now: not when it is the last, nor when the
@@ -489,28 +448,14 @@ class MultiCollectorBase(CollectorBase):
         pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
         return not (pushes and self._tally.batches + 1 - self._last_push >= interval)  # type: ignore[operator]
 
-    def _hands_out_inline(self, items: list[Received], *, lent: bool) -> bool:
-        # A small batch is combined on the event loop: its copy costs less than the hop to a thread (and the
-        # trainer's CPU per batch is what the workers lose on a machine with few cores); a lent one costs no copy.
-        # User code (postproc) and moves to another device stay in the thread.
-        storing = self._storing_device
-        return (
-            not self._reshapes()
-            and (storing is None or storing.type == "cpu")
-            and (lent or sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES)
-        )
-
     def _reshapes(self) -> bool:
-        """Whether :meth:`_finish` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with
+        """Whether :meth:`_reshape` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with
         ``trajs_per_batch`` it does neither: ``postproc`` applies to the batches of whole episodes."""
         settings = self.settings
         return settings.trajs_per_batch is None and (settings.postproc is not None or settings.split_trajs)
 
-    def _hand_out(self, items: list[Received], loans: Loans | None) -> TensorDictBase:
-        return self._finish(self._dispatch.combine(items, loans=loans))
-
     async def _before_batch(self) -> None:
-        await self._return_held()
+        await self._handout.take_back(self._require_pool())
         await self._apply_pending()
         if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
             return
@@ -563,19 +508,11 @@ class MultiCollectorBase(CollectorBase):
         if weights is not None:
             await self._push({"policy": _params_of("state_dict", weights)}, range(self.num_workers), 30.0)
 
-    async def _release(self, item: Received, *, lent: bool = False, held: bool = False) -> None:
-        """Counts ``item`` and gives its credit (and slot) back: at once for a copy; its credit at once and its slot
-        once the caller drops it, when ``lent``; at the next batch, when ``held`` (a copy to a GPU reads it)."""
+    def _record(self, item: Received) -> None:
+        """Counts ``item``: the worker counted its episodes and timed its parts, statistics cost no message."""
         header = item.header
-        # The worker counted its episodes: statistics cost no message of their own.
         self._tally.record_worker(item.worker, item.data.numel(), self._batch_version(item),
-                            EpisodeSummary.from_header(header.get("episodes")), _time_of(header))  # fmt: skip
-        if lent:
-            await self._dispatch.lent(self._require_pool(), item)
-        elif held:
-            self._held.append(item)
-        else:
-            await self._give_back(item)
+                                  EpisodeSummary.from_header(header.get("episodes")), _time_of(header))  # fmt: skip
 
     def _batch_version(self, item: Received) -> int:
         """The oldest policy version that chose an action in ``item`` (what its policy lag is measured from).
@@ -584,47 +521,19 @@ class MultiCollectorBase(CollectorBase):
         """
         return int(item.header["policy_version"])
 
-    async def _give_back(self, item: Received) -> None:
-        if self._dispatch.give_back(item):  # a part of a shared segment: the collector's to free, not the worker's
-            return
-        pool = self._require_pool()
-        handle = pool.handles[item.worker]
-        slot = item.header.get("slot")
-        # A lockstep worker collects only when asked: a credit means something to it only as a slot to free.
-        if item.generation == handle.generation and (slot is not None or pool.credits is not None):
-            await pool.send(handle, P.CREDIT, {"slot": slot})
-
-    async def _return_held(self) -> None:
-        """Gives back what the caller dropped since the last batch, and what a finished copy to a GPU held."""
-        pool = self._require_pool()
-        for key, token in self._loans.returned():
-            await self._dispatch.loan_returned(pool, key, token)
-        copies, self._copies = self._copies, []
-        if copies and self._copier is not None:
-            for copy in copies:  # long done, most of the time: a trainer used the batch since
-                self._copier.copied(copy)
-        held, self._held = self._held, []
-        for item in held:
-            await self._give_back(item)
-
     @property
     def lent(self) -> dict[str, int]:
         """What the caller holds of the workers' shared memory: ``batches`` lent now, ``bytes`` lent now,
         ``budget`` (``max_lent_bytes``), ``lent_so_far``, and ``copies_over_budget`` (batches handed out as copies
         because lending them would have passed the budget)."""
-        loans = self._loans
-        return {"batches": loans.outstanding, "bytes": loans.lent_bytes, "budget": loans.budget,
-                "lent_so_far": loans.lent_batches, "copies_over_budget": loans.over_budget}  # fmt: skip
+        return self._handout.lent
 
-    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
-        device = self._storing_device
-        if device is not None and device.type != "cpu" and batch.device != device:
-            batch = move_to(batch, device)
-        if self._reshapes():
-            if self.settings.split_trajs:
-                batch = split_trajectories(batch)
-            if self.settings.postproc is not None:
-                batch = self.settings.postproc(batch)
+    def _reshape(self, batch: TensorDictBase) -> TensorDictBase:
+        """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop)."""
+        if self.settings.split_trajs:
+            batch = split_trajectories(batch)
+        if self.settings.postproc is not None:
+            batch = self.settings.postproc(batch)
         return batch
 
     # -- weights -------------------------------------------------------------------------

@@ -27,9 +27,8 @@ from typing import ClassVar, cast
 import torch
 from tensordict import TensorDictBase
 
-from acollect.collectors._handout import HandOutBuffers
+from acollect.collectors._handout import HandOutBuffers, LendingBooks
 from acollect.collectors.collector_settings import ModeSettings, MultiAsyncSettings, MultiSyncSettings
-from acollect.collectors.lending import Loans
 from acollect.errors import ConfigurationError
 from acollect.pool import Received, Request, WorkerHandle, WorkerPool
 from acollect.pool.shared import SharedBatches
@@ -37,7 +36,7 @@ from acollect.worker import protocol as P
 
 __all__ = ["Dispatch", "FirstReady", "Lockstep", "dispatch_for"]
 
-#: the loans key of the lockstep segments every worker writes (their memory is the collector's)
+#: the lending key of the lockstep segments every worker writes (their memory is the collector's)
 _SHARED = "shared"
 
 
@@ -68,8 +67,8 @@ class Dispatch:
         """
         raise NotImplementedError
 
-    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
-        """Makes the batch handed out from ``items``: their shared memory lent through ``loans`` (where
+    def combine(self, items: list[Received], *, books: LendingBooks | None = None) -> TensorDictBase:
+        """Makes the batch handed out from ``items``: their shared memory lent through ``books`` (where
         :meth:`can_lend` said so), else a copy (in a thread: copying large batches takes milliseconds)."""
         raise NotImplementedError
 
@@ -78,7 +77,7 @@ class Dispatch:
         once, before the memory is given back: a copy to a GPU)."""
         return self.combine(items)
 
-    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], books: LendingBooks) -> bool:
         """Whether the batch of ``items`` can be lent (it is one piece of shared memory, the budget has room) and its
         workers can go on collecting meanwhile (getting more slots if they need them)."""
         return False
@@ -86,8 +85,9 @@ class Dispatch:
     async def lent(self, pool: WorkerPool, item: Received) -> None:
         """``item``'s memory was lent: what its worker is told now (the memory itself comes back later)."""
 
-    async def loan_returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
-        """The caller dropped the last tensor of a lent batch: its memory is given back (see :meth:`Loans.lend`)."""
+    async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
+        """The caller dropped the last tensor of a lent batch: its memory is given back (see
+        :meth:`~acollect.collectors._handout.LendingBooks.lend`)."""
 
     def give_back(self, item: Received) -> bool:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
@@ -249,24 +249,24 @@ class Lockstep(Dispatch):
             return None  # a lost worker's rows lie in the segment too: the live parts are gathered
         return self._shared.batch(slot)
 
-    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], books: LendingBooks) -> bool:
         if self._in_place(items) is None or self._shared is None:
             return False  # gathered from parts: a copy is made anyway
-        if not loans.room_for(sum(item.nbytes for item in items)):
+        if not books.room_for(sum(item.nbytes for item in items)):
             return False
         # Lent segments, this one, and two more: the next batch's and the one asked for ahead.
-        missing = loans.held(_SHARED) + 3 - len(self._shared)
+        missing = books.held(_SHARED) + 3 - len(self._shared)
         return missing <= 0 or await pool.grow_shared(missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:
         whole = self._in_place(items)
         return whole.copy() if whole is not None else self.combine(items)
 
-    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
+    def combine(self, items: list[Received], *, books: LendingBooks | None = None) -> TensorDictBase:
         whole = self._in_place(items)
         if whole is not None:
-            if loans is not None:  # the segment itself, given back when the caller drops it
-                return loans.lend(whole, key=_SHARED, token=items[0].header["slot"])
+            if books is not None:  # the segment itself, given back when the caller drops it
+                return books.lend(whole, key=_SHARED, token=items[0].header["slot"])
             reused = self._buffers.take("shared")  # the memory of a batch the caller dropped: one copy_, no faults
             if reused is not None:
                 return reused.copy_(whole)
@@ -302,7 +302,7 @@ class Lockstep(Dispatch):
     async def lent(self, pool: WorkerPool, item: Received) -> None:
         pass  # the segment stays taken until the caller drops the batch; a lockstep worker holds no credits
 
-    async def loan_returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
+    async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
         if self._shared is not None and key == _SHARED and isinstance(token, int):
             self._shared.give_back_whole(token)
 
@@ -352,15 +352,15 @@ class FirstReady(Dispatch):
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         return [pool.ready_queue.popleft()]
 
-    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], books: LendingBooks) -> bool:
         (item,) = items
         handle = pool.handles[item.worker]
         if not item.in_slot or item.generation != handle.generation or handle.ring is None:
             return False  # over message frames (the caller's already), or from a worker that died since
-        if not loans.room_for(item.nbytes):
+        if not books.room_for(item.nbytes):
             return False
         # Its worker collects on its credits, each into a slot of its ring: slots enough for those and every one lent.
-        missing = self.credits + loans.held((item.worker, item.generation)) + 1 - len(handle.ring)
+        missing = self.credits + books.held((item.worker, item.generation)) + 1 - len(handle.ring)
         return missing <= 0 or await pool.grow_ring(handle, missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:
@@ -369,12 +369,12 @@ class FirstReady(Dispatch):
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
         return batch
 
-    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
+    def combine(self, items: list[Received], *, books: LendingBooks | None = None) -> TensorDictBase:
         (item,) = items
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
-        elif loans is not None:  # the slot itself, given back to its worker when the caller drops the batch
-            batch = loans.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"])
+        elif books is not None:  # the slot itself, given back to its worker when the caller drops the batch
+            batch = books.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"])
         else:
             buffers = self._buffers.setdefault(item.worker, HandOutBuffers())
             reused = buffers.take(item.generation)
@@ -391,7 +391,7 @@ class FirstReady(Dispatch):
         if item.generation == handle.generation:
             await pool.send(handle, P.CREDIT, {})  # the credit now (it collects on); the slot when the loan ends
 
-    async def loan_returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
+    async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
         worker, generation = cast(tuple[int, int], key)
         handle = pool.handles[worker]
         if generation == handle.generation and handle.ready:  # else its slots died with it

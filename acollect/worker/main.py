@@ -247,7 +247,7 @@ class _Worker:
         with self.cond:
             if kind == P.SLOTS:
                 # With ``part``: this worker's rows of segments every worker writes (acollect.pool.shared). With
-                # ``add``: more slots for a ring whose slots are lent to the trainer (see acollect.transport.loans).
+                # ``add``: more slots for a ring whose slots are lent to the trainer (see acollect.transport.lending).
                 if header.get("add") and self.ring is not None:
                     self.ring.attach_more(header["names"], part=header.get("part"))
                 else:
