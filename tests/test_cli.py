@@ -111,10 +111,11 @@ def test_info_text_has_one_line_per_fact() -> None:
 def test_info_says_which_start_methods_workers_use() -> None:
     report = collect_info()
     report["multiprocessing"] = {"available": ["fork", "spawn", "forkserver"],
-                                 "acollect_supports": ["spawn", "forkserver"], "acollect_default": "spawn"}  # fmt: skip
+                                 "acollect_supports": ["spawn", "forkserver"],
+                                 "acollect_default": "forkserver"}  # fmt: skip
     (line,) = [line for line in format_info(report).splitlines() if line.startswith("start methods")]
     assert line.endswith(
-        "fork, spawn, forkserver; acollect workers use spawn by default, forkserver with start_method='forkserver'; "
+        "fork, spawn, forkserver; acollect workers use forkserver by default, spawn with start_method='spawn'; "
         "never fork"
     )
     report["multiprocessing"] = {"available": ["spawn"], "acollect_supports": ["spawn"], "acollect_default": "spawn"}

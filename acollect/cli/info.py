@@ -130,13 +130,13 @@ def _transports() -> dict[str, Any]:
 
 
 def _multiprocessing() -> dict[str, Any]:
-    from acollect.worker.process import START_METHODS
+    from acollect.worker.process import DEFAULT_START_METHOD, START_METHODS
 
     available = multiprocessing.get_all_start_methods()
     return {
         "available": available,
         "acollect_supports": [m for m in START_METHODS if m in available],
-        "acollect_default": "spawn",
+        "acollect_default": DEFAULT_START_METHOD,
     }
 
 

@@ -120,8 +120,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
     ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
     (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
@@ -239,8 +240,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
     ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
     (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
@@ -430,8 +432,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
     ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
     (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
@@ -544,8 +547,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
     ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
     (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
@@ -657,8 +661,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
     ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
     (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
@@ -777,8 +782,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 launcher (Any): where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each),
     ``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)``
     (see ``acollect.launchers``); checked together with ``start_method``. Defaults to ``'local'``.
@@ -941,8 +947,9 @@ shutdown_timeout (float): seconds :meth:`async_shutdown` takes at most, unless i
 address (str | None): ``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector's endpoint, which
     workers connect to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's
     address>:<free port>``). Defaults to ``None``.
-start_method (str): how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
-    Defaults to ``'spawn'``.
+start_method (str): how local worker processes start: ``"forkserver"`` (forks of a process that imported torch
+    and the worker's code once: quick to start and small; the default where the platform has a fork server, not
+    Windows) or ``"spawn"`` (fresh interpreters, each importing torch again). Defaults to ``'forkserver'``.
 num_threads (int): torch threads in each worker. Defaults to ``1``.
 use_shared_memory (bool | None): move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or
     more on a local address). Defaults to ``None``.

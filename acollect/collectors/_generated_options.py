@@ -176,7 +176,9 @@ class ProcessOptions(RolloutOptions, total=False):
     #: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's address>:<free port>``).
     address: str | None
 
-    #: how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.
+    #: how local worker processes start: ``"forkserver"`` (forks of a process that imported torch and the worker's code
+    #: once: quick to start and small; the default where the platform has a fork server, not Windows) or ``"spawn"``
+    #: (fresh interpreters, each importing torch again).
     start_method: str
 
     #: torch threads in each worker.

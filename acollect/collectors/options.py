@@ -62,7 +62,7 @@ from acollect.policy import PolicyLike, parse_exploration_type
 from acollect.progress import check_progress
 from acollect.transport.auth import ServerKeys, as_server_keys
 from acollect.transport.weight_sync import WeightSyncScheme
-from acollect.worker.process import START_METHODS
+from acollect.worker.process import DEFAULT_START_METHOD, START_METHODS
 from acollect.worker.protocol import HEARTBEAT_TIMEOUT
 
 __all__ = [
@@ -541,8 +541,10 @@ class ProcessSettings(RolloutSettings):
         "port>``).",
     )  # fmt: skip
     start_method: str = option(
-        "spawn", check=_choice(*START_METHODS),
-        doc='how local worker processes start: ``"spawn"`` (fresh interpreters) or ``"forkserver"``.',
+        DEFAULT_START_METHOD, check=_choice(*START_METHODS),
+        doc='how local worker processes start: ``"forkserver"`` (forks of a process that imported torch and the '
+        "worker's code once: quick to start and small; the default where the platform has a fork server, not "
+        'Windows) or ``"spawn"`` (fresh interpreters, each importing torch again).',
     )  # fmt: skip
     launcher: Any = option(
         "local",

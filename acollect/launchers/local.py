@@ -1,16 +1,15 @@
 """The default launcher: worker processes on this machine.
 
-Workers are started by :func:`acollect.worker.process.start_worker` (fresh
-interpreters with ``spawn``, or forks of multiprocessing's fork server with
-``forkserver``). They reach the collector over a private ipc endpoint, and large
+Workers are started by :func:`acollect.worker.process.start_worker` (forks of
+multiprocessing's fork server with ``forkserver``, the default, or fresh
+interpreters with ``spawn``). They reach the collector over a private ipc endpoint, and large
 batches and weights go through shared memory.
 """
 
 from __future__ import annotations
 
-from acollect.errors import ConfigurationError
 from acollect.launchers.base import Launcher
-from acollect.worker.process import START_METHODS, WorkerProcess, start_worker
+from acollect.worker.process import DEFAULT_START_METHOD, WorkerProcess, check_start_method, start_worker
 from acollect.worker.protocol import WorkerConfig
 
 __all__ = ["LocalLauncher"]
@@ -20,14 +19,16 @@ class LocalLauncher(Launcher):
     """Starts each worker as a process on this host.
 
     Args:
-        start_method: ``"spawn"`` (default) or ``"forkserver"`` (see :mod:`acollect.worker.process`).
+        start_method: ``"forkserver"`` (default where the platform has a fork server: not Windows) or ``"spawn"``
+            (see :mod:`acollect.worker.process`).
 
     Raises:
-        ConfigurationError: an unknown start method.
+        ConfigurationError: a start method that cannot start workers from this process (see
+            :func:`~acollect.worker.process.check_start_method`): refused before any worker starts.
 
     Examples:
         >>> LocalLauncher()
-        LocalLauncher(start_method='spawn')
+        LocalLauncher(start_method='forkserver')
         >>> LocalLauncher().default_address() is None  # a private ipc path
         True
     """
@@ -35,9 +36,8 @@ class LocalLauncher(Launcher):
     name = "local"
     same_host = True
 
-    def __init__(self, start_method: str = "spawn") -> None:
-        if start_method not in START_METHODS:
-            raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
+    def __init__(self, start_method: str = DEFAULT_START_METHOD) -> None:
+        check_start_method(start_method)
         self.start_method = start_method
 
     def check_address(self, address: str | None) -> None:

@@ -11,6 +11,7 @@ from acollect.launchers.base import Launcher
 from acollect.launchers.local import LocalLauncher
 from acollect.launchers.ray import RayLauncher
 from acollect.launchers.submitit import SubmititLauncher
+from acollect.worker.process import DEFAULT_START_METHOD
 
 __all__ = ["LAUNCHERS", "resolve_launcher"]
 
@@ -18,7 +19,7 @@ __all__ = ["LAUNCHERS", "resolve_launcher"]
 LAUNCHERS = ("local", "ray", "submitit")
 
 
-def resolve_launcher(launcher: object, *, start_method: str = "spawn") -> Launcher:
+def resolve_launcher(launcher: object, *, start_method: str = DEFAULT_START_METHOD) -> Launcher:
     """Turns a ``launcher=`` argument into a :class:`~acollect.launchers.base.Launcher`.
 
     Args:
@@ -31,7 +32,7 @@ def resolve_launcher(launcher: object, *, start_method: str = "spawn") -> Launch
 
     Examples:
         >>> resolve_launcher("local")
-        LocalLauncher(start_method='spawn')
+        LocalLauncher(start_method='forkserver')
     """
     if isinstance(launcher, Launcher):
         return launcher

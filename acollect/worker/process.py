@@ -1,17 +1,16 @@
 """Starting local worker processes, never by ``fork``.
 
-``start_method="spawn"`` (the default) starts a fresh interpreter with
-:mod:`subprocess` (``python -c <bootstrap>``) and writes the worker's config to
-its stdin. It is what multiprocessing's spawn does, minus two costs: the user's
-``__main__`` module is not re-imported in every worker (no
-``if __name__ == "__main__"`` guard is needed), and no multiprocessing
-resource-tracker process is left running after the collector is gone.
+``start_method="forkserver"`` (the default where the platform has a fork server: not Windows) forks each worker
+from multiprocessing's fork server, one per program, which imported torch, tensordict, gymnasium and the worker's
+code once: a worker starts in milliseconds and shares those modules' memory. The user's ``__main__`` is not run
+again in it (no ``if __name__ == "__main__"`` guard is needed), and nothing in the server touches CUDA, so a
+worker may use a GPU: see :mod:`acollect.worker.forkserver`. The server and multiprocessing's resource tracker
+stay for the life of the program.
 
-``start_method="forkserver"`` uses multiprocessing's fork server: faster
-restarts once the server runs, but the server process outlives the collector
-(it belongs to multiprocessing, one per program). What the server preloads, and
-how its listener is removed when this process is killed, is in
-:mod:`acollect.worker.forkserver`.
+``start_method="spawn"`` starts a fresh interpreter with :mod:`subprocess` (``python -c <bootstrap>``) and writes
+the worker's config to its stdin: each worker imports torch again (seconds of CPU, hundreds of MiB), but no helper
+process is left after the collector is gone. It is what multiprocessing's spawn does, minus the re-import of the
+user's ``__main__`` in every worker.
 
 Env factories and policies go to the worker through this process-creation
 channel (same host, same user), pickled with cloudpickle so that lambdas and
@@ -21,23 +20,31 @@ functions defined in ``__main__`` work. Batches and weights never are pickled.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.forkserver
-import multiprocessing.resource_tracker
 import pickle
 import signal
 import subprocess
 import sys
 from typing import Any
 
-from acollect._spawn import bootstrap, exit_now, pickle_payload, reap_later, sigint_blocked, spawn_python
+from acollect._spawn import bootstrap, exit_now, pickle_payload, reap_later, spawn_python
 from acollect.errors import ConfigurationError, describe_exit
 from acollect.worker import forkserver
 from acollect.worker.protocol import WorkerConfig
 
-__all__ = ["START_METHODS", "WorkerProcess", "describe_exit", "start_worker"]
+__all__ = [
+    "DEFAULT_START_METHOD",
+    "START_METHODS",
+    "WorkerProcess",
+    "check_start_method",
+    "describe_exit",
+    "start_worker",
+]
 
 #: The accepted values of ``start_method``.
 START_METHODS = ("spawn", "forkserver")
+
+#: ``start_method``'s default: forks of the fork server where the platform has one, else fresh interpreters.
+DEFAULT_START_METHOD = "forkserver" if forkserver.AVAILABLE else "spawn"
 
 _BOOTSTRAP = bootstrap("acollect.worker.process", "_run_payload")
 
@@ -131,31 +138,52 @@ class WorkerProcess:
             self._handle.close()
 
 
-def start_worker(config: WorkerConfig, *, start_method: str = "spawn") -> WorkerProcess:
-    """Starts a worker process for ``config``; call :meth:`WorkerProcess.write_config` next (spawn).
+def check_start_method(start_method: str) -> None:
+    """Refuses a start method that cannot start workers from this process, before any worker starts.
 
     Raises:
-        ConfigurationError: ``start_method`` is unknown, or the config cannot be pickled.
+        ConfigurationError: ``start_method`` is unknown; or it is ``"forkserver"`` where the platform has no fork
+            server, or in a daemonic multiprocessing process (a ``multiprocessing.Pool`` worker), whose children
+            multiprocessing forbids (the message names ``start_method="spawn"``, which works in both).
+
+    Examples:
+        >>> check_start_method("spawn")
+        >>> check_start_method("fork")
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: start_method='fork' is invalid: expected one of ('spawn', 'forkserver').
     """
     if start_method not in START_METHODS:
         raise ConfigurationError.bad_value("start_method", start_method, f"one of {START_METHODS}")
+    if start_method != "forkserver":
+        return
+    if not forkserver.AVAILABLE:
+        raise ConfigurationError.bad_value(
+            "start_method", start_method, f"'spawn' here: this platform ({sys.platform}) has no fork server"
+        )
+    if multiprocessing.current_process().daemon:
+        raise ConfigurationError.bad_value(
+            "start_method", start_method,
+            f"'spawn' in this process: {multiprocessing.current_process().name} is a daemonic multiprocessing "
+            "process (a multiprocessing.Pool worker, or a Process with daemon=True), whose children multiprocessing "
+            "forbids; spawned workers are not multiprocessing's",
+        )  # fmt: skip
+
+
+def start_worker(config: WorkerConfig, *, start_method: str = DEFAULT_START_METHOD) -> WorkerProcess:
+    """Starts a worker process for ``config``; call :meth:`WorkerProcess.write_config` next (spawn).
+
+    Raises:
+        ConfigurationError: ``start_method`` cannot start workers here (see :func:`check_start_method`), or the
+            config cannot be pickled.
+    """
+    check_start_method(start_method)
     payload = pickle_payload(
         config,
         what=f"the env factory or policy to worker {config.index}",
         hint="it must be picklable with cloudpickle; pass policy_factory to build the policy inside the worker",
     )
     if start_method == "forkserver":
-        ctx = multiprocessing.get_context("forkserver")
-        # The server imports the worker code once (every worker is then a cheap fork of it), and removes
-        # its listener when it exits, which multiprocessing leaves behind when this process is killed.
-        ctx.set_forkserver_preload(forkserver.PRELOAD)
-        # Started (once) with SIGINT blocked, as a spawned child is: its preload unblocks it (see forkserver). The
-        # resource tracker it starts first unblocks SIGINT in this thread after its own start: started before.
-        multiprocessing.resource_tracker.ensure_running()
-        with sigint_blocked():
-            multiprocessing.forkserver.ensure_running()
-        process = ctx.Process(target=_forkserver_entry, args=(payload,), name=f"acollect-worker-{config.index}")
-        process.daemon = True
-        process.start()
+        process = forkserver.start_process(_forkserver_entry, payload, name=f"acollect-worker-{config.index}")
         return WorkerProcess(process, None)
     return WorkerProcess(spawn_python(_BOOTSTRAP, num_threads=config.num_threads), payload)
