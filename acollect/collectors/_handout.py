@@ -2,42 +2,19 @@
 
 :class:`HandOut` is one of a worker collector's parts, behind a small interface: :meth:`HandOut.hand_out` makes the
 batch of the items the dispatch strategy took (lent: the workers' shared memory itself, given back once the caller
-drops it; copied: into memory of a batch the caller dropped, see :class:`HandOutBuffers`; or copied to a GPU
+drops it; copied: into memory of a batch the caller dropped, see
+:class:`~acollect.collectors._handout_buffers.HandOutBuffers`; or copied to a GPU
 ``storing_device`` by DMA), :meth:`HandOut.take_back` gives back at each batch boundary what came back since, and
-:meth:`HandOut.give_back` returns a batch never handed out. :class:`LendingBooks` keeps the books of what is lent
-and the budget (``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors.dispatch`) says which memory
+:meth:`HandOut.give_back` returns a batch never handed out.
+:class:`~acollect.transport.lending.LendingBooks` keeps the books of what is lent and the budget
+(``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors.dispatch`) says which memory
 a batch is and how its worker gets it back.
-
-Memory for the batches a collector copies out and hands over: reused once the caller has dropped one.
-
-A batch copied out of shared memory into freshly allocated memory costs more than the copy
-itself: the kernel maps the new pages one at a time, as they are first written (a 28 MiB
-pixel batch copies about six times slower into new memory than into memory written before).
-:class:`HandOutBuffers` remembers the last few large batches it handed out, by their storages
-only, and once the caller holds no tensor of one anymore (each storage is referenced from here
-alone) it offers that memory again, already mapped, wrapped in new tensors. A batch the caller
-still holds, or any tensor of it, or a view of one, is never written: the caller owns what it
-was given for as long as it keeps it.
-
-Examples:
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> buffers = HandOutBuffers(min_bytes=0)
-    >>> batch = TensorDict({"x": torch.zeros(4)}, batch_size=[4])
-    >>> buffers.adopt(batch, key="w0")
-    >>> buffers.take("w0") is None  # the caller still holds it
-    True
-    >>> del batch
-    >>> buffers.take("w0")["x"].shape
-    torch.Size([4])
 """
 
 from __future__ import annotations
 
-import shutil
-from collections import Counter
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 import torch
@@ -46,179 +23,16 @@ from tensordict import TensorDictBase
 from acollect.devices import move_to
 from acollect.pool import Received, WorkerPool
 from acollect.transport.cuda_dma import Copy, DeviceCopier
-from acollect.transport.lending import Lender
-from acollect.transport.shm import SHM_DIR
+from acollect.transport.lending import LendingBooks
 from acollect.worker import protocol as P
 
 if TYPE_CHECKING:
     from acollect.collectors.dispatch import Dispatch
 
-__all__ = ["DEFAULT_LENT_BYTES", "INLINE_HAND_OUT_BYTES", "HandOut", "HandOutBuffers", "LendingBooks", "default_budget"]
-
-#: The most shared memory lent at once, by default: beyond it batches are copies (see default_budget).
-DEFAULT_LENT_BYTES = 1 << 30
+__all__ = ["INLINE_HAND_OUT_BYTES", "HandOut"]
 #: Batches of at most this many bytes are combined and handed out on the event loop (well under a
 #: millisecond of copying), larger ones in a thread.
 INLINE_HAND_OUT_BYTES = 1 << 20
-
-# How many tensors reference a storage (views included). Private torch API: without it (another torch)
-# nothing is ever reused, and every batch is fresh memory as before.
-_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
-
-
-def _alias(td: TensorDictBase) -> TensorDictBase:
-    # New tensor objects over the same memory: whatever the caller does to the metadata of the tensors it
-    # was given (an in-place unsqueeze_, requires_grad_) never reaches the ones kept here, and the other way.
-    return td.detach()
-
-
-def _leaves(td: TensorDictBase) -> list[torch.Tensor]:
-    return [t for t in td.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)]
-
-
-class _Entry:
-    __slots__ = ("base", "key", "storages")
-
-    def __init__(self, key: Hashable, base: TensorDictBase, storages: list[Any]) -> None:
-        self.key = key
-        self.base = base  # private aliases of the batch handed out
-        self.storages = storages  # one per leaf: referenced here by ``base`` and by this list
-
-    def free(self) -> bool:
-        # 2: the alias in ``base`` and the storage object in ``storages``; anything more is the caller's.
-        return all(_use_count(s._cdata) == 2 for s in self.storages)
-
-
-class HandOutBuffers:
-    """The memory of the last ``keep`` batches handed out (of ``min_bytes`` or more), for reuse once dropped.
-
-    Not thread-safe: one caller at a time (a collector combines one batch at a time).
-
-    Args:
-        keep: how many dropped batches may be kept mapped for reuse (their memory stays allocated
-            until the collector shuts down, or a newer batch takes their place).
-        min_bytes: smaller batches are left alone: fresh memory of that size is mapped already.
-    """
-
-    def __init__(self, keep: int = 3, min_bytes: int = 1 << 20) -> None:
-        self.keep = keep
-        self.min_bytes = min_bytes
-        self._entries: list[_Entry] = []
-
-    def take(self, key: Hashable) -> TensorDictBase | None:
-        """A batch of new tensors over the memory of a batch the caller dropped, made for ``key``; else ``None``.
-
-        ``key`` names the layout of what will be copied in (say, which workers' batches, and their
-        incarnations): memory made for another key is never offered.
-        """
-        for i, entry in enumerate(self._entries):
-            if entry.key == key and entry.free():
-                self._entries.append(self._entries.pop(i))  # the most recently handed out last
-                return _alias(entry.base)
-        return None
-
-    def adopt(self, batch: TensorDictBase, key: Hashable) -> None:
-        """Remembers the memory of ``batch`` (about to be handed out, made for ``key``) for reuse once dropped."""
-        if _use_count is None:
-            return
-        leaves = _leaves(batch)
-        if sum(t.numel() * t.element_size() for t in leaves) < self.min_bytes:
-            return
-        if any(t.device.type != "cpu" or not t.is_contiguous() or t.storage_offset() for t in leaves):
-            return
-        storages = [t.untyped_storage() for t in leaves]
-        if len({s.data_ptr() for s in storages}) != len(storages):
-            return  # leaves sharing a storage: their use counts would say nothing about the caller
-        self._entries = [e for e in self._entries if e.key == key]  # another layout's memory is of no use now
-        if len(self._entries) >= self.keep:
-            self._entries.pop(0)  # still held by the caller (else it was taken): its memory is the caller's
-        self._entries.append(_Entry(key, _alias(batch), storages))
-
-    def forget(self, batch: TensorDictBase) -> None:
-        """Stops tracking ``batch``'s memory (it was taken but not handed out, e.g. the copy into it failed)."""
-        ptrs = {t.untyped_storage().data_ptr() for t in _leaves(batch)}
-        self._entries = [e for e in self._entries if not ptrs & {s.data_ptr() for s in e.storages}]
-
-    def clear(self) -> None:
-        """Forgets every batch (their memory goes once the caller drops them)."""
-        self._entries = []
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def default_budget() -> int:
-    """:data:`DEFAULT_LENT_BYTES`, or a quarter of ``/dev/shm`` where that is less (a container's is often small)."""
-    try:
-        total = shutil.disk_usage(SHM_DIR).total
-    except OSError:
-        return DEFAULT_LENT_BYTES
-    return max(1, min(DEFAULT_LENT_BYTES, total // 4))
-
-
-class LendingBooks:
-    """The books of a collector's lent batches: how many each memory owner has out, and the budget.
-
-    Examples:
-        >>> from tensordict import TensorDict
-        >>> books = LendingBooks(budget=1 << 20)
-        >>> batch = books.lend(TensorDict({"x": torch.zeros(8)}, batch_size=[8]), key=("w", 0), token=3)
-        >>> books.held(("w", 0)), books.lent_bytes
-        (1, 32)
-        >>> del batch
-        >>> books.returned()
-        [(('w', 0), 3)]
-        >>> books.held(("w", 0))
-        0
-
-    Args:
-        budget: the most bytes lent at once (beyond it the collector hands out copies).
-    """
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.lender = Lender()
-        self._held: Counter[Hashable] = Counter()
-        #: batches handed out as copies because lending them would have passed the budget
-        self.over_budget = 0
-        #: batches lent so far
-        self.lent_batches = 0
-
-    @property
-    def lent_bytes(self) -> int:
-        """Shared memory lent now (bytes)."""
-        return self.lender.lent_bytes
-
-    @property
-    def outstanding(self) -> int:
-        """Batches lent and not given back yet."""
-        return self.lender.outstanding
-
-    def room_for(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more may be lent; counts a refusal (the batch is then a copy)."""
-        if self.lender.lent_bytes + nbytes <= self.budget:
-            return True
-        self.over_budget += 1
-        return False
-
-    def held(self, key: Hashable) -> int:
-        """Batches out from the memory owner ``key`` (a worker's incarnation, or the lockstep segments)."""
-        return self._held[key]
-
-    def lend(self, td: TensorDictBase, *, key: Hashable, token: Hashable) -> TensorDictBase:
-        """``td`` lent (new tensors over its memory); ``(key, token)`` comes back from :meth:`returned` once dropped."""
-        self._held[key] += 1
-        self.lent_batches += 1
-        return self.lender.lend(td, (key, token))
-
-    def returned(self) -> list[tuple[Hashable, Hashable]]:
-        """``(key, token)`` of every lent batch given back since the last call."""
-        back: list[tuple[Hashable, Hashable]] = []
-        for returned in self.lender.returned():
-            key, token = cast(tuple[Hashable, Hashable], returned)  # what lend() queued: the lender keeps any token
-            self._held[key] -= 1
-            back.append((key, token))
-        return back
 
 
 class HandOut:

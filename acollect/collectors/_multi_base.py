@@ -19,12 +19,12 @@ from tensordict import TensorDict, TensorDictBase
 from acollect._affinity import TrainerPin
 from acollect._validate import check_int
 from acollect._warnings import warn
-from acollect.collectors._handout import HandOut, default_budget
+from acollect.collectors._handout import HandOut
 from acollect.collectors._pending import PendingChanges
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors.dispatch import Dispatch, dispatch_for
-from acollect.collectors.options import WorkerSettings, check_policy_args, settle_frames_per_batch
+from acollect.collectors.options import WorkerSettings, check_policy_args
 from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.envs.envpool import reseed_error, shared_seeds_warning
 from acollect.errors import CollectorStateError, ConfigurationError
@@ -34,6 +34,7 @@ from acollect.pool.settings import PoolSettings
 from acollect.stats import EpisodeSummary
 from acollect.trajectories import split_trajectories
 from acollect.trajectory_batches import TrajectoryAssembler
+from acollect.transport.lending import default_budget
 from acollect.transport.shm import shm_available
 from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 from acollect.weights import WeightUpdate, as_weights, check_push
@@ -70,8 +71,7 @@ class MultiCollectorBase(CollectorBase):
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = self._plan(create_env_fn_list)
-        super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=plan.frames_per_batch,
-                         total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
+        super().__init__(batch=plan.batch, total_frames=settings.total_frames, progress=settings.progress)
         self._configs = plan.configs
         # worker_affinity="auto": the trainer's threads on the cores the workers left, while the workers run.
         self._trainer_pin = TrainerPin(plan.affinity.trainer)
@@ -95,21 +95,11 @@ class MultiCollectorBase(CollectorBase):
         """The workers' configs and what each batch holds, from the env factories and the settings."""
         policy, settings = self._worker_policy()
         return plan_workers(create_env_fn_list, policy, settings,
-                            worker_frames=self._dispatch.worker_frames, stacked=self._dispatch.sync)  # fmt: skip
+                            stacked=self._dispatch.sync)  # fmt: skip
 
     def _worker_policy(self) -> tuple[PolicyLike, WorkerSettings]:
         """What the workers run, and the settings their configs are built from (central inference: none)."""
         return self._policy_arg, self.settings
-
-    def _settled_frames(self, shown: int, n_envs: Sequence[int | None]) -> int:
-        """What each batch holds once the started workers said their number of envs (else ``shown``); the
-        constructor settled it from the arguments already where they said it (:func:`plan_workers`)."""
-        known = [n for n in n_envs if n is not None]
-        if len(known) < len(n_envs):
-            return shown
-        requested = self.settings.frames_per_batch
-        worker_frames = self._dispatch.worker_frames(requested, len(n_envs))
-        return settle_frames_per_batch(requested, shown, worker_frames, known, stacked=self._dispatch.sync)
 
     def _trajectory_id_stride(self) -> int:
         return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect.worker.build)
@@ -199,7 +189,7 @@ class MultiCollectorBase(CollectorBase):
         self._trainer_pin.pin()
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
-        self._settle_frames_per_batch(self._settled_frames(self.frames_per_batch, [h.n_envs for h in pool.handles]))
+        self._settle_batch([h.n_envs for h in pool.handles])
         self._check_env_seeds()
         await self._apply_pending()
         paused = self._lifecycle.pauses > 0
@@ -445,8 +435,9 @@ class MultiCollectorBase(CollectorBase):
         if self.settings.update_after_each_batch:
             return False
         interval = self.settings.max_weight_update_interval
-        pushes = isinstance(self._policy_arg, torch.nn.Module) and interval is not None
-        return not (pushes and self._tally.batches + 1 - self._last_push >= interval)  # type: ignore[operator]
+        if interval is None or not isinstance(self._policy_arg, torch.nn.Module):
+            return True  # no push is due before the next batch
+        return self._tally.batches + 1 - self._last_push < interval
 
     def _reshapes(self) -> bool:
         """Whether :meth:`_reshape` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with

@@ -56,6 +56,7 @@ from acollect._notify import Notifier
 from acollect._tasks import CallScope, TaskOwner
 from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
+from acollect.collectors._batch_plan import BatchPlan
 from acollect.collectors._tally import Tally
 from acollect.collectors.background import BackgroundRun, ReplayRatio, Started
 from acollect.errors import (
@@ -92,8 +93,8 @@ _DRAIN_TIMEOUT = 10.0
 class CollectorBase:
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
-    Subclasses name the class of their options (``settings_class``), call ``super().__init__(
-    requested_frames_per_batch=..., frames_per_batch=..., total_frames=..., progress=...)`` and implement
+    Subclasses name the class of their options (``settings_class``), call ``super().__init__(batch=...,
+    total_frames=..., progress=...)`` with their :class:`~acollect.collectors._batch_plan.BatchPlan` and implement
     ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
 
@@ -103,13 +104,10 @@ class CollectorBase:
     #: The options given, checked, every default filled in.
     settings: RolloutSettings
 
-    def __init__(
-        self, *, requested_frames_per_batch: int, frames_per_batch: int, total_frames: int, progress: bool | str = False
-    ) -> None:
-        """``frames_per_batch``: what each batch holds as far as the arguments tell (else what was requested)."""
-        self._requested_frames_per_batch = requested_frames_per_batch
-        self._frames_per_batch = frames_per_batch
-        self.total_frames = check_total_frames(total_frames, frames_per_batch)
+    def __init__(self, *, batch: BatchPlan, total_frames: int, progress: bool | str = False) -> None:
+        """``batch``: what each batch holds, settled as far as the arguments tell (see :meth:`_settle_batch`)."""
+        self._batch = batch
+        self.total_frames = check_total_frames(total_frames, batch.frames_per_batch)
         # Frames, batches, statistics and the progress display: one part, counted only through its methods.
         self._tally = Tally(total_frames=self.total_frames, progress=progress, name=type(self).__name__)
         self._lifecycle = Lifecycle()  # the state, and all it depends on: read it, never keep a copy
@@ -155,23 +153,23 @@ class CollectorBase:
     @property
     def requested_frames_per_batch(self) -> int:
         """The ``frames_per_batch`` given; :attr:`frames_per_batch` is what each batch holds."""
-        return self._requested_frames_per_batch
+        return self._batch.requested
 
     @property
     def frames_per_batch(self) -> int:
         """The frames each batch holds: :attr:`requested_frames_per_batch` rounded up so that every env steps
         equally often (with a warning when it differs). Known at construction where the arguments say how many
         envs there are (a gymnasium id and its ``num_envs``), else once the envs are built, at set-up."""
-        return self._frames_per_batch
+        return self._batch.frames_per_batch
 
-    def _settle_frames_per_batch(self, frames: int) -> None:
-        """Records what each batch holds, once the built envs told (the one place it changes after construction).
+    def _settle_batch(self, n_envs: Sequence[int | None]) -> None:
+        """Settles what each batch holds from each worker's number of envs, once the built envs told (where the
+        arguments did not); on the event loop, so that a warning points at the user's ``async with`` line.
 
         ``total_frames`` is checked against it again (a warning where it is no multiple of it any more).
         """
-        if frames != self._frames_per_batch:
-            self._frames_per_batch = frames
-            check_total_frames(self.total_frames, frames)
+        if self._batch.settle(n_envs):
+            check_total_frames(self.total_frames, self._batch.frames_per_batch)
 
     # -- state -----------------------------------------------------------------------
     @property

@@ -33,13 +33,13 @@ from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import check_env_errors
 from acollect._threads import GilHandover, run_in_thread
 from acollect._validate import check_int
+from acollect.collectors._batch_plan import BatchPlan
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
     InProcessSettings,
     check_policy_args,
     parse,
-    settle_frames_per_batch,
 )
 from acollect.envs.envpool import reseed_error
 from acollect.envs.factory import check_env_arg, known_num_envs
@@ -98,12 +98,9 @@ class Collector(CollectorBase):
             )
         check_env_arg(create_env_fn)  # an unregistered gymnasium id is known now, not when the env is built
         check_env_errors(create_env_fn, settings.env_errors)  # an env given built cannot be rebuilt
-        frames = settings.frames_per_batch
-        n_envs = known_num_envs(create_env_fn, settings.env_kwargs)
-        if n_envs is not None:
-            frames = settle_frames_per_batch(frames, frames, frames, [n_envs], stacked=False)
-        super().__init__(requested_frames_per_batch=settings.frames_per_batch, frames_per_batch=frames,
-                         total_frames=settings.total_frames, progress=settings.progress)  # fmt: skip
+        batch = BatchPlan(settings.frames_per_batch)
+        batch.settle([known_num_envs(create_env_fn, settings.env_kwargs)])  # where the arguments say it
+        super().__init__(batch=batch, total_frames=settings.total_frames, progress=settings.progress)
         self.settings = settings
         self.create_env_fn = create_env_fn
         self._policy_arg = policy
@@ -156,10 +153,7 @@ class Collector(CollectorBase):
         if isinstance(self._engine, AsyncRollout):  # resets every env, probes the policy, starts the env tasks
             await self._engine.ensure_running(self._tasks.spawn)
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
-        requested, shown = self.requested_frames_per_batch, self.frames_per_batch
-        self._settle_frames_per_batch(
-            settle_frames_per_batch(requested, shown, requested, [self._engine.n_envs], stacked=False)
-        )
+        self._settle_batch([self._engine.n_envs])
         if self._pending_state is not None:
             self._load_engine_state(self._pending_state)
             self._pending_state = None

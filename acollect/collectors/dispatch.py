@@ -20,18 +20,18 @@ mode its class fixes, or the ``sync`` option of a collector that takes one (the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
-from typing import ClassVar, cast
+from typing import ClassVar
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
-from acollect.collectors._handout import HandOutBuffers, LendingBooks
+from acollect.collectors._handout_buffers import HandOutBuffers
 from acollect.collectors.collector_settings import ModeSettings, MultiAsyncSettings, MultiSyncSettings
 from acollect.errors import ConfigurationError
 from acollect.pool import Received, Request, WorkerHandle, WorkerPool
 from acollect.pool.shared import SharedBatches
+from acollect.transport.lending import LendingBooks
 from acollect.worker import protocol as P
 
 __all__ = ["Dispatch", "FirstReady", "Lockstep", "dispatch_for"]
@@ -52,10 +52,6 @@ class Dispatch:
     #: ``"stack"`` or ``"cat"``: every batch one shared segment the workers write their rows of (see
     #: :class:`~acollect.pool.shared.SharedBatches`); ``None``: a ring of slots per worker.
     shared_batches: str | None = None
-
-    def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
-        """Frames each of ``n_workers`` workers collects per batch it sends."""
-        raise NotImplementedError
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
         """Sets the freshly started workers going (``paused``: a pause is held already)."""
@@ -87,7 +83,7 @@ class Dispatch:
 
     async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
         """The caller dropped the last tensor of a lent batch: its memory is given back (see
-        :meth:`~acollect.collectors._handout.LendingBooks.lend`)."""
+        :meth:`~acollect.transport.lending.LendingBooks.lend`)."""
 
     def give_back(self, item: Received) -> bool:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
@@ -138,6 +134,7 @@ class Lockstep(Dispatch):
 
     def __init__(self, cat_results: str | int | None) -> None:
         self.cat_results = cat_results
+        self._cat_dim = cat_results if isinstance(cat_results, int) else 0  # the dim parts are concatenated along
         self.credits = None
         # Stacked, or concatenated along envs, each worker's rows are contiguous: written in place (time: gathered).
         stack = self.cat_results in (None, "stack")
@@ -147,9 +144,6 @@ class Lockstep(Dispatch):
         self._shared: SharedBatches | None = None  # the pool's, where batches are written in place
         self._number = 1  # the batch the next take() hands out (batches are numbered from 1, as asked of workers)
         self._segments: dict[int, int] = {}  # batch number -> the shared segment its parts go into, once asked for
-
-    def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
-        return math.ceil(frames_per_batch / n_workers)
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
         self._shared, self._segments, self._number = pool.shared, {}, pool.batches_asked + 1
@@ -237,8 +231,8 @@ class Lockstep(Dispatch):
 
     def _into(self, parts: list[TensorDictBase], out: TensorDictBase) -> TensorDictBase:
         if self.cat_results in (None, "stack"):
-            return cast(TensorDictBase, torch.stack(parts, 0, out=out))  # type: ignore[arg-type]
-        return cast(TensorDictBase, torch.cat(parts, int(self.cat_results), out=out))  # type: ignore[arg-type]
+            return TensorDict.stack(parts, 0, out=out)
+        return TensorDict.cat(parts, self._cat_dim, out=out)
 
     def _in_place(self, items: list[Received]) -> TensorDictBase | None:
         """The batch ``items`` were written into, whole, where they share one segment (else ``None``)."""
@@ -285,9 +279,9 @@ class Lockstep(Dispatch):
                 self._buffers.forget(reused)
         try:
             if stack:
-                batch = cast(TensorDictBase, torch.stack(parts, 0))  # type: ignore[arg-type]
+                batch = TensorDict.stack(parts, 0)
             else:
-                batch = cast(TensorDictBase, torch.cat(parts, int(self.cat_results)))  # type: ignore[arg-type]
+                batch = TensorDict.cat(parts, self._cat_dim)
         except (RuntimeError, ValueError) as exc:
             shapes = [tuple(p.shape) for p in parts]
             raise ConfigurationError.bad_value(
@@ -340,9 +334,6 @@ class FirstReady(Dispatch):
         # copy_batches=True: per worker, the memory of batches the caller dropped, mapped already.
         self._buffers: dict[int, HandOutBuffers] = {}
 
-    def worker_frames(self, frames_per_batch: int, n_workers: int) -> int:
-        return frames_per_batch
-
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
         await pool.order_run(self.credits)
         if paused:
@@ -392,7 +383,8 @@ class FirstReady(Dispatch):
             await pool.send(handle, P.CREDIT, {})  # the credit now (it collects on); the slot when the loan ends
 
     async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
-        worker, generation = cast(tuple[int, int], key)
+        assert isinstance(key, tuple)  # what combine() lent with: (worker, generation)
+        worker, generation = key
         handle = pool.handles[worker]
         if generation == handle.generation and handle.ready:  # else its slots died with it
             await pool.send(handle, P.FREE, {"slot": token})

@@ -44,7 +44,6 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._affinity import check_worker_affinity
-from acollect._rollout.blocking import frames_per_batch_for
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect._validate import (
     check_bool,
@@ -54,7 +53,6 @@ from acollect._validate import (
     check_seconds,
     check_total_frames,
 )
-from acollect._warnings import warn
 from acollect.devices import check_device
 from acollect.errors import ConfigurationError
 from acollect.launchers.registry import resolve_launcher
@@ -76,7 +74,6 @@ __all__ = [
     "check_policy_args",
     "option",
     "parse",
-    "settle_frames_per_batch",
 ]
 
 #: Options ``collector_kwargs`` may set per worker.
@@ -224,59 +221,6 @@ def check_policy_args(policy: object, policy_factory: object) -> None:
         raise ConfigurationError(
             "policy and policy_factory were both given: pass one (policy_factory builds the policy where it runs)."
         )
-
-
-def settle_frames_per_batch(
-    requested: int, shown: int, worker_frames: int, n_envs: Sequence[int], *, stacked: bool
-) -> int:
-    """The frames each batch holds, and a warning when it is not what ``shown`` said (the one rounding rule).
-
-    Each worker (the in-process collector counts as one) collects ``worker_frames`` rounded up to a multiple
-    of its number of envs, as TorchRL does: every env steps the same number of times. A batch is every
-    worker's (``stacked``, MultiSync) or one worker's (MultiAsync, in-process). Called at construction when
-    every worker's number of envs is known from the arguments, else at set-up with what the workers built.
-
-    Args:
-        requested: the ``frames_per_batch`` given.
-        shown: what ``collector.frames_per_batch`` says now (the warning is given when this changes).
-        worker_frames: frames asked of each worker.
-        n_envs: the number of envs of each worker.
-        stacked: a batch holds every worker's frames.
-
-    Returns:
-        The frames per batch (the largest worker's if workers differ and batches are one worker's).
-
-    Examples:
-        >>> settle_frames_per_batch(2048, 2048, 1024, [16, 16], stacked=True)
-        2048
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     settle_frames_per_batch(100, 100, 50, [3, 3], stacked=True)
-        102
-        >>> print(caught[0].message)
-        frames_per_batch=100 is not a multiple of the number of envs (2 workers x 3 envs): each batch holds 102 ...
-    """
-    sizes = [frames_per_batch_for(worker_frames, n) for n in n_envs]
-    actual = sum(sizes) if stacked else max(sizes)
-    if actual == shown:
-        return actual
-    if len(n_envs) == 1:
-        envs = f"{n_envs[0]}"
-    elif len(set(n_envs)) == 1:
-        envs = f"{len(n_envs)} workers x {n_envs[0]} envs" if stacked else f"{n_envs[0]} per worker"
-    else:
-        envs = f"per worker: {list(n_envs)}"
-    holds = (
-        f"each batch holds {actual} frames"
-        if stacked or len(set(sizes)) == 1
-        else f"a batch holds one worker's {sizes} frames (collector.frames_per_batch says the largest)"
-    )
-    warn(
-        f"frames_per_batch={requested} is not a multiple of the number of envs ({envs}): {holds}, rounded up so "
-        f"that every env steps equally often; collector.frames_per_batch is now {actual}."
-    )
-    return actual
 
 
 # -- the declarations --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ collector's side of the wire (see :func:`collector_storing_device`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ import torch
 from acollect._affinity import AffinityPlan, plan_affinity
 from acollect._rollout.env_faults import check_env_errors
 from acollect._validate import check_int
-from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option, settle_frames_per_batch
+from acollect.collectors._batch_plan import BatchPlan
+from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option
 from acollect.devices import check_device
 from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
@@ -174,7 +175,7 @@ class WorkerPlan:
 
     fns: list[Any]  # one env factory per worker
     configs: list[P.WorkerConfig]  # one config per worker
-    frames_per_batch: int  # what each batch holds: settled where every worker's number of envs is known
+    batch: BatchPlan  # what each batch holds: settled already where the arguments say every worker's envs
     affinity: AffinityPlan  # the cores of each worker and of the trainer (worker_affinity)
 
 
@@ -183,7 +184,6 @@ def plan_workers(
     policy: PolicyLike,
     settings: WorkerSettings,
     *,
-    worker_frames: Callable[[int, int], int],
     stacked: bool,
 ) -> WorkerPlan:
     """The one step from a collector's checked settings to its workers' configs (see docs/architecture.md).
@@ -192,7 +192,6 @@ def plan_workers(
         create_env_fn_list: the env factories given (a list, or one factory for ``num_workers`` workers).
         policy: what the workers run (``None`` where they run none: central inference).
         settings: the collector's checked settings.
-        worker_frames: ``(frames_per_batch, n_workers)`` -> frames each worker collects per batch it sends.
         stacked: a batch holds every worker's frames (lockstep), else one worker's.
 
     Raises:
@@ -201,17 +200,10 @@ def plan_workers(
     """
     fns = env_fns(create_env_fn_list, settings.num_workers)
     check_env_args(fns, settings)
-    requested = settings.frames_per_batch
-    # Workers are asked their share of what was *requested*, each rounding it up to its own envs: asking a
-    # share of an already rounded total would round twice when workers have different numbers of envs.
-    per_worker = worker_frames(requested, len(fns))
+    batch = BatchPlan(settings.frames_per_batch, n_workers=len(fns), stacked=stacked)
     affinity = plan_affinity(settings.worker_affinity, len(fns))
-    configs = build_worker_configs(fns, policy, settings, per_worker, affinity)
+    configs = build_worker_configs(fns, policy, settings, batch.per_worker, affinity)
     for config in configs:  # an env given built cannot be rebuilt: said now, not by the worker
         check_env_errors(config.create_env_fn, config.env_errors)
-    counts = configured_num_envs(fns, settings)
-    frames = requested
-    if None not in counts:
-        known = [n for n in counts if n is not None]
-        frames = settle_frames_per_batch(requested, requested, per_worker, known, stacked=stacked)
-    return WorkerPlan(fns, configs, frames, affinity)
+    batch.settle(configured_num_envs(fns, settings))  # where the arguments say it; else once the workers said
+    return WorkerPlan(fns, configs, batch, affinity)

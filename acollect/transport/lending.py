@@ -30,16 +30,19 @@ Examples:
 
 from __future__ import annotations
 
+import shutil
 import threading
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDictBase
 
-__all__ = ["Lender"]
+from acollect.transport.shm import SHM_DIR
+
+__all__ = ["DEFAULT_LENT_BYTES", "Lender", "LendingBooks", "default_budget"]
 
 
 class _Loan:
@@ -151,4 +154,82 @@ class Lender:
         with self.lock:
             back = list(self._back)
             self._back.clear()
+        return back
+
+
+#: The most shared memory lent at once, by default: beyond it batches are copies (see default_budget).
+DEFAULT_LENT_BYTES = 1 << 30
+
+
+def default_budget() -> int:
+    """:data:`DEFAULT_LENT_BYTES`, or a quarter of ``/dev/shm`` where that is less (a container's is often small)."""
+    try:
+        total = shutil.disk_usage(SHM_DIR).total
+    except OSError:
+        return DEFAULT_LENT_BYTES
+    return max(1, min(DEFAULT_LENT_BYTES, total // 4))
+
+
+class LendingBooks:
+    """The books of a collector's lent batches: how many each memory owner has out, and the budget.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> books = LendingBooks(budget=1 << 20)
+        >>> batch = books.lend(TensorDict({"x": torch.zeros(8)}, batch_size=[8]), key=("w", 0), token=3)
+        >>> books.held(("w", 0)), books.lent_bytes
+        (1, 32)
+        >>> del batch
+        >>> books.returned()
+        [(('w', 0), 3)]
+        >>> books.held(("w", 0))
+        0
+
+    Args:
+        budget: the most bytes lent at once (beyond it the collector hands out copies).
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.lender = Lender()
+        self._held: Counter[Hashable] = Counter()
+        #: batches handed out as copies because lending them would have passed the budget
+        self.over_budget = 0
+        #: batches lent so far
+        self.lent_batches = 0
+
+    @property
+    def lent_bytes(self) -> int:
+        """Shared memory lent now (bytes)."""
+        return self.lender.lent_bytes
+
+    @property
+    def outstanding(self) -> int:
+        """Batches lent and not given back yet."""
+        return self.lender.outstanding
+
+    def room_for(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more may be lent; counts a refusal (the batch is then a copy)."""
+        if self.lender.lent_bytes + nbytes <= self.budget:
+            return True
+        self.over_budget += 1
+        return False
+
+    def held(self, key: Hashable) -> int:
+        """Batches out from the memory owner ``key`` (a worker's incarnation, or the lockstep segments)."""
+        return self._held[key]
+
+    def lend(self, td: TensorDictBase, *, key: Hashable, token: Hashable) -> TensorDictBase:
+        """``td`` lent (new tensors over its memory); ``(key, token)`` comes back from :meth:`returned` once dropped."""
+        self._held[key] += 1
+        self.lent_batches += 1
+        return self.lender.lend(td, (key, token))
+
+    def returned(self) -> list[tuple[Hashable, Hashable]]:
+        """``(key, token)`` of every lent batch given back since the last call."""
+        back: list[tuple[Hashable, Hashable]] = []
+        for returned in self.lender.returned():
+            key, token = cast(tuple[Hashable, Hashable], returned)  # what lend() queued: the lender keeps any token
+            self._held[key] -= 1
+            back.append((key, token))
         return back
