@@ -10,7 +10,7 @@ never what a user meant by ``num_workers=True``.
 from __future__ import annotations
 
 import math
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from acollect._warnings import warn
 from acollect.errors import ConfigurationError
@@ -20,7 +20,7 @@ __all__ = ["check_bool", "check_callable", "check_choice", "check_int", "check_s
 T = TypeVar("T")
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -37,7 +37,7 @@ def check_int(name: str, value: object, *, minimum: int = 0, maximum: int | None
     """
     if optional and value is None:
         return None
-    if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):  # type: ignore[operator]
+    if not _is_int(value) or value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ConfigurationError.bad_value(name, value, f"{'None or ' if optional else ''}an int {bound}")
     return value
@@ -56,16 +56,15 @@ def check_seconds(name: str, value: object, *, allow_zero: bool = False, optiona
     """
     if optional and value is None:
         return None
-    ok = (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (value >= 0 if allow_zero else value > 0)
-    )
-    if not ok:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not (value >= 0 if allow_zero else value > 0)
+    ):
         what = "a finite number of seconds >= 0" if allow_zero else "a positive, finite number of seconds"
         raise ConfigurationError.bad_value(name, value, f"{'None or ' if optional else ''}{what}")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -143,7 +143,7 @@ class EngineGroups:
 
     def allocate(self) -> TensorDict:
         """Empty buffers with the layout of one batch: the groups' rows one after the other."""
-        batch: TensorDict = torch.cat([engine.allocate() for engine in self.engines], dim=0)  # type: ignore[assignment]
+        batch = TensorDict.cat([engine.allocate() for engine in self.engines], 0)
         batch.names = [None, "time"]
         return batch
 

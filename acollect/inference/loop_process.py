@@ -183,7 +183,7 @@ class LoopProcess:
         if kind == "applied" and message.get("id") == self._staged_id:
             self._release_staging()
         if kind in ("answer", "applied"):
-            item = self._pending.pop(message.get("id"), None)  # type: ignore[arg-type]
+            item = self._pending.pop(message.get("id", -1), None)  # -1: no id, nobody waits on it
             if item is None:
                 return  # its caller gave up
             item.version = int(message.get("version") or 0)
@@ -193,7 +193,7 @@ class LoopProcess:
                 item.outputs = control.tensors_from_wire(message["outputs"])
             self._on_answer(item)
         elif kind == "pong":
-            event = self._pings.pop(message.get("n"), None)  # type: ignore[arg-type]
+            event = self._pings.pop(message.get("n", -1), None)
             if event is not None:
                 event.set()
         elif kind == "failed":

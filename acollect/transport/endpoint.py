@@ -33,7 +33,7 @@ import stat
 import tempfile
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import zmq
@@ -136,7 +136,7 @@ class Endpoint:
         self._zmq = ZmqResources(self)
         self._ctx = self._zmq.ctx
         self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.ROUTER)
-        self._fd = cast(int, self._sock.getsockopt(zmq.FD))
+        self._fd = int(self._sock.getsockopt(zmq.FD))
         if self._tmpdir is not None:
             self._zmq.on_close(partial(shutil.rmtree, self._tmpdir, ignore_errors=True), after=True)
         try:

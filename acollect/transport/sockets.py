@@ -13,7 +13,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
@@ -121,7 +121,7 @@ class RefusalMonitor:
 
 
 def has_message(sock: zmq.Socket[Any]) -> bool:
-    return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 def check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None) -> None:
