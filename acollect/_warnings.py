@@ -5,7 +5,7 @@ different number of acollect frames (``Collector`` and ``MultiSyncCollector``
 call the shared checks from different depths), and a warning raised in a
 collection thread has no user frame above it at all. :func:`warn` therefore
 walks the stack to the first frame outside the acollect package. In a thread
-started by :func:`acollect._threads.run_in_thread` it does not warn there: it
+started by :func:`acollect._runtime.threads.run_in_thread` it does not warn there: it
 keeps the warning, and the awaiting task emits it when the thread is done, so
 that it points at the ``async with`` / ``async for`` line that waited for it.
 (``warnings.catch_warnings`` cannot do this: it swaps process-wide state, and

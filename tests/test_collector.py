@@ -346,7 +346,7 @@ async def test_background_mode_writes_batches_in_slices_the_loop_runs_between() 
 async def test_collection_thread_offers_the_gil_at_step_boundaries(
     monkeypatch: pytest.MonkeyPatch, interval: float | None, offers_per_step: int
 ) -> None:
-    import acollect._threads as threads_module
+    import acollect._runtime.threads as threads_module
 
     offers: list[str] = []
     offer = threads_module.yield_gil

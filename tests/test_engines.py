@@ -21,7 +21,7 @@ from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
-from acollect._tasks import TaskOwner
+from acollect._runtime.tasks import TaskOwner
 from acollect.devices import resolve_devices
 from acollect.envs import AsyncEnvPool
 from acollect.errors import ConfigurationError, PolicyError

@@ -7,7 +7,7 @@ import is still a dependency, it only hides a cycle until the function runs.
 The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own layer and those
 below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the same)::
 
-    errors, _validate, _warnings, _threads, _tasks, _notify, _lifecycle, _loops, _machine, _pickling, _spawn, specs,
+    errors, _validate, _warnings, _runtime, _pickling, _spawn, specs,
     devices, _affinity, time_split
     envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
     _rollout, weights
@@ -49,12 +49,7 @@ LAYERS: list[set[str]] = [
         "errors",
         "_validate",
         "_warnings",
-        "_threads",
-        "_tasks",
-        "_notify",
-        "_lifecycle",
-        "_loops",
-        "_machine",
+        "_runtime",
         "_pickling",
         "_spawn",
         "specs",

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from acollect import Collector
-from acollect._lifecycle import (
+from acollect._runtime.lifecycle import (
     REASONS,
     TRANSITIONS,
     CollectorState,

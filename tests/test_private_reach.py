@@ -5,7 +5,8 @@ moves; where the test runs rarely (a GPU test, skipped on every machine without 
 file is parsed (nothing imported) and every ``x._name`` in it is checked against the private names acollect's own
 source defines: fields (``self._name``), class and module members (``_name = ...``, ``def _name``), ``__slots__``.
 ``self._name``, ``cls._name`` and ``super()._name`` are a test's own class (a test's collector subclass implements
-the base's hooks); dunders are Python's; ``acollect._threads`` is a module (tests of an internal module import it).
+the base's hooks); dunders are Python's; ``acollect._runtime.threads`` is a module (tests of an internal module
+import it).
 Also checked: ``getattr``/``setattr``/``hasattr``/``delattr`` (and ``monkeypatch.setattr``) with such a name, and the
 scripts of several lines a test hands to another process as a string.
 
@@ -71,7 +72,8 @@ def private_names() -> frozenset[str]:
 
 
 def _acollect_modules() -> frozenset[str]:
-    """The dotted names of acollect's modules and packages (``acollect._threads`` is a module, not an attribute)."""
+    """The dotted names of acollect's modules and packages (``acollect._runtime.threads`` is a module, not an
+    attribute)."""
     names = set()
     for path in PACKAGE.rglob("*.py"):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -162,7 +164,7 @@ def test_the_private_names_are_acollects_own() -> None:
 
 
 def test_planted_reaches_are_found() -> None:
-    import acollect._threads as threads_module
+    import acollect._runtime.threads as threads_module
     from acollect import MultiSyncCollector
     from acollect.pool.handles import WorkerHandle
     from acollect.testing import CountingEnv
@@ -174,11 +176,11 @@ def test_planted_reaches_are_found() -> None:
         f"collector.{field}.handles[0]",
         f"self.{field}, cls.{field}, super().{field}  # a test's own class",
         "os._exit, argparse._SubParsersAction  # not acollect's",
-        "acollect._threads.run_in_thread  # a module, imported by a test of it",
+        "acollect._runtime.threads.run_in_thread  # a module, imported by a test of it",
         f"handle.{slot}",
         f"getattr(collector, '{field}')",
         f"monkeypatch.setattr(threads, '{member}', None)",
-        f"monkeypatch.setattr('acollect._threads.{member}', None)",
+        f"monkeypatch.setattr('acollect._runtime.threads.{member}', None)",
         'TRAINER = textwrap.dedent("""',
         "    import anyio",
         f"    print(collector.{field})",
@@ -189,7 +191,7 @@ def test_planted_reaches_are_found() -> None:
         (5, f"handle.{slot}"),
         (6, f"getattr(collector, '{field}')"),
         (7, f"monkeypatch.setattr(threads, '{member}', None)"),
-        (8, f"monkeypatch.setattr('acollect._threads.{member}', None)"),
+        (8, f"monkeypatch.setattr('acollect._runtime.threads.{member}', None)"),
         (9, f"(line 3 of the string) collector.{field}"),
     ]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from acollect._lifecycle import LIFECYCLE
-from acollect._machine import IllegalTransition, StateTable
+from acollect._runtime.lifecycle import LIFECYCLE
+from acollect._runtime.machine import IllegalTransition, StateTable
 from acollect.pool.events import POOL, PoolEvents, PoolState
 from acollect.pool.handles import WORKER, WorkerHandle, WorkerState
 from acollect.worker.protocol import WorkerConfig

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from acollect._threads import THREAD_NAME_PREFIX, GilHandover, run_in_thread
+from acollect._runtime.threads import THREAD_NAME_PREFIX, GilHandover, run_in_thread
 
 
 @pytest.fixture(params=["asyncio", "trio"])

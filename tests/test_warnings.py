@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from acollect import Collector, MultiAsyncCollector, MultiSyncCollector
-from acollect._threads import run_in_thread
+from acollect._runtime.threads import run_in_thread
 from acollect._warnings import warn
 from acollect.testing import CountingEnv
 

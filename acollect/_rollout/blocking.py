@@ -326,7 +326,7 @@ class RolloutEngine:
             out: fill this TensorDict (the layout of :meth:`allocate`, e.g. a shared-memory slot)
                 instead of fresh buffers. Continuing a batch begun in other buffers copies it there.
             between_steps: called before every step (the in-process collector offers the GIL to the
-                event loop there, see :class:`~acollect._threads.GilHandover`).
+                event loop there, see :class:`~acollect._runtime.threads.GilHandover`).
 
         Returns:
             A fresh TensorDict ``[n_envs, T]`` that the caller owns, or ``out``.

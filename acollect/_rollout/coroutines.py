@@ -18,7 +18,7 @@ pass runs, the envs that finish meanwhile queue up for the next one.
 **Where the policy runs.** A pass on all envs is timed at start (the fastest of a
 few): a pass that takes under :data:`INLINE_POLICY_SECONDS` runs inline on the loop
 (cheaper than a thread hop, and short enough to keep the loop's lag low);
-a slower one runs in a thread (:func:`acollect._threads.run_in_thread`).
+a slower one runs in a thread (:func:`acollect._runtime.threads.run_in_thread`).
 
 **Rows.** Row ``i`` of a batch is env ``i``'s ``T`` consecutive steps, and an
 env whose row of the current batch is full goes on in its row of the next one
@@ -72,7 +72,7 @@ class TaskCrew:
 
     Examples:
         >>> import anyio
-        >>> from acollect._tasks import TaskOwner
+        >>> from acollect._runtime.tasks import TaskOwner
         >>> async def main():
         ...     failures, stopped = [], []
         ...     owner = TaskOwner("doc", on_failure=failures.append)
@@ -162,7 +162,7 @@ class AsyncRollout:
 
     Examples:
         >>> import anyio
-        >>> from acollect._tasks import TaskOwner
+        >>> from acollect._runtime.tasks import TaskOwner
         >>> from acollect.devices import resolve_devices
         >>> from acollect.envs import AsyncEnvPool
         >>> from acollect.policy import RandomPolicy

@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.coroutines import AsyncRollout
-from acollect._tasks import TaskOwner
+from acollect._runtime.tasks import TaskOwner
 from acollect.envs.async_pool import AsyncEnvPool
 from acollect.policy import PolicyAdapter
 from acollect.time_split import Stopwatch

@@ -286,11 +286,11 @@ frames_per_batch (int): frames in each batch handed out: from every worker toget
 total_frames (int): frames to collect in all, after which iteration ends; ``-1`` collects forever. Defaults to
     ``-1``.
 gil_handover_interval (float | None): the collection thread shares the GIL with the event loop; between two env
-    steps it offers the GIL to the loop (``acollect._threads.GilHandover``) if this many seconds passed since
-    its last offer, so the loop waits about this long plus one step for it each time (``0``: at every step;
-    ``None``: never, as threads do by themselves: the loop may then wait several 5 ms switch intervals). A
-    trainer that keeps the GIL busy on the loop gets a larger share of it, and collection a smaller one
-    (``docs/concepts.md``, background mode). Defaults to ``0.002``.
+    steps it offers the GIL to the loop (``GilHandover``) if this many seconds passed since its last offer, so
+    the loop waits about this long plus one step for it each time (``0``: at every step; ``None``: never, as
+    threads do by themselves: the loop may then wait several 5 ms switch intervals). A trainer that keeps the
+    GIL busy on the loop gets a larger share of it, and collection a smaller one (``docs/concepts.md``,
+    background mode). Defaults to ``0.002``.
 policy_factory (Callable[[], PolicyLike] | str | None): a zero-argument callable building the policy where it
     runs, instead of ``policy`` (for a policy that does not pickle). Multi-process collectors also take an
     import path ``'module:name'``, which each worker imports. Defaults to ``None``.

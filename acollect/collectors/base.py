@@ -2,13 +2,13 @@
 
 A collector is an async iterator of batches and an async resource. This module
 owns what does not depend on *where* envs run: the state machine, the one task
-group that owns the collector's background tasks (:class:`~acollect._tasks.TaskOwner`),
+group that owns the collector's background tasks (:class:`~acollect._runtime.tasks.TaskOwner`),
 ``total_frames`` accounting, background mode (``start()`` / ``pause()``) and the
 rule that a failure is never lost. Subclasses implement ``_setup`` (build what
 collects), ``_collect_batch`` (one batch), ``_teardown`` and, where workers must
 be told, ``_apply_pause``.
 
-States (one machine, :class:`~acollect._lifecycle.Lifecycle`: every move goes through its
+States (one machine, :class:`~acollect._runtime.lifecycle.Lifecycle`: every move goes through its
 ``move()`` and its table, ``TRANSITIONS``; ``docs/concepts.md`` shows that table)::
 
                  ┌──────── set-up cancelled or failed: torn down, usable again ─────────┐
@@ -50,10 +50,10 @@ import torch
 from tensordict import TensorDictBase
 from typing_extensions import Never
 
-from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
-from acollect._loops import current_backend
-from acollect._notify import Notifier
-from acollect._tasks import CallScope, TaskOwner
+from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
+from acollect._runtime.loops import current_backend
+from acollect._runtime.notify import Notifier
+from acollect._runtime.tasks import CallScope, TaskOwner
 from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
 from acollect.collectors._batch_plan import BatchPlan

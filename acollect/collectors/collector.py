@@ -31,7 +31,7 @@ from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import EngineSpec, build_engine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import check_env_errors
-from acollect._threads import GilHandover, run_in_thread
+from acollect._runtime.threads import GilHandover, run_in_thread
 from acollect._validate import check_int
 from acollect.collectors._batch_plan import BatchPlan
 from acollect.collectors.base import CollectorBase

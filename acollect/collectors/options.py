@@ -412,7 +412,7 @@ class InProcessSettings(RolloutSettings):
     gil_handover_interval: float | None = option(
         0.002, check=_handover_interval, accepts="float | None",
         doc="the collection thread shares the GIL with the event loop; between two env steps it offers the GIL to "
-        "the loop (``acollect._threads.GilHandover``) if this many seconds passed since its last offer, so the loop "
+        "the loop (``GilHandover``) if this many seconds passed since its last offer, so the loop "
         "waits about this long plus one step for it each time (``0``: at every step; ``None``: never, as threads do "
         "by themselves: the loop may then wait several 5 ms switch intervals). A trainer that keeps the GIL busy "
         "on the loop gets a larger share of it, and collection a smaller one (``docs/concepts.md``, background "

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from typing_extensions import Unpack
 
-from acollect._lifecycle import CloseReason
+from acollect._runtime.lifecycle import CloseReason
 from acollect._validate import check_bool, check_int
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors.background import Started

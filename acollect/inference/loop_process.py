@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._runtime.tasks import TaskOwner
+from acollect._runtime.threads import run_in_thread
 from acollect._spawn import pickle_payload, reap_later, spawn_python
-from acollect._tasks import TaskOwner
-from acollect._threads import run_in_thread
 from acollect.errors import (
     CollectorStateError,
     InferencePolicyError,

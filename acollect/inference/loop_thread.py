@@ -14,8 +14,8 @@ from collections.abc import Callable
 import anyio
 import torch
 
-from acollect._tasks import TaskOwner
-from acollect._threads import run_in_thread
+from acollect._runtime.tasks import TaskOwner
+from acollect._runtime.threads import run_in_thread
 from acollect.inference.batching import Batcher, Forward, Request, StatsRecorder
 from acollect.inference.build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference.loop import Mailbox, ServerLoop, Ticket

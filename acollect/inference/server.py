@@ -19,7 +19,7 @@ Weights: the server runs its own *inference copy* of the policy. :meth:`Inferenc
 copies new weights into it between two forward passes, so training never races inference on the same
 parameters, and every answer carries the version of the weights that produced it.
 
-Life: the collectors' own state machine (:class:`~acollect._lifecycle.Lifecycle`, the same states and
+Life: the collectors' own state machine (:class:`~acollect._runtime.lifecycle.Lifecycle`, the same states and
 table): ``NEW`` -> ``STARTING`` (:meth:`InferenceServer.start`, once) -> ``RUNNING``, ``BROKEN`` when a
 task of its own fails (the failure kept, and raised from every later call), ``CLOSING`` -> ``CLOSED``.
 """
@@ -36,9 +36,9 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from acollect._lifecycle import CloseReason, CollectorState, Lifecycle
-from acollect._loops import current_backend
-from acollect._tasks import TaskOwner
+from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
+from acollect._runtime.loops import current_backend
+from acollect._runtime.tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
 from acollect.devices import DeviceLike, move_to

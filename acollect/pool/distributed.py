@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDictBase
 
-from acollect._tasks import TaskOwner
-from acollect._threads import run_in_thread
+from acollect._runtime.tasks import TaskOwner
+from acollect._runtime.threads import run_in_thread
 from acollect.errors import CollectorStateError
 from acollect.pool.handles import WorkerHandle
 from acollect.pool.pool import WorkerPool

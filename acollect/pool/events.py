@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from acollect._machine import StateTable
-from acollect._notify import Notifier
+from acollect._runtime.machine import StateTable
+from acollect._runtime.notify import Notifier
 
 __all__ = ["POOL", "Counters", "PoolEvents", "PoolState"]
 

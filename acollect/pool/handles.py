@@ -32,7 +32,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from acollect._machine import StateTable
+from acollect._runtime.machine import StateTable
 from acollect.errors import ProtocolError
 from acollect.launchers.base import LaunchedWorker
 from acollect.transport.shm_ring import ShmSlotRing

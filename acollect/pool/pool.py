@@ -8,7 +8,7 @@ wake-ups and counts (:mod:`~acollect.pool.events`), the receive loop
 (:class:`~acollect.pool.receive.Receiver`), the liveness loop and restarts
 (:class:`~acollect.pool.liveness.Monitor`) and weight pushes
 (:class:`~acollect.pool.weight_push.WeightPusher`). The two loops run in the collector's
-own task owner (:class:`~acollect._tasks.TaskOwner`), each in a cancel scope the
+own task owner (:class:`~acollect._runtime.tasks.TaskOwner`), each in a cancel scope the
 pool stops at :meth:`WorkerPool.close`; a loop that raises fails the pool, which
 reports to the collector (``on_failure``).
 
@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import anyio
 from tensordict import TensorDictBase
 
-from acollect._tasks import TaskOwner
-from acollect._threads import run_in_thread
+from acollect._runtime.tasks import TaskOwner
+from acollect._runtime.threads import run_in_thread
 from acollect.errors import ProtocolError, TransportError
 from acollect.launchers.base import LaunchedWorker, Launcher
 from acollect.pool.events import Counters, PoolEvents, PoolState

@@ -16,7 +16,7 @@ import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect._threads import run_in_thread
+from acollect._runtime.threads import run_in_thread
 from acollect.errors import WeightSyncError
 from acollect.pool.events import PoolEvents
 from acollect.pool.handles import WorkerHandle

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from acollect._threads import THREAD_NAME_PREFIX
+from acollect._runtime.threads import THREAD_NAME_PREFIX
 from acollect.transport.shm import SHM_DIR, SHM_PREFIX
 
 __all__ = [

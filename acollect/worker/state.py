@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 
-from acollect._machine import StateTable
+from acollect._runtime.machine import StateTable
 
 __all__ = ["WORKER_PROCESS", "LoopState", "WorkerLoopState"]
 

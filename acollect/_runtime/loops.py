@@ -5,7 +5,7 @@ on that loop, and its locks and events are bound to it. Used from another loop (
 second ``asyncio.run()``, another thread's loop), it would wait forever on a
 descriptor nobody watches. So a collector records :class:`EventLoopRef` of the loop
 its set-up ran on, refuses at once every call from another loop, and releases
-everything when its own loop ends (see :class:`acollect._tasks.TaskOwner`).
+everything when its own loop ends (see :class:`acollect._runtime.tasks.TaskOwner`).
 
 Examples:
     >>> import asyncio

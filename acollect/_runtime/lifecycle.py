@@ -34,7 +34,7 @@ import enum
 
 import anyio
 
-from acollect._machine import IllegalTransition, StateTable
+from acollect._runtime.machine import IllegalTransition, StateTable
 
 __all__ = [
     "LIFECYCLE",

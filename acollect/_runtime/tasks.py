@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from acollect._loops import EventLoopRef
+from acollect._runtime.loops import EventLoopRef
 from acollect.errors import CollectorStateError
 
 __all__ = ["CallScope", "TaskOwner"]
