@@ -13,7 +13,7 @@ throughput against the ceiling of independent processes is ``ceiling.py``):
    a MultiAsyncCollector's batches collected ahead during the others' turns are taken untimed.
 2. ``weights``: a 10M-parameter MLP pushed to 2 idle workers and acknowledged, against one
    in-process copy of its parameters.
-3. ``startup``: constructing a 2-worker collector (default ``spawn``) to its first batch, against
+3. ``startup``: constructing a 2-worker collector (``start_method="spawn"``) to its first batch, against
    a fresh ``python -c "import torch, gymnasium, acollect"``.
 4. ``shutdown``: ``async_shutdown()`` of a 4-worker collector in mid-collection.
 
