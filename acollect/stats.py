@@ -141,14 +141,6 @@ class EpisodeTracker:
         t = _host(traj).reshape(-1, steps) if isinstance(traj, torch.Tensor) and traj.shape == shape else None
         return self._update(r, d, t)
 
-    def update_tensors(
-        self, reward: torch.Tensor, done: torch.Tensor, traj_ids: torch.Tensor | None = None
-    ) -> EpisodeSummary:
-        """Like :meth:`update`, from ``[..., T]`` reward, done and (optionally) trajectory-id tensors."""
-        shape = reward.shape
-        traj = None if traj_ids is None else _host(traj_ids).reshape(-1, shape[-1])
-        return self._update(_host(reward).reshape(-1, shape[-1]), _host(done).reshape(-1, shape[-1]), traj)
-
     def _update(self, reward: np.ndarray, done: np.ndarray, traj_ids: np.ndarray | None) -> EpisodeSummary:
         # [envs, T] numpy arrays: a few kilobytes, where numpy's per-call cost is a fraction of torch's (this
         # runs once per batch beside the rollout engine).

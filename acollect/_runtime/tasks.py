@@ -92,11 +92,6 @@ class TaskOwner:
         self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, Failed, str]] = []
         self._closed = False
 
-    @property
-    def active(self) -> bool:
-        """Whether a group is open to spawn into."""
-        return self._group is not None and not self._closed
-
     # -- where the group lives ---------------------------------------------------------
     def ensure_group(self) -> None:
         """Starts a host task holding the group, unless a group is open already; needs a running loop."""

@@ -31,9 +31,11 @@ from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import EngineSpec, build_engine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import check_env_errors
-from acollect._runtime.threads import GilHandover, run_in_thread
+from acollect._rollout.protocol import Engine
+from acollect._runtime.threads import run_in_thread
 from acollect._validate import check_int
 from acollect.collectors._batch_plan import BatchPlan
+from acollect.collectors._drivers import Driver, LoopDriver, ThreadDriver
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
     DEVICE_OPTIONS,
@@ -46,7 +48,6 @@ from acollect.envs.factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.policy import PolicyLike
 from acollect.stats import EpisodeSummary, EpisodeTracker
-from acollect.time_split import OTHER, TRAINER
 from acollect.trajectories import split_trajectories
 from acollect.weights import PolicyWeights, WeightUpdate, structure_of, weights_of
 
@@ -104,7 +105,8 @@ class Collector(CollectorBase):
         self.settings = settings
         self.create_env_fn = create_env_fn
         self._policy_arg = policy
-        self._engine: RolloutEngine | AsyncRollout | None = None
+        # How the engine runs (a thread per batch, or coroutine envs on the loop): picked once, when it is built.
+        self._driver: Driver | None = None
         self._policy_version = 0
         self._weights = PolicyWeights()
         self._seed: int | None = None
@@ -113,6 +115,11 @@ class Collector(CollectorBase):
         self._episodes = EpisodeTracker()  # used by the collection thread only
         # What engines closed already counted: stats() stays whole after a shutdown.
         self._closed_counts: dict[str, int] = {}
+
+    @property
+    def _engine(self) -> Engine | None:
+        """The engine, once built (read through the protocol every engine shares)."""
+        return self._driver.engine if self._driver is not None else None
 
     # -- building --------------------------------------------------------------------
     def _build_engine(self) -> RolloutEngine | AsyncRollout:
@@ -138,11 +145,17 @@ class Collector(CollectorBase):
         torch.set_num_threads(torch_threads)  # the policy's probe call runs here (see _collect_in_thread)
         # Kept from the thread itself: a set-up cancelled while the env is built still leaves an engine
         # that _teardown closes, never an env nobody knows of.
-        self._engine = self._build_engine()
+        engine = self._build_engine()
+        self._driver = (
+            LoopDriver(engine, self._tasks.spawn)
+            if isinstance(engine, AsyncRollout)
+            else ThreadDriver(engine, self._weights, self._engine_busy, self.settings.gil_handover_interval)
+        )
 
     async def _setup(self) -> None:
         threads = torch.get_num_threads()
         await run_in_thread(lambda _stop: self._build_and_keep(threads), name="build-env")
+        assert self._driver is not None
         assert self._engine is not None
         if self._seed is not None:  # staged before the env was known
             try:
@@ -150,62 +163,37 @@ class Collector(CollectorBase):
             except ConfigurationError:
                 self._seed = None  # refused: entering again starts without it
                 raise
-        if isinstance(self._engine, AsyncRollout):  # resets every env, probes the policy, starts the env tasks
-            await self._engine.ensure_running(self._tasks.spawn)
+        await self._driver.start(self._tasks.spawn)
         # Here, on the event loop, the warning points at the user's `async with` / `async for` line.
         self._settle_batch([self._engine.n_envs])
         if self._pending_state is not None:
             self._load_engine_state(self._pending_state)
             self._pending_state = None
 
-    def _keep_counts(self, engine: RolloutEngine | AsyncRollout | None) -> None:
-        if engine is not None:
+    def _keep_counts(self) -> None:
+        if self._driver is not None:
             self._closed_counts = self._counters()
 
     async def _teardown(self) -> None:
-        self._keep_counts(self._engine)
-        engine, self._engine = self._engine, None
-        if isinstance(engine, AsyncRollout):
-            await engine.aclose()
-        elif engine is not None:
-            await run_in_thread(lambda _stop: engine.close(), name="close-env")
+        self._keep_counts()
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            await driver.aclose()
 
     def _release_now(self) -> None:
-        engine = self._engine
-        if isinstance(engine, RolloutEngine):
-            self._keep_counts(engine)
-            self._engine = None
-            # Closing an env may wait (on its subprocesses): a thread of its own does it, and nobody waits for it.
-            threading.Thread(target=engine.close, name="acollect-close-env", daemon=True).start()
-        # Coroutine envs can only be closed on their event loop, which is ending: they go with the collector.
+        self._keep_counts()
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.release_now()
 
     # -- collecting ----------------------------------------------------------------------
-    def _collect_in_thread(
-        self, stop: threading.Event, torch_threads: int
-    ) -> tuple[TensorDictBase, int, int, EpisodeSummary, list[float]]:
+    def _made(self, batch: TensorDictBase) -> tuple[TensorDictBase, EpisodeSummary, int, int]:
+        """Where a batch was made (off the event loop where it was made off it): its episodes counted before
+        postproc can change the layout, the batch as it is handed out, and the version and size that made it."""
         engine = self._engine
-        assert isinstance(engine, RolloutEngine)
-        watch = engine.stopwatch
-        watch.switch(OTHER)  # since the last batch was handed out: the trainer's time
-        # A fresh thread does not follow the caller's torch.set_num_threads(): its ops would start a pool of
-        # OpenMP threads that spin on the other cores (a fifth more CPU per batch, or worse, with one thread asked).
-        torch.set_num_threads(torch_threads)
-        with self._engine_busy:
-            self._weights.apply_pending(engine)
-            if self._seed is not None:
-                torch.manual_seed(self._seed)
-                engine.seed(self._seed)
-                self._seed = None
-            interval = self.settings.gil_handover_interval
-            handover = GilHandover(interval) if interval is not None else None
-            batch: TensorDictBase = engine.collect(stop, between_steps=handover)
-            version, frames = engine.policy_version, engine.frames_per_batch
-            # Here, off the event loop and before postproc can change the layout.
-            episodes = self._episodes.update(batch)
-        batch = self._finish(batch)
-        spent = watch.take()
-        watch.switch(TRAINER)  # until the next batch is asked for
-        return batch, version, frames, episodes, spent
+        assert engine is not None
+        episodes = self._episodes.update(batch)
+        return self._finish(batch), episodes, engine.policy_version, engine.frames_per_batch
 
     def _finish(self, batch: TensorDictBase) -> TensorDictBase:
         """The batch as the options say it is handed out (with ``trajs_per_batch``, ``postproc`` applies to the
@@ -219,29 +207,16 @@ class Collector(CollectorBase):
         return batch
 
     async def _collect_batch(self) -> TensorDictBase:
-        if isinstance(self._engine, AsyncRollout):
-            return await self._collect_on_loop(self._engine)
-        threads = torch.get_num_threads()
-        batch, version, frames, episodes, spent = await run_in_thread(
-            lambda stop: self._collect_in_thread(stop, threads), name="rollout"
-        )
+        driver = self._driver
+        assert driver is not None
+        seed, self._seed = self._seed, None
+        (batch, episodes, version, frames), spent = await driver.collect(seed, self._made)
         self._tally.record_worker(0, frames, version, episodes, spent)
         return batch
 
-    async def _collect_on_loop(self, engine: AsyncRollout) -> TensorDictBase:
-        if self._seed is not None:
-            torch.manual_seed(self._seed)
-            engine.seed(self._seed)
-            self._seed = None
-        batch: TensorDictBase = await engine.collect(self._tasks.spawn)
-        episodes = self._episodes.update(batch)
-        batch = self._finish(batch)
-        self._tally.record_worker(0, engine.frames_per_batch, engine.policy_version, episodes)
-        return batch
-
     async def _apply_pause(self, paused: bool) -> None:
-        if isinstance(self._engine, AsyncRollout):  # threads stop by themselves: only coroutine envs are told
-            await self._engine.set_paused(paused)
+        if self._driver is not None:
+            await self._driver.set_paused(paused)
 
     def _counters(self) -> dict[str, int]:
         counts = dict(self._closed_counts)
