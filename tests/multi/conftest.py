@@ -1,8 +1,8 @@
 """Fixtures for the multi-process collector tests: real worker processes, and a check that none leaks.
 
-Tests start workers with the fork server by default (``ACOLLECT_TEST_START_METHOD`` overrides it): it
-imports torch once, so the suite does not pay an interpreter start-up per worker. Tests that are about
-process start-up itself use ``"spawn"``, the collectors' default.
+Tests start workers with the fork server, as the collectors do by default (``ACOLLECT_TEST_START_METHOD``
+overrides it): it imports torch once, so the suite does not pay an interpreter start-up per worker. Tests that
+are about spawned workers' start-up itself pass ``"spawn"``.
 """
 
 from __future__ import annotations
