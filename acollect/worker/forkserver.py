@@ -3,8 +3,8 @@
 ``start_method="forkserver"`` (the default where the platform has a fork server: Linux and macOS, not Windows)
 starts each worker as a fork of one server process per program, which imported the worker's code once: a worker
 starts in milliseconds and shares the server's modules (its own memory is about 14 MiB), where a spawned one is a
-fresh interpreter importing them again (about 4.5 s of CPU and 231 MiB each on 2 cores: 32 of them could not start
-within two minutes).
+fresh interpreter importing them again (seconds of CPU and 231 MiB each: on 2 cores, 32 forked workers reached
+their first batch in 3.5 s, 32 spawned ones in 72 s; ``benchmarks/startup.py``).
 
 **What the server preloads** (:data:`PRELOADED_MODULES`, chosen on purpose): torch, tensordict, gymnasium and the
 worker loop (:mod:`acollect.worker.main`, which imports the rest of the worker's code): what every worker imports,
