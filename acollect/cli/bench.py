@@ -44,7 +44,8 @@ __all__ = ["Result", "add_parser", "run"]
 
 PIXEL_SHAPE = (84, 84, 4)
 # A round returns (frames collected in its timed part, seconds they took).
-Round = Callable[[], tuple[int, float]]
+#: one round of a contender: (frames, seconds), or (frames, seconds, what bounded it: a collector's bottleneck)
+Round = Callable[[], tuple[int, float] | tuple[int, float, str | None]]
 
 
 # -- the workloads -------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def _loop_round(make: Callable[[], Any], frames: int, frames_per_batch: int) -> 
 
 async def _collector_round(
     make: Callable[[int], Any], frames: int, frames_per_batch: int, *, warmup: int = 1
-) -> tuple[int, float]:
+) -> tuple[int, float, str | None]:
     n_batches = max(1, frames // frames_per_batch)
     async with make((n_batches + warmup) * frames_per_batch) as collector:
         collected, seen, start = 0, 0, 0.0
@@ -97,7 +98,7 @@ async def _collector_round(
                 start = time.perf_counter()
                 continue
             collected += batch.numel()
-        return collected, time.perf_counter() - start
+        return collected, time.perf_counter() - start, collector.stats().bottleneck
 
 
 def _ceiling_round(workers: int, envs_per_worker: int, frames: int, frames_per_batch: int) -> tuple[int, float]:
@@ -152,6 +153,8 @@ class Result:
     name: str
     frames_per_s: list[float] = field(default_factory=list)
     skipped: str | None = None
+    #: what bounded a collector in its last round (``CollectorStats.bottleneck``), ``None`` for the references
+    bottleneck: str | None = None
 
     @property
     def median(self) -> float | None:
@@ -167,7 +170,7 @@ def _measure(contenders: list[tuple[str, Round | str]], rounds: int, log: Callab
                 continue
             log(f"  {name}: round {r + 1}/{rounds}")
             try:
-                frames, seconds = run()
+                frames, seconds, *bound = run()
             except Exception as exc:
                 if not name.startswith("torchrl"):
                     raise
@@ -175,6 +178,7 @@ def _measure(contenders: list[tuple[str, Round | str]], rounds: int, log: Callab
                 result.skipped = f"failed: {type(exc).__name__}: {exc}"
                 continue
             result.frames_per_s.append(frames / seconds)
+            result.bottleneck = bound[0] if bound else None
     return results
 
 
@@ -190,6 +194,9 @@ def format_table(
         header += f" {'vs ceiling':>11}"
     if bytes_per_frame:
         header += f" {'GB/s':>7}"
+    bounds = any(r.bottleneck for r in results)
+    if bounds:
+        header += "  bound by"
     lines = [header, "-" * len(header)]
     for r in results:
         if r.median is None:
@@ -201,8 +208,19 @@ def format_table(
             line += f" {f'{r.median / top:.2f}x' if top and r.name in worker_rows else '':>11}"
         if bytes_per_frame:
             line += f" {r.median * bytes_per_frame / 1e9:>7.2f}"
+        if bounds:
+            line += f"  {_BOUND_BY.get(r.bottleneck or '', '')}"
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+#: a collector's bottleneck in words (docs/metrics.md, "Where the time goes")
+_BOUND_BY = {
+    "env": "env stepping",
+    "policy": "the policy",
+    "inference": "the inference server",
+    "trainer": "the trainer",
+}
 
 
 def _torchrl_missing() -> str | None:
@@ -401,7 +419,8 @@ def run(args: argparse.Namespace) -> int:
             "results": [
                 {"name": r.name, "frames_per_s": r.frames_per_s, "median": r.median, "skipped": r.skipped,
                  "vs_hand_loop": (r.median / base) if r.median and base else None,
-                 "vs_ceiling": (r.median / top) if r.median and top and r.name in worker_rows else None}
+                 "vs_ceiling": (r.median / top) if r.median and top and r.name in worker_rows else None,
+                 "bottleneck": r.bottleneck}
                 for r in results
             ],
         }  # fmt: skip
