@@ -149,10 +149,10 @@ def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
     for name in ("acollect MultiSyncCollector", "acollect MultiAsyncCollector"):
         assert rows[name]["vs_ceiling"] == pytest.approx(rows[name]["median"] / ceiling["median"]), rows[name]
         assert re.search(rf"^{name} \(2x16 envs\) .* {rows[name]['vs_ceiling']:.2f}x  \S.*$", proc.stdout, flags=re.M)
-        # What bounded each collector, in words in its row (docs/metrics.md): the references have none.
-        assert rows[name]["bottleneck"] in {"env", "policy", "inference", "trainer"}, rows[name]
+        # What bounded each collector, in words in its row (docs/metrics.md; "-" where a round this short measured
+        # too little to tell): the references have none.
+        assert rows[name]["bottleneck"] in {"env", "policy", "inference", "trainer", None}, rows[name]
     assert rows["hand loop, in-process"]["bottleneck"] is None
-    assert re.search(r"^contender .* bound by$", proc.stdout, flags=re.M), proc.stdout
     assert rows["acollect Collector"]["vs_ceiling"] is None
     # A column of the CartPole table only, said under it: what the ceiling is.
     assert len(re.findall(r"^contender .* vs ceiling", proc.stdout, flags=re.M)) == 1, proc.stdout

@@ -113,3 +113,15 @@ async def test_no_bottleneck_is_named_before_anything_was_measured() -> None:
     collector = Collector(CountingEnv, frames_per_batch=8, total_frames=8)
     assert collector.stats().bottleneck is None
     assert collector.stats().time_split == dict.fromkeys(PARTS, 0.0)
+
+
+async def test_the_server_says_where_its_own_time_goes() -> None:
+    # A pass that sleeps 10 ms per call and fast envs: the server's loop spends its time in passes.
+    env = functools.partial(CountingEnv, num_envs=2)
+    collector = _build(AsyncBatchedCollector, env, _policy(0.01), frames_per_batch=16, total_frames=16 * 20)
+    stats = await _run(collector)
+    assert stats.inference is not None
+    split = stats.inference["time_split"]
+    assert set(split) == {"pass", "gathering", "idle"}
+    assert sum(split.values()) == pytest.approx(1.0)
+    assert split["pass"] > 0.5, split

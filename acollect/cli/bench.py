@@ -194,7 +194,7 @@ def format_table(
         header += f" {'vs ceiling':>11}"
     if bytes_per_frame:
         header += f" {'GB/s':>7}"
-    bounds = any(r.bottleneck for r in results)
+    bounds = any(r.name.startswith("acollect") for r in results)  # collectors say what bounded them
     if bounds:
         header += "  bound by"
     lines = [header, "-" * len(header)]
@@ -208,8 +208,8 @@ def format_table(
             line += f" {f'{r.median / top:.2f}x' if top and r.name in worker_rows else '':>11}"
         if bytes_per_frame:
             line += f" {r.median * bytes_per_frame / 1e9:>7.2f}"
-        if bounds:
-            line += f"  {_BOUND_BY.get(r.bottleneck or '', '')}"
+        if bounds and r.name.startswith("acollect"):
+            line += f"  {_BOUND_BY.get(r.bottleneck or '', '-')}"  # "-": too little measured to tell
         lines.append(line.rstrip())
     return "\n".join(lines)
 

@@ -277,6 +277,9 @@ class InferenceStats:
             (logged at most once a minute per peer, with the count since the last line).
         rejected_peers: connection attempts refused by the server's CURVE keys (``keys=``): a key not on the
             allow-list, no CURVE, a wrong server key; each attempt of a peer that keeps retrying counts.
+        time_split: where the server's loop spent its time since it started, as fractions summing to 1:
+            ``"pass"`` (a forward pass running), ``"gathering"`` (requests waiting for more to join them, or for a
+            free pass thread) and ``"idle"`` (nothing to do: the workers are stepping); all 0 before it ran.
     """
 
     passes: int = 0
@@ -292,6 +295,7 @@ class InferenceStats:
     policy_version: int = 0
     dropped_requests: int = 0
     rejected_peers: int = 0
+    time_split: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The figures as a plain dict (for loggers)."""
@@ -301,7 +305,7 @@ class InferenceStats:
 #: the fields of a stats board, by index; the latency ring follows them
 _BOARD_FIELDS = (
     "passes", "requests", "rows", "slot_requests", "forward_s", "dropped_requests", "version", "pass_started",
-    "latency_count", "rejected_peers",
+    "latency_count", "rejected_peers", "passing_s", "gathering_s", "idle_s",
 )  # fmt: skip
 _FIELD = {name: i for i, name in enumerate(_BOARD_FIELDS)}
 #: float64 entries of a board: the fields, then the last ``_LATENCY_WINDOW`` latencies (a ring)
@@ -382,6 +386,10 @@ class StatsRecorder:
             count += 1
         board[_FIELD["latency_count"]] = count
 
+    def charge(self, part: str, seconds: float) -> None:
+        """Adds ``seconds`` of the server loop's time to ``part`` (``"passing"``, ``"gathering"`` or ``"idle"``)."""
+        self.board[_FIELD[f"{part}_s"]] += seconds
+
     def snapshot(self, rejected_peers: int | None = None) -> InferenceStats:
         board = self.board.copy()  # one read: the figures of one moment (up to a pass in progress)
         passes, rows = int(board[_FIELD["passes"]]), int(board[_FIELD["rows"]])
@@ -403,4 +411,12 @@ class StatsRecorder:
             policy_version=int(board[_FIELD["version"]]),
             dropped_requests=int(board[_FIELD["dropped_requests"]]),
             rejected_peers=int(board[_FIELD["rejected_peers"]]) if rejected_peers is None else rejected_peers,
+            time_split=_split(board),
         )
+
+
+def _split(board: np.ndarray) -> dict[str, float]:
+    spent = {part: float(board[_FIELD[f"{name}_s"]]) for part, name in
+             (("pass", "passing"), ("gathering", "gathering"), ("idle", "idle"))}  # fmt: skip
+    total = sum(spent.values())
+    return {part: (s / total if total > 0 else 0.0) for part, s in spent.items()}

@@ -254,9 +254,14 @@ class ServerLoop:
         )  # fmt: skip
         batcher = self.batcher
         housekept = 0.0
+        # Where this loop's time goes (stats().inference's time_split): charged to what it was doing since the
+        # last turn, a pass running, requests waiting, or nothing.
+        charged, doing = time.monotonic(), "idle"
         try:
             while not stop.is_set():
                 now = time.monotonic()
+                self.recorder.charge(doing, now - charged)
+                charged = now
                 wait = 0  # a pass is due: only see what else is there
                 if not (runner.free and batcher.ready(now)):
                     # Capped, so that a stop is seen within _IDLE_POLL_MS even while a long max_wait runs.
@@ -276,8 +281,18 @@ class ServerLoop:
                     housekept = now
                     self.housekeeping()
                 # No new pass while weights wait: they apply as soon as the passes running now are done.
+                submitted = False
                 while not self.mail.tickets and runner.free and batcher.ready(time.monotonic()):
+                    if not submitted:  # up to here: what it was doing; from here: passes (inline on a CPU)
+                        now = time.monotonic()
+                        self.recorder.charge(doing, now - charged)
+                        charged, doing, submitted = now, "passing", True
                     runner.submit(batcher.take(), self.version)
+                if submitted:
+                    now = time.monotonic()
+                    self.recorder.charge("passing", now - charged)
+                    charged = now
+                doing = "passing" if runner.busy else "gathering" if batcher.pending else "idle"
         except BaseException as exc:
             self._answer_all(exc)
             raise
