@@ -33,9 +33,10 @@ env_groups (int | None): each worker builds its envs as this many groups (from t
     envs, ``init_random_frames``) is refused with the reason. Batches keep their layout. Defaults to ``None``.
 passes_in_flight (int | None): forward passes the server may run at once, each in a thread of its own (with its
     own CUDA stream and page-locked buffers on a GPU): requests gather into the next pass while one runs, and no
-    worker waits for every other pass to end. ``None``: 2 on a GPU, 1 on a CPU (where passes at once only share
-    the same cores; one pass at a time on a CPU runs in the server's loop thread, saving two thread hand-offs a
-    pass). Defaults to ``None``.
+    worker waits for every other pass to end. ``None``: 4 on a GPU (one per env group of a worker, so that a
+    group's pass never queues behind another's), 1 on a CPU (where passes at once only share the same cores; one
+    pass at a time on a CPU runs in the server's loop thread, saving two thread hand-offs a pass). Defaults to
+    ``None``.
 server_threads (int | None): torch threads of the server process (its copies and, on CPU, its forward passes);
     ``None``: the cores this process may use beyond one per worker, at least 1. More threads than free cores
     make every pass wait for descheduled threads. Defaults to ``None``.

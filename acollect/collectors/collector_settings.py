@@ -176,7 +176,8 @@ class BatchedSettings(MultiAsyncSettings):
         None, check=_optional_int(1),
         doc="forward passes the server may run at once, each in a thread of its own (with its own CUDA stream and "
         "page-locked buffers on a GPU): requests gather into the next pass while one runs, and no worker waits "
-        "for every other pass to end. ``None``: 2 on a GPU, 1 on a CPU (where passes at once only share the same "
+        "for every other pass to end. ``None``: 4 on a GPU (one per env group of a worker, so that a group's pass "
+        "never queues behind another's), 1 on a CPU (where passes at once only share the same "
         "cores; one pass at a time on a CPU runs in the server's loop thread, saving two thread hand-offs a pass).",
     )  # fmt: skip
     server_threads: int | None = option(
