@@ -40,14 +40,13 @@ class BatchPlan:
         stacked: a batch holds every worker's frames (lockstep, ``MultiSyncCollector``), else one worker's.
     """
 
-    __slots__ = ("_frames", "_settled", "n_workers", "requested", "stacked")
+    __slots__ = ("_settled", "n_workers", "requested", "stacked")
 
     def __init__(self, requested: int, *, n_workers: int = 1, stacked: bool = False) -> None:
         self.requested = requested
         self.n_workers = n_workers
         self.stacked = stacked
-        self._frames = requested
-        self._settled = False
+        self._settled: int | None = None  # what each batch holds, once every worker's envs are known
 
     @property
     def per_worker(self) -> int:
@@ -59,12 +58,12 @@ class BatchPlan:
     def frames_per_batch(self) -> int:
         """What each batch holds (the largest worker's, where batches are one worker's and workers differ); what
         was asked until :meth:`settle`."""
-        return self._frames
+        return self._settled if self._settled is not None else self.requested
 
     @property
     def settled(self) -> bool:
         """Whether every worker's number of envs is known, and so what each batch holds."""
-        return self._settled
+        return self._settled is not None
 
     def settle(self, n_envs: Sequence[int | None]) -> bool:
         """Settles what each batch holds from each worker's number of envs (``None``: not known yet, and nothing
@@ -73,16 +72,15 @@ class BatchPlan:
         Returns:
             Whether :attr:`frames_per_batch` changed.
         """
-        if self._settled or any(n is None for n in n_envs) or len(n_envs) != self.n_workers:
+        if self._settled is not None or any(n is None for n in n_envs) or len(n_envs) != self.n_workers:
             return False
         counts = [int(n) for n in n_envs if n is not None]
         sizes = [frames_per_batch_for(self.per_worker, n) for n in counts]
         actual = sum(sizes) if self.stacked else max(sizes)
-        self._settled = True
-        if actual == self._frames:
+        self._settled = actual
+        if actual == self.requested:
             return False
         self._warn(counts, sizes, actual)
-        self._frames = actual
         return True
 
     def _warn(self, counts: list[int], sizes: list[int], actual: int) -> None:
