@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import traceback
 import types
 import warnings
 
@@ -75,6 +76,11 @@ def warn_unclosed(source: object, message: str) -> None:
     try:
         warnings.warn(message, ResourceWarning, stacklevel=2, source=source)
     except Warning as exc:
+        if sys.unraisablehook is sys.__unraisablehook__:
+            # Python's own hook takes only its UnraisableHookArgs, which Python code cannot make: say what it says.
+            lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+            sys.stderr.write(f"Exception ignored in: {source!r}\n{''.join(lines)}")
+            return
         sys.unraisablehook(
             types.SimpleNamespace(
                 exc_type=type(exc), exc_value=exc, exc_traceback=exc.__traceback__, err_msg=None, object=source

@@ -77,3 +77,23 @@ def test_construction_warnings_point_at_the_caller(cls: type) -> None:
         warnings.simplefilter("always")
         cls(CountingEnv, None, frames_per_batch=4, total_frames=10)
     assert [w.filename for w in caught] == [__file__], [str(w.message) for w in caught]
+
+
+def test_an_unclosed_warning_made_an_error_reaches_pythons_own_hook_whole() -> None:
+    # Outside pytest (whose hook takes anything), `python -W error` leaves sys.unraisablehook as Python's own, which
+    # refuses any argument but its UnraisableHookArgs: the warning is said as that hook says it, never a TypeError.
+    import subprocess
+    import sys
+
+    code = (
+        "from acollect._warnings import warn_unclosed\n"
+        "class Thing: pass\n"
+        "warn_unclosed(Thing(), 'Thing was never closed')\n"
+        "print('went on')\n"
+    )
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "went on"
+    assert "Exception ignored in: <__main__.Thing object" in proc.stderr, proc.stderr
+    assert "ResourceWarning: Thing was never closed" in proc.stderr, proc.stderr
+    assert "UnraisableHookArgs" not in proc.stderr, proc.stderr
