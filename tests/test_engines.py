@@ -32,13 +32,13 @@ from acollect.testing import AsyncCountingEnv, CountingEnv, SplitProbe
 def rollout_engine(policy: Any = None, num_envs: int = 2) -> RolloutEngine:
     """An engine of 4 steps a batch."""
     env = CountingEnv(num_envs=num_envs)
-    return RolloutEngine(env, policy or RandomPolicy(env.action_spec, env.batch_size), frames_per_batch=4 * num_envs,
+    return RolloutEngine(env, policy or RandomPolicy(env.action_spec, env.batch_size), time_steps=4,
                          devices=resolve_devices())  # fmt: skip
 
 
 def async_rollout() -> AsyncRollout:
     pool = AsyncEnvPool(AsyncCountingEnv, num_envs=2)
-    return AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), frames_per_batch=8, devices=resolve_devices())
+    return AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), time_steps=4, devices=resolve_devices())
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
-from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted, frames_per_batch_for
+from acollect._rollout.batch_plan import BatchPlan
+from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted
 from acollect.devices import resolve_devices
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError
@@ -50,7 +51,9 @@ def make_engine() -> Iterator[Callable[..., RolloutEngine]]:
             batch_size=env.batch_size,
         )
         devices = resolve_devices(env_default=env.device, policy=policy)
-        engine = RolloutEngine(env, adapter, frames_per_batch=frames_per_batch, devices=devices, **kwargs)
+        # As the engine builder does: the steps of each env are the plan's, asked once the env says its size.
+        time_steps = BatchPlan(frames_per_batch).time_steps(env.num_envs)
+        engine = RolloutEngine(env, adapter, time_steps=time_steps, devices=devices, **kwargs)
         engines.append(engine)
         return engine
 
@@ -77,7 +80,7 @@ def keys_of(batch: TensorDictBase) -> set[Any]:
 
 def test_batch_layout_keys_dtypes_and_shapes(make_engine: Callable[..., RolloutEngine]) -> None:
     engine = make_engine(CountingEnv(num_envs=3), WeightProbe(0.0), frames_per_batch=10)
-    assert engine.frames_per_batch == frames_per_batch_for(10, 3) == 12  # rounded up to a multiple of n_envs
+    assert engine.frames_per_batch == 3 * BatchPlan(10).time_steps(3) == 12  # rounded up to a multiple of n_envs
     assert engine.time_steps == 4
     assert engine.output_keys == ["action"]
     batch = engine.collect()

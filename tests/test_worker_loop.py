@@ -154,9 +154,9 @@ async def test_hello_says_who_the_worker_is_and_what_it_sends() -> None:
         assert (hello["worker"], hello["gen"]) == (0, 0)
         assert hello["pid"] == os.getpid()
         assert hello["protocol"] == PROTOCOL_VERSION
-        assert (hello["n_envs"], hello["frames_per_batch"]) == (2, 8)
+        assert hello["n_envs"] == 2
         layout = validate_layout(hello["layout"])
-        assert layout.batch_size == (2, 4)
+        assert layout.batch_size == (2, 4)  # its 8 frames: the collector's plan knows them from n_envs
         keys = {leaf.key for leaf in layout.leaves}
         assert {("observation",), ("action",), ("next", "reward"), ("collector", "traj_ids")} <= keys
 

@@ -13,5 +13,7 @@ Internal: the collectors and the workers build them through :func:`acollect._rol
   and :mod:`~acollect._rollout.row_ring`;
 * :mod:`~acollect._rollout.own_loop`: ``LoopRollout``, an ``AsyncRollout`` on an event loop of its own behind a
   blocking surface (a worker's coroutine envs);
-* :mod:`~acollect._rollout.build`: the one builder of all of them.
+* :mod:`~acollect._rollout.build`: the one builder of all of them, which asks
+  :mod:`~acollect._rollout.batch_plan` (``BatchPlan``, the batch-size plan the collectors keep too) how many steps
+  each env takes per batch.
 """

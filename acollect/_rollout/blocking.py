@@ -20,7 +20,6 @@ Output layout (TorchRL's), batch dims ``[n_envs, T]`` with dim names ``[None, "t
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ from acollect.policy import (
 )
 from acollect.time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 
-__all__ = ["RolloutEngine", "RolloutInterrupted", "exploration", "frames_per_batch_for"]
+__all__ = ["RolloutEngine", "RolloutInterrupted", "exploration"]
 
 _COLLECTOR = "collector"
 
@@ -55,16 +54,6 @@ class RolloutInterrupted(Exception):  # a signal, not an error: hence no "Error"
 
     The steps taken so far are kept: the next :meth:`~RolloutEngine.collect` continues the same batch.
     """
-
-
-def frames_per_batch_for(frames_per_batch: int, n_envs: int) -> int:
-    """The batch size actually collected: ``frames_per_batch`` rounded up to a multiple of ``n_envs``.
-
-    Examples:
-        >>> frames_per_batch_for(100, 8)
-        104
-    """
-    return n_envs * math.ceil(frames_per_batch / n_envs)
 
 
 @contextmanager
@@ -86,7 +75,8 @@ class RolloutEngine:
     Args:
         env: the batched env (it belongs to the engine from now on).
         policy: the policy adapter (see :func:`acollect.policy.wrap_policy`).
-        frames_per_batch: frames per batch; rounded up to a multiple of ``env.num_envs``.
+        time_steps: the steps each env takes per batch, as the batch-size plan settled them
+            (:meth:`~acollect._rollout.batch_plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
         max_frames_per_traj: truncate (and reset) trajectories longer than this.
         init_random_frames: act randomly until this many frames were collected.
@@ -103,8 +93,7 @@ class RolloutEngine:
         >>> from acollect.devices import resolve_devices
         >>> from acollect.policy import RandomPolicy
         >>> env = CountingEnv(num_envs=2, episode_length=3)
-        >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), frames_per_batch=8,
-        ...                        devices=resolve_devices())
+        >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), time_steps=4, devices=resolve_devices())
         >>> batch = engine.collect()
         >>> batch.batch_size, batch.names
         (torch.Size([2, 4]), [None, 'time'])
@@ -118,7 +107,7 @@ class RolloutEngine:
         env: EnvBase,
         policy: PolicyAdapter,
         *,
-        frames_per_batch: int,
+        time_steps: int,
         devices: Devices,
         max_frames_per_traj: int | None = None,
         init_random_frames: int = 0,
@@ -133,8 +122,8 @@ class RolloutEngine:
         self.policy = policy
         self.devices = devices
         self.n_envs = env.num_envs
-        self.frames_per_batch = frames_per_batch_for(frames_per_batch, self.n_envs)
-        self.time_steps = self.frames_per_batch // self.n_envs
+        self.time_steps = time_steps
+        self.frames_per_batch = self.n_envs * time_steps
         self.max_frames_per_traj = max_frames_per_traj
         self.init_random_frames = init_random_frames
         self.reset_at_each_iter = reset_at_each_iter

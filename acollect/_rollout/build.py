@@ -24,7 +24,8 @@ from typing import Any, Literal, TypeVar, overload
 
 from tensordict.nn import InteractionType
 
-from acollect._rollout.blocking import RolloutEngine, frames_per_batch_for
+from acollect._rollout.batch_plan import BatchPlan
+from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import EnvFaults, check_env_errors, env_faults_for
 from acollect._rollout.groups import EngineGroups
@@ -51,7 +52,9 @@ class EngineSpec:
 
     Attributes:
         create_env_fn: an env, a gymnasium id, or a callable returning an env (:func:`~acollect.envs.make_env`).
-        frames_per_batch: frames per batch, rounded up to a multiple of the number of envs.
+        frames_per_batch: the frames asked of the engine per batch (a worker's share): its envs take
+            :meth:`BatchPlan(frames_per_batch).time_steps(n_envs) <acollect._rollout.batch_plan.BatchPlan.time_steps>`
+            steps each, asked once the env is built.
         env_kwargs: keyword arguments for building the env.
         policy: the policy (:func:`~acollect.policy.wrap_policy`); ``None``: random actions.
         policy_factory: a zero-argument callable building the policy where the engine runs, instead of ``policy``.
@@ -182,7 +185,7 @@ def _groups(
     spec: EngineSpec, sizes: list[int], first: EnvBase, remote_policy: Callable[[int], PolicyAdapter]
 ) -> EngineGroups:
     # Each group takes as many steps per batch as one env of num_envs would: the batch is theirs side by side.
-    steps = frames_per_batch_for(spec.frames_per_batch, sum(sizes)) // sum(sizes)
+    steps = BatchPlan(spec.frames_per_batch).time_steps(sum(sizes))
     with ExitStack() as undo:
         engines: list[RolloutEngine] = []
         for g, n_envs in enumerate(sizes):
@@ -190,12 +193,16 @@ def _groups(
             part = replace(
                 spec,
                 env_kwargs={**spec.env_kwargs, "num_envs": n_envs},
-                frames_per_batch=n_envs * steps,
                 traj_id_offset=spec.traj_id_offset + g * spec.traj_id_stride,
                 traj_id_stride=len(sizes) * spec.traj_id_stride,
             )
             env = first if g == 0 else None
-            engine = _owning(part, env, functools.partial(remote_policy, g), functools.partial(_rollout_engine, part))
+            engine = _owning(
+                part,
+                env,
+                functools.partial(remote_policy, g),
+                functools.partial(_rollout_engine, part, time_steps=steps),
+            )
             undo.callback(engine.close)
             engines.append(engine)
         groups = EngineGroups(engines)
@@ -228,11 +235,15 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
     return engine
 
 
-def _rollout_engine(spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices) -> RolloutEngine:
+def _rollout_engine(
+    spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices, *, time_steps: int | None = None
+) -> RolloutEngine:
+    """``time_steps``: settled already (a group of a worker's envs); ``None``: asked of the plan, now that the env
+    says its number of envs."""
     return RolloutEngine(
         env,
         adapter,
-        frames_per_batch=spec.frames_per_batch,
+        time_steps=time_steps if time_steps is not None else BatchPlan(spec.frames_per_batch).time_steps(env.num_envs),
         devices=devices,
         max_frames_per_traj=spec.max_frames_per_traj,
         init_random_frames=spec.init_random_frames,
@@ -250,7 +261,7 @@ def _async_rollout(
     return AsyncRollout(
         pool,
         adapter,
-        frames_per_batch=spec.frames_per_batch,
+        time_steps=BatchPlan(spec.frames_per_batch).time_steps(pool.num_envs),
         devices=devices,
         max_frames_per_traj=spec.max_frames_per_traj,
         init_random_frames=spec.init_random_frames,

@@ -46,7 +46,6 @@ import anyio
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
-from acollect._rollout.blocking import frames_per_batch_for
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_steps import EnvSteps, Trajectories
 from acollect._rollout.env_turns import EnvTurns
@@ -148,7 +147,8 @@ class AsyncRollout:
     Args:
         env: the pool (it belongs to the engine from now on).
         policy: the policy adapter (see :func:`acollect.policy.wrap_policy`).
-        frames_per_batch: frames per batch; rounded up to a multiple of ``env.num_envs``.
+        time_steps: the steps each env takes per batch, as the batch-size plan settled them
+            (:meth:`~acollect._rollout.batch_plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
         max_frames_per_traj: truncate (and reset) trajectories longer than this.
         init_random_frames: act randomly until this many frames were stepped.
@@ -169,7 +169,7 @@ class AsyncRollout:
         >>> from acollect.testing import AsyncCountingEnv
         >>> async def main():
         ...     pool = AsyncEnvPool(AsyncCountingEnv, num_envs=2)
-        ...     engine = AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), frames_per_batch=8,
+        ...     engine = AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), time_steps=4,
         ...                           devices=resolve_devices())
         ...     tasks = TaskOwner("doc", on_failure=print)
         ...     tasks.ensure_group()
@@ -187,7 +187,7 @@ class AsyncRollout:
         env: AsyncEnvPool,
         policy: PolicyAdapter,
         *,
-        frames_per_batch: int,
+        time_steps: int,
         devices: Devices,
         max_frames_per_traj: int | None = None,
         init_random_frames: int = 0,
@@ -199,8 +199,8 @@ class AsyncRollout:
     ) -> None:
         self.env, self.policy, self.devices, self.weights = env, policy, devices, weights
         self.n_envs = env.num_envs
-        self.frames_per_batch = frames_per_batch_for(frames_per_batch, self.n_envs)
-        self.time_steps = self.frames_per_batch // self.n_envs
+        self.time_steps = time_steps
+        self.frames_per_batch = self.n_envs * time_steps
         #: frames handed out; frames stepped and then given up by a reseed or restore
         self.frames, self.discarded_frames = 0, 0
         #: the version of the weights the next pass runs with

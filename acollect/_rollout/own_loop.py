@@ -39,7 +39,7 @@ class LoopRollout:
         >>> from acollect.policy import RandomPolicy
         >>> from acollect.testing import AsyncCountingEnv
         >>> pool = AsyncEnvPool(AsyncCountingEnv, num_envs=2)
-        >>> engine = LoopRollout(AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), frames_per_batch=8,
+        >>> engine = LoopRollout(AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), time_steps=4,
         ...                                   devices=resolve_devices()))
         >>> engine.collect()["next", "observation"][1, :, 0].tolist()
         [1.0, 2.0, 3.0, 4.0]

@@ -23,8 +23,7 @@ Examples:
     >>> from acollect._rollout.blocking import RolloutEngine
     >>> from acollect.testing import CountingEnv
     >>> env = CountingEnv(num_envs=2)
-    >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), frames_per_batch=4,
-    ...                        devices=resolve_devices())
+    >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), time_steps=2, devices=resolve_devices())
     >>> isinstance(engine, BlockingEngine), engine.collect().batch_size, engine.frames
     (True, torch.Size([2, 2]), 4)
     >>> engine.close()

@@ -50,13 +50,13 @@ import torch
 from tensordict import TensorDictBase
 from typing_extensions import Never
 
+from acollect._rollout.batch_plan import BatchPlan
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.loops import current_backend
 from acollect._runtime.notify import Notifier
 from acollect._runtime.tasks import CallScope, TaskOwner
 from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
-from acollect.collectors._batch_plan import BatchPlan
 from acollect.collectors._tally import Tally
 from acollect.collectors.background import BackgroundRun, ReplayRatio, Started
 from acollect.errors import (
@@ -94,7 +94,7 @@ class CollectorBase:
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
     Subclasses name the class of their options (``settings_class``), call ``super().__init__(batch=...,
-    total_frames=..., progress=...)`` with their :class:`~acollect.collectors._batch_plan.BatchPlan` and implement
+    total_frames=..., progress=...)`` with their :class:`~acollect._rollout.batch_plan.BatchPlan` and implement
     ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
 

@@ -27,6 +27,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from typing_extensions import Unpack
 
+from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import EngineSpec, build_engine
 from acollect._rollout.coroutines import AsyncRollout
@@ -34,7 +35,6 @@ from acollect._rollout.env_faults import check_env_errors
 from acollect._rollout.protocol import Engine
 from acollect._runtime.threads import run_in_thread
 from acollect._validate import check_int
-from acollect.collectors._batch_plan import BatchPlan
 from acollect.collectors._drivers import Driver, LoopDriver, ThreadDriver
 from acollect.collectors.base import CollectorBase
 from acollect.collectors.options import (
@@ -131,7 +131,7 @@ class Collector(CollectorBase):
             policy=self._policy_arg,
             policy_factory=settings.policy_factory,
             devices={name: getattr(settings, name) for name in DEVICE_OPTIONS},
-            frames_per_batch=settings.frames_per_batch,
+            frames_per_batch=self._batch.per_worker,  # all of it: the in-process collector is one worker
             max_frames_per_traj=settings.max_frames_per_traj,
             init_random_frames=settings.init_random_frames,
             reset_at_each_iter=settings.reset_at_each_iter,

@@ -209,7 +209,7 @@ class Lockstep(Dispatch):
                 if self._stale(handle, part):  # its rows are written again, and the worker asked again
                     stale = True
                     handle.take_part(number)
-                    pool.discard(handle.frames_per_batch)
+                    pool.discard(part.data.numel())
                     if part.header.get("slot") is not None and self._shared is None:
                         await pool.send(handle, P.CREDIT, {"slot": part.header["slot"]})
             if not stale:

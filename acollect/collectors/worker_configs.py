@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from acollect._affinity import AffinityPlan, plan_affinity
+from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.env_faults import check_env_errors
 from acollect._validate import check_int
-from acollect.collectors._batch_plan import BatchPlan
 from acollect.collectors.options import DEVICE_OPTIONS, WorkerSettings, check_option
 from acollect.devices import check_device
 from acollect.envs.factory import check_env_arg, known_num_envs

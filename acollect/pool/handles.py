@@ -192,7 +192,6 @@ class WorkerHandle:
         "_env_restarts",
         "_env_seed",
         "_frames",
-        "_frames_per_batch",
         "_generation",
         "_inbox",
         "_index",
@@ -230,7 +229,6 @@ class WorkerHandle:
         self._restarts = 0
         # What its hello said (the last one: a restarted worker says it again).
         self._n_envs = 0
-        self._frames_per_batch = 0
         self._layout: dict[str, Any] | None = None
         self._batch_nbytes = 0
         self._weights_structure: WeightStructure | None = None
@@ -345,11 +343,6 @@ class WorkerHandle:
     def n_envs(self) -> int:
         """Envs it steps (``0`` before its first hello)."""
         return self._n_envs
-
-    @property
-    def frames_per_batch(self) -> int:
-        """Frames in each of its batches (``0`` before its first hello)."""
-        return self._frames_per_batch
 
     @property
     def layout(self) -> dict[str, Any] | None:
@@ -485,7 +478,6 @@ class WorkerHandle:
     def on_hello(self, header: dict[str, Any]) -> None:
         """It said hello: what it built (the pool greets it next, then :meth:`on_greeted`)."""
         self._n_envs = int(header["n_envs"])
-        self._frames_per_batch = int(header["frames_per_batch"])
         self._layout = header["layout"]
         self._weights_structure = decode_structure(header.get("weights"))
         seed = header.get("env_seed")

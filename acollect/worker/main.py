@@ -151,7 +151,6 @@ class _Worker:
                 "pid": os.getpid(),
                 "protocol": PROTOCOL_VERSION,
                 "n_envs": self.engine.n_envs,
-                "frames_per_batch": self.engine.frames_per_batch,
                 "layout": layout,
                 # What a weight push must fit, so the collector refuses a bad one before sending it.
                 "weights": encode_structure(self.engine.policy.weights_module),

@@ -2,13 +2,17 @@
 
 A collector is asked for ``frames_per_batch`` frames a batch. Each worker (the in-process collector counts as one)
 collects its share (all of it where a batch is one worker's frames; ``ceil(frames_per_batch / n_workers)`` where
-a lockstep batch holds every worker's), rounded up to a multiple of its number of envs, as the rollout engines do
-(:func:`~acollect._rollout.blocking.frames_per_batch_for`): every env steps equally often, as in TorchRL.
+a lockstep batch holds every worker's), rounded up to a multiple of its number of envs: every env steps equally
+often, as in TorchRL.
 
-:class:`BatchPlan` holds that rule and its outcome. The collector makes it at construction, workers' configs take
-their share from it, and it settles once every worker's number of envs is known: from the arguments already (a
-gymnasium id and its ``num_envs``), else from what the workers report as they start. Until then it says what was
-asked. It warns once, where what a batch holds is not what was asked.
+:class:`BatchPlan` holds that rule (:meth:`BatchPlan.time_steps`) and its outcome. The collector makes it at
+construction and workers' configs take their share from it; a worker's engine builder asks a plan of that share how
+many steps each of its envs takes once its envs are built (:mod:`acollect._rollout.build`: the engines are given
+that number, and round nothing). The collector's plan settles once every worker's number of envs is known: from
+the arguments already (a gymnasium id and its ``num_envs``), else from what the workers report as they start.
+Until then it says what was asked. It warns once, where what a batch holds is not what was asked.
+
+It lives with the rollout engines, below the workers and the collectors, so that both ask the same object.
 
 Examples:
     >>> plan = BatchPlan(2048, n_workers=2, stacked=True)
@@ -18,6 +22,8 @@ Examples:
     False
     >>> plan.frames_per_batch, plan.settled
     (2048, True)
+    >>> BatchPlan(100).time_steps(8)  # a worker of 8 envs asked for 100 frames steps each env 13 times
+    13
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from acollect._rollout.blocking import frames_per_batch_for
 from acollect._warnings import warn
 
 __all__ = ["BatchPlan"]
@@ -54,6 +59,11 @@ class BatchPlan:
         already rounded total would round twice where workers have different numbers of envs)."""
         return math.ceil(self.requested / self.n_workers) if self.stacked else self.requested
 
+    def time_steps(self, n_envs: int) -> int:
+        """The steps each env of a worker of ``n_envs`` envs takes per batch it sends: its share rounded up to a
+        multiple of ``n_envs``, divided by ``n_envs`` (the one rule: every env steps equally often)."""
+        return math.ceil(self.per_worker / n_envs)
+
     @property
     def frames_per_batch(self) -> int:
         """What each batch holds (the largest worker's, where batches are one worker's and workers differ); what
@@ -75,7 +85,7 @@ class BatchPlan:
         if self._settled is not None or any(n is None for n in n_envs) or len(n_envs) != self.n_workers:
             return False
         counts = [int(n) for n in n_envs if n is not None]
-        sizes = [frames_per_batch_for(self.per_worker, n) for n in counts]
+        sizes = [n * self.time_steps(n) for n in counts]
         actual = sum(sizes) if self.stacked else max(sizes)
         self._settled = actual
         if actual == self.requested:
