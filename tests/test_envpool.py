@@ -126,6 +126,36 @@ def test_steps_are_real_and_episode_ends_reset_at_once() -> None:
     assert assert_real_cartpole_transitions(batch) >= N_ENVS  # random CartPole episodes last ~20 steps
 
 
+def steps_of(env: EnvPoolEnv, count: int, seed: int = 0) -> TensorDictBase:
+    """``count`` steps of random actions from a reset, stacked ``[n_envs, count]`` as a batch holds them."""
+    root, nxt = env.make_root(), env.make_next()
+    env.reset_into(root)
+    steps = []
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        before, action = root.clone(), env.action_spec.rand(env.batch_size, generator)
+        env.step_and_reset_into(action, nxt, root)
+        steps.append(before.set("action", action).set("next", nxt.clone()))
+    return torch.stack(steps, dim=1)
+
+
+def test_envpools_own_calls_step_as_its_public_api_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The adapter calls EnvPool's C++ bindings directly (its Python step and reset cost as much as the C++ step):
+    # given the same seed and actions, the steps, resets and truncations must be those of the public API.
+    # Episodes cut at 12 steps: random CartPole ends some of them before (terminated), the others are truncated.
+    with EnvPoolEnv(make_cartpole(max_episode_steps=12, seed=3)) as env:
+        assert env._calls is not None, "envpool 0.9-1.2 has the bindings the adapter calls"
+        direct = steps_of(env, 60)
+    monkeypatch.setattr("acollect.envs.envpool._Bindings.of", lambda *args: None)
+    with EnvPoolEnv(make_cartpole(max_episode_steps=12, seed=3)) as env:
+        assert env._calls is None
+        public = steps_of(env, 60)
+    assert public["next", "truncated"].any()
+    assert public["next", "terminated"].any()
+    torch.testing.assert_close(direct, public, rtol=0, atol=0)
+    assert int(direct["next", "done"].sum()) >= N_ENVS * 5  # an episode ends at least every 12 steps
+
+
 def test_masked_reset_resets_only_the_masked_sub_envs() -> None:
     with EnvPoolEnv(make_cartpole(4)) as env:
         root, nxt = env.make_root(), env.make_next()
