@@ -261,7 +261,7 @@ class Hangs(AsyncCountingEnv):
     async def aclose(self) -> None:
         if self.hang_in_aclose:
             await anyio.sleep(3600)
-        self.closed = True
+        await super().aclose()
 
 
 def test_a_raising_step_breaks_the_collector_cancels_the_others_and_closes_every_env(

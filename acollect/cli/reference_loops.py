@@ -241,7 +241,6 @@ class LoopPool:
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.timeout = timeout
-        self._closed = False
         self._turn = ctx.Barrier(n_processes + 1, timeout=timeout)
         self._batches = ctx.Value("i", 0)
         self._results = ctx.Queue()
@@ -284,6 +283,8 @@ class LoopPool:
         """Every process collects ``batches`` batches, all starting together; returns what each measured."""
         if batches < 1:
             raise ValueError(f"batches must be a positive int, got {batches!r}")
+        if not self._procs:
+            raise RuntimeError("the loop processes were closed")
         self._batches.value = batches
         self._turn.wait()
         found = self._collect()
@@ -291,15 +292,15 @@ class LoopPool:
 
     def close(self) -> None:
         """Ends the processes (killing any that does not end within a few seconds). Calling it twice is fine."""
-        if self._closed:
+        procs, self._procs = self._procs, []  # closed: no process left to end (there is one at least until then)
+        if not procs:
             return
-        self._closed = True
         self._batches.value = 0
         try:
             self._turn.wait(timeout=5.0)
         except threading.BrokenBarrierError:
             pass  # a process failed or is gone: the ones left end on the broken barrier
-        for proc in self._procs:
+        for proc in procs:
             if proc.pid is None:
                 continue
             proc.join(timeout=10.0)

@@ -31,7 +31,7 @@ class AsyncCountingEnv(AsyncEnv):
     Attributes:
         actions: every action received.
         resets: the seeds of every reset.
-        closed: whether ``aclose()`` ran.
+        closes: how many times ``aclose()`` ran (:attr:`closed`: whether it did).
 
     Examples:
         >>> import anyio
@@ -60,7 +60,7 @@ class AsyncCountingEnv(AsyncEnv):
         self.crash_at_step = crash_at_step
         self.actions: list[Any] = []
         self.resets: list[int | None] = []
-        self.closed = False
+        self.closes = 0  # counted, not a flag: a test can see that a pool closed each env once
         self.steps_taken = 0
         self._n = 0
 
@@ -84,5 +84,10 @@ class AsyncCountingEnv(AsyncEnv):
         self._n += 1
         return np.full(1, self._n, np.float32), 1.0, self._n >= self.episode_length, False, {}
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``aclose()`` ran."""
+        return self.closes > 0
+
     async def aclose(self) -> None:
-        self.closed = True
+        self.closes += 1

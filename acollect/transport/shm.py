@@ -79,7 +79,8 @@ class ShmSegment:
         self._mapping: mmap.mmap | None = mapping
         self._owner = owner
         self._tensor: torch.Tensor | None = None
-        self._unlinked = False
+        # The owner's name is unlinked by this finalizer, at garbage collection or exit, unless unlink() did it
+        # first (and detached it): whether the name is still there is whether the finalizer is alive.
         self._finalizer = weakref.finalize(self, _unlink_if_owner, self.path, os.getpid()) if owner else None
 
     @classmethod
@@ -235,10 +236,7 @@ class ShmSegment:
         """
         if not self._owner:
             raise TransportError(f"only the owner (pid {self._name.split('-')[1]}) may unlink segment {self._name!r}")
-        if not self._unlinked:
-            self._unlinked = True
-            if self._finalizer is not None:
-                self._finalizer.detach()
+        if self._finalizer is not None and self._finalizer.detach() is not None:  # None: unlinked already
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
 
