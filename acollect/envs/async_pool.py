@@ -121,7 +121,8 @@ class AsyncEnvPool(EnvBase):
             close_built(self.envs)
             raise
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._envs_closed = False
+        # The envs whose aclose() is still to be awaited: all of them until aclose_envs(), then none.
+        self._unclosed: list[Any] = list(self.envs)
 
     # -- the envs' calls: deadlines and errors -------------------------------------------
     async def call_step(self, i: int, action: Any) -> Any:
@@ -184,10 +185,9 @@ class AsyncEnvPool(EnvBase):
 
         Shielded: a cancelled caller still closes every env.
         """
-        if self._envs_closed:
-            return
-        self._envs_closed = True
-        await aclose_each(self.envs, ACLOSE_TIMEOUT if timeout is None else timeout)
+        envs, self._unclosed = self._unclosed, []
+        if envs:
+            await aclose_each(envs, ACLOSE_TIMEOUT if timeout is None else timeout)
 
     # -- the blocking EnvBase API: lockstep on a private loop ------------------------------------
     def _run(self, coro_fn: Callable[[], Any]) -> Any:
@@ -250,7 +250,7 @@ class AsyncEnvPool(EnvBase):
                 loop.run_until_complete(self.aclose_envs())
             finally:
                 loop.close()
-        elif not self._envs_closed:
+        elif self._unclosed:
             try:
                 asyncio.get_running_loop()
             except RuntimeError:  # never used, or used by a collector that did not close the envs: close them now

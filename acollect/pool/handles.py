@@ -109,6 +109,14 @@ class _Retired:
     counted_seq: int | None  # the batch it was collecting at its last heartbeat: counted at its death
 
 
+class _InHand(enum.Enum):
+    """What a worker holds of a batch, per its last heartbeat (``busy`` and ``partial`` in it; busy implies partial)."""
+
+    NOTHING = "nothing"  # no batch begun and not sent
+    STEPPING = "stepping"  # stepping a batch (a hung env shows as stepping with no steps)
+    HELD = "held"  # a batch begun and not sent, not stepping: held by a pause
+
+
 class WorkerState(enum.Enum):
     """Where one worker slot is, as the collector sees it."""
 
@@ -185,7 +193,6 @@ class WorkerHandle:
     __slots__ = (
         "_acked_version",
         "_batch_nbytes",
-        "_busy",
         "_changes_sent",
         "_config",
         "_discarded_frames",
@@ -193,6 +200,7 @@ class WorkerHandle:
         "_env_seed",
         "_frames",
         "_generation",
+        "_in_hand",
         "_inbox",
         "_index",
         "_last_beat",
@@ -202,7 +210,6 @@ class WorkerHandle:
         "_missing_since",
         "_n_envs",
         "_next_seq",
-        "_partial",
         "_process",
         "_requests",
         "_resets_sent",
@@ -247,8 +254,7 @@ class WorkerHandle:
         self._last_beat = 0.0
         self._last_steps = -1
         self._last_progress = 0.0
-        self._busy = False
-        self._partial = False
+        self._in_hand = _InHand.NOTHING
         self._discarded_frames = 0
         self._env_restarts = 0
         self._sent = 0
@@ -445,7 +451,7 @@ class WorkerHandle:
         self._changes_sent = self._resets_sent = 0
         for request in self._requests:  # asked again of the successor, which begins them after every change
             request.ahead = False
-        self._last_steps, self._busy, self._partial, self._discarded_frames = -1, False, False, 0
+        self._last_steps, self._in_hand, self._discarded_frames = -1, _InHand.NOTHING, 0
         self._env_restarts = 0
         self._next_seq, self._missing_since, self._sent = 0, None, 0
         self._unreachable_since = None
@@ -516,12 +522,12 @@ class WorkerHandle:
     @property
     def busy(self) -> bool:
         """Whether it is stepping a batch, per its last heartbeat (a hung env shows as busy with no steps)."""
-        return self._busy
+        return self._in_hand is _InHand.STEPPING
 
     @property
     def partial(self) -> bool:
         """Whether it holds a batch begun and not sent (stepping, or held by a pause): lost if it dies."""
-        return self._partial
+        return self._in_hand is not _InHand.NOTHING
 
     @property
     def sent(self) -> int:
@@ -546,10 +552,12 @@ class WorkerHandle:
         """A heartbeat; returns the frames it stepped and gave up since the last one (a held batch it reseeded)."""
         steps, busy = int(header["steps"]), bool(header["busy"])
         self._sent = int(header.get("sent", 0))
-        if steps != self._last_steps or (busy and not self._busy):
+        if steps != self._last_steps or (busy and not self.busy):
             self._last_steps, self._last_progress = steps, now
-        self._busy = busy
-        self._partial = bool(header.get("partial", busy))
+        if busy:
+            self._in_hand = _InHand.STEPPING
+        else:
+            self._in_hand = _InHand.HELD if header.get("partial", False) else _InHand.NOTHING
         discarded = int(header.get("discarded", 0))
         newly = max(0, discarded - self._discarded_frames)
         self._discarded_frames = max(self._discarded_frames, discarded)
@@ -669,7 +677,7 @@ class WorkerHandle:
         counted here.
         """
         self._restarts += 1
-        in_progress = running and (self._busy or self._partial)
+        in_progress = running and self.partial
         if lockstep:
             self._retired = None
             return len(self._requests)
@@ -680,7 +688,7 @@ class WorkerHandle:
         """It died (or left) with its restarts spent and others are left: it is dropped for good. Returns the batches
         it held, which are lost; those of its batches that arrive after this are dropped as they come, as for a
         worker replaced (:meth:`on_death`, here with no restart counted)."""
-        in_progress = running and (self._busy or self._partial)
+        in_progress = running and self.partial
         self._move(WorkerState.LOST)
         if lockstep:
             self._retired = None

@@ -20,6 +20,7 @@ waiting. A failure is sticky: the pool is broken until it is closed.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import os
 import time
@@ -60,6 +61,15 @@ T = TypeVar("T")
 SHM_THRESHOLD = 1 << 15
 
 
+class _Slots(enum.Enum):
+    """Where the workers' batches go: decided at once without ``shared_batches``, else once every worker said
+    hello (a worker greeted before then gets its slots from ``start()``)."""
+
+    UNDECIDED = "undecided"  # shared_batches: not every worker said hello yet
+    SHARED = "shared"  # one segment per lockstep batch in flight, each worker its rows
+    PER_WORKER = "per worker"  # each worker a ring of its own (where its batches go through shared memory at all)
+
+
 def _launch(launcher: Launcher, config: P.WorkerConfig, handle: WorkerHandle, _stop: object) -> LaunchedWorker:
     # Recorded as soon as it exists: a launch cancelled (or failing) half-way still leaves a process
     # that close() knows about and stops, instead of one that outlives the collector.
@@ -94,7 +104,7 @@ class WorkerPool:
         self.settings = settings
         #: the segments lockstep batches are written into in place, once every worker said hello (else None)
         self.shared: SharedBatches | None = None
-        self._slots_laid_out = False  # whether start() decided where batches go (shared or per worker)
+        self._slots = _Slots.PER_WORKER if settings.shared_batches is None else _Slots.UNDECIDED
         self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
         self._batches_asked = 0  # the last lockstep batch asked of any worker (its number; 0: none yet)
         self.endpoint: Endpoint | None = None
@@ -249,11 +259,12 @@ class WorkerPool:
 
     async def _lay_out_slots(self) -> None:
         """Once every worker said hello: one segment per batch in flight, if every part can be written in place."""
-        self._slots_laid_out = True
+        self._slots = _Slots.PER_WORKER
         if all(self._maps_shm(h) for h in self.handles):
             layouts = [h.layout for h in self.handles if h.layout is not None]
             stack = self.settings.shared_batches == "stack"
             self.shared = SharedBatches.create(layouts, stack=stack, n_slots=self.settings.slots or 1)
+            self._slots = _Slots.SHARED
         shared = self.shared
         # Every ring is in place before the first message goes: a worker restarted meanwhile is greeted with it.
         for handle in self.handles:
@@ -316,7 +327,7 @@ class WorkerPool:
                     "batches no longer fit the rows it writes"
                 )
             handle.use_ring(self.shared.part_ring(handle.index))
-        elif self._maps_shm(handle) and (self.settings.shared_batches is None or self._slots_laid_out):
+        elif self._maps_shm(handle) and self._slots is _Slots.PER_WORKER:
             handle.use_ring(ShmSlotRing.create(handle.layout, self.settings.ring_slots))
         await self._send_slots(handle)  # shared batches not laid out yet: start() sends them
         if self.weights.last is not None:
