@@ -22,6 +22,7 @@ can never die unnoticed, and every task in it has a deadline to end by.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +39,14 @@ logger = logging.getLogger("acollect")
 
 #: Where a task's exception goes.
 Failed = Callable[[BaseException], None]
+
+
+class _Phase(enum.Enum):
+    """Where a :class:`TaskOwner` is: tasks can be spawned only while ``HOSTED``."""
+
+    NEW = "new"  # no host task yet (ensure_group() starts it)
+    HOSTED = "hosted"  # a host task holds the group (or is opening it: spawned tasks wait for it)
+    CLOSED = "closed"  # aclose() was called, or the event loop ended under the host: nothing new starts
 
 
 class TaskOwner:
@@ -84,40 +93,41 @@ class TaskOwner:
         self._running = 0
         self._idle = anyio.Event()
         self._idle.set()
-        # Host mode: the host task holds the group until ``_release`` is set, then sets ``_host_done``.
-        self._host: Any = None
+        self._phase = _Phase.NEW
+        # Host mode: the host task holds the group until ``_release`` is set, then sets ``_host_done``. On asyncio
+        # the owner keeps a reference to it (a task nobody references may be garbage collected while it runs).
+        self._host_task: asyncio.Task[None] | None = None
         self._host_ready = anyio.Event()
         self._release = anyio.Event()
         self._host_done = anyio.Event()
         self._pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], anyio.CancelScope, Failed, str]] = []
-        self._closed = False
 
     # -- where the group lives ---------------------------------------------------------
     def ensure_group(self) -> None:
         """Starts a host task holding the group, unless a group is open already; needs a running loop."""
-        if self._group is not None or self._host is not None:
+        if self._phase is _Phase.HOSTED:
             return
-        if self._closed:
+        if self._phase is _Phase.CLOSED:
             raise CollectorStateError("the collector's tasks were stopped: it cannot start new ones")
         loop = EventLoopRef.current()
         if loop is None:
             raise CollectorStateError("a collector must be used from a running event loop (asyncio or trio)")
         self.loop = loop
+        self._phase = _Phase.HOSTED
         if loop.backend == "asyncio":
             # The one task acollect creates outside a task group: it *is* the group's holder, it catches
             # everything it runs, and aclose() ends it (the reference keeps it from being collected while the
             # collector lives; a collector dropped unclosed goes with it, released by its finalizer).
-            self._host = asyncio.get_running_loop().create_task(self._run_host(), name=f"{self.name}-tasks")
+            self._host_task = asyncio.get_running_loop().create_task(self._run_host(), name=f"{self.name}-tasks")
         else:
             import trio
 
             # A system task, so the group outlives the caller's nursery scope; aclose() ends it.
             trio.lowlevel.spawn_system_task(self._run_host, name=f"{self.name}-tasks")
-            self._host = True
 
     async def started(self) -> None:
         """Waits until the host task opened the group."""
-        if self._group is None and self._host is not None:
+        if self._group is None and self.loop is not None:  # a host task was started (and may be closed since)
             with anyio.fail_after(10.0):
                 await self._host_ready.wait()
 
@@ -134,7 +144,7 @@ class TaskOwner:
             # Nobody but the event loop's end cancels the host (aclose() sets _release instead): whatever the
             # owner holds must be released now, without waiting, since nothing can be awaited on this loop later.
             if not self._release.is_set() and self._on_loop_end is not None:
-                self._closed = True
+                self._phase = _Phase.CLOSED
                 try:
                     self._on_loop_end()
                 except Exception:  # the cancellation must go on: the loop is ending
@@ -156,7 +166,7 @@ class TaskOwner:
         ``on_failure``: where the task's exception goes instead of the owner's ``on_failure`` (a part
         with a failure of its own, such as the worker pool, which reports to the collector in turn).
         """
-        if self._closed or (self._group is None and self._host is None):
+        if self._phase is not _Phase.HOSTED:
             raise CollectorStateError(f"cannot start {name}: the collector's task group is not open")
         scope = anyio.CancelScope()
         self._scopes.add(scope)
@@ -199,14 +209,14 @@ class TaskOwner:
 
         Shielded: a cancelled caller still leaves nothing running.
         """
-        self._closed = True
+        self._phase = _Phase.CLOSED
         with anyio.CancelScope(shield=True):
             self.cancel_all()
             with anyio.move_on_after(timeout) as scope:
                 await self._idle.wait()
             if scope.cancelled_caught:
                 logger.error("%d task(s) of %s ignored cancellation for %.1fs", self._running, self.name, timeout)
-            if self._host is not None:
+            if self.loop is not None:  # a host task was started: it lets the group go
                 self._release.set()
                 with anyio.move_on_after(timeout):
                     await self._host_done.wait()

@@ -36,6 +36,7 @@ Examples:
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Generator
 from typing import Any
@@ -68,15 +69,60 @@ class Started:
         return "<background collection started>"
 
 
-class BackgroundRun:
-    """The task ``start()`` spawned: whether it is alive, whether a batch of it is in flight, the ratio it holds."""
+class _Phase(enum.Enum):
+    """Where the task ``start()`` spawned is (a batch is in flight only while it lives)."""
 
-    __slots__ = ("alive", "busy", "ratio")
+    OFF = "off"  # not started, or ended
+    WAITING = "waiting"  # alive, between batches (for the replay ratio, a pause, or nothing)
+    COLLECTING = "collecting"  # alive, a batch in flight: a pause waits for it to be handed over
+
+
+class BackgroundRun:
+    """The task ``start()`` spawned: whether it is alive, whether a batch of it is in flight, the ratio it holds.
+
+    Its one writer is that task (and ``start()``, which spawns it), through the event methods.
+
+    Examples:
+        >>> run = BackgroundRun()
+        >>> run.started(None)
+        >>> run.batch_begun()
+        >>> run.alive, run.busy
+        (True, True)
+        >>> run.batch_done()
+        >>> run.ended()
+        >>> run.alive, run.busy
+        (False, False)
+    """
+
+    __slots__ = ("_phase", "ratio")
 
     def __init__(self) -> None:
-        self.alive = False
-        self.busy = False
+        self._phase = _Phase.OFF
         self.ratio: ReplayRatio | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the task lives."""
+        return self._phase is not _Phase.OFF
+
+    @property
+    def busy(self) -> bool:
+        """Whether a batch of it is in flight."""
+        return self._phase is _Phase.COLLECTING
+
+    def started(self, ratio: ReplayRatio | None) -> None:
+        """``start()`` spawns the task, which holds ``ratio``."""
+        self._phase, self.ratio = _Phase.WAITING, ratio
+
+    def batch_begun(self) -> None:
+        self._phase = _Phase.COLLECTING
+
+    def batch_done(self) -> None:
+        """The batch was put in the buffer, or failed (the task ends then)."""
+        self._phase = _Phase.WAITING
+
+    def ended(self) -> None:
+        self._phase = _Phase.OFF
 
 
 class ReplayRatio:

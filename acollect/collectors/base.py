@@ -642,8 +642,7 @@ class CollectorBase:
             )  # fmt: skip
         self._tasks.ensure_group()
         self._lifecycle.enter_background()
-        self._run.alive = True
-        self._run.ratio = ratio
+        self._run.started(ratio)
         self._tasks.spawn(self._run_background, replay_buffer, name="background")
         return Started()
 
@@ -755,7 +754,7 @@ class CollectorBase:
                     ratio is not None and not ratio.collector_may_collect(self._tally.frames)
                 ):
                     await self._changes.wait()
-                self._run.busy = True
+                self._run.batch_begun()
                 try:
                     if self.settings.trajs_per_batch is not None:
                         # (no name holds the batch: its lent memory goes back once assembled)
@@ -767,10 +766,10 @@ class CollectorBase:
                         self._count_frames(batch.numel())
                         self._tally.count_batch()
                 finally:
-                    self._run.busy = False
+                    self._run.batch_done()
                     self._changes.notify()
         finally:
-            self._run.alive = False
+            self._run.ended()
 
     async def _extend_with_episodes(self, replay_buffer: SupportsExtend, batch: TensorDictBase) -> None:
         """Background mode with ``trajs_per_batch``: ``batch`` assembled, and every batch of whole episodes it
