@@ -74,7 +74,8 @@ class SubmititWorker:
         self.job = job
         self._code: int | None = None
         self._reason: str | None = None
-        self._cancelled = False
+        # The exit code a job that ends without its result reads as: 1, or -2 once cancelled here.
+        self._code_if_failed = 1
 
     @property
     def pid(self) -> int | None:
@@ -101,7 +102,7 @@ class SubmititWorker:
             self._code = int(outcome[1])
             self._reason = f"exit code {self._code}"
         else:
-            self._code = -2 if self._cancelled else 1
+            self._code = self._code_if_failed
             detail = str(outcome[1]).strip().splitlines()[-1] if isinstance(outcome, tuple) else None
             self._reason = f"job state {self.job.state}" + (f", {detail}" if detail else "")
             self._reason += f"; its log: {self.job.paths.stderr}"
@@ -118,7 +119,7 @@ class SubmititWorker:
     def terminate(self) -> None:
         """Cancels the job (SIGINT to a local job, ``scancel`` on SLURM)."""
         if self.exitcode is None:
-            self._cancelled = True
+            self._code_if_failed = -2
             try:
                 self.job.cancel(check=False)
             except Exception:  # already gone, or scancel failed: the job's own time limit remains

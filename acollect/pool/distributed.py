@@ -9,6 +9,7 @@ group in which the collector is rank 0 and worker ``i`` is rank ``i + 1``
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -31,6 +32,14 @@ from acollect.worker import protocol as P
 __all__ = ["DistPool"]
 
 
+class _Group(enum.Enum):
+    """The process group a :class:`DistPool` made, as far as it got."""
+
+    NONE = "none"  # not made (or destroyed): nothing of ours to destroy
+    FORMING = "forming"  # ours from here on (start() refused a group that existed before), not formed yet
+    READY = "ready"  # formed: weights are broadcast through it
+
+
 class DistPool(WorkerPool):
     """A worker pool whose batch tensors and weights travel through torch.distributed."""
 
@@ -44,8 +53,7 @@ class DistPool(WorkerPool):
     ) -> None:
         super().__init__(configs, settings, on_failure=on_failure)
         self.dist_options = dist_options
-        self.dist_ready = False
-        self._owns_group = False
+        self._group = _Group.NONE
         self._weights_group: Any = None
         self._broadcasts: list[Any] = []  # the last push's broadcast works (and their buffers)
         self._broadcast_version = -1
@@ -68,9 +76,9 @@ class DistPool(WorkerPool):
         init = partial(init_groups, o["backend"], o["init_method"], 0, len(self.handles) + 1, o["timeout"])
         # Ours from here on (start() refused a group that existed before): a start cancelled while the
         # group forms still destroys it at close, or it would refuse every later distributed collector.
-        self._owns_group = True
+        self._group = _Group.FORMING
         self._weights_group = await run_in_thread(lambda _stop: init(), name="dist-init")
-        self.dist_ready = True
+        self._group = _Group.READY
 
     @property
     def device(self) -> torch.device:
@@ -97,7 +105,7 @@ class DistPool(WorkerPool):
     async def send(
         self, handle: WorkerHandle, kind: str, fields: Mapping[str, Any] | None = None, td: TensorDictBase | None = None
     ) -> None:
-        if kind != P.WEIGHTS or td is None or not self.dist_ready:
+        if kind != P.WEIGHTS or td is None or self._group is not _Group.READY:
             await super().send(handle, kind, fields, td)
             return
         fields = dict(fields or {})
@@ -127,7 +135,10 @@ class DistPool(WorkerPool):
 
     def _end_group(self) -> None:
         self._broadcasts = []
-        self.dist_ready = False
-        if self._owns_group and dist.is_initialized():
-            self._owns_group = False
+        if self._group is _Group.NONE:
+            return
+        if dist.is_initialized():
+            self._group = _Group.NONE
             dist.destroy_process_group()
+        else:  # still ours, not formed yet (a start cancelled while it forms): a later end destroys it
+            self._group = _Group.FORMING
