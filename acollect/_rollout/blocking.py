@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,9 +45,17 @@ from acollect.policy import (
 )
 from acollect.time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 
-__all__ = ["RolloutEngine", "RolloutInterrupted", "exploration"]
+__all__ = ["Reset", "RolloutEngine", "RolloutInterrupted", "exploration"]
 
 _COLLECTOR = "collector"
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A reset the next batch begins with, and the seed it takes (``None``: the env's own); an engine keeps the one
+    due (``None``: none, the batch goes on from the last step) in place of a flag beside a seed."""
+
+    seed: int | None
 
 
 class RolloutInterrupted(Exception):  # a signal, not an error: hence no "Error" suffix
@@ -152,14 +161,13 @@ class RolloutEngine:
         self._traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
         self._traj_ids_np, self._traj_steps_np = self._traj_ids.numpy(), self._traj_steps.numpy()  # shared memory
         self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step count
-        self._needs_reset = True
-        self._seed: int | None = None
+        # The reset the next batch begins with (``None``: it goes on from the last step): one at first.
+        self._next_reset: Reset | None = Reset(seed=None)
         # A batch interrupted mid-way, and the steps it holds: the next collect() continues it.
         self._partial: tuple[TensorDict, int] | None = None
         #: frames stepped and then discarded: a partial batch given up by a reseed or a state restore
         self.discarded_frames = 0
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
-        self._versions_from_policy = False
         self._read_only_policy = isinstance(policy, (ModulePolicy, RandomPolicy))
         self._probe_policy()
 
@@ -179,8 +187,11 @@ class RolloutEngine:
             outputs = self.policy(self._policy_input())
         check_policy_outputs(outputs, self.n_envs, self.env.action_spec)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
-        # A policy answered by an inference server says, per step, which weights chose the action.
-        self._versions_from_policy = (_COLLECTOR, "policy_version") in self._out_specs
+
+    @property
+    def _versions_from_policy(self) -> bool:
+        """Whether the policy says, per step, which weights chose the action (one answered by an inference server)."""
+        return (_COLLECTOR, "policy_version") in self._out_specs
 
     def split_policy_calls(self) -> SplitPolicy:
         """From now on, :meth:`stepper` yields in every step between sending the observations and taking the actions.
@@ -208,13 +219,14 @@ class RolloutEngine:
         A batch interrupted mid-way is given up (its frames counted in :attr:`discarded_frames`): the
         caller asked for a fresh start, and the same seed must give the same batch.
         """
-        self._seed = seed
+        self._next_reset = Reset(seed=seed)
         self._random.generator.manual_seed(seed)
         self.restart()
 
     def restart(self) -> None:
         """Starts the next batch from a fresh reset, giving up a batch interrupted mid-way (counted)."""
-        self._needs_reset = True
+        if self._next_reset is None:
+            self._next_reset = Reset(seed=None)
         if self._partial is not None:
             self.discarded_frames += self._partial[1] * self.n_envs
             self._partial = None
@@ -248,11 +260,11 @@ class RolloutEngine:
 
     def _start(self, env: EnvBase) -> None:
         """Resets every env of ``env`` into the root buffers: every row begins a new trajectory."""
-        env.reset_into(self._root, seed=self._seed)
-        self._seed = None
+        reset = self._next_reset
+        env.reset_into(self._root, seed=reset.seed if reset is not None else None)
+        self._next_reset = None  # only once the reset went well: a rebuilt env is reset the same way
         self._traj_ids_np[:] = self._new_traj_ids_np(self.n_envs)
         self._traj_steps.zero_()
-        self._needs_reset = False
 
     def _recover(self, error: Exception, next_td: TensorDictBase | None, last: int) -> None:
         """The env raised ``error``: the episodes in flight end as truncated at step ``last`` of the batch (their
@@ -362,7 +374,7 @@ class RolloutEngine:
         root, nxt, env = self._root, self._next, self.env
         switch = self.stopwatch.switch
         if start == 0:
-            if self._needs_reset or self.reset_at_each_iter:
+            if self._next_reset is not None or self.reset_at_each_iter:
                 switch(ENV)
                 self._reset_all()
                 switch(OTHER)

@@ -46,6 +46,7 @@ import anyio
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
+from acollect._rollout.blocking import Reset
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_steps import EnvSteps, Trajectories
 from acollect._rollout.env_turns import EnvTurns
@@ -205,8 +206,8 @@ class AsyncRollout:
         self.frames, self.discarded_frames = 0, 0
         #: the version of the weights the next pass runs with
         self.policy_version = 0
-        self._seed: int | None = None
-        self._needs_restart = True
+        # The restart due before the next batch (``None``: none): one at first.
+        self._next_reset: Reset | None = Reset(seed=None)
         self._ring = RowRing(self.n_envs, self.time_steps)
         self._turns = EnvTurns(self.n_envs)
         self._trajectories = Trajectories(self.n_envs, traj_id_offset, traj_id_stride)
@@ -250,13 +251,13 @@ class AsyncRollout:
 
     def seed(self, seed: int) -> None:
         """Env ``i`` is reset with ``seed + i`` before the next batch, which starts afresh."""
-        self._seed = seed
+        self._next_reset = Reset(seed=seed)
         self._passes.generator.manual_seed(seed)
-        self.restart()
 
     def restart(self) -> None:
         """The next batch starts from a fresh reset of every env; the steps taken ahead are given up."""
-        self._needs_restart = True
+        if self._next_reset is None:
+            self._next_reset = Reset(seed=None)
 
     def _before_pass(self) -> int:
         if self.weights is not None:
@@ -276,19 +277,20 @@ class AsyncRollout:
 
         Does nothing unless a restart is due (at first, after :meth:`seed` or :meth:`restart`).
         """
-        if not self._needs_restart:
+        reset = self._next_reset
+        if reset is None:
             return
         await self._crew.stop()
         if self._ring.buffer is not None:  # steps taken into batches nobody will see
             self.discarded_frames += self._ring.stepped
-        seed, self._seed = self._seed, None
-        await self._envs.reset_all(seed)
+        self._next_reset = Reset(seed=None)  # the seed is used once, even if this restart fails: a retry is unseeded
+        await self._envs.reset_all(reset.seed)
         outputs = self._passes.output_layout()  # probed on the observations of the reset
         spec, reward = self.env.observation_spec, self.env.reward_spec
         self._ring.allocate({k: (spec[k].shape, spec[k].dtype) for k in self._envs.obs_keys},
                             (reward.shape, reward.dtype), outputs)  # fmt: skip
         self._turns.start()
-        self._needs_restart = False
+        self._next_reset = None
         tasks = [(functools.partial(self._envs.run, i), f"async-env-{i}") for i in range(self.n_envs)]
         self._crew.start(spawn, [*tasks, (self._passes.run, "async-env-policy")], name="async-envs")
 

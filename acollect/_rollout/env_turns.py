@@ -40,18 +40,22 @@ class EnvTurns:
 
     Attributes:
         ready: the envs waiting for an action, in the order their steps ended.
-        paused: whether actions are held back (a pause of the collector).
     """
 
     def __init__(self, n_envs: int) -> None:
         self.n_envs = n_envs
         self.ready: list[int] = []
-        self.paused = False
         self._actions: list[Any] = [None] * n_envs
         self._go = [anyio.Event() for _ in range(n_envs)]  # set once env i's action is there
         self._wake = anyio.Event()  # set once an env waits (or a pause ends): the policy task looks again
         self._in_flight = 0  # envs given an action whose step has not ended
-        self._settled = anyio.Event()  # set once, paused, the last step in flight ended
+        # While paused (and only then), the event set once the last step in flight ended.
+        self._settled: anyio.Event | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Whether actions are held back (a pause of the collector)."""
+        return self._settled is not None
 
     def start(self) -> None:
         """Starts afresh (the env tasks are new): every env waits for an action, and no step is in flight."""
@@ -102,22 +106,22 @@ class EnvTurns:
             self.ready.append(i)
             self._wake.set()
         self._in_flight -= 1
-        if self._in_flight == 0 and self.paused:
+        if self._in_flight == 0 and self._settled is not None:
             self._settled.set()
 
     # -- pausing -------------------------------------------------------------------------------------
     def pause(self) -> None:
         """Holds actions back from now on (the steps in flight go on: :meth:`settle` waits for them)."""
-        self.paused = True
         self._settled = anyio.Event()
 
     def resume(self) -> None:
         """Hands actions out again."""
-        self.paused = False
+        self._settled = None
         self._wake.set()
 
     async def settle(self, timeout: float) -> None:
         """Waits until no step is in flight, for at most ``timeout`` seconds (call it paused)."""
-        if self._in_flight:
+        settled = self._settled
+        if self._in_flight and settled is not None:
             with anyio.move_on_after(timeout):
-                await self._settled.wait()
+                await settled.wait()
