@@ -63,6 +63,9 @@ class PolicyAdapter:
     """
 
     module: Any = None
+    #: whether the policy only reads its input: the engine then hands it its own buffers, not a shallow copy
+    #: (a policy that sets or replaces entries would detach them)
+    reads_input_only: bool = False
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         """Runs the policy on ``td`` (observations and done flags) and returns its outputs."""
@@ -142,6 +145,8 @@ class RandomPolicy(PolicyAdapter):
         torch.Size([4])
     """
 
+    reads_input_only = True
+
     def __init__(
         self,
         action_spec: TensorSpec,
@@ -177,6 +182,8 @@ class TensorDictPolicy(PolicyAdapter):
 
 class ModulePolicy(PolicyAdapter):
     """Wraps a plain ``nn.Module``: observation tensors in, ``"action"`` out."""
+
+    reads_input_only = True
 
     def __init__(self, module: torch.nn.Module, in_keys: Sequence[NestedKey]) -> None:
         self.module = module

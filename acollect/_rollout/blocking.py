@@ -36,7 +36,6 @@ from acollect.devices import Devices, move_to
 from acollect.envs.base import EnvBase
 from acollect.errors import ConfigurationError
 from acollect.policy import (
-    ModulePolicy,
     NestedKey,
     PolicyAdapter,
     RandomPolicy,
@@ -168,7 +167,7 @@ class RolloutEngine:
         #: frames stepped and then discarded: a partial batch given up by a reseed or a state restore
         self.discarded_frames = 0
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
-        self._read_only_policy = isinstance(policy, (ModulePolicy, RandomPolicy))
+        self._read_only_policy = policy.reads_input_only
         self._probe_policy()
 
     # -- setup -------------------------------------------------------------------

@@ -156,6 +156,8 @@ class Lockstep(Dispatch):
         Returns ``False`` (asking nobody) where no shared segment is free for that batch: one holds the batch being
         collected, the other a batch lent to the caller or not given back yet.
         """
+        if (self._shared is None or number in self._segments) and all(h.lost or h.asked(number) for h in pool.handles):
+            return True  # asked of everyone already (take() asks again after each wait): nothing to order
         # Under the weight pusher's order: a push computes the first batch it applies to, and reaches every
         # worker, wholly before or wholly after the requests of this batch go out (see WeightPusher).
         async with pool.weights.order:

@@ -54,6 +54,8 @@ class RemotePolicy(PolicyAdapter):
         ConfigurationError: a bad argument (named).
     """
 
+    reads_input_only = True  # it copies the observations into its slot, or encodes them
+
     def __init__(
         self,
         address: str,
@@ -79,6 +81,7 @@ class RemotePolicy(PolicyAdapter):
         self._layouts = LayoutCache(P.TO_CLIENT)
         #: the version of the weights behind the last answer
         self.version = 0
+        self._versions: tuple[int, int, torch.Tensor] | None = None  # (version, rows, the per-row tensor)
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
         self.submit(td)
@@ -145,7 +148,11 @@ class RemotePolicy(PolicyAdapter):
 
     def _result(self, leaves: dict, rows: int, version: int) -> dict[NestedKey, torch.Tensor]:
         result: dict[NestedKey, torch.Tensor] = {(k[0] if len(k) == 1 else k): v for k, v in leaves.items()}
-        result[VERSION_KEY] = torch.full((rows,), version, dtype=torch.int64)
+        cached = self._versions
+        if cached is None or cached[0] != version or cached[1] != rows:
+            # The same tensor while the weights stay: the engine copies it into its batch and never writes it.
+            cached = self._versions = (version, rows, torch.full((rows,), version, dtype=torch.int64))
+        result[VERSION_KEY] = cached[2]
         return result
 
     def close(self) -> None:
