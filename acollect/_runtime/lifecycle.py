@@ -30,6 +30,7 @@ internal error: ... cannot move from PAUSED to NEW (allowed: BROKEN, CLOSING, RU
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import anyio
@@ -118,21 +119,37 @@ def transition_table_markdown() -> str:
     return LIFECYCLE.markdown()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    """What broke a collector, and what is known of it (replaced, never changed in place)."""
+
+    error: BaseException
+    #: whether its set-up had finished when it broke, or finished since: what collects exists and is torn down
+    set_up: bool
+    #: whether it was raised to the user already (a failure is raised at least once, never lost)
+    reported: bool = False
+
+
+class _Use(enum.Flag):
+    """How a collector's life is owned, each marked once and for good: the caller's ``async with`` (its end shuts
+    the collector down, not the end of its frames), and ``start()`` (it fills a replay buffer, never yields)."""
+
+    ASYNC_WITH = enum.auto()
+    BACKGROUND = enum.auto()
+
+
 class Lifecycle:
     """One collector's state and what it depends on; every change goes through :meth:`move`."""
 
-    __slots__ = ("_background", "_close_reason", "_closed", "_entered", "_failure", "_failure_reported",
-                 "_pause_applied", "_pauses", "_set_up", "_state")  # fmt: skip
+    __slots__ = ("_close_reason", "_closed", "_collecting", "_failure", "_pauses", "_state", "_uses")
 
     def __init__(self) -> None:
         self._state = CollectorState.NEW
-        self._failure: BaseException | None = None
-        self._failure_reported = False
-        self._set_up = False  # only read in BROKEN: whether it broke after its set-up finished
+        self._failure: _Failure | None = None
         self._pauses = 0
-        self._pause_applied = False
-        self._background = False
-        self._entered = False
+        # The state whatever collects was last brought to (RUNNING or PAUSED): it follows the pause count, late.
+        self._collecting = CollectorState.RUNNING
+        self._uses = _Use(0)
         self._close_reason: CloseReason | None = None
         self._closed = anyio.Event()
 
@@ -151,8 +168,7 @@ class Lifecycle:
                 "move, carries the failure); this is a bug in acollect"
             )
         if failure is not None:
-            self._failure = failure
-            self._set_up = self._state in (CollectorState.RUNNING, CollectorState.PAUSED)
+            self._failure = _Failure(failure, set_up=self._state in (CollectorState.RUNNING, CollectorState.PAUSED))
         self._state = to
         if to is CollectorState.CLOSING:
             self._close_reason = reason
@@ -179,24 +195,25 @@ class Lifecycle:
     def set_up(self) -> bool:
         """Whether the set-up finished (and was not torn down by a shutdown): what collects exists."""
         if self._state is CollectorState.BROKEN:
-            return self._set_up
+            assert self._failure is not None
+            return self._failure.set_up
         return self._state in (CollectorState.RUNNING, CollectorState.PAUSED)
 
     @property
     def failure(self) -> BaseException | None:
         """What broke the collector (the first failure only), kept after the shutdown; ``None`` if nothing did."""
-        return self._failure
+        return self._failure.error if self._failure is not None else None
 
     @property
     def failure_reported(self) -> bool:
         """Whether :attr:`failure` was raised to the user already."""
-        return self._failure_reported
+        return self._failure is not None and self._failure.reported
 
     def report_failure(self) -> BaseException:
         """Returns :attr:`failure`, marked as reported (a failure is raised at least once, never lost)."""
         assert self._failure is not None
-        self._failure_reported = True
-        return self._failure
+        self._failure = dataclasses.replace(self._failure, reported=True)
+        return self._failure.error
 
     async def wait_closed(self) -> None:
         """Returns once the state is ``CLOSED``."""
@@ -208,7 +225,8 @@ class Lifecycle:
         if self._state is CollectorState.STARTING:
             self.move(CollectorState.PAUSED if self._pauses else CollectorState.RUNNING)
         elif self._state is CollectorState.BROKEN:
-            self._set_up = True
+            assert self._failure is not None
+            self._failure = dataclasses.replace(self._failure, set_up=True)
 
     def setup_undone(self) -> None:
         """The set-up was cancelled or failed and torn down: ``NEW`` again, unless it broke or closes meanwhile."""
@@ -224,11 +242,11 @@ class Lifecycle:
     @property
     def pause_applied(self) -> bool:
         """Whether whatever collects was last told to pause (``True``) or to go on (``False``)."""
-        return self._pause_applied
+        return self._collecting is CollectorState.PAUSED
 
     def pause_was_applied(self, paused: bool) -> None:
         """Notes that whatever collects was told to pause (``True``) or to go on (``False``)."""
-        self._pause_applied = paused
+        self._collecting = CollectorState.PAUSED if paused else CollectorState.RUNNING
 
     def hold_pause(self) -> None:
         """One more pause held: a running collector is now ``PAUSED``."""
@@ -247,19 +265,19 @@ class Lifecycle:
     @property
     def entered(self) -> bool:
         """Whether an ``async with`` block was entered: the block's end shuts it down, not the end of its frames."""
-        return self._entered
+        return _Use.ASYNC_WITH in self._uses
 
     def enter(self) -> None:
         """An ``async with`` block was entered."""
-        self._entered = True
+        self._uses |= _Use.ASYNC_WITH
 
     # -- background mode ------------------------------------------------------------------------
     @property
     def background(self) -> bool:
         """Whether ``start()`` was called (the collector then fills a replay buffer, never yields batches)."""
-        return self._background
+        return _Use.BACKGROUND in self._uses
 
     def enter_background(self) -> None:
         """``start()`` was called (once; the caller checks)."""
-        assert not self._background
-        self._background = True
+        assert _Use.BACKGROUND not in self._uses
+        self._uses |= _Use.BACKGROUND
