@@ -117,7 +117,7 @@ class AsyncEnvPool(EnvBase):
                 [type(env).__name__ for env in self.envs],
             )
         except BaseException:  # a pool that was never made cannot be closed later: close what it built now
-            self._closed = True  # and leave nothing for close() (or the finaliser) to do
+            self._closed_unbuilt()  # and leave nothing for close() (or the finaliser) to do
             close_built(self.envs)
             raise
         self._loop: asyncio.AbstractEventLoop | None = None

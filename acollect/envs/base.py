@@ -24,6 +24,7 @@ caller (gymnasium's NEXT_STEP autoreset no-op step included).
 from __future__ import annotations
 
 import abc
+import enum
 from typing import Any
 
 import torch
@@ -35,6 +36,13 @@ __all__ = ["DONE_KEYS", "EnvBase"]
 
 #: The three boolean flags every env writes, each of shape ``[n_envs, 1]``.
 DONE_KEYS: tuple[str, str, str] = ("done", "terminated", "truncated")
+
+
+class _Phase(enum.Enum):
+    """Where an env is in its life: open until :meth:`EnvBase.close`, which runs the subclass's ``_close()`` once."""
+
+    OPEN = "open"
+    CLOSED = "closed"  # ``close()`` was called (even if its ``_close()`` raised: it is never run twice)
 
 
 class EnvBase(abc.ABC):
@@ -73,7 +81,7 @@ class EnvBase(abc.ABC):
     action_spec: TensorSpec
     reward_spec: TensorSpec = Unbounded((1,))
     build_seed: int | None = None
-    _closed: bool = False
+    _phase: _Phase = _Phase.OPEN  # a class default: a subclass need not call ``super().__init__()``
 
     @property
     def num_envs(self) -> int:
@@ -83,7 +91,11 @@ class EnvBase(abc.ABC):
     @property
     def is_closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._closed
+        return self._phase is _Phase.CLOSED
+
+    @property
+    def _closed(self) -> bool:  # what subclasses read
+        return self._phase is _Phase.CLOSED
 
     # -- hot-path API: implemented by subclasses --------------------------------
     @abc.abstractmethod
@@ -122,9 +134,13 @@ class EnvBase(abc.ABC):
 
     def close(self) -> None:
         """Closes the env; calling it twice is fine."""
-        if not self._closed:
-            self._closed = True
+        if self._phase is _Phase.OPEN:
+            self._phase = _Phase.CLOSED
             self._close()
+
+    def _closed_unbuilt(self) -> None:
+        """Marks the env closed without running ``_close()``: a constructor that failed released what it built."""
+        self._phase = _Phase.CLOSED
 
     def make_root(self) -> TensorDict:
         """Allocates a TensorDict for :meth:`reset_into` and ``root_out``."""
