@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from acollect._validate import check_bool
 from acollect.envs._versions import installed_release, release
 from acollect.envs.base import DONE_KEYS, EnvBase
 from acollect.envs.gym_spaces import observation_layout, pick_leaf, space_to_spec
@@ -80,6 +81,9 @@ class EnvPoolEnv(EnvBase):
         categorical_action_encoding: a ``Discrete`` action is an int64 index when True, a
             one-hot vector when False.
         device: where the env's tensors live.
+        bindings: call EnvPool's C++ bindings directly where the env has them (see the module's notes);
+            False: always through EnvPool's ``step`` and ``reset`` (slower; for an envpool whose internals
+            changed in a way the adapter does not notice).
 
     Raises:
         ConfigurationError: ``env`` is not an EnvPool gymnasium env, runs in asynchronous mode,
@@ -100,7 +104,12 @@ class EnvPoolEnv(EnvBase):
     """
 
     def __init__(
-        self, env: Any, *, categorical_action_encoding: bool = True, device: str | torch.device = "cpu"
+        self,
+        env: Any,
+        *,
+        categorical_action_encoding: bool = True,
+        device: str | torch.device = "cpu",
+        bindings: bool = True,
     ) -> None:
         self._env: Any = None
         self._binding: Binding | None = None
@@ -124,12 +133,17 @@ class EnvPoolEnv(EnvBase):
         self._one_hot = isinstance(self.action_spec, OneHot)
         self._action_shape = (n, *self.action_spec.shape)
         self._all_ids = np.arange(n, dtype=np.int32)
-        self._calls = _Bindings.of(env, self._leaves, n)
+        self._calls = _Bindings.of(env, self._leaves, n) if check_bool("bindings", bindings) else None
 
     @property
     def env(self) -> Any:
         """The wrapped EnvPool env."""
         return self._env
+
+    @property
+    def uses_bindings(self) -> bool:
+        """Whether steps and resets go through EnvPool's C++ bindings directly (else its ``step`` and ``reset``)."""
+        return self._calls is not None
 
     def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
         self._check_open()
