@@ -9,15 +9,26 @@ missing GPU fails at construction with a clear error.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from tensordict import TensorDictBase
 
 from acollect.errors import ConfigurationError
 
-__all__ = ["DeviceLike", "Devices", "check_device", "move_to", "resolve_devices"]
+__all__ = [
+    "DeviceLike",
+    "Devices",
+    "check_device",
+    "cuda_ready",
+    "move_to",
+    "order_after",
+    "resolve_devices",
+    "synchronize_devices",
+    "wait_ready",
+]
 
 DeviceLike = torch.device | str | int | None
 
@@ -36,6 +47,66 @@ def move_to(value: _Movable, device: torch.device) -> _Movable:
         tensor([1., 1.])
     """
     return value.to(device, non_blocking=device.type != "cpu")
+
+
+def cuda_ready(tensors: Iterable[object]) -> tuple[tuple[torch.device, Any], ...]:
+    """What the caller has queued so far on the current stream of each CUDA device of ``tensors``, as an event per
+    device (``(device, event)`` pairs).
+
+    Call it on the thread that made (or last wrote) ``tensors``, at the moment it hands them over; another thread
+    reads them only after :func:`wait_ready`. The caller's current stream may be a side stream (a trainer stepping
+    its optimizer under ``torch.cuda.stream(s)``): the other thread's streams are not ordered after it.
+
+    Examples:
+        >>> cuda_ready([torch.ones(2)])  # CPU tensors: nothing to wait for
+        ()
+    """
+    events = []
+    for device in _cuda_devices(tensors):
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        events.append((device, event))
+    return tuple(events)
+
+
+def wait_ready(events: Iterable[Any]) -> None:
+    """Blocks the calling thread until every event of :func:`cuda_ready` has completed.
+
+    Examples:
+        >>> wait_ready(())
+    """
+    for _, event in events:
+        event.synchronize()
+
+
+def order_after(ready: Iterable[Any], tensors: Iterable[object]) -> None:
+    """Makes the calling thread's current streams wait for the events of :func:`cuda_ready` (no host
+    synchronization), and records the CUDA ``tensors`` on them: their memory, allocated on another thread's stream,
+    is then never given to another tensor while this thread's work on them is queued.
+
+    Examples:
+        >>> order_after((), [torch.ones(2)])
+    """
+    for device, event in ready:
+        torch.cuda.current_stream(device).wait_event(event)
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+            tensor.record_stream(torch.cuda.current_stream(tensor.device))
+
+
+def synchronize_devices(tensors: Iterable[object]) -> None:
+    """Blocks until the work queued on the calling thread's current stream of every CUDA device of ``tensors``
+    has completed (say, copies into them that other threads' streams will read next).
+
+    Examples:
+        >>> synchronize_devices([torch.ones(2)])
+    """
+    for device in _cuda_devices(tensors):
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _cuda_devices(values: Iterable[object]) -> set[torch.device]:
+    return {value.device for value in values if isinstance(value, torch.Tensor) and value.is_cuda}
 
 
 def check_device(name: str, value: DeviceLike) -> torch.device | None:

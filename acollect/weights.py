@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._validate import check_int, check_seconds
+from acollect.devices import cuda_ready, synchronize_devices, wait_ready
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
@@ -394,14 +395,20 @@ class PolicyWeights:
 
     def __init__(self) -> None:
         self.version = 0
-        self._pending: Weights | None = None
+        # The weights staged, and the events their copy was queued before on the stager's streams.
+        self._pending: tuple[Weights, tuple[Any, ...]] | None = None
         self._lock = threading.Lock()
 
     def stage(self, weights: Weights | None, *, bump: bool = True) -> int:
-        """Keeps ``weights`` for the next batch boundary, bumps the version and returns it."""
+        """Keeps ``weights`` for the next batch boundary, bumps the version and returns it.
+
+        Call it on the thread that made ``weights`` (:func:`weights_of`): a copy of CUDA weights may still be
+        queued on that thread's streams, and the rollout thread reads them only once it is done.
+        """
+        ready = cuda_ready(value for _, value in _leaves(as_weights(weights))) if weights is not None else ()
         with self._lock:
             if weights is not None:
-                self._pending = weights
+                self._pending = (weights, ready)
             if bump:
                 self.version += 1
             return self.version
@@ -418,22 +425,32 @@ class PolicyWeights:
             pending, self._pending = self._pending, None
             version = self.version
         if pending is not None:
+            weights, ready = pending
             module = engine.policy.weights_module
             if module is None:
                 raise ConfigurationError.bad_value(
-                    "policy_or_weights", type(pending).__name__, "a collector whose policy is an nn.Module"
+                    "policy_or_weights", type(weights).__name__, "a collector whose policy is an nn.Module"
                 )
-            load_weights(module, pending)
+            load_weights(module, weights, ready)
         engine.policy_version = version
 
 
-def load_weights(module: torch.nn.Module, weights: Any) -> None:
+def load_weights(module: torch.nn.Module, weights: Any, ready: tuple[Any, ...] = ()) -> None:
     """Copies ``weights`` (module, TensorDict or state dict) into ``module``'s tensors in place.
+
+    Args:
+        module: the policy's module.
+        weights: what to copy.
+        ready: the events of :func:`~acollect.devices.cuda_ready` the stager recorded as it handed CUDA weights
+            over: they are read only once the work queued before them (their own copy) is done.
 
     Raises:
         ConfigurationError: the weights do not fit ``module`` (nothing is copied then).
     """
     checked = check_weights(as_weights(weights), structure_of(module))
+    wait_ready(ready)
     with torch.no_grad():
         dest = TensorDict.from_module(module)
-        dest.update_(checked.to(dest.device) if dest.device is not None else checked)
+        dest.update_(checked)  # leaf by leaf, each onto its parameter's device
+    # Landed before this returns: the next pass may run on another thread, whose streams nothing orders after it.
+    synchronize_devices(dest.values(include_nested=True, leaves_only=True))

@@ -8,8 +8,10 @@ registered with CUDA and never unregistered (or freed while a copy reads it), a 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -55,6 +57,24 @@ async def test_the_env_steps_with_the_action_the_batch_records(policy_device: st
         assert torch.equal(echoed[..., 1].long(), action)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+async def test_a_batch_on_the_gpu_is_whole_for_a_consumer_on_a_side_stream(device: str) -> None:
+    # Batches written on the rollout thread's stream behind a slow policy's GPU work; read on another stream.
+    policy = TensorDictModule(SlowCounterPolicy().to(device), in_keys=["observation"], out_keys=["action"])
+    env = functools.partial(GymEnv, functools.partial(EchoGymEnv, N_ACTIONS), num_envs=4)
+    side = torch.cuda.Stream() if device == "cuda" else None
+    async with Collector(env, policy, frames_per_batch=64, total_frames=64 * 20, env_device="cpu",
+                         storing_device=device) as collector:  # fmt: skip
+        with anyio.fail_after(120):
+            async for batch in collector:
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    action = batch["action"].clone()
+                    obs = batch["observation"][..., 0].clone()
+                if side is not None:
+                    side.synchronize()
+                assert torch.equal(action.cpu(), obs.cpu().long() % N_ACTIONS), "read before the batch was written"
+
+
 class WideConstant(torch.nn.Module):
     """Acts its last weight on every observation; its weights are large, so that copying them takes a while."""
 
@@ -74,9 +94,74 @@ async def test_a_pass_right_after_a_weight_push_answers_with_the_new_weights(dev
         with anyio.fail_after(120):
             for k in range(1, 21):
                 weights = TensorDict.from_module(WideConstant(float(k)).to(device))
+                if device == "cuda":
+                    # The caller's stream busy for tens of milliseconds: a copy of the weights queued behind it lands
+                    # long after a pass on a lane's stream (not ordered after it) would have read them.
+                    torch.cuda._sleep(50_000_000)
                 await server.update_policy_weights_(weights=weights)
                 answer = (await server.infer(obs.clone()))["action"]
                 assert answer.tolist() == [float(k)] * 8, f"push {k}: the pass read weights that had not all landed"
+
+
+@contextlib.contextmanager
+def _written_on_a_side_stream(module: torch.nn.Module, value: float) -> Iterator[None]:
+    """As a trainer that steps its optimizer on a stream of its own: ``module``'s weight ``w`` set to ``value`` on a
+    side stream, behind tens of milliseconds of GPU work, and the block run with that stream current (the weights
+    pushed from it are written there). On the CPU, set at once."""
+    weight = module.get_parameter("w")
+    if not weight.is_cuda:
+        with torch.no_grad():
+            weight.fill_(value)
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.Stream()):
+        torch.cuda._sleep(50_000_000)
+        with torch.no_grad():
+            weight.fill_(value)  # queued on the side stream, behind the sleep
+        yield
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("device", DEVICES)
+async def test_weights_a_trainer_wrote_on_a_side_stream_are_read_once_written(mode: str, device: str) -> None:
+    # The server's copy of the weights (on its own streams) must wait for the trainer's write on its stream.
+    policy = TensorDictModule(WideConstant(0.0), in_keys=["observation"], out_keys=["action"])
+    obs = TensorDict({"observation": torch.zeros(8, 1)}, batch_size=[8])
+    trainer = WideConstant(0.0).to(device)
+    async with InferenceServer(policy, device=device, mode=mode, max_wait=0.0) as server:
+        with anyio.fail_after(120):
+            for k in range(1, 11):
+                with _written_on_a_side_stream(trainer, float(k)):
+                    await server.update_policy_weights_(trainer)
+                answer = (await server.infer(obs.clone()))["action"]
+                assert answer.tolist() == [float(k)] * 8, f"push {k}: read before the trainer's write"
+
+
+class Constant(torch.nn.Module):
+    """Acts action 0 or 1 per its last weight (a discrete action, as CountingEnv takes)."""
+
+    def __init__(self, size: int = 1 << 20) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(size))
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return (observation[..., 0] * 0 + self.w[-1]).long() % 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_an_in_process_collector_reads_pushed_weights_once_written(device: str) -> None:
+    trainer = Constant().to(device)
+    policy = TensorDictModule(Constant().to(device), in_keys=["observation"], out_keys=["action"])
+    env = functools.partial(CountingEnv, num_envs=2)
+    async with Collector(env, policy, frames_per_batch=4, total_frames=-1, env_device="cpu") as collector:
+        with anyio.fail_after(120):
+            for k in range(1, 11):
+                with _written_on_a_side_stream(trainer, float(k)):
+                    await collector.update_policy_weights_(trainer)
+                batch = await anext(collector)
+                while batch["collector", "policy_version"].min().item() < k:  # made before the push
+                    batch = await anext(collector)
+                assert batch["action"].unique().tolist() == [k % 2], f"push {k}: read before the trainer's write"
 
 
 @pytest.mark.parametrize(
@@ -97,8 +182,18 @@ async def test_infer_takes_observations_on_any_device_and_answers_on_theirs(
     async with InferenceServer(policy, device=server_device, mode=mode, max_wait=0.0) as server:
         with anyio.fail_after(120):
             for i in range(5):
-                obs = TensorDict({"observation": torch.full((3, 2), float(i), device=input_device)}, batch_size=[3])
-                action = (await server.infer(obs))["action"]
+                if input_device == "cuda":
+                    # Made on a side stream behind a long sleep: the server must wait for that stream, not its own.
+                    side = torch.cuda.Stream()
+                    with torch.cuda.stream(side):
+                        torch.cuda._sleep(50_000_000)
+                        observation = torch.full((3, 2), float(i), device=input_device)
+                        obs = TensorDict({"observation": observation}, batch_size=[3])
+                        action = (await server.infer(obs))["action"]
+                    side.synchronize()
+                else:
+                    obs = TensorDict({"observation": torch.full((3, 2), float(i))}, batch_size=[3])
+                    action = (await server.infer(obs))["action"]
                 assert action.device.type == input_device
                 assert torch.equal(action.cpu(), torch.full((3, 2), 2.0 * i))
             assert server.running, "the server lives on after every call"
@@ -187,3 +282,84 @@ def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_ar
         torch.ones(1, device="cuda").add_(1)  # no CUDA error was left pending by any registration
     finally:
         copier.close()
+
+
+@pytest.mark.gpu
+def test_a_copy_in_flight_holds_its_source_until_copied() -> None:
+    from acollect.transport.cuda_dma import DeviceCopier
+    from acollect.transport.shm import ShmSegment
+
+    copier = DeviceCopier(torch.device("cuda"))
+    segment = ShmSegment.create(1 << 20)
+    try:
+        for i in range(10):
+            view = TensorDict({"x": segment.tensor().view(torch.float32)}, batch_size=[])
+            view["x"].fill_(float(i))
+            with torch.cuda.stream(copier.stream):
+                torch.cuda._sleep(50_000_000)  # the copy queues behind tens of milliseconds of GPU work
+            copy = copier.copy(view)
+            total = copier.hand_over(copy)["x"].sum()
+            copier.copied(copy)  # the source may be written again only once this returns
+            view["x"].fill_(-1.0)  # the worker writes its next batch
+            assert total.item() == (1 << 18) * i, "the copy read memory written after it was handed over"
+    finally:
+        copier.close()
+        segment.close()
+        segment.unlink()
+
+
+@pytest.mark.gpu
+def test_a_refused_registration_leaves_no_cuda_error_and_copies_right() -> None:
+    from acollect.transport.cuda_dma import DeviceCopier
+    from acollect.transport.shm import ShmSegment
+
+    copier = DeviceCopier(torch.device("cuda"))
+    segment = ShmSegment.create(1 << 20)
+    cudart = torch.cuda.cudart()
+    address = segment.tensor().data_ptr()
+    assert int(getattr(r := cudart.cudaHostRegister(address, segment.size, 0), "value", r)) == 0
+    try:
+        view = TensorDict({"x": segment.tensor().view(torch.float32)}, batch_size=[])
+        view["x"].fill_(3.0)
+        copy = copier.copy(view)  # its own registration is refused: the memory is registered already
+        assert copier.registered_bytes == 0
+        assert copier.hand_over(copy)["x"].sum().item() == 3.0 * (1 << 18)
+        copier.copied(copy)
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()  # no error pending from the refusal
+    finally:
+        copier.close()
+        cudart.cudaHostUnregister(address)
+        segment.close()
+        segment.unlink()
+
+
+def test_the_segment_map_is_safe_to_read_while_other_threads_map_and_close() -> None:
+    import threading
+
+    from acollect.transport.shm import ShmSegment
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            while not stop.is_set():
+                with ShmSegment.create(4096) as segment:
+                    segment.tensor()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        with ShmSegment.create(4096) as mine:
+            address = mine.tensor().data_ptr()
+            for _ in range(20_000):
+                assert ShmSegment.containing(address) is mine
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert not errors

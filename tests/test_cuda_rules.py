@@ -1,6 +1,7 @@
 """The CUDA rules of docs/architecture.md, checked on the source (no GPU needed).
 
-Every ``non_blocking`` copy and every ``cudaHostRegister`` in the package is listed below with what makes it safe:
+Every ``non_blocking`` copy, every ``cudaHostRegister`` and every in-place copy of weights into a module (``update_``)
+in the package is listed below with what makes it safe:
 its synchronisation partner, which must appear in the same function. A new site fails this test until it is
 listed with its partner; a listed site that is gone fails it too, so the list stays the truth.
 """
@@ -44,15 +45,28 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
         "the segment's own close unregisters it (after the copies in flight) before it unmaps; a refusal's "
         "pending error is cleared with cudaGetLastError",
     ),
+    ("inference/loop.py", "ServerLoop._apply_weights"): (
+        "weights copied into the server's policy on its loop thread, from tensors the trainer's thread wrote",
+        "wait_ready(ticket.ready)",
+        "the trainer's streams' work on the weights (recorded as events when it pushed them) is waited for before "
+        "the copy, and the copy is synchronised (synchronize_devices) before the next pass runs on a lane's stream",
+    ),
+    ("weights.py", "load_weights"): (
+        "weights copied into an in-process collector's policy, from a snapshot the caller's thread made",
+        "wait_ready(ready)",
+        "the snapshot's copy (recorded as events when it was staged) is waited for before it is read, and the "
+        "copy into the policy is synchronised (synchronize_devices) before the rollout thread's next pass",
+    ),
 }
 
 
 def _is_site(node: ast.AST) -> bool:
-    """A call with ``non_blocking=`` anything but ``False``, or a call of ``cudaHostRegister``."""
+    """A call with ``non_blocking=`` anything but ``False``, a call of ``cudaHostRegister``, or an ``update_``
+    (weights copied in place into a module: read by other threads' streams)."""
     if not isinstance(node, ast.Call):
         return False
     func = node.func
-    if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) == "cudaHostRegister":
+    if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) in ("cudaHostRegister", "update_"):
         return True
     return any(
         k.arg == "non_blocking" and not (isinstance(k.value, ast.Constant) and k.value.value is False)

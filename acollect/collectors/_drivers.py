@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from tensordict import TensorDictBase
@@ -24,6 +24,7 @@ from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout, Spawn
 from acollect._rollout.protocol import Engine
 from acollect._runtime.threads import GilHandover, run_in_thread
+from acollect.devices import cuda_ready, order_after
 from acollect.time_split import OTHER, TRAINER
 from acollect.weights import PolicyWeights
 
@@ -63,6 +64,17 @@ class Driver(Protocol):
         ...
 
 
+def _leaves_of(out: object) -> list[object]:
+    """The tensors of the TensorDicts in ``out`` (one, or a tuple holding some)."""
+    values = out if isinstance(out, tuple) else (out,)
+    return [
+        leaf
+        for value in values
+        if isinstance(value, TensorDictBase)
+        for leaf in value.values(include_nested=True, leaves_only=True)
+    ]
+
+
 class ThreadDriver:
     """A blocking engine stepped in a thread, a batch per call (see the module's notes).
 
@@ -90,11 +102,16 @@ class ThreadDriver:
 
     async def collect(self, seed: int | None, after: Callable[[TensorDictBase], _T]) -> tuple[_T, list[float] | None]:
         threads = torch.get_num_threads()
-        return await run_in_thread(lambda stop: self._in_thread(stop, threads, seed, after), name="rollout")
+        out, spent, ready, made = await run_in_thread(
+            lambda stop: self._in_thread(stop, threads, seed, after), name="rollout"
+        )
+        # Written on the rollout thread's streams: the caller's wait for them (a batch on a GPU storing device).
+        order_after(ready, made)
+        return out, spent
 
     def _in_thread(
         self, stop: threading.Event, torch_threads: int, seed: int | None, after: Callable[[TensorDictBase], _T]
-    ) -> tuple[_T, list[float]]:
+    ) -> tuple[_T, list[float], tuple[tuple[torch.device, Any], ...], list[object]]:
         engine = self._engine
         watch = engine.stopwatch
         watch.switch(OTHER)  # since the last batch was handed out: the trainer's time
@@ -111,9 +128,11 @@ class ThreadDriver:
             batch: TensorDictBase = engine.collect(stop, between_steps=handover)
             # Here, off the event loop and before postproc can change the layout.
             out = after(batch)
+            made = _leaves_of(out) if torch.cuda.is_initialized() else []  # no CUDA in this process: none to order
+            ready = cuda_ready(made)
         spent = watch.take()
         watch.switch(TRAINER)  # until the next batch is asked for
-        return out, spent
+        return out, spent, ready, made
 
     async def set_paused(self, paused: bool) -> None:
         """Nothing: the thread stops by itself at the end of its batch."""

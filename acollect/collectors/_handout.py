@@ -99,9 +99,12 @@ class HandOut:
                 # Read where it lies, held until its copy ended (take_back): no CPU copy on the way.
                 copy = copier.copy(self._dispatch.view(items))
                 self._copies.append(copy)
-                batch = copier.hand_over(copy)
-                if reshape is not None:
-                    batch = await anyio.to_thread.run_sync(reshape, batch)
+                if reshape is None:
+                    batch = copier.hand_over(copy)
+                else:
+                    # Reshaped in a thread, on that thread's stream: each side orders its own stream after the other.
+                    reshaped, done = await anyio.to_thread.run_sync(copier.reshaped, copy, reshape)
+                    batch = copier.hand_over_reshaped(reshaped, done)
             elif self._inline(items, lent=books is not None, reshapes=reshape is not None):
                 batch = self._combine(items, books, reshape)
             else:

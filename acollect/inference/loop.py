@@ -17,11 +17,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect.devices import synchronize_devices, wait_ready
 from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import protocol as P
 from acollect.inference.batching import Batcher, Forward, Lane, Request, StatsRecorder
@@ -96,10 +97,15 @@ class DropReport:
 
 
 class Ticket:
-    """A weight update waiting for the server thread to apply it (``version`` is set once it is)."""
+    """A weight update waiting for the server thread to apply it (``version`` is set once it is).
 
-    def __init__(self, weights: TensorDictBase) -> None:
+    ``ready``: the events of :func:`~acollect.devices.cuda_ready`, recorded by the caller as it handed the weights
+    over (CUDA weights may still be written by work queued on its streams).
+    """
+
+    def __init__(self, weights: TensorDictBase, ready: tuple[Any, ...] = ()) -> None:
         self.weights = weights
+        self.ready = ready
         self.version = 0
         self.error: BaseException | None = None
         self.abandoned = False
@@ -382,12 +388,13 @@ class ServerLoop:
                 try:
                     with torch.no_grad():
                         target = TensorDict.from_module(self.forward.module)
-                        weights = ticket.weights
-                        target.update_(weights.to(target.device) if target.device is not None else weights)
-                        if target.device is not None and target.device.type == "cuda":
-                            # The copy ran on this thread's stream; passes run on their lanes' streams, which
-                            # nothing orders after it: it lands before the next pass is even queued.
-                            torch.cuda.current_stream(target.device).synchronize()
+                        # The caller's work on the weights (an optimizer step on its stream) ends before they are read.
+                        wait_ready(ticket.ready)
+                        target.update_(ticket.weights)
+                        # The copy ran on this thread's streams; passes run on their lanes' streams, which nothing
+                        # orders after it: it lands before the next pass is even queued. (The devices are the
+                        # parameters': a TensorDict made by from_module has none of its own.)
+                        synchronize_devices(target.values(include_nested=True, leaves_only=True))
                     self.version += 1
                     ticket.version = self.version
                 except Exception as exc:  # weights checked on the way in: this would be a device error

@@ -24,11 +24,12 @@ from typing import Any
 import anyio
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
 from acollect._spawn import pickle_payload, reap_later, spawn_python
+from acollect.devices import wait_ready
 from acollect.errors import (
     CollectorStateError,
     InferencePolicyError,
@@ -295,8 +296,18 @@ class LoopProcess:
             await self._staged.wait()
         if self._failure is not None:
             raise self._failure
-        if self._staging is not None:
-            self._staging.write(_nested(ticket.weights))
+        staging = self._staging
+        if staging is not None:
+            if ticket.ready:
+                # CUDA weights: read once the caller's work on them is done (its streams are not this thread's),
+                # copied to the host in a thread (a blocking copy of every parameter would stall the event loop).
+                def write(_stop: object) -> None:
+                    wait_ready(ticket.ready)
+                    staging.write(ticket.weights)
+
+                await run_in_thread(write, name="weights-to-server")
+            else:
+                staging.write(ticket.weights)
         n = next(self._ids)
         self._pending[n] = ticket
         self._staged, self._staged_id = anyio.Event(), n
@@ -372,7 +383,3 @@ class LoopProcess:
         if board is not None:
             # The board stays mapped for stats() after the end (its figures are the last ones); the name goes.
             board.unlink()
-
-
-def _nested(weights: TensorDictBase) -> TensorDictBase:
-    return weights if weights.device is None or weights.device.type == "cpu" else weights.to("cpu")

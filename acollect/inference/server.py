@@ -41,7 +41,7 @@ from acollect._runtime.loops import current_backend
 from acollect._runtime.tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
-from acollect.devices import DeviceLike, move_to
+from acollect.devices import DeviceLike, cuda_ready, move_to, wait_ready
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
 from acollect.inference.batching import InferenceStats, Request, StatsRecorder
 from acollect.inference.build import ServerSpec
@@ -476,7 +476,7 @@ class InferenceServer:
         checked = check_weights(as_weights(source), host.structure, what="the server's policy")
         async with self._weights_lock:
             self._check_running("update_policy_weights_()")
-            ticket = Ticket(checked)
+            ticket = Ticket(checked, cuda_ready(checked.values(include_nested=True, leaves_only=True)))
             event = self._events[ticket] = anyio.Event()
             try:
                 await host.submit_weights(ticket)
@@ -513,15 +513,10 @@ class InferenceServer:
 
 async def _to_host(leaves: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
     """``leaves`` on the CPU, copied in a thread once the work the caller queued on their streams is done."""
-    ready = []
-    for device in {value.device for value in leaves.values() if value.is_cuda}:
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))  # the caller's stream: where these tensors were made
-        ready.append(event)
+    ready = cuda_ready(leaves.values())  # the caller's streams: where these tensors were made
 
     def copy() -> dict[Any, torch.Tensor]:
-        for event in ready:
-            event.synchronize()
+        wait_ready(ready)
         return {key: value.to("cpu") for key, value in leaves.items()}  # waited for: the host reads them next
 
     return await anyio.to_thread.run_sync(copy)

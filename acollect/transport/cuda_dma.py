@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,19 +59,19 @@ class Copy:
         self.event.synchronize()
 
 
-def _cudart_library() -> Any | None:
-    """The ``libcudart`` this process loaded (the one torch calls), to clear its per-thread error; ``None`` if
-    there is none to find (a statically linked runtime, or not Linux)."""
+def _cudart_libraries() -> list[Any]:
+    """Every ``libcudart`` this process loaded, to clear their per-thread error; empty if there is none to find (a
+    statically linked runtime, or not Linux).
+
+    Several may be loaded (torch's, and one another library brought: CuPy, JAX, a system CUDA), and which one torch
+    calls cannot be told from here: the error is cleared in each (clearing an error nobody left is harmless).
+    """
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
     except OSError:
-        return None
-    for path in sorted(paths):
-        library = _load(path)
-        if library is not None:
-            return library
-    return None
+        return []
+    return [library for library in map(_load, sorted(paths)) if library is not None]
 
 
 def _load(path: str) -> Any | None:
@@ -80,6 +81,10 @@ def _load(path: str) -> Any | None:
     except (OSError, AttributeError):
         return None
     return library
+
+
+def _code(result: Any) -> int:
+    return int(getattr(result, "value", result))
 
 
 class DeviceCopier:
@@ -100,9 +105,8 @@ class DeviceCopier:
         self.device = device
         self.stream = torch.cuda.Stream(device)
         self._registered: dict[int, ShmSegment] = {}  # base address of a registered segment -> the segment
-        self._refused: set[int] = set()  # segments CUDA would not register: copied from pageable memory
-        self._cudart = _cudart_library()
-        self._pending: list[Copy] = []  # copies whose source is not given back yet
+        self._refused: set[int] = set()  # mapped segments CUDA would not register: copied from pageable memory
+        self._cudart = _cudart_libraries()
 
     @property
     def registered_bytes(self) -> int:
@@ -112,24 +116,28 @@ class DeviceCopier:
     def _registered_segment(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lies in a segment the pool owns that is registered (registered now if it is new)."""
         segment = ShmSegment.containing(tensor.data_ptr())
-        if segment is None or not segment.owner or self._cudart is None:
+        if segment is None or not segment.owner or not self._cudart:
             return False
         base = segment.address
         if base is None or base in self._refused:
             return False
         if base in self._registered:
             return True
-        error = torch.cuda.cudart().cudaHostRegister(base, segment.size, 0)
-        code = getattr(error, "value", error)
+        code = _code(torch.cuda.cudart().cudaHostRegister(base, segment.size, 0))
+        # Told when it goes, registered or not: a refusal is remembered only while this mapping lives.
+        segment.before_unmap(self._unregister)
         if code != 0:
-            self._cudart.cudaGetLastError()  # the refusal is handled here: the next launch must not report it
+            self._clear_error()  # the refusal is handled here: the next launch must not report it
             self._refused.add(base)
             logger.debug("cudaHostRegister refused %d bytes at %#x (error %s): copied from pageable memory",
                          segment.size, base, code)  # fmt: skip
             return False
         self._registered[base] = segment
-        segment.before_unmap(self._unregister)
         return True
+
+    def _clear_error(self) -> None:
+        for library in self._cudart:
+            library.cudaGetLastError()
 
     def _unregister(self, segment: ShmSegment) -> None:
         """The segment is about to be unmapped: the copies reading it finish first, then it is unregistered."""
@@ -139,7 +147,14 @@ class DeviceCopier:
         self._refused.discard(base)
         if self._registered.pop(base, None) is not None:
             self.stream.synchronize()
-            torch.cuda.cudart().cudaHostUnregister(base)
+            self._host_unregister(base)
+
+    def _host_unregister(self, base: int) -> None:
+        code = _code(torch.cuda.cudart().cudaHostUnregister(base))
+        if code != 0:
+            # Left pending, the error would be reported by the next kernel launch as its own.
+            self._clear_error()
+            logger.warning("cudaHostUnregister failed at %#x (error %s): its pages may stay locked", base, code)
 
     def copy(self, batch: TensorDictBase) -> Copy:
         """Starts copying ``batch`` (CPU) to the device; returns the copy in flight.
@@ -151,17 +166,15 @@ class DeviceCopier:
 
         def move(leaf: torch.Tensor) -> torch.Tensor:
             if self._registered_segment(leaf):
-                return leaf.to(device, non_blocking=True)  # held until copied(): see _return_held
+                return leaf.to(device, non_blocking=True)  # the source is held until copied() says it landed
             return leaf.to(device)  # pageable: read before it returns, so a temporary may go at once
 
         with torch.cuda.stream(self.stream):
             on_device = batch.apply(move, device=device)
             assert on_device is not None  # apply returns None only when told to work in place
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(blocking=True)  # copied() waits for it: sleeping, not spinning
             event.record(self.stream)
-        copy = Copy(on_device, event)
-        self._pending.append(copy)
-        return copy
+        return Copy(on_device, event)
 
     def hand_over(self, copy: Copy) -> TensorDictBase:
         """The device batch, ordered after its copy on the caller's current stream (no host synchronization).
@@ -169,25 +182,37 @@ class DeviceCopier:
         The memory was allocated on the copier's stream and is used on the caller's: it is recorded on the caller's
         stream too, so the caching allocator never gives it to another tensor while the caller's work is queued.
         """
+        return self._ordered(copy.batch, copy.event)
+
+    def reshaped(self, copy: Copy, reshape: Callable[[TensorDictBase], TensorDictBase]) -> tuple[TensorDictBase, Any]:
+        """``reshape`` (postproc, ``split_trajs``) run on the device batch by the calling thread (a worker thread,
+        off the event loop), after the copy; returns the result and the event its work was queued before, for
+        :meth:`hand_over_reshaped` on the consumer's thread (whose streams are not this thread's)."""
+        batch = reshape(self.hand_over(copy))
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        return batch, done
+
+    def hand_over_reshaped(self, batch: TensorDictBase, done: Any) -> TensorDictBase:
+        """A batch of :meth:`reshaped`, ordered after its reshaping on the caller's current stream."""
+        return self._ordered(batch, done)
+
+    def _ordered(self, batch: TensorDictBase, event: Any) -> TensorDictBase:
         consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(copy.event)
-        for leaf in copy.batch.values(include_nested=True, leaves_only=True):
-            if isinstance(leaf, torch.Tensor):
+        consumer.wait_event(event)
+        for leaf in batch.values(include_nested=True, leaves_only=True):
+            if isinstance(leaf, torch.Tensor) and leaf.device == consumer.device:
                 leaf.record_stream(consumer)
-        return copy.batch
+        return batch
 
     def copied(self, copy: Copy) -> None:
         """Blocks until ``copy`` finished: its source memory may then be given back to its worker."""
         copy.wait()
-        if copy in self._pending:
-            self._pending.remove(copy)
 
     def close(self) -> None:
         """Waits for every copy in flight and unregisters the memory (before it is unmapped). Idempotent."""
         self.stream.synchronize()
-        self._pending.clear()
-        cudart = torch.cuda.cudart()
         for base in list(self._registered):
-            cudart.cudaHostUnregister(base)
             del self._registered[base]
+            self._host_unregister(base)
         self._refused.clear()

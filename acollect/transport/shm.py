@@ -22,6 +22,7 @@ import mmap
 import os
 import re
 import secrets
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -71,6 +72,9 @@ class ShmSegment:
 
     #: the segments mapped in this process whose memory is seen as a tensor, by the address it starts at
     _mapped: ClassVar[weakref.WeakValueDictionary[int, ShmSegment]] = weakref.WeakValueDictionary()
+    # Segments are mapped and closed from several threads (a thread-mode inference server's slot hub, the event
+    # loop's hand-out asking what holds an address): every access to the map holds this.
+    _mapped_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, name: str, size: int, mapping: mmap.mmap, *, owner: bool) -> None:
         self._before_unmap: list[Callable[[ShmSegment], None]] = []
@@ -181,7 +185,8 @@ class ShmSegment:
                 # not a buffer export, so only the memoryview's export stops
                 # mmap.close() from unmapping memory a live tensor still points to.
                 self._tensor = torch.frombuffer(memoryview(mapping), dtype=torch.uint8, count=self._size)
-                ShmSegment._mapped[self._tensor.data_ptr()] = self
+                with ShmSegment._mapped_lock:
+                    ShmSegment._mapped[self._tensor.data_ptr()] = self
             else:
                 self._tensor = torch.empty(0, dtype=torch.uint8)
         return self._tensor
@@ -193,7 +198,8 @@ class ShmSegment:
         unmapped when the last of them is garbage collected.
         """
         if self._tensor is not None and self._size:
-            ShmSegment._mapped.pop(self._tensor.data_ptr(), None)
+            with ShmSegment._mapped_lock:
+                ShmSegment._mapped.pop(self._tensor.data_ptr(), None)
         hooks, self._before_unmap = self._before_unmap, []
         for hook in hooks:  # e.g. a CUDA registration undone while the memory is still mapped
             hook(self)
@@ -218,7 +224,9 @@ class ShmSegment:
             ...     ShmSegment.containing(seg.tensor()[8:].data_ptr()) is seg
             True
         """
-        for start, segment in list(ShmSegment._mapped.items()):
+        with ShmSegment._mapped_lock:
+            mapped = list(ShmSegment._mapped.items())
+        for start, segment in mapped:
             if start <= address < start + segment.size:
                 return segment
         return None
