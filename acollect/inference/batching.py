@@ -159,9 +159,10 @@ class Lane:
             # after its gather never reached to_host's synchronize.
             copied.synchronize()
         torch.cat(list(parts), 0, out=staged)
-        on_device = staged.to(self.device, non_blocking=True)  # on this lane's stream: see context()
-        self._copied[key] = event = torch.cuda.Event()
-        event.record(self.stream)
+        with torch.cuda.stream(self.stream):  # this lane's stream, whatever the caller's is (see context())
+            on_device = staged.to(self.device, non_blocking=True)
+            self._copied[key] = event = torch.cuda.Event()
+            event.record(self.stream)
         return on_device
 
     def to_host(self, outputs: dict[NestedKey, torch.Tensor]) -> dict[NestedKey, torch.Tensor]:
@@ -169,10 +170,13 @@ class Lane:
         if not self.cuda:
             return {k: v if v.device.type == "cpu" else v.to("cpu") for k, v in outputs.items()}
         host = {}
-        for key, value in outputs.items():
-            buffer = self._buffer(self._outputs, key, value, int(value.shape[0]), pin=True)
-            buffer.copy_(value, non_blocking=True)
-            host[key] = buffer
+        # The outputs were made on the caller's current stream (this lane's, inside context()): the copies follow.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            for key, value in outputs.items():
+                buffer = self._buffer(self._outputs, key, value, int(value.shape[0]), pin=True)
+                buffer.copy_(value, non_blocking=True)
+                host[key] = buffer
         self.stream.synchronize()  # every copy of this pass, and nothing of the other lanes'
         return host
 
