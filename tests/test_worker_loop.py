@@ -321,7 +321,7 @@ async def test_an_env_crash_mid_batch_is_reported_with_its_traceback() -> None:
     [
         [b"\xc1"],  # not msgpack
         pack_message("bogus"),  # not a command
-        [pack_message(P.COLLECT)[0].replace(b"\xa1v\x01", b"\xa1v\x02")],  # another protocol version
+        [pack_message(P.COLLECT)[0].replace(b"\xa1v" + bytes([PROTOCOL_VERSION]), b"\xa1v\x7f")],  # another version
     ],
     ids=["garbage", "unknown-kind", "other-version"],
 )

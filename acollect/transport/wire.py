@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 #: Bumped on every incompatible change of the header or frame layout.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a worker's hello says its n_envs, no longer its frames_per_batch
 #: Default ceiling on the size of the msgpack header frame (1 MiB).
 DEFAULT_MAX_HEADER_BYTES = 1 << 20
 _RESERVED_FIELDS = frozenset({"v", "kind", "td"})
@@ -233,7 +233,7 @@ def pack_message(
     Examples:
         >>> frames = pack_message("ping", {"seq": 3})
         >>> unpack_message(frames)
-        ({'v': 1, 'kind': 'ping', 'seq': 3}, None)
+        ({'v': 2, 'kind': 'ping', 'seq': 3}, None)
     """
     if not isinstance(kind, str) or not kind:
         raise ConfigurationError.bad_value("kind", kind, "a non-empty str")
@@ -289,7 +289,7 @@ def unpack_message(
         >>> unpack_message([b"\\x81\\xa1v\\x63"])
         Traceback (most recent call last):
         ...
-        acollect.errors.ProtocolError: protocol version mismatch: the peer speaks version 99, this side speaks version 1
+        acollect.errors.ProtocolError: protocol version mismatch: the peer speaks version 99, this side speaks version 2
     """
     if isinstance(frames, (bytes, bytearray, memoryview, str)) or not isinstance(frames, Sequence) or not frames:
         raise _fail("expected a non-empty list of frames")

@@ -132,7 +132,7 @@ def messages(tripwire: str) -> st.SearchStrategy[list[bytes]]:
     )
     oversized = st.sampled_from(["header", "tensor"]).map(
         lambda which: (
-            [b"\x81" + b"\xa1v\x01" + b"\x00" * DEFAULT_MAX_HEADER_BYTES]
+            [b"\x81" + b"\xa1v" + bytes([PROTOCOL_VERSION]) + b"\x00" * DEFAULT_MAX_HEADER_BYTES]
             if which == "header"
             else [*_forged_batch(0)[:1], _forged_batch(0)[1] + b"\x00" * 4096]
         )

@@ -263,7 +263,7 @@ def test_header_must_be_plain_msgpack_map() -> None:
     with pytest.raises(ProtocolError, match="expected a map"):
         unpack_message([msgpack.packb([1, 2])])
     with pytest.raises(ProtocolError, match="not valid msgpack"):
-        unpack_message([msgpack.packb({"v": 1, "kind": "x", "e": msgpack.ExtType(5, b"abc")})])
+        unpack_message([msgpack.packb({"v": 2, "kind": "x", "e": msgpack.ExtType(5, b"abc")})])
     with pytest.raises(ProtocolError, match="not valid msgpack"):
         unpack_message([msgpack.packb({1: "int key"})])
     with pytest.raises(ProtocolError, match="not a contiguous bytes-like"):
