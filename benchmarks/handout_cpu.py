@@ -68,6 +68,12 @@ def _uss_mib(pid: int) -> float | None:
         return None
 
 
+def _workers_in(batch: Any) -> set[int]:
+    """The workers whose frames ``batch`` holds: tagged per frame, or one row each where lockstep parts are stacked."""
+    ids = batch.get(("collector", "worker_id"), None)
+    return set(ids.unique().tolist()) if ids is not None else set(range(int(batch.shape[0])))
+
+
 async def measure(kind: type, workers: int, batches: int, step_ms: float = 0.0) -> dict[str, Any]:
     """This process's CPU per batch handed out (ms), and for Ray the start-up, arrivals, memory and leftovers."""
     env = (
@@ -86,7 +92,7 @@ async def measure(kind: type, workers: int, batches: int, step_ms: float = 0.0) 
         async for batch in collector:  # warm: workers started, memory reused; at least 50 batches
             if not seen:
                 row["first_batch_s"] = round(time.perf_counter() - created, 2)
-            seen.update(batch["collector", "worker_id"].unique().tolist())
+            seen.update(_workers_in(batch))
             if len(seen) == workers and "every_worker_s" not in row:
                 row["every_worker_s"] = round(time.perf_counter() - created, 2)
             if len(seen) == workers and collector.stats().batches >= 50:
@@ -99,7 +105,7 @@ async def measure(kind: type, workers: int, batches: int, step_ms: float = 0.0) 
         for _ in range(batches):
             batch = await anext(collector)
             frames += batch.numel()
-            timed.update(batch["collector", "worker_id"].unique().tolist())
+            timed.update(_workers_in(batch))
         row["cpu_ms"] = 1000 * (time.process_time() - cpu) / batches
         row["batches_per_s"] = round(batches / (time.perf_counter() - wall), 1)
         row["frames_per_batch"] = frames / batches
