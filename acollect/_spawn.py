@@ -48,8 +48,8 @@ def bootstrap(module: str, function: str) -> str:
     """The ``-c`` code of a process whose entry point is ``module.function(payload)``.
 
     Examples:
-        >>> "from acollect.worker.process import _run_payload; _run_payload(payload)" in bootstrap(
-        ...     "acollect.worker.process", "_run_payload")
+        >>> "from acollect._worker.process import _run_payload; _run_payload(payload)" in bootstrap(
+        ...     "acollect._worker.process", "_run_payload")
         True
     """
     return _IGNORE_SIGINT + (

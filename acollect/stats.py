@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from acollect.time_split import TimeSplitWindow
+from acollect._time_split import TimeSplitWindow
 
 __all__ = [
     "EPISODE_WINDOW",
@@ -266,7 +266,7 @@ class CollectorStats:
             the policy where the envs run), ``"actions"`` (waiting for an inference server's answer with nothing
             else to step), ``"trainer"`` (waiting for the trainer to take batches: no credit left, a slow
             consumer, a pause) and ``"other"`` (copies, bookkeeping, messaging); they sum to 1 (all 0 before the
-            first batch). See :mod:`acollect.time_split` and docs/metrics.md.
+            first batch). See :mod:`acollect._time_split` and docs/metrics.md.
         worker_time_split: the same, per worker id.
         bottleneck: what bounds collection now: ``"env"``, ``"policy"``, ``"inference"`` or ``"trainer"``, the
             part of ``time_split`` (``"other"`` aside) with the largest share; ``None`` until half a second of
@@ -380,7 +380,7 @@ class StatsRecorder:
         time_spent: Sequence[float] | None = None,
     ) -> None:
         """Takes one worker's report on a batch: its frames, the policy version it used, its episodes, and the
-        seconds its collecting thread spent in each part since its last batch (:mod:`acollect.time_split`)."""
+        seconds its collecting thread spent in each part since its last batch (:mod:`acollect._time_split`)."""
         t = time.monotonic() if now is None else now
         if time_spent is not None:
             self.time.add(worker, time_spent, now=t)

@@ -3,7 +3,7 @@
 Every benchmark measures the same work, CartPole-v1 driven by a 4-64-64-2 Tanh MLP that
 samples a categorical action, so figures from different scripts compare directly. The
 references (the loop a user writes instead, and the ceiling of independent loop processes)
-live in :mod:`acollect.cli.reference_loops`, so ``acollect bench`` measures against the same.
+live in :mod:`acollect.cli._reference_loops`, so ``acollect bench`` measures against the same.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import torch
 
-from acollect.cli.reference_loops import (
+from acollect.cli._reference_loops import (
     ENV_ID,
     CategoricalMLPPolicy,
     CleanRLLoop,

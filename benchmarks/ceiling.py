@@ -1,7 +1,7 @@
 """Worker-process collectors against their ceiling: N independent hand-loop processes started together.
 
 The ceiling is what N processes make when nothing connects them: each runs the loop a user
-writes instead (:class:`~acollect.cli.reference_loops.CleanRLLoop`: ``gym.make_vec`` sync with
+writes instead (:class:`~acollect.cli._reference_loops.CleanRLLoop`: ``gym.make_vec`` sync with
 the default autoreset, the MLP in a ``TensorDictModule``, ``[E, T]`` buffers cloned per batch)
 with E envs, and the ceiling is the sum of their frames/s. A collector cannot beat it: it does
 the same work plus moving every batch to the trainer process, which on a small machine competes
@@ -11,7 +11,7 @@ Four contenders are built once and warmed up (imports, start-up and first batche
 timed), then take **turns** of ``--turn-batches`` worker batches each, the order rotating, for
 ``--turns`` turns, so a change in the machine's load hits all of them alike:
 
-* ``ceiling``: a :class:`~acollect.cli.reference_loops.LoopPool` of N loop processes of E envs,
+* ``ceiling``: a :class:`~acollect.cli._reference_loops.LoopPool` of N loop processes of E envs,
   released together by a barrier at each turn;
 * ``MultiAsyncCollector``: N workers x E envs, each batch one worker's ``[E, T]``; the batches its
   workers collected ahead while the others had their turn are taken, untimed, before timing;
@@ -55,7 +55,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _common import ENV_ID, Turns, cpu_of, machine_info, make_policy, settle, single_thread_torch, write_json
 
 from acollect import GymEnv, MultiAsyncCollector, MultiSyncCollector
-from acollect.cli.reference_loops import LoopPool
+from acollect.cli._reference_loops import LoopPool
 
 CEILING, ASYNC, SYNC, SINGLE = "ceiling", "MultiAsyncCollector", "MultiSyncCollector", "one hand loop"
 ASYNC_PINNED, SYNC_PINNED = "MultiAsyncCollector auto", "MultiSyncCollector auto"  # worker_affinity="auto"

@@ -1,6 +1,6 @@
 """In-process collection against the loop a user writes instead, alternating batch by batch.
 
-``--workload cartpole`` (the default): the reference is :class:`~acollect.cli.reference_loops.CleanRLLoop`,
+``--workload cartpole`` (the default): the reference is :class:`~acollect.cli._reference_loops.CleanRLLoop`,
 cleanrl style: ``gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")`` with gymnasium's default
 (NEXT_STEP) autoreset, the 4-64-64-2 MLP in a ``TensorDictModule``, observations, actions, rewards and dones
 copied into preallocated ``[E, T]`` buffers and cloned per batch. Against it, with the same policy module object

@@ -2,7 +2,7 @@
 
 Both contenders run in one process, turns alternating, over the fastest env at hand (CartPole-v1, 8 envs in a
 ``SyncVectorEnv``, a 4-64-64-2 MLP): the workload where three clock reads per step weigh the most. Switched off,
-:meth:`acollect.time_split.Stopwatch.switch` does nothing.
+:meth:`acollect._time_split.Stopwatch.switch` does nothing.
 
     python benchmarks/time_split_cost.py --turns 6
 """
@@ -18,8 +18,8 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from acollect import Collector
+from acollect._time_split import Stopwatch
 from acollect.envs import GymEnv
-from acollect.time_split import Stopwatch
 
 
 def policy() -> TensorDictModule:

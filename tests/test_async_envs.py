@@ -19,7 +19,7 @@ import torch
 
 from acollect import Collector, CollectorState, MultiSyncCollector, ReplayBuffer
 from acollect.envs import AsyncEnv, AsyncEnvPool, make_env
-from acollect.envs import async_pool as async_pool_module
+from acollect.envs import _async_pool as async_pool_module
 from acollect.errors import ConfigurationError, EnvError, RemoteError
 from acollect.testing import AsyncCountingEnv, WeightProbe, wait_until
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from acollect.cli.info import collect_info, format_info
+from acollect.cli._info import collect_info, format_info
 from acollect.cli.main import COMMANDS, build_parser, main
-from acollect.transport.shm import shm_available
+from acollect.transport._shm import shm_available
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def test_help_loads_no_torch() -> None:
         "import contextlib, io, sys\n"
         "from acollect.cli.main import COMMANDS, build_parser\n"
         "parser = build_parser()\n"
-        "names = [m.rsplit('.', 1)[-1].removesuffix('_cmd') for m in COMMANDS]\n"
+        "names = [m.rsplit('.', 1)[-1].lstrip('_').removesuffix('_cmd') for m in COMMANDS]\n"
         "for argv in [['--help']] + [[name, '--help'] for name in names]:\n"
         "    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
         "        parser.parse_args(argv)\n"

@@ -253,8 +253,8 @@ async def test_pixel_batches_go_by_dma_and_pinned_memory_stays_flat(device: str)
 
 @pytest.mark.gpu
 def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_are_mapped() -> None:
-    from acollect.transport.cuda_dma import DeviceCopier
-    from acollect.transport.shm import ShmSegment
+    from acollect.transport._cuda_dma import DeviceCopier
+    from acollect.transport._shm import ShmSegment
 
     copier = DeviceCopier(torch.device("cuda"))
     try:
@@ -286,8 +286,8 @@ def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_ar
 
 @pytest.mark.gpu
 def test_a_copy_in_flight_holds_its_source_until_copied() -> None:
-    from acollect.transport.cuda_dma import DeviceCopier
-    from acollect.transport.shm import ShmSegment
+    from acollect.transport._cuda_dma import DeviceCopier
+    from acollect.transport._shm import ShmSegment
 
     copier = DeviceCopier(torch.device("cuda"))
     segment = ShmSegment.create(1 << 20)
@@ -310,8 +310,8 @@ def test_a_copy_in_flight_holds_its_source_until_copied() -> None:
 
 @pytest.mark.gpu
 def test_a_refused_registration_leaves_no_cuda_error_and_copies_right() -> None:
-    from acollect.transport.cuda_dma import DeviceCopier
-    from acollect.transport.shm import ShmSegment
+    from acollect.transport._cuda_dma import DeviceCopier
+    from acollect.transport._shm import ShmSegment
 
     copier = DeviceCopier(torch.device("cuda"))
     segment = ShmSegment.create(1 << 20)
@@ -337,7 +337,7 @@ def test_a_refused_registration_leaves_no_cuda_error_and_copies_right() -> None:
 def test_the_segment_map_is_safe_to_read_while_other_threads_map_and_close() -> None:
     import threading
 
-    from acollect.transport.shm import ShmSegment
+    from acollect.transport._shm import ShmSegment
 
     stop = threading.Event()
     errors: list[BaseException] = []

@@ -17,41 +17,41 @@ PACKAGE = Path(__file__).resolve().parent.parent / "acollect"
 
 #: (module, function) -> (what the copy or call is, the text of its partner in the same function, why that is enough)
 SITES: dict[tuple[str, str], tuple[str, str, str]] = {
-    ("devices.py", "move_to"): (
+    ("_devices.py", "move_to"): (
         "non_blocking only to a device that is not the host",
         'device.type != "cpu"',
         "a copy to an accelerator is ordered before the kernels that read it on the same stream; a copy to the "
         "host is waited for, since the host reads it next",
     ),
-    ("inference/batching.py", "Lane.gather"): (
+    ("inference/_batching.py", "Lane.gather"): (
         "host to device, from this lane's page-locked staging buffer, on the lane's stream",
         "copied.synchronize()",
         "the host writes a staging buffer again only after the event of the last copy out of it completed",
     ),
-    ("inference/batching.py", "Lane.to_host"): (
+    ("inference/_batching.py", "Lane.to_host"): (
         "device to host, into page-locked buffers",
         "self.stream.synchronize()",
         "the lane's stream is synchronised before the function returns the host buffers",
     ),
-    ("transport/cuda_dma.py", "DeviceCopier.copy"): (
+    ("transport/_cuda_dma.py", "DeviceCopier.copy"): (
         "host to device by DMA, from the pool's registered shared memory only",
         "event.record(self.stream)",
         "the consumer's stream waits for the event (hand_over) and the memory goes back to its worker only after "
         "copied() waited for it; any other memory takes the waited-for copy",
     ),
-    ("transport/cuda_dma.py", "DeviceCopier._registered_segment"): (
+    ("transport/_cuda_dma.py", "DeviceCopier._registered_segment"): (
         "cudaHostRegister of a segment this process created, while it is mapped",
         "segment.before_unmap(self._unregister)",
         "the segment's own close unregisters it (after the copies in flight) before it unmaps; a refusal's "
         "pending error is cleared with cudaGetLastError",
     ),
-    ("inference/loop.py", "ServerLoop._apply_weights"): (
+    ("inference/_loop.py", "ServerLoop._apply_weights"): (
         "weights copied into the server's policy on its loop thread, from tensors the trainer's thread wrote",
         "wait_ready(ticket.ready)",
         "the trainer's streams' work on the weights (recorded as events when it pushed them) is waited for before "
         "the copy, and the copy is synchronised (synchronize_devices) before the next pass runs on a lane's stream",
     ),
-    ("weights.py", "load_weights"): (
+    ("_weights.py", "load_weights"): (
         "weights copied into an in-process collector's policy, from a snapshot the caller's thread made",
         "wait_ready(ready)",
         "the snapshot's copy (recorded as events when it was staged) is waited for before it is read, and the "

@@ -15,6 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
+from acollect._devices import resolve_devices
+from acollect._policy import RandomPolicy
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import EngineSpec, build_engine
 from acollect._rollout.coroutines import AsyncRollout
@@ -22,10 +24,8 @@ from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._runtime.tasks import TaskOwner
-from acollect.devices import resolve_devices
 from acollect.envs import AsyncEnvPool
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.policy import RandomPolicy
 from acollect.testing import AsyncCountingEnv, CountingEnv, SplitProbe
 
 

@@ -22,8 +22,8 @@ from tensordict import TensorDictBase
 
 from acollect import Collector, CollectorBase, MultiSyncCollector
 from acollect.envs import EnvPoolEnv, GymEnv, is_envpool_env, make_env
-from acollect.envs.envpool import shared_seeds_warning
-from acollect.envs.factory import known_num_envs
+from acollect.envs._envpool import shared_seeds_warning
+from acollect.envs._factory import known_num_envs
 from acollect.errors import ConfigurationError, EnvError
 from acollect.testing import no_leaks
 

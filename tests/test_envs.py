@@ -18,8 +18,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict
 
 from acollect.envs import EnvBase, GymEnv, TorchRLEnvAdapter, make_env, space_to_spec
-from acollect.envs.factory import check_env_arg, known_num_envs
-from acollect.envs.gym import check_env_id
+from acollect.envs._factory import check_env_arg, known_num_envs
+from acollect.envs._gym import check_env_id
 from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import Binary, Bounded, Categorical, Composite, MultiCategorical, OneHot
 from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, CountingGymEnv, assert_counting_batch

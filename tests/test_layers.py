@@ -8,20 +8,20 @@ The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own
 below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the same)::
 
     errors, _validate, _warnings, _runtime, _pickling, _spawn, specs,
-    devices, _affinity, time_split
-    envs, policy, trajectories, trajectory_batches, stats, progress, replay_buffer
-    _rollout, weights
+    _devices, _affinity, _time_split
+    envs, _policy, _trajectories, _trajectory_batches, stats, _progress, replay_buffer
+    _rollout, _weights
     transport
     inference
-    worker
+    _worker
     launchers
-    pool
+    _pool
     collectors
     compat
     cli, testing, __main__, and the package itself (acollect/__init__.py only re-exports)
 
-(``weights`` updates a rollout engine's policy in place; ``inference`` is the inference server, whose
-clients run inside workers; ``pool`` is the collector's side of its worker processes.)
+(``_weights`` updates a rollout engine's policy in place; ``inference`` is the inference server, whose
+clients run inside workers; ``_pool`` is the collector's side of its worker processes.)
 
 Besides the imports between layers, three rules hold one place each: only ``CollectorBase`` defines
 ``async_shutdown`` (the rules of shutting down live there once) and ``update_policy_weights_`` (one
@@ -53,20 +53,20 @@ LAYERS: list[set[str]] = [
         "_pickling",
         "_spawn",
         "specs",
-        "devices",
+        "_devices",
         "_affinity",
-        "time_split",
+        "_time_split",
     },
-    {"envs", "policy", "trajectories", "trajectory_batches", "stats", "progress", "replay_buffer"},
+    {"envs", "_policy", "_trajectories", "_trajectory_batches", "stats", "_progress", "replay_buffer"},
     {
         "_rollout",
-        "weights",
+        "_weights",
     },
     {"transport"},
     {"inference"},
-    {"worker"},
+    {"_worker"},
     {"launchers"},
-    {"pool"},
+    {"_pool"},
     {"collectors"},
     {"compat"},
     {"cli", "testing", "__main__", ""},  # "": acollect/__init__.py, the public facade
@@ -112,7 +112,7 @@ def _imported_modules(name: str, tree: ast.AST) -> Iterator[str]:
             if base.split(".")[0] != "acollect":
                 continue
             for alias in node.names:
-                # `from acollect.worker import protocol`: the submodule;
+                # `from acollect._worker import protocol`: the submodule;
                 # `from acollect.envs import make_env`: the package.
                 submodule = f"{base}.{alias.name}"
                 yield submodule if submodule in MODULES else base
@@ -207,9 +207,9 @@ def test_every_module_has_a_layer() -> None:
 
 def test_the_graph_sees_known_imports() -> None:
     # Guards the parser: a broken resolution would make the other tests pass vacuously.
-    assert "acollect.worker.protocol" in GRAPH["acollect.worker.main"]  # `from acollect.worker import protocol`
-    assert "acollect.envs.factory" in GRAPH["acollect._rollout.build"]  # `from acollect.envs.factory import make_env`
-    assert "acollect.errors" in GRAPH["acollect.transport.wire"]
+    assert "acollect._worker.protocol" in GRAPH["acollect._worker.main"]  # `from acollect._worker import protocol`
+    assert "acollect.envs._factory" in GRAPH["acollect._rollout.build"]  # `from acollect.envs._factory import make_env`
+    assert "acollect.errors" in GRAPH["acollect.transport._wire"]
 
 
 def test_no_import_cycles() -> None:
@@ -354,14 +354,14 @@ def test_only_the_transport_imports_zmq() -> None:
         for name, path in MODULES.items()
         if any(m.split(".")[0] == "zmq" for _, m in _imports_of(ast.parse(path.read_text(encoding="utf-8"))))
     }
-    assert "acollect.transport.endpoint" in transport  # the parser sees `import zmq`
+    assert "acollect.transport._endpoint" in transport  # the parser sees `import zmq`
 
 
 # Classes besides CollectorBase that may define update_policy_weights_: class name -> why.
 WEIGHT_UPDATERS_ALLOWED: dict[str, str] = {
     "InferenceServer": (
         "not a collector: it holds one policy, so it takes the base's first three parameters only (checked below), "
-        "and refuses more than one of them through the same acollect.weights.one_source"
+        "and refuses more than one of them through the same acollect._weights.one_source"
     ),
 }
 
@@ -388,7 +388,7 @@ def _parameters(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str,
 
 def test_only_the_base_defines_update_policy_weights() -> None:
     # One signature, every keyword documented once, and the arguments checked once in CollectorBase; a collector
-    # puts the weights in place in its _update_policy_weights hook (given an acollect.weights.WeightUpdate).
+    # puts the weights in place in its _update_policy_weights hook (given an acollect._weights.WeightUpdate).
     definers = {node.name: node for _, node in _classes() if _defines(node, "update_policy_weights_")}
     assert "CollectorBase" in definers, "CollectorBase.update_policy_weights_ is gone: the test looks at nothing"
     found = sorted(set(definers) - {"CollectorBase", *WEIGHT_UPDATERS_ALLOWED})
@@ -412,5 +412,5 @@ def test_one_source_of_weights_is_checked_in_one_place() -> None:
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if phrase in line
     )
-    assert len(found) == 1, f"{phrase!r} should appear once in acollect/ (acollect.weights.one_source), found {found}"
-    assert found[0].startswith("acollect.weights:")
+    assert len(found) == 1, f"{phrase!r} should appear once in acollect/ (acollect._weights.one_source), found {found}"
+    assert found[0].startswith("acollect._weights:")

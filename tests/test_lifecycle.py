@@ -48,7 +48,7 @@ from acollect import (
     MultiSyncCollector,
     ReplayBuffer,
 )
-from acollect.collectors.base import CollectorBase
+from acollect.collectors._base import CollectorBase
 from acollect.envs import AsyncEnvPool
 from acollect.errors import ClosedCollectorError, CollectorStateError, EnvError, RemoteError, WorkerError
 from acollect.testing import (

@@ -22,7 +22,7 @@ from acollect import (
     MultiSyncCollector,
     RayCollector,
 )
-from acollect.collectors.options import WorkerSettings, parse
+from acollect.collectors._options import WorkerSettings, parse
 from acollect.testing import CountingEnv
 
 # Each builds a collector (nothing starts) from keyword options; the Ray and distributed ones need no Ray
@@ -168,9 +168,9 @@ def test_every_multi_process_collector_has_one_mode(name: str) -> None:
 
 
 def test_the_generated_modules_are_current() -> None:
-    # Each option is declared once (options.py, collector_settings.py); the TypedDicts mypy checks **options against
+    # Each option is declared once (_options.py, _collector_settings.py); the TypedDicts mypy checks **options against
     # and each collector's Keyword Args are generated from the declarations into _generated_*.py, checked in.
-    from acollect.collectors.option_codegen import REGENERATE, stale
+    from acollect.collectors._option_codegen import REGENERATE, stale
 
     assert not stale(), f"stale in acollect/collectors: {stale()}; run {REGENERATE}"
 
@@ -180,9 +180,9 @@ def test_the_staleness_check_sees_a_changed_declaration_or_file(
 ) -> None:
     # What makes the test above able to fail: a declaration changed after the last regeneration, a generated file
     # edited by hand, or one missing.
-    from acollect.collectors.collector_settings import MultiSyncSettings
-    from acollect.collectors.option_codegen import stale, write_all
-    from acollect.collectors.options import Override
+    from acollect.collectors._collector_settings import MultiSyncSettings
+    from acollect.collectors._option_codegen import stale, write_all
+    from acollect.collectors._options import Override
 
     write_all(tmp_path)
     assert stale(tmp_path) == []
@@ -199,7 +199,7 @@ def test_the_staleness_check_sees_a_changed_declaration_or_file(
 
 def test_the_generated_modules_say_so() -> None:
     from acollect.collectors import _generated_keyword_args, _generated_options
-    from acollect.collectors.option_codegen import BANNER
+    from acollect.collectors._option_codegen import BANNER
 
     for module in (_generated_options, _generated_keyword_args):
         assert Path(str(module.__file__)).name.startswith("_generated_")
@@ -214,8 +214,8 @@ def test_each_collector_typed_dict_holds_its_keywords_each_declared_once() -> No
     import ast
 
     from acollect.collectors import _generated_options
-    from acollect.collectors.option_codegen import collectors
-    from acollect.collectors.options import accepted
+    from acollect.collectors._option_codegen import collectors
+    from acollect.collectors._options import accepted
 
     tree = ast.parse(Path(str(_generated_options.__file__)).read_text())
     declared = [
@@ -237,7 +237,7 @@ def test_each_collector_typed_dict_holds_its_keywords_each_declared_once() -> No
 def test_every_option_has_a_doc_and_a_check_or_says_who_checks_it() -> None:
     from dataclasses import fields
 
-    from acollect.collectors.options import WorkerSettings
+    from acollect.collectors._options import WorkerSettings
 
     for f in fields(WorkerSettings):
         assert f.metadata.get("doc"), f"{f.name} has no doc"
@@ -247,14 +247,14 @@ def test_every_option_has_a_doc_and_a_check_or_says_who_checks_it() -> None:
 # -- every option declared once: the docs users read are generated from the declarations ---------------------
 def _public_collectors() -> set[type]:
     import acollect
-    from acollect.collectors.base import CollectorBase
+    from acollect.collectors._base import CollectorBase
 
     found = {getattr(acollect, name) for name in acollect.__all__}
     return {c for c in found if isinstance(c, type) and issubclass(c, CollectorBase) and c is not CollectorBase}
 
 
 def test_every_public_collector_has_its_keyword_args_generated() -> None:
-    from acollect.collectors.option_codegen import collectors
+    from acollect.collectors._option_codegen import collectors
 
     assert set(collectors()) == _public_collectors()
     assert len(collectors()) == 8
@@ -264,7 +264,7 @@ def test_every_public_collector_has_its_keyword_args_generated() -> None:
 def test_the_docstring_lists_each_option_as_declared(collector: type) -> None:
     # What help(collector) and the API page show is what the declarations say: each keyword the collector takes,
     # its type, doc and default.
-    from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_section
+    from acollect.collectors._option_codegen import docstring_keyword_args, keyword_args_section
 
     assert docstring_keyword_args(collector.__doc__, collector.__name__) == keyword_args_section(collector)
     assert collector.__doc__.count("Keyword Args:") == 1
@@ -276,7 +276,7 @@ def test_the_source_docstring_holds_a_pointer_not_the_generated_text(collector: 
     import ast
     import textwrap
 
-    from acollect.collectors.option_codegen import docstring_keyword_args, keyword_args_pointer
+    from acollect.collectors._option_codegen import docstring_keyword_args, keyword_args_pointer
 
     source = ast.parse(textwrap.dedent(inspect.getsource(collector)))
     node = source.body[0]
@@ -289,7 +289,7 @@ def test_the_source_docstring_holds_a_pointer_not_the_generated_text(collector: 
 def test_add_keyword_args_puts_the_section_in_place_of_what_the_source_says() -> None:
     # Between the sections around it, as often as it is called; a docstring without the section is refused.
     from acollect.collectors import _generated_keyword_args
-    from acollect.collectors.option_codegen import add_keyword_args, keyword_args_section
+    from acollect.collectors._option_codegen import add_keyword_args, keyword_args_section
 
     class MultiAsyncCollector(acollect.MultiAsyncCollector):
         """A collector documented with a pointer.
@@ -358,7 +358,7 @@ def test_a_refused_keyword_is_named_with_the_reason_and_left_out_of_the_docs(
 
 
 def test_a_collector_own_default_applies_where_the_keyword_is_not_given() -> None:
-    from acollect.collectors.collector_settings import BatchedSettings
+    from acollect.collectors._collector_settings import BatchedSettings
 
     assert parse({"frames_per_batch": 8}, BatchedSettings).storing_device == "cpu"
     assert parse({"frames_per_batch": 8, "storing_device": None}, BatchedSettings).storing_device is None
@@ -370,7 +370,7 @@ def test_a_collector_own_default_applies_where_the_keyword_is_not_given() -> Non
 def test_a_mode_option_is_refused_in_the_other_mode_and_documented_with_its_mode(
     keyword: str, value: object, sync: bool
 ) -> None:
-    from acollect.collectors.collector_settings import ModeSettings
+    from acollect.collectors._collector_settings import ModeSettings
 
     with pytest.raises(ConfigurationError, match=rf"^{keyword}={value} is invalid: expected no value with sync={sync}"):
         parse({"frames_per_batch": 8, "sync": sync, keyword: value}, ModeSettings)

@@ -10,11 +10,11 @@ import pytest
 
 from acollect._pickling import cloudpickle_dumps
 from acollect._spawn import pickle_payload
+from acollect._worker.config_codec import decode_config, encode_config
+from acollect._worker.protocol import WorkerConfig
 from acollect.launchers.base import pack_config
 from acollect.testing import CountingEnv
 from acollect.transport.auth import ClientKeys
-from acollect.worker.config_codec import decode_config, encode_config
-from acollect.worker.protocol import WorkerConfig
 
 
 def round_trip(obj: Any) -> Any:

@@ -147,9 +147,9 @@ def _first_private(names: Iterable[str]) -> str:
 def test_the_private_names_are_acollects_own() -> None:
     # Read from the source; an object's real fields are among them, or the check would see nothing.
     from acollect import Collector, InferenceServer, MultiSyncCollector
-    from acollect.pool.handles import WorkerHandle
+    from acollect._pool.handles import WorkerHandle
+    from acollect._worker.protocol import WorkerConfig
     from acollect.testing import CountingEnv, WeightProbe
-    from acollect.worker.protocol import WorkerConfig
 
     objects = [
         Collector(CountingEnv, frames_per_batch=4),
@@ -166,7 +166,7 @@ def test_the_private_names_are_acollects_own() -> None:
 def test_planted_reaches_are_found() -> None:
     import acollect._runtime.threads as threads_module
     from acollect import MultiSyncCollector
-    from acollect.pool.handles import WorkerHandle
+    from acollect._pool.handles import WorkerHandle
     from acollect.testing import CountingEnv
 
     field = _first_private(vars(MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8)))

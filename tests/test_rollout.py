@@ -17,12 +17,12 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._devices import resolve_devices
+from acollect._policy import wrap_policy
 from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted
-from acollect.devices import resolve_devices
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.policy import wrap_policy
 from acollect.testing import (
     ENV_STRIDE,
     RESET_JUMP,

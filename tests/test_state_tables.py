@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from acollect._pool.events import POOL, PoolEvents, PoolState
+from acollect._pool.handles import WORKER, WorkerHandle, WorkerState
 from acollect._runtime.lifecycle import LIFECYCLE
 from acollect._runtime.machine import IllegalTransition, StateTable
-from acollect.pool.events import POOL, PoolEvents, PoolState
-from acollect.pool.handles import WORKER, WorkerHandle, WorkerState
-from acollect.worker.protocol import WorkerConfig
-from acollect.worker.state import WORKER_PROCESS, LoopState, WorkerLoopState
+from acollect._worker.protocol import WorkerConfig
+from acollect._worker.state import WORKER_PROCESS, LoopState, WorkerLoopState
 
 ROOT = Path(__file__).resolve().parents[1]
 CONCEPTS = ROOT / "docs" / "concepts.md"

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from acollect import Collector, ConfigurationError, MultiSyncCollector, ReplayBuffer
-from acollect.progress import check_progress
+from acollect._progress import check_progress
 from acollect.stats import EpisodeSummary, EpisodeTracker, RateWindow, StatsRecorder
 from acollect.testing import CountingEnv, wait_until
 

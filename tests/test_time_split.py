@@ -16,9 +16,9 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, Collector, MultiAsyncCollector, MultiSyncCollector
+from acollect._time_split import PARTS
 from acollect.stats import CollectorStats
 from acollect.testing import CountingEnv, SlowEnv
-from acollect.time_split import PARTS
 
 START_METHOD = "forkserver"  # workers forked from one process that imported everything once: quick to start
 

@@ -27,9 +27,9 @@ from acollect import (
     MultiAsyncCollector,
     MultiSyncCollector,
 )
+from acollect._trajectory_batches import TrajectoryAssembler
 from acollect.envs import AsyncEnvPool
 from acollect.testing import ENV_STRIDE, RESET_JUMP, AsyncCountingEnv, CountingEnv, no_leaks, wait_until
-from acollect.trajectory_batches import TrajectoryAssembler
 
 LENGTHS = [3, 5]  # per sub-env: batches of whole episodes of two lengths, padded to the longest
 START_METHOD = "forkserver"

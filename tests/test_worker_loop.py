@@ -1,8 +1,8 @@
 """The worker main loop driven for real over ZeroMQ, with no collector in between.
 
-The test plays the collector: it binds a real :class:`~acollect.transport.endpoint.Endpoint`, runs
-:func:`~acollect.worker.main.run_worker` (in a thread, and once in a spawned process the way
-:mod:`acollect.worker.process` starts it), and exchanges wire messages with it. The worker's control
+The test plays the collector: it binds a real :class:`~acollect.transport._endpoint.Endpoint`, runs
+:func:`~acollect._worker.main.run_worker` (in a thread, and once in a spawned process the way
+:mod:`acollect._worker.process` starts it), and exchanges wire messages with it. The worker's control
 socket has identity ``w<index>.<gen>``; its runner sends batches from a second socket, ``w<index>.<gen>d``.
 """
 
@@ -21,14 +21,14 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._worker import protocol as P
+from acollect._worker.main import run_worker
+from acollect._worker.process import WorkerProcess, start_worker
 from acollect.errors import ProtocolError
 from acollect.testing import CountingEnv, SlowEnv, WeightProbe, assert_counting_batch, no_leaks
-from acollect.transport.endpoint import Endpoint
-from acollect.transport.weight_sync import flatten_params
-from acollect.transport.wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
-from acollect.worker import protocol as P
-from acollect.worker.main import run_worker
-from acollect.worker.process import WorkerProcess, start_worker
+from acollect.transport._endpoint import Endpoint
+from acollect.transport._weight_sync import flatten_params
+from acollect.transport._wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
 
 CONTROL, DATA = P.worker_identity(0, 0), P.worker_identity(0, 0) + b"d"
 WAIT = 10.0  # bounds a hang; no test comes close

@@ -30,19 +30,19 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, set_interaction_type
 
-from acollect._rollout.env_faults import EnvFaults
-from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
-from acollect.devices import Devices, move_to
-from acollect.envs.base import EnvBase
-from acollect.errors import ConfigurationError
-from acollect.policy import (
+from acollect._devices import Devices, move_to
+from acollect._policy import (
     NestedKey,
     PolicyAdapter,
     RandomPolicy,
     SplitPolicy,
     check_policy_outputs,
 )
-from acollect.time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
+from acollect._rollout.env_faults import EnvFaults
+from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
+from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
+from acollect.envs._base import EnvBase
+from acollect.errors import ConfigurationError
 
 __all__ = ["Reset", "RolloutEngine", "RolloutInterrupted", "exploration"]
 
@@ -82,7 +82,7 @@ class RolloutEngine:
 
     Args:
         env: the batched env (it belongs to the engine from now on).
-        policy: the policy adapter (see :func:`acollect.policy.wrap_policy`).
+        policy: the policy adapter (see :func:`acollect._policy.wrap_policy`).
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
             (:meth:`~acollect._rollout.batch_plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
@@ -98,8 +98,8 @@ class RolloutEngine:
 
     Examples:
         >>> from acollect.testing import CountingEnv
-        >>> from acollect.devices import resolve_devices
-        >>> from acollect.policy import RandomPolicy
+        >>> from acollect._devices import resolve_devices
+        >>> from acollect._policy import RandomPolicy
         >>> env = CountingEnv(num_envs=2, episode_length=3)
         >>> engine = RolloutEngine(env, RandomPolicy(env.action_spec, (2,)), time_steps=4, devices=resolve_devices())
         >>> batch = engine.collect()
@@ -199,10 +199,10 @@ class RolloutEngine:
         while this one's actions are computed elsewhere.
 
         Returns:
-            The policy, to wait on its answer (:meth:`~acollect.policy.SplitPolicy.answer_fileno`).
+            The policy, to wait on its answer (:meth:`~acollect._policy.SplitPolicy.answer_fileno`).
 
         Raises:
-            ConfigurationError: the policy's calls do not split (it is no :class:`~acollect.policy.SplitPolicy`).
+            ConfigurationError: the policy's calls do not split (it is no :class:`~acollect._policy.SplitPolicy`).
         """
         if not isinstance(self.policy, SplitPolicy):
             raise ConfigurationError.bad_value(

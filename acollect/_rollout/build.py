@@ -24,6 +24,8 @@ from typing import Any, Literal, TypeVar, overload
 
 from tensordict.nn import InteractionType
 
+from acollect._devices import Devices
+from acollect._policy import PolicyAdapter, build_policy
 from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout
@@ -31,13 +33,11 @@ from acollect._rollout.env_faults import EnvFaults, check_env_errors, env_faults
 from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
-from acollect.devices import Devices
-from acollect.envs.async_pool import AsyncEnvPool
-from acollect.envs.base import EnvBase
-from acollect.envs.factory import make_env
+from acollect._weights import PolicyWeights
+from acollect.envs._async_pool import AsyncEnvPool
+from acollect.envs._base import EnvBase
+from acollect.envs._factory import make_env
 from acollect.errors import ConfigurationError
-from acollect.policy import PolicyAdapter, build_policy
-from acollect.weights import PolicyWeights
 
 __all__ = ["EngineSpec", "build_engine"]
 
@@ -56,7 +56,7 @@ class EngineSpec:
             :meth:`BatchPlan(frames_per_batch).time_steps(n_envs) <acollect._rollout.batch_plan.BatchPlan.time_steps>`
             steps each, asked once the env is built.
         env_kwargs: keyword arguments for building the env.
-        policy: the policy (:func:`~acollect.policy.wrap_policy`); ``None``: random actions.
+        policy: the policy (:func:`~acollect._policy.wrap_policy`); ``None``: random actions.
         policy_factory: a zero-argument callable building the policy where the engine runs, instead of ``policy``.
         devices: the devices given (``device``, ``env_device``, ``policy_device``, ``storing_device``).
         max_frames_per_traj: truncate (and reset) trajectories longer than this.

@@ -46,16 +46,16 @@ import anyio
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
+from acollect._devices import Devices
+from acollect._policy import PolicyAdapter
 from acollect._rollout.blocking import Reset
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_steps import EnvSteps, Trajectories
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._rollout.row_ring import RowRing
-from acollect.devices import Devices
-from acollect.envs.async_pool import AsyncEnvPool
-from acollect.policy import PolicyAdapter
-from acollect.weights import PolicyWeights
+from acollect._weights import PolicyWeights
+from acollect.envs._async_pool import AsyncEnvPool
 
 __all__ = ["INLINE_POLICY_SECONDS", "AsyncRollout", "TaskCrew"]
 
@@ -147,7 +147,7 @@ class AsyncRollout:
 
     Args:
         env: the pool (it belongs to the engine from now on).
-        policy: the policy adapter (see :func:`acollect.policy.wrap_policy`).
+        policy: the policy adapter (see :func:`acollect._policy.wrap_policy`).
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
             (:meth:`~acollect._rollout.batch_plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
@@ -164,9 +164,9 @@ class AsyncRollout:
     Examples:
         >>> import anyio
         >>> from acollect._runtime.tasks import TaskOwner
-        >>> from acollect.devices import resolve_devices
+        >>> from acollect._devices import resolve_devices
         >>> from acollect.envs import AsyncEnvPool
-        >>> from acollect.policy import RandomPolicy
+        >>> from acollect._policy import RandomPolicy
         >>> from acollect.testing import AsyncCountingEnv
         >>> async def main():
         ...     pool = AsyncEnvPool(AsyncCountingEnv, num_envs=2)

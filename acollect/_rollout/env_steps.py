@@ -17,7 +17,7 @@ import numpy as np
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
-from acollect.envs.async_pool import AsyncEnvPool
+from acollect.envs._async_pool import AsyncEnvPool
 
 __all__ = ["EnvSteps", "Trajectories"]
 

@@ -24,8 +24,8 @@ import torch
 from tensordict import TensorDict
 
 from acollect._rollout.blocking import RolloutEngine, exploration
-from acollect.envs.base import EnvBase
-from acollect.time_split import ACTIONS
+from acollect._time_split import ACTIONS
+from acollect.envs._base import EnvBase
 
 __all__ = ["EngineGroups"]
 
@@ -39,7 +39,7 @@ class EngineGroups:
     Args:
         engines: the engines, in the order of their rows in each batch (the first over rows ``[0, n_0)``, the
             next over the following ``n_1`` rows, ...); the same ``time_steps``; at least two; each with a policy
-            whose calls split in two (:class:`~acollect.policy.SplitPolicy`, an inference server's client).
+            whose calls split in two (:class:`~acollect._policy.SplitPolicy`, an inference server's client).
 
     Raises:
         ValueError: fewer than two engines, or engines that step unlike.

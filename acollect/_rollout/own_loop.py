@@ -18,12 +18,12 @@ import threading
 import anyio
 from tensordict import TensorDict
 
+from acollect._policy import PolicyAdapter
 from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._runtime.tasks import TaskOwner
-from acollect.envs.async_pool import AsyncEnvPool
-from acollect.policy import PolicyAdapter
-from acollect.time_split import Stopwatch
+from acollect._time_split import Stopwatch
+from acollect.envs._async_pool import AsyncEnvPool
 
 __all__ = ["LoopRollout"]
 
@@ -35,8 +35,8 @@ class LoopRollout:
     """An :class:`AsyncRollout` driven from blocking code: a :class:`~acollect._rollout.protocol.BlockingEngine`.
 
     Examples:
-        >>> from acollect.devices import resolve_devices
-        >>> from acollect.policy import RandomPolicy
+        >>> from acollect._devices import resolve_devices
+        >>> from acollect._policy import RandomPolicy
         >>> from acollect.testing import AsyncCountingEnv
         >>> pool = AsyncEnvPool(AsyncCountingEnv, num_envs=2)
         >>> engine = LoopRollout(AsyncRollout(pool, RandomPolicy(pool.action_spec, (2,)), time_steps=4,

@@ -19,14 +19,14 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
+from acollect._devices import Devices
+from acollect._policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, unseeded_generator
 from acollect._rollout.blocking import exploration
 from acollect._rollout.env_steps import EnvSteps
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
 from acollect._runtime.threads import run_in_thread
-from acollect.devices import Devices
 from acollect.errors import PolicyError
-from acollect.policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, unseeded_generator
 
 __all__ = ["INLINE_POLICY_SECONDS", "OutputLayout", "PolicyPasses"]
 

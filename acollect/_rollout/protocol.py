@@ -18,8 +18,8 @@ mypy checks each class against these protocols where it is built (:func:`acollec
 and where it is used; nothing is cast.
 
 Examples:
-    >>> from acollect.devices import resolve_devices
-    >>> from acollect.policy import RandomPolicy
+    >>> from acollect._devices import resolve_devices
+    >>> from acollect._policy import RandomPolicy
     >>> from acollect._rollout.blocking import RolloutEngine
     >>> from acollect.testing import CountingEnv
     >>> env = CountingEnv(num_envs=2)
@@ -36,9 +36,9 @@ from typing import Protocol, runtime_checkable
 
 from tensordict import TensorDict
 
-from acollect.envs.base import EnvBase
-from acollect.policy import PolicyAdapter
-from acollect.time_split import Stopwatch
+from acollect._policy import PolicyAdapter
+from acollect._time_split import Stopwatch
+from acollect.envs._base import EnvBase
 
 __all__ = ["BlockingEngine", "Engine"]
 
@@ -114,7 +114,7 @@ class Engine(Protocol):
 class BlockingEngine(Engine, Protocol):
     """An :class:`Engine` that blocking code drives: what a worker process (and a collector's thread) calls."""
 
-    #: where the collecting thread's time goes (:mod:`acollect.time_split`); its driver charges the waits between
+    #: where the collecting thread's time goes (:mod:`acollect._time_split`); its driver charges the waits between
     #: batches (for the trainer), the engine what it does within one
     stopwatch: Stopwatch
 

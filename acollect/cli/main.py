@@ -28,10 +28,10 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: Subcommand modules, in the order ``acollect --help`` lists them.
 COMMANDS: tuple[str, ...] = (
-    "acollect.cli.info",
-    "acollect.cli.bench",
-    "acollect.cli.keys_cmd",
-    "acollect.cli.worker_cmd",
+    "acollect.cli._info",
+    "acollect.cli._bench",
+    "acollect.cli._keys_cmd",
+    "acollect.cli._worker_cmd",
 )
 
 

@@ -5,22 +5,22 @@ TorchRL's spellings of these classes (``SyncDataCollector``, ``RPCCollector``...
 package never imports them, so it stays below the compatibility layer.
 
 Each collector's docstring gets its "Keyword Args" here, as the package loads: generated from its option
-declarations (:mod:`acollect.collectors.option_codegen`), they stand in for the pointer its source holds.
+declarations (:mod:`acollect.collectors._option_codegen`), they stand in for the pointer its source holds.
 """
 
-from acollect.collectors.async_collector import AsyncCollector as AsyncCollector
-from acollect.collectors.base import CollectorBase as CollectorBase
-from acollect.collectors.base import CollectorState as CollectorState
-from acollect.collectors.batched import AsyncBatchedCollector as AsyncBatchedCollector
-from acollect.collectors.collector import Collector as Collector
-from acollect.collectors.distributed import DistributedCollector as DistributedCollector
-from acollect.collectors.distributed import DistributedSyncCollector as DistributedSyncCollector
-from acollect.collectors.multi import MultiAsyncCollector as MultiAsyncCollector
-from acollect.collectors.multi import MultiSyncCollector as MultiSyncCollector
-from acollect.collectors.option_codegen import add_keyword_args as _add_keyword_args
-from acollect.collectors.ray_collector import RayCollector as RayCollector
-from acollect.transport.weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
-from acollect.transport.weight_sync import WeightSyncScheme as WeightSyncScheme
-from acollect.transport.weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme
+from acollect.collectors._async_collector import AsyncCollector as AsyncCollector
+from acollect.collectors._base import CollectorBase as CollectorBase
+from acollect.collectors._base import CollectorState as CollectorState
+from acollect.collectors._batched import AsyncBatchedCollector as AsyncBatchedCollector
+from acollect.collectors._collector import Collector as Collector
+from acollect.collectors._distributed import DistributedCollector as DistributedCollector
+from acollect.collectors._distributed import DistributedSyncCollector as DistributedSyncCollector
+from acollect.collectors._multi import MultiAsyncCollector as MultiAsyncCollector
+from acollect.collectors._multi import MultiSyncCollector as MultiSyncCollector
+from acollect.collectors._option_codegen import add_keyword_args as _add_keyword_args
+from acollect.collectors._ray_collector import RayCollector as RayCollector
+from acollect.transport._weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
+from acollect.transport._weight_sync import WeightSyncScheme as WeightSyncScheme
+from acollect.transport._weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme
 
 _add_keyword_args()

@@ -20,13 +20,13 @@ from typing import Any, Protocol, TypeVar
 import torch
 from tensordict import TensorDictBase
 
+from acollect._devices import cuda_ready, order_after
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout, Spawn
 from acollect._rollout.protocol import Engine
 from acollect._runtime.threads import GilHandover, run_in_thread
-from acollect.devices import cuda_ready, order_after
-from acollect.time_split import OTHER, TRAINER
-from acollect.weights import PolicyWeights
+from acollect._time_split import OTHER, TRAINER
+from acollect._weights import PolicyWeights
 
 __all__ = ["Driver", "LoopDriver", "ThreadDriver"]
 
@@ -48,7 +48,7 @@ class Driver(Protocol):
     async def collect(self, seed: int | None, after: Callable[[TensorDictBase], _T]) -> tuple[_T, list[float] | None]:
         """One batch, seeded first with ``seed`` where given, and ``after(batch)`` where the batch was made (off
         the event loop where it was made off it); with the seconds each part of the time took
-        (:mod:`acollect.time_split`; ``None``: not split)."""
+        (:mod:`acollect._time_split`; ``None``: not split)."""
         ...
 
     async def set_paused(self, paused: bool) -> None:

@@ -6,8 +6,8 @@ drops it; copied: into memory of a batch the caller dropped, see
 :class:`~acollect.collectors._handout_buffers.HandOutBuffers`; or copied to a GPU
 ``storing_device`` by DMA), :meth:`HandOut.take_back` gives back at each batch boundary what came back since, and
 :meth:`HandOut.give_back` returns a batch never handed out.
-:class:`~acollect.transport.lending.LendingBooks` keeps the books of what is lent and the budget
-(``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors.dispatch`) says which memory
+:class:`~acollect.transport._lending.LendingBooks` keeps the books of what is lent and the budget
+(``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors._dispatch`) says which memory
 a batch is and how its worker gets it back.
 """
 
@@ -20,14 +20,14 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect.devices import move_to
-from acollect.pool import Received, WorkerPool
-from acollect.transport.cuda_dma import Copy, DeviceCopier
-from acollect.transport.lending import LendingBooks
-from acollect.worker import protocol as P
+from acollect._devices import move_to
+from acollect._pool import Received, WorkerPool
+from acollect._worker import protocol as P
+from acollect.transport._cuda_dma import Copy, DeviceCopier
+from acollect.transport._lending import LendingBooks
 
 if TYPE_CHECKING:
-    from acollect.collectors.dispatch import Dispatch
+    from acollect.collectors._dispatch import Dispatch
 
 __all__ = ["INLINE_HAND_OUT_BYTES", "HandOut"]
 #: Batches of at most this many bytes are combined and handed out on the event loop (well under a

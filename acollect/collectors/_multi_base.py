@@ -1,9 +1,9 @@
 """What the multi-process collectors share: the worker pool, weights, seeds, state and the batch loop.
 
-Each public class checks its options once into its settings class (:mod:`acollect.collectors.collector_settings`),
-which are turned into per-worker configs in :mod:`acollect.collectors.worker_configs`. What differs between
+Each public class checks its options once into its settings class (:mod:`acollect.collectors._collector_settings`),
+which are turned into per-worker configs in :mod:`acollect.collectors._worker_configs`. What differs between
 lockstep (sync) and first-ready (async) collection is the collector's dispatch strategy
-(:mod:`acollect.collectors.dispatch`), which follows from the settings: fixed by the class
+(:mod:`acollect.collectors._dispatch`), which follows from the settings: fixed by the class
 (``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen by a ``sync`` option (``DistributedCollector``,
 ``RayCollector``).
 """
@@ -17,29 +17,29 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
+from acollect._policy import PolicyLike
+from acollect._pool import Received, WorkerPool, WorkerState
+from acollect._pool.settings import PoolSettings
+from acollect._trajectories import split_trajectories
+from acollect._trajectory_batches import TrajectoryAssembler
 from acollect._validate import check_int
 from acollect._warnings import warn
+from acollect._weights import WeightUpdate, as_weights, check_push
+from acollect._worker import protocol as P
+from acollect._worker.protocol import WorkerConfig
+from acollect.collectors._base import CollectorBase
+from acollect.collectors._collector_settings import MultiAsyncSettings, MultiSyncSettings
+from acollect.collectors._dispatch import Dispatch, dispatch_for
 from acollect.collectors._handout import HandOut
+from acollect.collectors._options import WorkerSettings, check_policy_args
 from acollect.collectors._pending import PendingChanges
-from acollect.collectors.base import CollectorBase
-from acollect.collectors.collector_settings import MultiAsyncSettings, MultiSyncSettings
-from acollect.collectors.dispatch import Dispatch, dispatch_for
-from acollect.collectors.options import WorkerSettings, check_policy_args
-from acollect.collectors.worker_configs import WorkerPlan, collector_storing_device, plan_workers
-from acollect.envs.envpool import reseed_error, shared_seeds_warning
+from acollect.collectors._worker_configs import WorkerPlan, collector_storing_device, plan_workers
+from acollect.envs._envpool import reseed_error, shared_seeds_warning
 from acollect.errors import CollectorStateError, ConfigurationError
-from acollect.policy import PolicyLike
-from acollect.pool import Received, WorkerPool, WorkerState
-from acollect.pool.settings import PoolSettings
 from acollect.stats import EpisodeSummary
-from acollect.trajectories import split_trajectories
-from acollect.trajectory_batches import TrajectoryAssembler
-from acollect.transport.lending import default_budget
-from acollect.transport.shm import shm_available
-from acollect.transport.weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
-from acollect.weights import WeightUpdate, as_weights, check_push
-from acollect.worker import protocol as P
-from acollect.worker.protocol import WorkerConfig
+from acollect.transport._lending import default_budget
+from acollect.transport._shm import shm_available
+from acollect.transport._weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 
 __all__ = ["MultiCollectorBase"]
 
@@ -102,7 +102,7 @@ class MultiCollectorBase(CollectorBase):
         return self._policy_arg, self.settings
 
     def _trajectory_id_stride(self) -> int:
-        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect.worker.build)
+        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect._worker.build)
 
     @property
     def num_workers(self) -> int:
@@ -143,7 +143,7 @@ class MultiCollectorBase(CollectorBase):
         """The worker pool behind the collector: ``None`` until it starts; after shutdown, the closed pool.
 
         For looking at the workers: ``pool.handles[i]`` is what the collector knows of worker ``i`` (its
-        :class:`~acollect.pool.WorkerState`, ``pid``, ``where`` it runs, its launched ``process``, restarts, the
+        :class:`~acollect._pool.WorkerState`, ``pid``, ``where`` it runs, its launched ``process``, restarts, the
         parts it holds), ``pool.launcher`` starts them and ``pool.failure`` is what broke the pool. Commands sent
         through the pool itself (``send``, ``push_weights``) skip the collector's own checks: use the collector's
         methods to change its workers.
@@ -255,7 +255,7 @@ class MultiCollectorBase(CollectorBase):
 
     @property
     def worker_states(self) -> list[WorkerState | None]:
-        """Each worker's :class:`~acollect.pool.WorkerState` as the collector sees it (``None`` before start).
+        """Each worker's :class:`~acollect._pool.WorkerState` as the collector sees it (``None`` before start).
 
         A worker lost for good under ``on_worker_loss="continue"`` stays ``LOST`` until shutdown. The table of
         states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").
@@ -570,7 +570,7 @@ class MultiCollectorBase(CollectorBase):
 
 
 def _time_of(header: Mapping[str, Any]) -> list[float] | None:
-    """The seconds per part a batch's header reports (:mod:`acollect.time_split`); ``None`` if it has none."""
+    """The seconds per part a batch's header reports (:mod:`acollect._time_split`); ``None`` if it has none."""
     spent = header.get("time")
     if not isinstance(spent, list) or not all(isinstance(s, (int, float)) for s in spent):
         return None  # a peer that does not report it (or reports nonsense): nothing learnt, nothing broken

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from acollect.progress import ProgressReporter, check_progress, make_progress
+from acollect._progress import ProgressReporter, check_progress, make_progress
 from acollect.stats import CollectorStats, EpisodeSummary, StatsRecorder
 
 __all__ = ["Tally"]
@@ -97,7 +97,7 @@ class Tally:
         time_spent: Sequence[float] | None = None,
     ) -> None:
         """A worker (``0`` in-process) produced a batch: its frames, the policy version it used, the episodes that
-        ended in it, and where its time went since its last one (``time_spent``, :mod:`acollect.time_split`)."""
+        ended in it, and where its time went since its last one (``time_spent``, :mod:`acollect._time_split`)."""
         self._stats.record_worker(worker, frames, policy_version, episodes, time_spent=time_spent)
 
     def forget_worker(self, worker: int) -> None:

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from acollect.collectors.async_collector import AsyncCollector
-from acollect.collectors.base import CollectorBase
-from acollect.collectors.collector import Collector
-from acollect.collectors.distributed import DistributedCollector, DistributedSyncCollector
-from acollect.collectors.multi import MultiAsyncCollector, MultiSyncCollector
+from acollect._policy import PolicyLike
+from acollect.collectors._async_collector import AsyncCollector
+from acollect.collectors._base import CollectorBase
+from acollect.collectors._collector import Collector
+from acollect.collectors._distributed import DistributedCollector, DistributedSyncCollector
+from acollect.collectors._multi import MultiAsyncCollector, MultiSyncCollector
 from acollect.errors import ConfigurationError
-from acollect.policy import PolicyLike
 
 __all__ = [
     "BaseCollector",

@@ -8,7 +8,7 @@
 :class:`~acollect.AsyncBatchedCollector` puts them together.
 """
 
-from acollect.inference.batching import InferenceStats
-from acollect.inference.server import InferenceServer
+from acollect.inference._batching import InferenceStats
+from acollect.inference._server import InferenceServer
 
 __all__ = ["InferenceServer", "InferenceStats"]

@@ -1,9 +1,9 @@
 """An env worker's side of central inference: a policy that asks an inference server for its actions.
 
-:class:`RemotePolicy` is a :class:`~acollect.policy.PolicyAdapter` like any other, so a worker's
+:class:`RemotePolicy` is a :class:`~acollect._policy.PolicyAdapter` like any other, so a worker's
 rollout engine runs unchanged: at each step it sends the observations to the server (raw tensor
 frames over a ZeroMQ DEALER socket) and waits for the outputs; on the server's host, after the first step,
-through a shared-memory slot instead (:mod:`acollect.inference.slots`: no encoding, a wake-up of 8 bytes).
+through a shared-memory slot instead (:mod:`acollect.inference._slots`: no encoding, a wake-up of 8 bytes).
 The reply's weight version is
 written, per step, under ``("collector", "policy_version")``, so every frame says which weights
 chose its action.
@@ -16,13 +16,13 @@ import threading
 import torch
 from tensordict import TensorDictBase
 
+from acollect._policy import NestedKey, PolicyAdapter
 from acollect.errors import TransportError
-from acollect.inference import protocol as P
-from acollect.inference.codec import Encoder, LayoutCache, encode, leaves_of
-from acollect.inference.slots import SlotLink
-from acollect.policy import NestedKey, PolicyAdapter
+from acollect.inference import _protocol as P
+from acollect.inference._codec import Encoder, LayoutCache, encode, leaves_of
+from acollect.inference._slots import SlotLink
+from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import ClientKeys
-from acollect.transport.worker_socket import WorkerSocket
 
 __all__ = ["VERSION_KEY", "RemotePolicy"]
 

@@ -1,7 +1,7 @@
 """The launcher interface: where a multi-process collector's workers run.
 
 A collector binds one ZeroMQ endpoint and asks its launcher to start one worker
-per :class:`~acollect.worker.protocol.WorkerConfig`. The launcher decides where
+per :class:`~acollect._worker.protocol.WorkerConfig`. The launcher decides where
 (a local process, a Ray actor, a submitit job) and returns a
 :class:`LaunchedWorker`, the handle the collector's monitor polls for liveness
 and ends at shutdown. Everything else (batches, weights, heartbeats) goes over
@@ -23,8 +23,8 @@ import sys
 from typing import Protocol, runtime_checkable
 
 from acollect._pickling import cloudpickle_dumps
+from acollect._worker.protocol import WorkerConfig
 from acollect.errors import ConfigurationError
-from acollect.worker.protocol import WorkerConfig
 
 __all__ = [
     "LaunchedWorker",
@@ -164,7 +164,7 @@ def run_packed_config(payload: bytes) -> int:
     store, submitit's job folder), never from the collector's socket. The collector's import
     path is added, so factories defined in the trainer's modules import here as they did there.
     A worker on the collector's host watches the collector's pid and exits when it is gone; on
-    another host it exits when the collector's heartbeats stop (see :mod:`acollect.worker.main`).
+    another host it exits when the collector's heartbeats stop (see :mod:`acollect._worker.main`).
     """
     path, host, body = pickle.loads(payload)
     sys.path[:0] = [p for p in path if p not in sys.path and os.path.isdir(p)]
@@ -173,7 +173,7 @@ def run_packed_config(payload: bytes) -> int:
         import dataclasses
 
         config = dataclasses.replace(config, parent_pid=0)
-    from acollect.worker.main import run_worker
+    from acollect._worker.main import run_worker
 
     return run_worker(config)
 

@@ -1,17 +1,17 @@
 """Helpers for testing code that drives collectors: the ones acollect's own tests use.
 
-* coroutine envs (:mod:`acollect.testing.async_envs`): :class:`AsyncCountingEnv`;
-* envs (:mod:`acollect.testing.envs`): :class:`CountingEnv` (a counter as
+* coroutine envs (:mod:`acollect.testing._async_envs`): :class:`AsyncCountingEnv`;
+* envs (:mod:`acollect.testing._envs`): :class:`CountingEnv` (a counter as
   observation, so gaps, repeats and transitions that did not happen show),
   :class:`CrashingEnv`, :class:`SlowEnv`, :class:`PixelEnv`,
   :class:`CountingGymEnv`, :class:`CrashingGymEnv`, :class:`EchoGymEnv` (its next observation echoes the
   action it received), the stream check :func:`assert_counting_batch` and
   :func:`wait_until`;
-* leak checks (:mod:`acollect.testing.leaks`): :class:`ResourceSnapshot`,
+* leak checks (:mod:`acollect.testing._leaks`): :class:`ResourceSnapshot`,
   :func:`leaked_resources`, :func:`assert_no_leaks`, the context manager
   :func:`no_leaks`, and :func:`our_children`, :func:`our_segments`,
   :func:`our_threads`, :func:`open_fds`;
-* probe policies (:mod:`acollect.testing.policies`): :class:`WeightProbe`
+* probe policies (:mod:`acollect.testing._policies`): :class:`WeightProbe`
   and :class:`TwoPartProbe`, whose actions show which weights collected a batch, and
   :class:`SplitProbe`, whose calls split in two as an inference server's client's do.
 
@@ -31,30 +31,30 @@ Examples:
     [1]
 """
 
-from acollect.testing.async_envs import AsyncCountingEnv as AsyncCountingEnv
-from acollect.testing.envs import ENV_STRIDE as ENV_STRIDE
-from acollect.testing.envs import RESET_JUMP as RESET_JUMP
-from acollect.testing.envs import CountingEnv as CountingEnv
-from acollect.testing.envs import CountingGymEnv as CountingGymEnv
-from acollect.testing.envs import CrashingEnv as CrashingEnv
-from acollect.testing.envs import CrashingGymEnv as CrashingGymEnv
-from acollect.testing.envs import EchoGymEnv as EchoGymEnv
-from acollect.testing.envs import PixelEnv as PixelEnv
-from acollect.testing.envs import SlowEnv as SlowEnv
-from acollect.testing.envs import assert_counting_batch as assert_counting_batch
-from acollect.testing.envs import wait_until as wait_until
-from acollect.testing.leaks import ResourceSnapshot as ResourceSnapshot
-from acollect.testing.leaks import assert_no_leaks as assert_no_leaks
-from acollect.testing.leaks import leaked_resources as leaked_resources
-from acollect.testing.leaks import no_leaks as no_leaks
-from acollect.testing.leaks import open_fds as open_fds
-from acollect.testing.leaks import our_children as our_children
-from acollect.testing.leaks import our_segments as our_segments
-from acollect.testing.leaks import our_threads as our_threads
-from acollect.testing.policies import Doubler as Doubler
-from acollect.testing.policies import SplitProbe as SplitProbe
-from acollect.testing.policies import TwoPartProbe as TwoPartProbe
-from acollect.testing.policies import WeightProbe as WeightProbe
+from acollect.testing._async_envs import AsyncCountingEnv as AsyncCountingEnv
+from acollect.testing._envs import ENV_STRIDE as ENV_STRIDE
+from acollect.testing._envs import RESET_JUMP as RESET_JUMP
+from acollect.testing._envs import CountingEnv as CountingEnv
+from acollect.testing._envs import CountingGymEnv as CountingGymEnv
+from acollect.testing._envs import CrashingEnv as CrashingEnv
+from acollect.testing._envs import CrashingGymEnv as CrashingGymEnv
+from acollect.testing._envs import EchoGymEnv as EchoGymEnv
+from acollect.testing._envs import PixelEnv as PixelEnv
+from acollect.testing._envs import SlowEnv as SlowEnv
+from acollect.testing._envs import assert_counting_batch as assert_counting_batch
+from acollect.testing._envs import wait_until as wait_until
+from acollect.testing._leaks import ResourceSnapshot as ResourceSnapshot
+from acollect.testing._leaks import assert_no_leaks as assert_no_leaks
+from acollect.testing._leaks import leaked_resources as leaked_resources
+from acollect.testing._leaks import no_leaks as no_leaks
+from acollect.testing._leaks import open_fds as open_fds
+from acollect.testing._leaks import our_children as our_children
+from acollect.testing._leaks import our_segments as our_segments
+from acollect.testing._leaks import our_threads as our_threads
+from acollect.testing._policies import Doubler as Doubler
+from acollect.testing._policies import SplitProbe as SplitProbe
+from acollect.testing._policies import TwoPartProbe as TwoPartProbe
+from acollect.testing._policies import WeightProbe as WeightProbe
 
 __all__ = [
     "ENV_STRIDE",

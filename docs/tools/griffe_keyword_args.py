@@ -2,7 +2,7 @@
 
 A collector's source holds, under "Keyword Args:", only a pointer to its settings class; importing
 ``acollect.collectors`` puts the section generated from its option declarations in the pointer's place
-(``acollect.collectors.option_codegen.add_keyword_args``). Griffe reads the source, not the imported class, so
+(``acollect.collectors._option_codegen.add_keyword_args``). Griffe reads the source, not the imported class, so
 for each class whose docstring has that section this reads the docstring as Python holds it after import.
 mkdocs.yml loads it (``extensions`` of the python handler).
 """

@@ -14,8 +14,8 @@ from tensordict.nn import TensorDictModule
 from acollect import AsyncBatchedCollector, CollectorState
 from acollect.errors import PolicyError
 from acollect.testing import CountingEnv, wait_until
+from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import create_keys, curve_available
-from acollect.transport.worker_socket import WorkerSocket
 
 ENVS = [functools.partial(CountingEnv, num_envs=2, episode_length=5)] * 2
 
@@ -77,9 +77,9 @@ async def test_a_forward_pass_that_hangs_breaks_the_collector_naming_the_server(
 def test_no_secret_key_for_the_inference_server_is_sent_to_a_worker_started_by_hand() -> None:
     import zmq
 
+    from acollect._worker import protocol as P
+    from acollect._worker.config_codec import encode_config
     from acollect.transport.auth import ClientKeys
-    from acollect.worker import protocol as P
-    from acollect.worker.config_codec import encode_config
 
     public, secret = zmq.curve_keypair()
     config = P.WorkerConfig(

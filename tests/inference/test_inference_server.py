@@ -10,7 +10,7 @@ from tensordict.nn import TensorDictModule
 
 from acollect import ConfigurationError, InferenceServer
 from acollect.errors import CollectorStateError, InferencePolicyError
-from acollect.inference.batching import Batcher, Request
+from acollect.inference._batching import Batcher, Request
 from acollect.testing import wait_until
 
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from acollect.inference.batching import Lane, Request
-from acollect.inference.passes import PassRunner
+from acollect.inference._batching import Lane, Request
+from acollect.inference._passes import PassRunner
 
 
 def test_two_passes_run_at_once() -> None:

@@ -17,8 +17,8 @@ from acollect import ConfigurationError, InferenceServer
 from acollect.errors import CollectorStateError, PolicyError
 from acollect.inference.client import RemotePolicy
 from acollect.testing import wait_until
+from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
-from acollect.transport.worker_socket import WorkerSocket
 
 needs_curve = pytest.mark.skipif(not curve_available(), reason="libzmq without CURVE")
 
@@ -75,7 +75,7 @@ async def test_malformed_requests_are_counted_logged_once_per_peer_and_the_serve
 
 
 def test_drop_reports_bound_the_peers_they_track() -> None:
-    from acollect.inference.loop import DropReport
+    from acollect.inference._loop import DropReport
 
     report = DropReport(every=60.0, max_peers=2)
     assert report.dropped(b"a", now=0.0) == 1

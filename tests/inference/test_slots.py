@@ -17,7 +17,7 @@ from tensordict.nn import TensorDictModule
 
 from acollect import InferenceServer
 from acollect.inference.client import VERSION_KEY, RemotePolicy
-from acollect.transport.shm import SHM_DIR, SHM_PREFIX, shm_available
+from acollect.transport._shm import SHM_DIR, SHM_PREFIX, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 

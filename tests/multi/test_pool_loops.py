@@ -16,10 +16,10 @@ import pytest
 from tensordict import TensorDictBase
 
 from acollect import CollectorState, MultiAsyncCollector, MultiSyncCollector
-from acollect.launchers.local import LocalLauncher
+from acollect._worker.process import WorkerProcess
+from acollect._worker.protocol import WorkerConfig
+from acollect.launchers._local import LocalLauncher
 from acollect.testing import CountingEnv, SlowEnv
-from acollect.worker.process import WorkerProcess
-from acollect.worker.protocol import WorkerConfig
 
 NOTICE = 10.0
 

@@ -11,11 +11,11 @@ import torch
 from tensordict import TensorDict
 
 from acollect import MultiSyncCollector
+from acollect._pool.shared import SharedBatches
 from acollect.errors import ProtocolError
-from acollect.pool.shared import SharedBatches
 from acollect.testing import CountingEnv, assert_counting_batch
-from acollect.transport.layout import combined_layout, part_of
-from acollect.transport.wire import encode_tensordict
+from acollect.transport._layout import combined_layout, part_of
+from acollect.transport._wire import encode_tensordict
 
 
 def counting(num_envs: int = 2, episode_length: int = 1000):

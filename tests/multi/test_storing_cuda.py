@@ -11,9 +11,9 @@ from tensordict import TensorDict
 
 from acollect import MultiAsyncCollector, MultiSyncCollector
 from acollect.testing import CountingEnv, PixelEnv, assert_counting_batch
-from acollect.transport.cuda_dma import DeviceCopier
-from acollect.transport.shm import ShmTensorDictSlot
-from acollect.transport.wire import encode_tensordict
+from acollect.transport._cuda_dma import DeviceCopier
+from acollect.transport._shm import ShmTensorDictSlot
+from acollect.transport._wire import encode_tensordict
 
 pytestmark = pytest.mark.gpu
 

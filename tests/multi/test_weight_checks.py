@@ -26,8 +26,8 @@ from acollect import (
     WeightSyncError,
     ZmqWeightSyncScheme,
 )
+from acollect._worker import protocol as P
 from acollect.testing import CountingEnv, wait_until
-from acollect.worker import protocol as P
 
 
 def counting() -> CountingEnv:

@@ -21,13 +21,13 @@ import anyio
 import pytest
 
 from acollect import MultiAsyncCollector
+from acollect._weights import encode_structure
+from acollect._worker import protocol as P
+from acollect._worker.remote import join
 from acollect.testing import wait_until
+from acollect.transport._wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
+from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import ClientKeys, create_keys, curve_available
-from acollect.transport.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
-from acollect.transport.worker_socket import WorkerSocket
-from acollect.weights import encode_structure
-from acollect.worker import protocol as P
-from acollect.worker.remote import join
 
 pytestmark = [
     pytest.mark.skipif(not curve_available(), reason="libzmq without CURVE"),
@@ -193,8 +193,8 @@ class _FakeWorker(threading.Thread):
             self.done.set()
 
     def _run(self) -> None:
+        from acollect._worker.build import build_engine
         from acollect.stats import EpisodeTracker
-        from acollect.worker.build import build_engine
 
         config = join(self.address, self.keys, timeout=30)
         engine = build_engine(config)

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from acollect import ConfigurationError, MultiAsyncCollector, MultiSyncCollector
-from acollect.pool import WorkerState
+from acollect._pool import WorkerState
+from acollect._worker.remote import join
 from acollect.testing import assert_counting_batch, wait_until
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
-from acollect.worker.remote import join
 
 pytestmark = [
     pytest.mark.skipif(not curve_available(), reason="libzmq without CURVE"),

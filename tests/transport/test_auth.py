@@ -12,8 +12,8 @@ import pytest
 from acollect import ConfigurationError
 from acollect.testing import wait_until
 from acollect.transport import auth
+from acollect.transport._endpoint import Endpoint, WorkerSocket
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
-from acollect.transport.endpoint import Endpoint, WorkerSocket
 
 pytestmark = [pytest.mark.skipif(not curve_available(), reason="libzmq without CURVE"), pytest.mark.timeout(60)]
 

@@ -24,8 +24,8 @@ import torch
 from tensordict import TensorDict
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport.endpoint import Endpoint, WorkerSocket
-from acollect.transport.wire import pack_message, unpack_message
+from acollect.transport._endpoint import Endpoint, WorkerSocket
+from acollect.transport._wire import pack_message, unpack_message
 
 DEADLINE = 60.0
 

@@ -14,15 +14,15 @@ from tensordict import TensorDict
 
 from acollect.errors import ConfigurationError, TransportError
 from acollect.testing import our_segments
-from acollect.transport.shm import (
+from acollect.transport._shm import (
     SHM_DIR,
     ShmSegment,
     ShmTensorDictSlot,
     cleanup_stale,
     shm_available,
 )
-from acollect.transport.shm_ring import ShmSlotRing
-from acollect.transport.wire import encode_tensordict
+from acollect.transport._shm_ring import ShmSlotRing
+from acollect.transport._wire import encode_tensordict
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shared memory slots need /dev/shm")
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from tensordict import NonTensorData, TensorDict
 
 from acollect.errors import ConfigurationError, ProtocolError
-from acollect.transport.weight_sync import flatten_params, unflatten_into
-from acollect.transport.wire import (
+from acollect.transport._weight_sync import flatten_params, unflatten_into
+from acollect.transport._wire import (
     PROTOCOL_VERSION,
     decode_tensordict,
     encode_tensordict,

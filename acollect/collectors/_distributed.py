@@ -1,0 +1,143 @@
+"""Collectors whose batches and weights move over torch.distributed: :class:`DistributedCollector`
+(``sync=False``: first ready, first served; ``sync=True``: lockstep) and :class:`DistributedSyncCollector`
+(the same class with ``sync=True`` fixed).
+
+They are the multi-process collectors with one change of road: control (commands,
+heartbeats, batch headers, acknowledgements) stays on ZeroMQ, while the batch
+tensors go worker -> collector with point-to-point sends and weight pushes go
+collector -> workers with one broadcast, both through a torch.distributed process
+group in which the collector is rank 0 and worker ``i`` is rank ``i + 1``
+(:mod:`acollect.transport._torch_dist`; the pool that moves them is
+:class:`acollect._pool.distributed.DistPool`). With ``backend="nccl"`` and CUDA batches,
+a batch goes GPU to GPU without a host copy. Workers run wherever the launcher
+puts them; every rank must reach ``init_method``.
+
+A process group cannot take a new member once formed, so a worker that dies is
+reported, never restarted (``max_worker_restarts`` must be 0), and one process
+hosts one distributed collector at a time (torch.distributed's default group is
+per process).
+
+Examples:
+    >>> import anyio
+    >>> from acollect import DistributedCollector
+    >>> from acollect.testing import CountingEnv
+    >>> async def main():
+    ...     async with DistributedCollector([CountingEnv] * 2, frames_per_batch=8, total_frames=16, sync=True,
+    ...                                     backend="gloo") as collector:
+    ...         return collector.sync, [tuple(batch.shape) async for batch in collector]
+    >>> anyio.run(main)
+    (True, [(2, 1, 4), (2, 1, 4)])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from typing_extensions import Unpack
+
+from acollect._policy import PolicyLike
+from acollect._pool import WorkerPool
+from acollect._pool.distributed import DistPool
+from acollect._pool.settings import PoolSettings
+from acollect._weights import WeightUpdate
+from acollect.collectors._collector_settings import DistributedSettings, DistributedSyncSettings
+from acollect.collectors._multi_base import MultiCollectorBase
+from acollect.collectors._options import parse
+from acollect.errors import ConfigurationError
+from acollect.transport._weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
+
+if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
+    from acollect.collectors._generated_options import DistributedOptions, DistributedSyncOptions
+
+__all__ = ["DistributedCollector", "DistributedSyncCollector"]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class DistributedCollector(MultiCollectorBase):
+    """Collects in worker processes whose batches and weights move over torch.distributed.
+
+    One class, two modes: ``sync=False`` (default) takes batches as :class:`~acollect.MultiAsyncCollector`
+    does (first ready, first served, each worker's batch tagged with its ``worker_id``); ``sync=True`` as
+    :class:`~acollect.MultiSyncCollector` does (one part from every worker, all collected with the same
+    weights, stacked or concatenated). The mode is the collector's dispatch strategy
+    (:mod:`acollect.collectors._dispatch`); :class:`DistributedSyncCollector` is this class with
+    ``sync=True`` fixed.
+
+    Args:
+        create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
+        policy: the policy (see :class:`~acollect.MultiSyncCollector`).
+
+    Keyword Args:
+        The options declared by :class:`~acollect.collectors._collector_settings.DistributedSettings`, each with its
+        type, doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+
+    Raises:
+        ConfigurationError: a bad argument, the other mode's option, a backend torch does not have here, or
+            ``max_worker_restarts``.
+    """
+
+    settings_class: ClassVar[type[DistributedSettings]] = DistributedSettings
+    settings: DistributedSettings
+
+    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[DistributedOptions]) -> None:
+        settings = parse(options, self.settings_class, owner=type(self))
+        address, port = settings.master_addr, settings.tcp_port
+        #: the torch.distributed init URL every rank joins (``init_method``, else the rendezvous on ``master_addr``)
+        self.init_method = settings.init_method or f"tcp://{address}:{port or _free_port(address)}"
+        super().__init__(create_env_fn, policy, settings)
+
+    @property
+    def backend(self) -> str:
+        """The torch.distributed backend (``"gloo"``, ``"nccl"`` or ``"mpi"``)."""
+        return self.settings.backend
+
+    def _new_pool(self, settings: PoolSettings) -> WorkerPool:
+        dist_options = {"backend": self.backend, "init_method": self.init_method, "timeout": self.settings.dist_timeout}
+        return DistPool(self._configs, settings, on_failure=self._fail, dist_options=dist_options)
+
+    def _default_scheme(self) -> WeightSyncScheme:
+        return ZmqWeightSyncScheme()  # flat buffers, which the broadcast carries
+
+    async def _update_policy_weights(self, update: WeightUpdate) -> int:
+        # A broadcast reaches every worker of the process group: worker_ids may only name them all.
+        if update.worker_ids is not None and sorted(set(update.worker_ids)) != list(range(self.num_workers)):
+            raise ConfigurationError.bad_value(
+                "worker_ids", list(update.worker_ids), "None: a broadcast reaches every worker of the process group"
+            )
+        return await super()._update_policy_weights(dataclasses.replace(update, worker_ids=None))
+
+
+class DistributedSyncCollector(DistributedCollector):
+    """:class:`DistributedCollector` with ``sync=True`` fixed: every batch holds one part from each worker,
+    collected with the same weights (TorchRL's ``DistributedSyncDataCollector``).
+
+    Takes the arguments of :class:`DistributedCollector` but ``sync`` and ``credits``; ``cat_results`` says
+    how worker batches combine (see :class:`~acollect.MultiSyncCollector`).
+
+    Args:
+        create_env_fn: one env factory per worker (a list), or one for ``num_workers`` workers.
+        policy: the policy (see :class:`~acollect.MultiSyncCollector`).
+
+    Keyword Args:
+        The options declared by :class:`~acollect.collectors._collector_settings.DistributedSyncSettings`, each with its
+        type, doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+
+    Raises:
+        ConfigurationError: a bad argument, ``sync`` or ``credits``, a backend torch does not have here, or
+            ``max_worker_restarts``.
+    """
+
+    settings_class: ClassVar[type[DistributedSyncSettings]] = DistributedSyncSettings
+    settings: DistributedSyncSettings
+
+    def __init__(
+        self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[DistributedSyncOptions]
+    ) -> None:
+        super().__init__(create_env_fn, policy, **options)

@@ -1,0 +1,662 @@
+"""The collectors' options, declared once: name, type, default, check and doc in one field each.
+
+:class:`RolloutSettings` (every collector), :class:`InProcessSettings` (the in-process collector),
+:class:`ProcessSettings` and :class:`WorkerSettings` (collectors with worker processes) declare each
+option with :func:`option`: its type (the field's annotation, or ``accepts`` where callers may pass
+more than is kept), its default, its check (from :mod:`acollect._validate`) and its doc, the text users
+read. Each multi-process collector's own options are declared the same way, in its settings class
+(:mod:`acollect.collectors._collector_settings`), whose ``OVERRIDES`` (:class:`Override`) say how it
+takes what it inherits. Everything else is read from the declarations:
+
+* :func:`parse` checks a collector's ``**options`` once and returns the frozen settings, every
+  default filled in; a misspelt keyword is named, with the closest one the collector takes, and a
+  refused one with the reason;
+* :func:`check_option` checks one value (``collector_kwargs`` per worker) with the field's check;
+* the ``TypedDict`` s that type the constructors' ``**options`` for mypy
+  (:mod:`acollect.collectors._generated_options`) and each collector's docstring section "Keyword
+  Args" (:mod:`acollect.collectors._generated_keyword_args`) are generated from the fields by
+  :mod:`acollect.collectors._option_codegen` (a test fails when either is stale).
+
+Constructors keep the settings (``collector.settings``) and copy no field out of them.
+
+Examples:
+    >>> from acollect.collectors._options import WorkerSettings, parse
+    >>> settings = parse({"frames_per_batch": 64, "heartbeat_timeout": 5}, WorkerSettings)
+    >>> settings.heartbeat_timeout, settings.filter_worker_warnings
+    (5.0, True)
+    >>> parse({"frames_per_batch": 64, "heartbeat_timout": 5}, WorkerSettings)
+    Traceback (most recent call last):
+    ...
+    acollect.errors.ConfigurationError: unexpected keyword argument 'heartbeat_timout'; did you mean 'heartbeat_...?
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from functools import cache
+from typing import Any, ClassVar, TypeVar
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
+
+from acollect._affinity import check_worker_affinity
+from acollect._devices import check_device
+from acollect._policy import PolicyLike, parse_exploration_type
+from acollect._progress import check_progress
+from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
+from acollect._validate import (
+    check_bool,
+    check_callable,
+    check_choice,
+    check_int,
+    check_seconds,
+    check_total_frames,
+)
+from acollect._worker.process import DEFAULT_START_METHOD, START_METHODS
+from acollect._worker.protocol import HEARTBEAT_TIMEOUT
+from acollect.errors import ConfigurationError
+from acollect.launchers._registry import resolve_launcher
+from acollect.transport._weight_sync import WeightSyncScheme
+from acollect.transport.auth import ServerKeys, as_server_keys
+
+__all__ = [
+    "ON_WORKER_LOSS",
+    "PER_WORKER_OPTIONS",
+    "InProcessSettings",
+    "ProcessSettings",
+    "RolloutSettings",
+    "WorkerSettings",
+    "check_option",
+    "check_policy_args",
+    "option",
+    "parse",
+]
+
+#: Options ``collector_kwargs`` may set per worker.
+PER_WORKER_OPTIONS = frozenset({
+    "device", "env_device", "policy_device", "storing_device", "max_frames_per_traj", "init_random_frames",
+    "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads", "env_errors",
+})  # fmt: skip
+DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
+#: The values ``on_worker_loss`` takes: break the collector, or collect on with the workers left.
+ON_WORKER_LOSS = ("raise", "continue")
+
+
+# -- one check per option --------------------------------------------------------------------
+def _devices(name: str, value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_device(f"{name}[{i}]", item)
+        return list(value)
+    check_device(name, value)
+    return value
+
+
+def _policy_factory(name: str, value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, torch.nn.Module):
+        # Callable, so it would pass for a factory, and fail only where it runs: `Linear.forward() missing ...`.
+        kind = type(value).__name__
+        raise ConfigurationError(
+            f"{name}={kind}(...) (an nn.Module instance) is invalid: expected a zero-argument callable that returns "
+            f"the policy, not the policy itself. Pass the instance as policy=..., or build it where it runs with "
+            f"{name}=lambda: {kind}(...)."
+        )
+    if callable(value):
+        missing = _required_parameters(value)
+        if missing:
+            raise ConfigurationError(
+                f"{name}={getattr(value, '__qualname__', value)!r} is invalid: expected a zero-argument callable "
+                f"that returns the policy, and it requires {', '.join(missing)}. Give them with "
+                f"{name}=functools.partial(..., {missing[0]}=...) or a lambda, or pass an instance as policy=...."
+            )
+        return value
+    raise ConfigurationError.bad_value(name, value, "None, a zero-argument callable, or an import path 'module:name'")
+
+
+def _required_parameters(fn: Callable[..., Any]) -> list[str]:
+    """The parameters a call of ``fn`` with no argument would miss (none where its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or an extension type: found out when it is called
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in variadic]
+
+
+def _exploration(name: str, value: Any) -> InteractionType | None:
+    return parse_exploration_type(value)
+
+
+def _env_kwargs(name: str, value: Any) -> dict[str, Any]:
+    if value is not None and not isinstance(value, Mapping):
+        raise ConfigurationError.bad_value(name, value, "None or a dict")
+    return dict(value or {})
+
+
+def _collector_kwargs(name: str, value: Any) -> Any:
+    parts = [value] if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else None
+    if value is not None and (parts is None or not all(isinstance(p, Mapping) for p in parts)):
+        raise ConfigurationError.bad_value(name, value, "None, a dict, or a list of dicts (one per worker)")
+    for i, part in enumerate(parts or ()):
+        unknown = set(part) - PER_WORKER_OPTIONS
+        if unknown:
+            raise ConfigurationError.bad_value(name, sorted(unknown), f"options among {sorted(PER_WORKER_OPTIONS)}")
+        where = name if isinstance(value, Mapping) else f"{name}[{i}]"
+        for key, item in part.items():
+            check_option(key, item, label=f"{where}[{key!r}]")
+    return value
+
+
+def _schemes(name: str, value: Any) -> dict[str, WeightSyncScheme]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError.bad_value(name, value, "a dict of model id -> scheme")
+    for key, scheme in value.items():
+        if not isinstance(key, str) or not isinstance(scheme, WeightSyncScheme):
+            raise ConfigurationError.bad_value(
+                f"{name}[{key!r}]", scheme,
+                "a WeightSyncScheme (ZmqWeightSyncScheme() or SharedMemWeightSyncScheme()) under a str model id",
+            )  # fmt: skip
+    return dict(value)
+
+
+def _address(name: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigurationError.bad_value(name, value, "None, 'ipc://<path>' or 'tcp://<host>:<port>'")
+    return value
+
+
+def _keys(name: str, value: Any) -> ServerKeys | None:
+    return as_server_keys(name, value)
+
+
+def _int(minimum: int, *, optional: bool = False) -> Callable[[str, Any], Any]:
+    return lambda name, value: check_int(name, value, minimum=minimum, optional=optional)
+
+
+def _callable(expected: str) -> Callable[[str, Any], Any]:
+    return lambda name, value: check_callable(name, value, expected)
+
+
+def _choice(*choices: Any) -> Callable[[str, Any], Any]:
+    return lambda name, value: check_choice(name, value, choices)
+
+
+def check_option(name: str, value: Any, *, label: str | None = None) -> Any:
+    """Checks one option's value and returns the value kept.
+
+    Raises:
+        ConfigurationError: naming the option (or ``label``, such as ``"collector_kwargs[0]['device']"``).
+    """
+    check = _checks().get(name)
+    return check(label or name, value) if check is not None else value
+
+
+def check_policy_args(policy: object, policy_factory: object) -> None:
+    """A collector takes a policy instance or a factory building it where it runs, not both.
+
+    Examples:
+        >>> check_policy_args(torch.nn.Linear, None)
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: policy=<class '...Linear'> is invalid: expected a policy instance, not ...
+    """
+    if isinstance(policy, type):
+        # Callable, so it would pass for a policy called on TensorDicts: `Linear.__init__() missing ...` at the first
+        # step, naming neither the argument nor the mistake.
+        name = policy.__name__
+        factory = f"lambda: {name}(...)" if _required_parameters(policy) else name
+        raise ConfigurationError.bad_value(
+            "policy", policy, f"a policy instance, not a class: pass policy={name}(...), or "
+            f"policy_factory={factory} to build it where it runs (policy_factory takes a zero-argument callable)",
+        )  # fmt: skip
+    if policy is not None and policy_factory is not None:
+        raise ConfigurationError(
+            "policy and policy_factory were both given: pass one (policy_factory builds the policy where it runs)."
+        )
+
+
+# -- the declarations --------------------------------------------------------------------------
+Check = Callable[[str, Any], Any]
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    doc: str,
+    check: Check | None = None,
+    accepts: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    only_with: tuple[str, Any] | None = None,
+) -> Any:
+    """Declares one option: a settings field with its default, its check, its doc and what callers pass.
+
+    Args:
+        default: the value kept when the option is not given (none: the option is required).
+        doc: what the option does, as users read it: each collector's docstring lists its options with this
+            text (generated by :mod:`acollect.collectors._option_codegen`), and so does the generated
+            ``TypedDict``.
+        check: ``check(name, value)`` returns the value kept, or raises ``ConfigurationError`` naming ``name``;
+            ``None``: checked elsewhere (said in ``doc``).
+        accepts: the type callers may pass, where it is wider than the field's (a key directory for keys).
+        factory: builds the default (for mutable ones).
+        only_with: ``(option, value)``: given only where that other option has that value (``("sync", True)``);
+            a collector without that option fixes it by its class, and takes this one as its class allows.
+    """
+    metadata = {"doc": doc, "check": check, "accepts": accepts, "only_with": only_with}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Override:
+    """How one collector takes a keyword that it inherits, or that collectors like it take.
+
+    A settings class lists these in ``OVERRIDES`` (keyword -> :class:`Override`); the declaration itself
+    (type, check, doc) stays the one :func:`option` made.
+
+    Args:
+        doc: what the option means for this collector, in place of the declared doc in its docstring.
+        note: a sentence added to the declared doc in this collector's docstring.
+        default: this collector's default, filled in by :func:`parse` where the keyword is not given.
+        refused: why this collector refuses the keyword: :func:`parse` raises ``ConfigurationError`` naming it
+            with this reason, and its docstring leaves the option out.
+    """
+
+    doc: str | None = None
+    note: str | None = None
+    default: Any = field(default_factory=lambda: MISSING)  # (a dataclass reads default=MISSING as "required")
+    refused: str | None = None
+
+
+def _total_frames(name: str, value: Any) -> int:
+    # Whether it is a multiple of frames_per_batch is told (a warning) once each batch's size is known.
+    return check_total_frames(value, 1)
+
+
+def _progress(name: str, value: Any) -> bool | str:
+    check_progress(value)
+    return value  # (the collector's progress display reads it again: True picks tqdm where installed)
+
+
+def _init_random_frames(name: str, value: Any) -> int:
+    return check_int(name, value, minimum=0, optional=True) or 0
+
+
+# Said of each device option: what the multi-process collectors take besides one device.
+_PER_WORKER = "; the multi-process collectors take a list too, with one device per worker"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutSettings:
+    """The options every collector takes, checked, defaults filled in (see :class:`~acollect.Collector`)."""
+
+    #: How this collector takes options it inherits: keyword -> :class:`Override` (see there).
+    OVERRIDES: ClassVar[Mapping[str, Override]] = {}
+
+    frames_per_batch: int = option(
+        check=_int(1),
+        doc="frames in each batch handed out: from every worker together where a batch holds a part from each "
+        "(``MultiSyncCollector``, ``sync=True``: each worker collects its share), else from one env or worker. "
+        "Rounded up to a multiple of the number of envs, so that every env steps equally often (with a warning): "
+        "``collector.frames_per_batch`` then says what each batch holds, ``collector.requested_frames_per_batch`` "
+        "what was asked.",
+    )
+    total_frames: int = option(
+        -1, check=_total_frames, doc="frames to collect in all, after which iteration ends; ``-1`` collects forever."
+    )
+    policy_factory: Callable[[], PolicyLike] | str | None = option(
+        None, check=_policy_factory,
+        doc="a zero-argument callable building the policy where it runs, instead of ``policy`` (for a policy that "
+        "does not pickle). Multi-process collectors also take an import path ``'module:name'``, which each worker "
+        "imports.",
+    )  # fmt: skip
+    device: Any = option(
+        None, check=_devices, accepts="Devices",
+        doc=f"fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given{_PER_WORKER}.",
+    )  # fmt: skip
+    env_device: Any = option(None, check=_devices, accepts="Devices", doc=f"where env data lives{_PER_WORKER}.")
+    policy_device: Any = option(
+        None, check=_devices, accepts="Devices",
+        doc=f"where the policy runs (data is cast between it and the env device){_PER_WORKER}.",
+    )  # fmt: skip
+    storing_device: Any = option(None, check=_devices, accepts="Devices", doc=f"where batches land{_PER_WORKER}.")
+    max_frames_per_traj: int | None = option(
+        None, check=_int(1, optional=True),
+        doc="truncate (``truncated=True``) and reset trajectories longer than this; ``None``: no limit.",
+    )  # fmt: skip
+    init_random_frames: int = option(
+        0, check=_init_random_frames, accepts="int | None",
+        doc="act randomly for this many frames first (``None``: 0).",
+    )  # fmt: skip
+    reset_at_each_iter: bool = option(False, check=check_bool, doc="reset every env at the start of each batch.")
+    env_errors: str = option(
+        "raise", check=_choice(*ENV_ERRORS),
+        doc='what an exception from the env\'s ``step`` or ``reset`` does: ``"raise"`` breaks the collector with it '
+        '(from a worker process, as a ``RemoteError`` with its traceback); ``"restart"`` rebuilds the env from its '
+        "factory (a vector env whole), where it runs (a worker process stays up), ends the episodes in flight as "
+        'truncated at their last step recorded (``("next", "truncated")`` and ``("next", "done")`` set; the failed '
+        "step yields no frame, and the next frames start new trajectories from a reset), counts it in "
+        "``stats().env_restarts`` and logs a warning with the exception on the ``acollect`` logger. An env that "
+        f"fails again after {MAX_REBUILDS_IN_A_ROW} rebuilds in a row with no step taken between them (its factory "
+        "raises, or it raises before its first step each time) breaks the collector with its last exception. "
+        '``"restart"`` needs an env factory or a gymnasium id (not an env instance); the coroutine envs of an '
+        "``AsyncEnvPool`` are rebuilt one by one, by the pool, each ending its own episode.",
+    )  # fmt: skip
+    postproc: Callable[[TensorDictBase], TensorDictBase] | None = option(
+        None, check=_callable("a callable on TensorDicts"),
+        doc="a callable applied to each batch before it is handed out, in this process (in the collection thread, "
+        "for ``Collector``).",
+    )  # fmt: skip
+    split_trajs: bool = option(
+        False, check=check_bool,
+        doc='hand out ``[n_traj, T_max]`` padded trajectories with a ``("collector", "mask")`` instead of '
+        "``[n_envs, T]`` batches.",
+    )  # fmt: skip
+    trajs_per_batch: int | None = option(
+        None, check=_int(1, optional=True),
+        doc='hand out batches of this many whole episodes, ``[N, L]`` padded with zeros to the longest, with a '
+        'boolean ``("collector", "mask")`` (True on real frames), in the order they ended. Workers still collect '
+        "``frames_per_batch`` at a time underneath, and ``total_frames`` still counts the frames collected; when "
+        "they are reached, the episodes in progress are handed out cut, truncated at their last frame (the last "
+        "batch may hold fewer than N). ``None``: ``[n_envs, T]`` batches.",
+    )  # fmt: skip
+    exploration_type: InteractionType | None = option(
+        InteractionType.RANDOM, check=_exploration, accepts="InteractionType | str | None",
+        doc="tensordict interaction type used while collecting (an ``InteractionType`` or its name, such as "
+        '``"mode"``); set per collection thread and per worker, so collectors never change each other\'s.',
+    )  # fmt: skip
+    env_kwargs: Mapping[str, Any] = option(
+        check=_env_kwargs, factory=dict, accepts="Mapping[str, Any] | None",
+        doc="keyword arguments of the env factory, or of the env a gymnasium id names (such as "
+        '``{"num_envs": 8}``).',
+    )  # fmt: skip
+    progress: bool | str = option(
+        False, check=_progress,
+        doc="show frames, frames/s and the mean episode return as collection goes: ``True`` (a tqdm bar if tqdm "
+        'is installed, else a log line every 10 s on the ``acollect.progress`` logger), ``"tqdm"``, ``"log"`` or '
+        "``False`` (nothing shown). Workers count their episodes and send them with each batch.",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check = f.metadata.get("check")
+            if check is not None:
+                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
+        if self.trajs_per_batch is not None and self.split_trajs:
+            raise ConfigurationError.bad_value(
+                "split_trajs", self.split_trajs,
+                "False with trajs_per_batch (batches of whole episodes are padded trajectories with a mask already; "
+                "split_trajs would cut them again)",
+            )  # fmt: skip
+
+
+def _handover_interval(name: str, value: Any) -> float | None:
+    return check_seconds(name, value, allow_zero=True, optional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InProcessSettings(RolloutSettings):
+    """The options of the in-process :class:`~acollect.Collector`, checked."""
+
+    gil_handover_interval: float | None = option(
+        0.002, check=_handover_interval, accepts="float | None",
+        doc="the collection thread shares the GIL with the event loop; between two env steps it offers the GIL to "
+        "the loop (``GilHandover``) if this many seconds passed since its last offer, so the loop "
+        "waits about this long plus one step for it each time (``0``: at every step; ``None``: never, as threads do "
+        "by themselves: the loop may then wait several 5 ms switch intervals). A trainer that keeps the GIL busy "
+        "on the loop gets a larger share of it, and collection a smaller one (``docs/concepts.md``, background "
+        "mode).",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.policy_factory, str):
+            raise ConfigurationError.bad_value("policy_factory", self.policy_factory, "a zero-argument callable")
+        for name in DEVICE_OPTIONS:
+            value = getattr(self, name)
+            if isinstance(value, list):
+                raise ConfigurationError.bad_value(
+                    name, value, "one device (a list, one per worker, is for the multi-process collectors)"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessSettings(RolloutSettings):
+    """The options of collectors whose envs run in worker processes, checked (but for ``num_workers``)."""
+
+    collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = option(
+        None, check=_collector_kwargs,
+        doc="options per worker: one dict for every worker, or a list of dicts with one per worker, among "
+        + ", ".join(f"``{name}``" for name in sorted(PER_WORKER_OPTIONS)) + ".",
+    )  # fmt: skip
+    update_after_each_batch: bool = option(
+        False, check=check_bool, doc="push the weights of ``policy`` (this process's copy) after every batch."
+    )
+    max_weight_update_interval: int | None = option(
+        None, check=_int(1, optional=True),
+        doc="push the weights of ``policy`` at least every this many batches (``None``: when asked only).",
+    )  # fmt: skip
+    weight_sync_schemes: Mapping[str, WeightSyncScheme] = option(
+        check=_schemes, factory=dict, accepts="Mapping[str, WeightSyncScheme] | None",
+        doc="how each model's weights travel: model id -> ``ZmqWeightSyncScheme()`` or "
+        "``SharedMemWeightSyncScheme()`` (default: through shared memory to workers on this host, else over the "
+        "endpoint).",
+    )  # fmt: skip
+    max_worker_restarts: int = option(
+        0, check=_int(0), doc="restarts allowed per worker; ``0`` raises on the first crash."
+    )
+    on_worker_loss: str = option(
+        "raise", check=_choice(*ON_WORKER_LOSS),
+        doc="what a worker lost for good does to the collector (one that dies with its ``max_worker_restarts`` "
+        "spent, or a worker started by hand that leaves and is not replaced): ``\"raise\"`` breaks the collector "
+        "with the worker's error; ``\"continue\"`` drops the worker (a warning on the ``\"acollect\"`` logger, "
+        "``stats().lost_workers``, its state ``LOST``) and collects on with the others, a lockstep batch then "
+        "holding the live workers' parts only; the collector breaks when no worker is left. It applies once "
+        "every worker started.",
+    )  # fmt: skip
+    heartbeat_timeout: float = option(
+        HEARTBEAT_TIMEOUT, check=check_seconds,
+        doc="seconds a collecting worker may make no env step (or any worker send no heartbeat) before it counts "
+        "as hung; a worker with no parent process to watch (started by hand, or on another host) exits after as "
+        "long without a word from its collector.",
+    )  # fmt: skip
+    startup_timeout: float = option(
+        120.0, check=check_seconds,
+        doc="seconds a worker may take to start and build its env and policy (or to join, for one started by hand).",
+    )  # fmt: skip
+    shutdown_timeout: float = option(
+        5.0, check=check_seconds, doc="seconds :meth:`async_shutdown` takes at most, unless it is given a timeout."
+    )
+    address: str | None = option(
+        None, check=_address,
+        doc='``"ipc://<path>"`` or ``"tcp://<host>:<port>"`` for the collector\'s endpoint, which workers connect '
+        "to (``None``: a private ipc path; with the Ray or submitit launcher, ``tcp://<this node's address>:<free "
+        "port>``).",
+    )  # fmt: skip
+    start_method: str = option(
+        DEFAULT_START_METHOD, check=_choice(*START_METHODS),
+        doc='how local worker processes start: ``"forkserver"`` (forks of a process that imported torch and the '
+        "worker's code once: quick to start and small; the default where the platform has a fork server, not "
+        'Windows) or ``"spawn"`` (fresh interpreters, each importing torch again).',
+    )  # fmt: skip
+    launcher: Any = option(
+        "local",
+        doc='where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each), '
+        '``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)`` '
+        "(see ``acollect.launchers``); checked together with ``start_method``.",
+    )  # fmt: skip
+    num_threads: int = option(1, check=_int(1), doc="torch threads in each worker.")
+    use_shared_memory: bool | None = option(
+        None, check=_choice(None, True, False),
+        doc="move batches through ``/dev/shm`` slots (``None``: for batches of 32 KiB or more on a local address).",
+    )  # fmt: skip
+    remote_workers: int = option(
+        0, check=_int(0),
+        doc="how many of the workers are started by hand (``acollect worker --connect ADDRESS --keys DIR``, on any "
+        "machine) instead of by the collector: the last ones. The collector waits up to ``startup_timeout`` for "
+        "them to join. Needs ``address`` and ``keys``.",
+    )  # fmt: skip
+    keys: ServerKeys | None = option(
+        None, check=_keys, accepts="ServerKeys | str | os.PathLike[str] | None",
+        doc="a key directory written by ``acollect keys`` (or a ``ServerKeys``): the endpoint then encrypts every "
+        "connection with CURVE and accepts only the workers whose public key is in its ``authorized/`` directory; "
+        "others are refused and counted in ``rejected_peers``.",
+    )  # fmt: skip
+    copy_batches: bool = option(
+        False, check=check_bool,
+        doc="``False`` (default): a batch is the workers' shared memory itself, lent with no copy and never written "
+        "while any tensor of it is held (a view, a slice, a numpy array of one), then given back to its worker "
+        "(see ``max_lent_bytes``). ``True``: each batch is a copy, its memory given back at once.",
+    )  # fmt: skip
+    max_lent_bytes: int | None = option(
+        None, check=_int(1, optional=True),
+        doc="the most shared memory lent to the caller at once, in bytes: beyond it a batch is handed out as a copy "
+        "(its memory given back at once), so a caller keeping every batch never stalls collection. ``None``: 1 GiB, "
+        "or a quarter of ``/dev/shm`` where that is less.",
+    )  # fmt: skip
+    filter_worker_warnings: bool = option(
+        True, check=check_bool,
+        doc="ignore Python warnings inside the workers (an env's deprecation warnings, repeated by every worker, "
+        "would drown the trainer's output); ``False`` lets them through to the workers' stderr.",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        launcher = resolve_launcher(self.launcher, start_method=self.start_method)
+        launcher.check_address(self.address)
+        object.__setattr__(self, "launcher", launcher)
+        if self.remote_workers and (self.keys is None or self.address is None):
+            raise ConfigurationError.bad_value(
+                "remote_workers", self.remote_workers,
+                "0 unless address='tcp://HOST:PORT' and keys=<directory from `acollect keys`> are given "
+                "(workers started by hand must connect to a known address and authenticate)",
+            )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSettings(ProcessSettings):
+    """The options of the multi-process collectors, checked (see :class:`~acollect.MultiSyncCollector`)."""
+
+    num_workers: int | None = option(
+        None, check=_int(1, optional=True),
+        doc="the number of workers where ``create_env_fn_list`` is one factory (default: the CPU count).",
+    )  # fmt: skip
+    worker_affinity: str | list[frozenset[int]] | None = option(
+        None, check=check_worker_affinity, accepts="str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None",
+        doc="the cores each worker process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such "
+        "as macOS). ``None`` (default): nothing is pinned, the OS places every process. ``\"auto\"``: worker ``i`` "
+        "gets the ``i``-th core this process may use (``os.sched_getaffinity(0)`` at construction, round-robin "
+        "when there are more workers than cores) and the trainer's threads the cores left, given back as they "
+        "were at shutdown; with no core left (as many workers as cores), the trainer stays unpinned. A list places "
+        "the workers by hand, one non-empty set of core ids per worker (``[{0}, {1}, {2, 3}]``), and leaves the "
+        "trainer alone. Each worker pins itself at its start, before it builds its env (whose threads inherit the "
+        "cores), and runs as many torch threads as it has cores, in place of "
+        "``num_threads``. Workers must run on this host (``launcher='local'``, no ``remote_workers``).",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.worker_affinity is not None and (not self.launcher.same_host or self.remote_workers):
+            launcher = f"the {self.launcher.name} launcher"
+            where = f"remote_workers={self.remote_workers}" if self.remote_workers else launcher
+            raise ConfigurationError.bad_value(
+                "worker_affinity", self.worker_affinity,
+                f"None with {where}: only worker processes started on this host are pinned to its cores",
+            )  # fmt: skip
+
+
+@cache
+def _checks() -> dict[str, Check]:
+    """Each option's check, read from the declarations (collector_kwargs checks per-worker options with it)."""
+    declared = (*fields(WorkerSettings), *fields(InProcessSettings))
+    return {f.name: f.metadata["check"] for f in declared if f.metadata.get("check") is not None}
+
+
+S = TypeVar("S", bound=RolloutSettings)
+
+
+def accepted(settings: type[RolloutSettings]) -> list[Field[Any]]:
+    """The fields of ``settings`` its collector takes as keywords: every one but those it refuses."""
+    refused = {name for name, how in settings.OVERRIDES.items() if how.refused is not None}
+    return [f for f in fields(settings) if f.name not in refused]
+
+
+def default_of(settings: type[RolloutSettings], f: Field[Any]) -> Any:
+    """What ``settings`` holds for ``f`` where the keyword is not given (``MISSING``: it is required)."""
+    override = settings.OVERRIDES.get(f.name)
+    if override is not None and override.default is not MISSING:
+        return override.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def parse(options: Mapping[str, Any], settings: type[S], *, owner: Callable[..., Any] | None = None) -> S:
+    """Checks ``options`` once and returns them as ``settings`` (a frozen dataclass, defaults filled in).
+
+    Args:
+        options: the keyword options given to a collector.
+        settings: the collector's settings class (:class:`RolloutSettings` or a subclass).
+        owner: the collector class (or function) they were given to: its error messages name it, and its own
+            keyword arguments are among the names suggested for a misspelt one.
+
+    Raises:
+        ConfigurationError: an unknown or refused option (named, with the closest known one or the reason), a
+            missing ``frames_per_batch``, an option of another mode (``credits`` with ``sync=True``), or a bad
+            value (named).
+    """
+    taken = {f.name: f for f in accepted(settings)}
+    who = f"{owner.__name__}() " if owner is not None else ""
+    for name, value in options.items():
+        override = settings.OVERRIDES.get(name)
+        if override is not None and override.refused is not None:
+            raise ConfigurationError.bad_value(name, value, f"no value: {override.refused}")
+        if name not in taken:
+            takes = [*taken, *_keywords_of(owner)]
+            close = difflib.get_close_matches(name, takes, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(sorted(set(takes)))}"
+            raise ConfigurationError(f"{who}{'got an ' if who else ''}unexpected keyword argument {name!r}{hint}")
+    if "frames_per_batch" not in options:
+        raise ConfigurationError(f"{who}missing keyword argument 'frames_per_batch' (frames per batch, an int >= 1)")
+    declared = {f.name: f for f in fields(settings)}
+    for name, value in options.items():
+        condition = taken[name].metadata.get("only_with")
+        if condition is None or condition[0] not in declared:
+            continue  # where the other option is none of this collector's, its class allows this one
+        key, wanted = condition
+        mode = declared[key]
+        given = mode.metadata["check"](key, options[key]) if key in options else default_of(settings, mode)
+        if given != wanted:
+            raise ConfigurationError.bad_value(name, value, f"no value with {key}={given!r}")
+    # A collector's own defaults, refused keywords' included (a class that fixes its mode holds it).
+    defaults = {
+        name: how.default for name, how in settings.OVERRIDES.items() if how.default is not MISSING and name in declared
+    }
+    return settings(**{**defaults, **options})
+
+
+def _keywords_of(owner: Callable[..., Any] | None) -> list[str]:
+    if owner is None:
+        return []
+    function: Callable[..., Any] = owner
+    if isinstance(owner, type):
+        # A class's own keywords are its __init__'s (inspect.signature(cls) would show a __new__ instead).
+        function = next(vars(c)["__init__"] for c in owner.__mro__ if "__init__" in vars(c))
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    if isinstance(owner, type):
+        params = params[1:]  # self
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]

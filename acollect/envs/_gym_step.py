@@ -1,0 +1,147 @@
+"""How :class:`~acollect.envs._gym.GymEnv` writes a step: cached numpy views, and sub-envs stepped one by one.
+
+:class:`Binding` holds numpy views of the leaves of one ``(next_out, root_out)``
+pair of TensorDicts, so a step writes with numpy and touches no TensorDict; the
+EnvPool adapter (:mod:`acollect.envs._envpool`) writes through it too, and shares
+:func:`reshape_action`.
+
+:func:`step_sub_envs` steps the sub-envs of a plain ``SyncVectorEnv`` itself,
+one after the other, as the vector env would, and writes each result straight
+into those views: a finished sub-env's observation *is* its true final
+observation, and it is reset at once with ``env.reset()``, as gymnasium's own
+autoreset resets it. This skips what the vector env adds around its sub-envs
+(merging info dicts, stacking observations, copying final observations into
+the info), which costs about as much as the CartPole steps themselves, and it
+never makes a no-op autoreset step, whatever the vector env's autoreset mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from acollect.envs._base import DONE_KEYS
+from acollect.envs._gym_spaces import ObsLeaf, pick_leaf
+from acollect.errors import PolicyError
+from acollect.specs import TensorSpec
+
+__all__ = ["Binding", "reshape_action", "step_sub_envs"]
+
+
+class Binding:
+    """Numpy views of the leaves of one (next_out, root_out) pair, cached across steps.
+
+    CPU tensors are written through numpy views of their memory (a numpy copy
+    costs a fraction of a torch op); other tensors get a numpy staging array
+    copied over with :meth:`flush` once per step.
+
+    Args:
+        leaves: the observation leaves, in the env's order.
+        n_envs: the number of sub-envs.
+        next_td: the TensorDict a step writes its result into (``make_next()``).
+        root_td: the TensorDict the next step starts from (``make_root()``).
+    """
+
+    __slots__ = (
+        "done",
+        "flat",
+        "flush_pairs",
+        "next_obs",
+        "next_td",
+        "obs_pairs",
+        "reward",
+        "root_flags",
+        "root_obs",
+        "root_td",
+        "terminated",
+        "truncated",
+    )
+
+    def __init__(
+        self, leaves: Sequence[ObsLeaf], n_envs: int, next_td: TensorDictBase, root_td: TensorDictBase
+    ) -> None:
+        n = n_envs
+        self.next_td, self.root_td = next_td, root_td
+        self.flush_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.next_obs = [self._view(next_td, leaf.key, None) for leaf in leaves]
+        self.root_obs = [self._view(root_td, leaf.key, None) for leaf in leaves]
+        self.obs_pairs = list(zip(self.next_obs, self.root_obs, strict=True))
+        #: one leaf at the root of the observation: written without picking it out of a nested one
+        self.flat = len(leaves) == 1 and leaves[0].path == ()
+        self.reward = self._view(next_td, "reward", (n,))
+        self.done, self.terminated, self.truncated = (self._view(next_td, k, (n,)) for k in DONE_KEYS)
+        self.root_flags = [self._view(root_td, k, (n,)) for k in DONE_KEYS]
+
+    def _view(self, td: TensorDictBase, key: Any, shape: tuple[int, ...] | None) -> np.ndarray:
+        tensor = td.get(key)
+        if tensor is None:
+            raise KeyError(f"missing {key!r}: build the TensorDicts with make_next() / make_root()")
+        shape = tuple(tensor.shape) if shape is None else shape
+        if tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.requires_grad:
+            try:
+                return tensor.numpy().reshape(shape)
+            except TypeError:  # a dtype numpy lacks (bfloat16): stage it instead
+                pass
+        stage = torch.empty(tensor.shape, dtype=tensor.dtype if tensor.dtype != torch.bfloat16 else torch.float32)
+        self.flush_pairs.append((tensor, stage))
+        return stage.numpy().reshape(shape)
+
+    def flush(self) -> None:
+        """Copies the staging arrays into tensors numpy cannot view (another device, bfloat16)."""
+        for tensor, stage in self.flush_pairs:
+            tensor.copy_(stage)
+
+
+def step_sub_envs(envs: Sequence[Any], actions: np.ndarray, b: Binding, leaves: Sequence[ObsLeaf]) -> None:
+    """Steps each sub-env with its row of ``actions``; a finished one is reset at once.
+
+    Writes the step's observations, rewards and flags into ``b``'s next views, and into its root views
+    the observations the next step starts from (the reset one for a finished sub-env). A sub-env that
+    raises leaves the ones before it stepped, as a ``SyncVectorEnv`` would.
+
+    Args:
+        envs: the sub-envs (``SyncVectorEnv.envs``).
+        actions: ``[n_envs, ...]``, one row per sub-env.
+        b: where to write.
+        leaves: the observation leaves (used when the observation is nested).
+    """
+    reward, terminated, truncated = b.reward, b.terminated, b.truncated
+    if b.flat:
+        next_obs, root_obs = b.next_obs[0], b.root_obs[0]
+        for i, env in enumerate(envs):
+            obs, reward[i], term, trunc, _ = env.step(actions[i])
+            terminated[i], truncated[i] = term, trunc
+            next_obs[i] = obs
+            if term or trunc:
+                obs, _ = env.reset()
+            root_obs[i] = obs
+    else:
+        for i, env in enumerate(envs):
+            obs, reward[i], term, trunc, _ = env.step(actions[i])
+            terminated[i], truncated[i] = term, trunc
+            for leaf, dst in zip(leaves, b.next_obs, strict=True):
+                dst[i] = pick_leaf(obs, leaf.path)
+            if term or trunc:
+                obs, _ = env.reset()
+            for leaf, dst in zip(leaves, b.root_obs, strict=True):
+                dst[i] = pick_leaf(obs, leaf.path)
+    np.logical_or(terminated, truncated, out=b.done)
+
+
+def reshape_action(act: np.ndarray, shape: tuple[int, ...], action_spec: TensorSpec) -> np.ndarray:
+    """``act`` as ``shape`` (``[n_envs, *action_spec.shape]``), for an action with the right size but not shape.
+
+    Raises:
+        PolicyError: the action does not fit ``shape``.
+    """
+    try:
+        return act.reshape(shape)
+    except ValueError as exc:
+        raise PolicyError(
+            f"action of shape {act.shape} does not fit {shape[0]} sub-envs with action_spec "
+            f"{action_spec}: expected shape {shape}"
+        ) from exc

@@ -1,0 +1,201 @@
+"""Adapter for TorchRL envs: a ``torchrl.envs.EnvBase`` behind acollect's batched env protocol.
+
+TorchRL is optional: this module never imports it. A TorchRL env is recognised
+by its attributes (:func:`is_torchrl_env`), its specs are mapped by shape and
+dtype, and stepping goes through its own ``step_and_maybe_reset``, so its
+transforms, batched envs (``SerialEnv``, ``ParallelEnv``) and reset logic all
+work as they do in TorchRL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect.envs._base import DONE_KEYS, EnvBase
+from acollect.errors import ConfigurationError, EnvError
+from acollect.specs import Composite, TensorSpec, Unbounded
+
+__all__ = ["TorchRLEnvAdapter", "is_torchrl_env"]
+
+
+def is_torchrl_env(obj: object) -> bool:
+    """Whether ``obj`` looks like a TorchRL env (without importing torchrl).
+
+    Examples:
+        >>> from acollect.testing import CountingEnv
+        >>> is_torchrl_env(CountingEnv())
+        False
+    """
+    if isinstance(obj, type) or isinstance(obj, EnvBase):
+        return False
+    return all(hasattr(obj, name) for name in ("step_and_maybe_reset", "action_spec", "batch_size")) and (
+        hasattr(obj, "full_observation_spec") or hasattr(obj, "observation_spec")
+    )
+
+
+def _key(key: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+class TorchRLActionSpec(TensorSpec):
+    """A TorchRL action spec seen through acollect's :class:`~acollect.specs.TensorSpec`.
+
+    Shape and dtype are per sub-env; :meth:`rand` samples with TorchRL's own
+    ``rand`` so every TorchRL domain (one-hot, bounded, ...) is respected.
+
+    Attributes:
+        torchrl_spec: the wrapped TorchRL spec (with the env's batch dims).
+    """
+
+    def __init__(self, torchrl_spec: Any, batch_dims: int, device: torch.device) -> None:
+        super().__init__(tuple(torchrl_spec.shape)[batch_dims:], torchrl_spec.dtype, device)
+        self.torchrl_spec = torchrl_spec
+        self._env_batch = tuple(torchrl_spec.shape)[:batch_dims]
+
+    def rand(self, batch: Sequence[int] = (), generator: torch.Generator | None = None) -> torch.Tensor:
+        want = math.prod(batch)
+        per_draw = max(math.prod(self._env_batch), 1)
+        draws = -(-want // per_draw)  # ceil: each draw gives one sample per sub-env of the TorchRL env
+        sample = self.torchrl_spec.rand(torch.Size([draws]))
+        sample = sample.reshape(-1, *self.shape)[:want]
+        return sample.reshape(*batch, *self.shape).to(self.device)
+
+    def _extra_repr(self) -> str:
+        return f"torchrl={type(self.torchrl_spec).__name__}"
+
+
+class TorchRLEnvAdapter(EnvBase):
+    """A TorchRL env (``torchrl.envs.EnvBase``) as a batched acollect env.
+
+    An unbatched TorchRL env (``batch_size == []``) gets a leading batch dim of
+    1; a batched one (``SerialEnv``, ``ParallelEnv``, a vectorised lib env) must
+    have exactly one batch dim. The adapter owns the env: :meth:`close` closes it.
+
+    Args:
+        env: the TorchRL env instance.
+
+    Raises:
+        ConfigurationError: ``env`` is not a TorchRL env or has more than one batch dim.
+    """
+
+    def __init__(self, env: Any) -> None:
+        self._env: Any = None
+        if not is_torchrl_env(env):
+            raise ConfigurationError.bad_value(
+                "env", env, "a torchrl.envs.EnvBase instance (with step_and_maybe_reset, action_spec, batch_size)"
+            )
+        env_batch = tuple(env.batch_size)
+        if len(env_batch) > 1:
+            raise ConfigurationError.bad_value("env.batch_size", env_batch, "at most one batch dim")
+        self._env = env
+        self._unbatched = not env_batch
+        self._k = len(env_batch)
+        self.batch_size = torch.Size([1 if self._unbatched else env_batch[0]])
+        self.device = torch.device(env.device) if getattr(env, "device", None) is not None else torch.device("cpu")
+        obs_spec = getattr(env, "full_observation_spec", None)
+        if obs_spec is None:
+            obs_spec = env.observation_spec
+        spec = Composite()
+        self._obs_keys: list[tuple[str, ...]] = []
+        for key in obs_spec.keys(include_nested=True, leaves_only=True):
+            leaf = obs_spec[key]
+            tkey = _key(key)
+            node = spec
+            for part in tkey[:-1]:
+                if part not in node:
+                    node[part] = Composite()
+                node = node[part]
+            node[tkey[-1]] = Unbounded(tuple(leaf.shape)[self._k :], dtype=leaf.dtype, device=self.device)
+            self._obs_keys.append(tkey)
+        self.observation_spec = spec
+        self.action_spec = TorchRLActionSpec(env.action_spec, self._k, self.device)
+        self._action_key = getattr(env, "action_key", "action")
+        reward = env.reward_spec
+        self.reward_spec = Unbounded(tuple(reward.shape)[self._k :], dtype=reward.dtype, device=self.device)
+        self._reward_key = getattr(env, "reward_key", "reward")
+        done_spec = getattr(env, "full_done_spec", None)
+        self._done_keys = [k for k in DONE_KEYS if done_spec is None or k in done_spec.keys()]
+        self._done_shape = tuple(done_spec["done"].shape) if done_spec is not None else (*env_batch, 1)
+        self._td: TensorDictBase | None = None  # TorchRL's root: what the next step starts from
+
+    @property
+    def env(self) -> Any:
+        """The wrapped TorchRL env."""
+        return self._env
+
+    def _write(self, src: TensorDictBase, out: TensorDictBase, keys: list[tuple[str, ...]], rows: Any) -> None:
+        for key in keys:
+            target = out.get(key)
+            value = src.get(key).reshape(target.shape).to(target.device)
+            if rows is None:
+                target.copy_(value)
+            else:
+                target[rows] = value[rows]
+
+    def _write_flags(self, src: TensorDictBase, out: TensorDictBase, rows: Any) -> None:
+        self._write(src, out, [(k,) for k in self._done_keys], rows)
+        if "truncated" not in self._done_keys:
+            # An env without a truncated flag never truncates: done and not terminated cannot happen.
+            target = out.get("truncated")
+            if rows is None:
+                target.zero_()
+            else:
+                target[rows] = False
+
+    def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
+        self._check_open()
+        if seed is not None:
+            self._env.set_seed(seed)
+        rows = None
+        previous = self._td
+        if mask is not None and previous is not None:
+            mask = mask.reshape(-1).to(torch.bool)
+            if mask.shape != self.batch_size:
+                raise ConfigurationError.bad_value(
+                    "mask", tuple(mask.shape), f"a bool tensor of shape {tuple(self.batch_size)}"
+                )
+            if not bool(mask.any()):
+                return
+            if not bool(mask.all()):
+                rows = mask.to(self.device)
+        if rows is None or previous is None:
+            td = self._env.reset()
+        else:
+            request = previous.exclude(self._action_key)
+            request.set("_reset", rows.reshape(self._done_shape))
+            fresh = self._env.reset(request)
+            # Keep the untouched sub-envs exactly as they were, whatever the env returned for them.
+            td = previous.clone()
+            for key in [*self._obs_keys, *((k,) for k in self._done_keys)]:
+                td.get(key)[rows] = fresh.get(key)[rows]
+        self._td = td
+        self._write(td, out, self._obs_keys, rows)
+        self._write_flags(td, out, rows)
+
+    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        self._check_open()
+        if self._td is None:
+            raise EnvError("TorchRLEnvAdapter was stepped before reset_into(): reset it first.")
+        td = self._td
+        td.set(self._action_key, action[0] if self._unbatched else action)
+        stepped, root = self._env.step_and_maybe_reset(td)
+        nxt = stepped.get("next")
+        self._write(nxt, next_out, self._obs_keys, None)
+        next_out.get("reward").copy_(nxt.get(self._reward_key).reshape(next_out.get("reward").shape))
+        self._write_flags(nxt, next_out, None)
+        self._write(root, root_out, self._obs_keys, None)
+        self._write_flags(root, root_out, None)
+        self._td = root
+
+    def _close(self) -> None:
+        self._td = None
+        if self._env is not None and not getattr(self._env, "is_closed", False):
+            self._env.close()
+
+    def __repr__(self) -> str:
+        return f"TorchRLEnvAdapter(env={type(self._env).__name__}, num_envs={self.num_envs})"

@@ -1,0 +1,90 @@
+"""What an inference server is made of, wherever it runs: its spec, its policy copy, its sockets.
+
+:class:`ServerSpec` is everything a server needs to start, picklable (cloudpickle, like a worker's config), so
+that the same spec builds the server's loop in a thread of the trainer or in a process of its own
+(:mod:`acollect.inference._process_main`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict.nn import InteractionType
+
+from acollect.inference._slot_hub import SlotHub
+from acollect.transport._server_socket import ServerSocket
+from acollect.transport._shm import shm_available
+from acollect.transport.auth import ServerKeys
+
+__all__ = ["ServerSpec", "bind", "build_policy", "device_of", "weights_device"]
+
+
+@dataclass
+class ServerSpec:
+    """An inference server's settings (checked by :class:`~acollect.inference.InferenceServer`)."""
+
+    policy: Any
+    policy_factory: Callable[[], Any] | None
+    max_batch_size: int
+    max_wait: float
+    device: torch.device | None
+    exploration: InteractionType | None
+    address: str | None
+    keys: ServerKeys | None
+    slots: bool
+    #: torch threads of a server process (a server thread shares the trainer's)
+    num_threads: int = 1
+    #: forward passes that may run at once (see acollect.inference._passes)
+    passes_in_flight: int = 2
+    #: a private directory (mode 0700) for the slot listener (``None``: a fresh one); a server process's trainer
+    #: makes it, and removes it whatever becomes of the process
+    slot_dir: str | None = None
+
+
+def build_policy(spec: ServerSpec) -> Any:
+    """The server's inference copy of the policy, on ``spec.device``, in eval mode."""
+    module = spec.policy_factory() if spec.policy_factory is not None else copy.deepcopy(spec.policy)
+    if isinstance(module, torch.nn.Module):
+        if spec.device is not None:
+            module = module.to(spec.device)
+        module.eval()
+        device = weights_device(module)
+        if device is not None and device.type == "cuda":
+            # Copied on this thread's stream; the passes run on streams of their own that nothing orders after it.
+            torch.cuda.current_stream(device).synchronize()
+    return module
+
+
+def device_of(module: Any, device: torch.device | None) -> torch.device:
+    """Where the forward pass runs: ``device``, else where the module's tensors are, else the CPU."""
+    if device is not None:
+        return device
+    return weights_device(module) or torch.device("cpu")
+
+
+def weights_device(module: Any) -> torch.device | None:
+    """Where ``module``'s first parameter (or buffer) is; ``None`` for a module without any, or a plain callable."""
+    if isinstance(module, torch.nn.Module):
+        for tensor in (*module.parameters(), *module.buffers()):
+            return tensor.device
+    return None
+
+
+def bind(spec: ServerSpec) -> tuple[ServerSocket, SlotHub | None]:
+    """Binds the socket worker processes send to, and the same-host workers' slot listener where it applies."""
+    assert spec.address is not None
+    # Many workers each keep one request in flight: the queue bound is generous, the heartbeats a
+    # worker's own (a worker that vanished is noticed alike from either side).
+    sock = ServerSocket(spec.address, hwm=1024, heartbeat_ivl=1.0, heartbeat_timeout=10.0, keys=spec.keys)
+    hub = None
+    if spec.slots and spec.keys is None and spec.address.startswith("ipc") and shm_available():
+        try:
+            hub = SlotHub(directory=spec.slot_dir)
+        except BaseException:
+            sock.close()
+            raise
+    return sock, hub

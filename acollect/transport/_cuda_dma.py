@@ -1,0 +1,218 @@
+"""Batches to a CUDA device by DMA: the pool's shared memory registered with CUDA, copied on a side stream.
+
+A batch of a worker collector lies, in the main, in shared memory the pool created (a worker's slot ring, or a
+lockstep segment every worker writes its rows of). To hand it out on a GPU, :class:`DeviceCopier` registers such a
+segment with CUDA (``cudaHostRegister``: its pages become page-locked, so the GPU's copy engine reads them
+directly), then copies the batch with ``non_blocking=True`` on a stream of its own: no CPU copy on the way, and the
+copy overlaps whatever the consumer's stream runs. The batch is handed out with the consumer's current stream told
+to wait for that copy (an event, not a host synchronization), so the consumer never sees a half-copied batch and
+its first kernel on it queues behind the copy; the shared memory is given back to its worker only once the copy
+finished (:meth:`DeviceCopier.copied`).
+
+The rules that keep this correct by construction:
+
+- Only memory the pool owns is registered: a segment this process created (:attr:`ShmSegment.owner`), for as long
+  as it is mapped. It is registered the first time a copy reads it and unregistered by the segment's own
+  :meth:`~acollect.transport._shm.ShmSegment.before_unmap` hook (after the copies in flight finished), so a
+  registration never outlives its mapping, and an address a new mapping reuses is never taken for registered.
+- Everything else (a small batch that arrived as ZeroMQ frames on the heap, parts gathered into fresh memory, the
+  worker-id tensor made per batch) is copied from pageable memory with a plain, waited-for copy: CUDA has read it
+  when the copy returns, so the temporary may be freed at once.
+- A refused registration (a system that will not lock the pages) falls back to the pageable copy, and the CUDA
+  error it left pending on this thread is cleared, so that the next kernel launch does not report it as its own.
+  Where the error cannot be cleared (no ``libcudart`` of this process's to ask), nothing is registered at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect.transport._shm import ShmSegment
+
+__all__ = ["Copy", "DeviceCopier"]
+
+logger = logging.getLogger("acollect")
+
+
+class Copy:
+    """One batch on its way to the device: the device batch and the event its copy recorded."""
+
+    __slots__ = ("batch", "event")
+
+    def __init__(self, batch: TensorDictBase, event: Any) -> None:
+        self.batch = batch
+        self.event = event
+
+    @property
+    def done(self) -> bool:
+        """Whether the copy finished (the source memory may be written again)."""
+        return bool(self.event.query())
+
+    def wait(self) -> None:
+        """Blocks until the copy finished."""
+        self.event.synchronize()
+
+
+def _cudart_libraries() -> list[Any]:
+    """Every ``libcudart`` this process loaded, to clear their per-thread error; empty if there is none to find (a
+    statically linked runtime, or not Linux).
+
+    Several may be loaded (torch's, and one another library brought: CuPy, JAX, a system CUDA), and which one torch
+    calls cannot be told from here: the error is cleared in each (clearing an error nobody left is harmless).
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
+    except OSError:
+        return []
+    return [library for library in map(_load, sorted(paths)) if library is not None]
+
+
+def _load(path: str) -> Any | None:
+    try:
+        library = ctypes.CDLL(path)  # already loaded: the same instance, not a second runtime
+        library.cudaGetLastError.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return library
+
+
+def _code(result: Any) -> int:
+    return int(getattr(result, "value", result))
+
+
+class DeviceCopier:
+    """Copies CPU batches to one CUDA device on a side stream, by DMA where they lie in the pool's shared memory.
+
+    See the module's notes for the rules it keeps.
+
+    Args:
+        device: the CUDA device batches go to.
+
+    Raises:
+        RuntimeError: CUDA is not available.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise RuntimeError(f"a DeviceCopier needs an available CUDA device, got {device}")
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self._registered: dict[int, ShmSegment] = {}  # base address of a registered segment -> the segment
+        self._refused: set[int] = set()  # mapped segments CUDA would not register: copied from pageable memory
+        self._cudart = _cudart_libraries()
+
+    @property
+    def registered_bytes(self) -> int:
+        """Bytes of shared memory registered with CUDA (page-locked) now."""
+        return sum(segment.size for segment in self._registered.values())
+
+    def _registered_segment(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` lies in a segment the pool owns that is registered (registered now if it is new)."""
+        segment = ShmSegment.containing(tensor.data_ptr())
+        if segment is None or not segment.owner or not self._cudart:
+            return False
+        base = segment.address
+        if base is None or base in self._refused:
+            return False
+        if base in self._registered:
+            return True
+        code = _code(torch.cuda.cudart().cudaHostRegister(base, segment.size, 0))
+        # Told when it goes, registered or not: a refusal is remembered only while this mapping lives.
+        segment.before_unmap(self._unregister)
+        if code != 0:
+            self._clear_error()  # the refusal is handled here: the next launch must not report it
+            self._refused.add(base)
+            logger.debug("cudaHostRegister refused %d bytes at %#x (error %s): copied from pageable memory",
+                         segment.size, base, code)  # fmt: skip
+            return False
+        self._registered[base] = segment
+        return True
+
+    def _clear_error(self) -> None:
+        for library in self._cudart:
+            library.cudaGetLastError()
+
+    def _unregister(self, segment: ShmSegment) -> None:
+        """The segment is about to be unmapped: the copies reading it finish first, then it is unregistered."""
+        base = segment.address
+        if base is None:
+            return
+        self._refused.discard(base)
+        if self._registered.pop(base, None) is not None:
+            self.stream.synchronize()
+            self._host_unregister(base)
+
+    def _host_unregister(self, base: int) -> None:
+        code = _code(torch.cuda.cudart().cudaHostUnregister(base))
+        if code != 0:
+            # Left pending, the error would be reported by the next kernel launch as its own.
+            self._clear_error()
+            logger.warning("cudaHostUnregister failed at %#x (error %s): its pages may stay locked", base, code)
+
+    def copy(self, batch: TensorDictBase) -> Copy:
+        """Starts copying ``batch`` (CPU) to the device; returns the copy in flight.
+
+        Leaves in the pool's registered shared memory go by DMA, not waited for (their memory is held until
+        :meth:`copied`); any other leaf is copied from pageable memory and read by CUDA before this returns.
+        """
+        device = self.device
+
+        def move(leaf: torch.Tensor) -> torch.Tensor:
+            if self._registered_segment(leaf):
+                return leaf.to(device, non_blocking=True)  # the source is held until copied() says it landed
+            return leaf.to(device)  # pageable: read before it returns, so a temporary may go at once
+
+        with torch.cuda.stream(self.stream):
+            on_device = batch.apply(move, device=device)
+            assert on_device is not None  # apply returns None only when told to work in place
+            event = torch.cuda.Event(blocking=True)  # copied() waits for it: sleeping, not spinning
+            event.record(self.stream)
+        return Copy(on_device, event)
+
+    def hand_over(self, copy: Copy) -> TensorDictBase:
+        """The device batch, ordered after its copy on the caller's current stream (no host synchronization).
+
+        The memory was allocated on the copier's stream and is used on the caller's: it is recorded on the caller's
+        stream too, so the caching allocator never gives it to another tensor while the caller's work is queued.
+        """
+        return self._ordered(copy.batch, copy.event)
+
+    def reshaped(self, copy: Copy, reshape: Callable[[TensorDictBase], TensorDictBase]) -> tuple[TensorDictBase, Any]:
+        """``reshape`` (postproc, ``split_trajs``) run on the device batch by the calling thread (a worker thread,
+        off the event loop), after the copy; returns the result and the event its work was queued before, for
+        :meth:`hand_over_reshaped` on the consumer's thread (whose streams are not this thread's)."""
+        batch = reshape(self.hand_over(copy))
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        return batch, done
+
+    def hand_over_reshaped(self, batch: TensorDictBase, done: Any) -> TensorDictBase:
+        """A batch of :meth:`reshaped`, ordered after its reshaping on the caller's current stream."""
+        return self._ordered(batch, done)
+
+    def _ordered(self, batch: TensorDictBase, event: Any) -> TensorDictBase:
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(event)
+        for leaf in batch.values(include_nested=True, leaves_only=True):
+            if isinstance(leaf, torch.Tensor) and leaf.device == consumer.device:
+                leaf.record_stream(consumer)
+        return batch
+
+    def copied(self, copy: Copy) -> None:
+        """Blocks until ``copy`` finished: its source memory may then be given back to its worker."""
+        copy.wait()
+
+    def close(self) -> None:
+        """Waits for every copy in flight and unregisters the memory (before it is unmapped). Idempotent."""
+        self.stream.synchronize()
+        for base in list(self._registered):
+            del self._registered[base]
+            self._host_unregister(base)
+        self._refused.clear()

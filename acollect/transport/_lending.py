@@ -1,0 +1,235 @@
+"""Shared memory lent to the caller: handed out as it is, and given back when the last tensor over it is gone.
+
+A worker writes each batch into shared memory; handing that memory out saves a copy of every byte (for pixel
+batches, most of a collector's time). It is safe only if the memory is never written again while the caller holds
+any tensor over it: a batch kept in a list, a view of one, a replay buffer that stores references. So
+:meth:`Lender.lend` makes new tensors over the same memory that keep a *loan* alive: each is a view of a base tensor
+made with :func:`torch.from_numpy` over a small numpy array, whose lifetime is the storage's, and that array's
+finalizer returns the loan. Views, slices, sub-TensorDicts and numpy arrays of those tensors all keep it; copies
+(``.clone()``, ``.to(device)``, ``torch.stack``) do not need it. When the last one is gone, the loan's token is
+queued and the owner is woken (:attr:`Lender.wake`, called from whichever thread dropped the last tensor: the
+owner's event loop is told with ``call_soon_threadsafe``); the owner takes the tokens back with
+:meth:`Lender.returned` and only then lets the memory be written again.
+
+Examples:
+    >>> import torch
+    >>> from tensordict import TensorDict
+    >>> lender = Lender()
+    >>> memory = TensorDict({"x": torch.arange(4)}, batch_size=[4])
+    >>> lent = lender.lend(memory, token="slot 0")
+    >>> view = lent["x"][1:]
+    >>> del lent
+    >>> lender.returned()  # a view is still alive
+    []
+    >>> int(view.sum())
+    6
+    >>> del view
+    >>> lender.returned()
+    ['slot 0']
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import weakref
+from collections import Counter, deque
+from collections.abc import Callable, Hashable
+from typing import Any, cast
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect.transport._shm import SHM_DIR
+
+__all__ = ["DEFAULT_LENT_BYTES", "Lender", "LendingBooks", "default_budget"]
+
+
+class _Loan:
+    """One lent batch: its token, and how many of its memory regions are still held."""
+
+    __slots__ = ("held", "lender", "nbytes", "token")
+
+    def __init__(self, lender: Lender, token: Hashable, held: int, nbytes: int) -> None:
+        self.lender = lender
+        self.token = token
+        self.held = held
+        self.nbytes = nbytes
+
+    def region_gone(self) -> None:  # a finalizer: any thread, never raises
+        with self.lender.lock:
+            self.held -= 1
+            if self.held:
+                return
+        self.lender.came_back(self)
+
+
+class Lender:
+    """Lends CPU memory as tensors whose lifetime returns it (see the module's notes).
+
+    Thread-safe: tokens come back from whichever thread drops the last tensor of a loan.
+
+    Attributes:
+        wake: called (from any thread) when a loan came back; ``None``: the owner looks at :meth:`returned` itself.
+    """
+
+    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+        self.wake = wake
+        #: guards the books (taken by a loan's finalizer, from any thread)
+        self.lock = threading.Lock()
+        self._back: deque[Hashable] = deque()
+        self._lent_bytes = 0
+        self._outstanding = 0
+
+    @property
+    def lent_bytes(self) -> int:
+        """Bytes lent and not returned yet."""
+        return self._lent_bytes
+
+    @property
+    def outstanding(self) -> int:
+        """Loans not returned yet."""
+        return self._outstanding
+
+    def lend(self, td: TensorDictBase, token: Hashable) -> TensorDictBase:
+        """A TensorDict over the same memory as ``td`` whose tensors hold a loan of ``token``.
+
+        ``td``'s leaves are CPU tensors (views of one or a few storages: shared-memory segments); leaves on
+        another device are kept as they are. ``token`` is returned (:meth:`returned`) once no tensor over the lent
+        memory is alive, however many views, slices or sub-TensorDicts of it the caller made.
+        """
+        by_storage: dict[int, Any] = {}
+        for leaf in td.values(include_nested=True, leaves_only=True):
+            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.numel():
+                storage = leaf.untyped_storage()
+                by_storage.setdefault(storage.data_ptr(), storage)
+        nbytes = sum(int(s.nbytes()) for s in by_storage.values())
+        loan = _Loan(self, token, len(by_storage), nbytes)
+        bases: dict[int, torch.Tensor] = {}
+        for address, storage in by_storage.items():
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # the region, as bytes
+            keeper = whole.numpy()  # lives as long as any tensor made from it below
+            weakref.finalize(keeper, loan.region_gone)
+            bases[address] = torch.from_numpy(keeper)
+        with self.lock:
+            self._lent_bytes += nbytes
+            self._outstanding += 1
+        if not bases:
+            loan.held = 1
+            loan.region_gone()  # nothing to hold: returned at once
+            return td
+
+        def rebase(leaf: torch.Tensor) -> torch.Tensor:
+            if leaf.device.type != "cpu" or not leaf.numel():
+                return leaf
+            storage = leaf.untyped_storage()
+            base = bases[storage.data_ptr()]
+            size = leaf.element_size()
+            region = (
+                base.view(leaf.dtype)
+                if base.numel() % size == 0
+                else base[: base.numel() // size * size].view(leaf.dtype)
+            )
+            return region.as_strided(leaf.shape, leaf.stride(), leaf.storage_offset())
+
+        lent = td.apply(rebase, filter_empty=False)
+        assert lent is not None
+        return lent
+
+    def came_back(self, loan: _Loan) -> None:
+        """The last tensor of ``loan`` is gone (from its finalizer, in any thread): its token is queued."""
+        with self.lock:
+            self._back.append(loan.token)
+            self._lent_bytes -= loan.nbytes
+            self._outstanding -= 1
+        wake = self.wake
+        if wake is not None:
+            try:
+                wake()
+            except Exception:  # the owner's loop is gone: the token waits in the queue, harmless
+                pass
+
+    def returned(self) -> list[Hashable]:
+        """The tokens of the loans that came back since the last call."""
+        with self.lock:
+            back = list(self._back)
+            self._back.clear()
+        return back
+
+
+#: The most shared memory lent at once, by default: beyond it batches are copies (see default_budget).
+DEFAULT_LENT_BYTES = 1 << 30
+
+
+def default_budget() -> int:
+    """:data:`DEFAULT_LENT_BYTES`, or a quarter of ``/dev/shm`` where that is less (a container's is often small)."""
+    try:
+        total = shutil.disk_usage(SHM_DIR).total
+    except OSError:
+        return DEFAULT_LENT_BYTES
+    return max(1, min(DEFAULT_LENT_BYTES, total // 4))
+
+
+class LendingBooks:
+    """The books of a collector's lent batches: how many each memory owner has out, and the budget.
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> books = LendingBooks(budget=1 << 20)
+        >>> batch = books.lend(TensorDict({"x": torch.zeros(8)}, batch_size=[8]), key=("w", 0), token=3)
+        >>> books.held(("w", 0)), books.lent_bytes
+        (1, 32)
+        >>> del batch
+        >>> books.returned()
+        [(('w', 0), 3)]
+        >>> books.held(("w", 0))
+        0
+
+    Args:
+        budget: the most bytes lent at once (beyond it the collector hands out copies).
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.lender = Lender()
+        self._held: Counter[Hashable] = Counter()
+        #: batches handed out as copies because lending them would have passed the budget
+        self.over_budget = 0
+        #: batches lent so far
+        self.lent_batches = 0
+
+    @property
+    def lent_bytes(self) -> int:
+        """Shared memory lent now (bytes)."""
+        return self.lender.lent_bytes
+
+    @property
+    def outstanding(self) -> int:
+        """Batches lent and not given back yet."""
+        return self.lender.outstanding
+
+    def room_for(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more may be lent; counts a refusal (the batch is then a copy)."""
+        if self.lender.lent_bytes + nbytes <= self.budget:
+            return True
+        self.over_budget += 1
+        return False
+
+    def held(self, key: Hashable) -> int:
+        """Batches out from the memory owner ``key`` (a worker's incarnation, or the lockstep segments)."""
+        return self._held[key]
+
+    def lend(self, td: TensorDictBase, *, key: Hashable, token: Hashable) -> TensorDictBase:
+        """``td`` lent (new tensors over its memory); ``(key, token)`` comes back from :meth:`returned` once dropped."""
+        self._held[key] += 1
+        self.lent_batches += 1
+        return self.lender.lend(td, (key, token))
+
+    def returned(self) -> list[tuple[Hashable, Hashable]]:
+        """``(key, token)`` of every lent batch given back since the last call."""
+        back: list[tuple[Hashable, Hashable]] = []
+        for returned in self.lender.returned():
+            key, token = cast(tuple[Hashable, Hashable], returned)  # what lend() queued: the lender keeps any token
+            self._held[key] -= 1
+            back.append((key, token))
+        return back
