@@ -128,6 +128,8 @@ class Lane:
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device if device is not None else torch.device("cpu")
         self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:  # "cuda": the device current now, fixed for the lane's life
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream: Any = torch.cuda.Stream(self.device) if self.cuda else None
         self._inputs: dict[Key, torch.Tensor] = {}
         self._outputs: dict[NestedKey, torch.Tensor] = {}

@@ -102,8 +102,10 @@ class DeviceCopier:
     def __init__(self, device: torch.device) -> None:
         if device.type != "cuda" or not torch.cuda.is_available():
             raise RuntimeError(f"a DeviceCopier needs an available CUDA device, got {device}")
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
+        # "cuda" names whichever device is current at each call: fixed here, so that the stream, the events and the
+        # consumer's stream are all on one device even if the caller changes the current device later.
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        self.stream = torch.cuda.Stream(self.device)
         self._registered: dict[int, ShmSegment] = {}  # base address of a registered segment -> the segment
         self._refused: set[int] = set()  # mapped segments CUDA would not register: copied from pageable memory
         self._cudart = _cudart_libraries()
