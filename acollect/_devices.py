@@ -9,6 +9,7 @@ missing GPU fails at construction with a clear error.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -61,6 +62,8 @@ def cuda_ready(tensors: Iterable[object]) -> tuple[tuple[torch.device, Any], ...
         >>> cuda_ready([torch.ones(2)])  # CPU tensors: nothing to wait for
         ()
     """
+    if not torch.cuda.is_initialized():
+        return ()  # no CUDA in this process: none of the tensors is on a GPU, and nothing is looked at
     events = []
     for device in _cuda_devices(tensors):
         event = torch.cuda.Event()
@@ -69,14 +72,27 @@ def cuda_ready(tensors: Iterable[object]) -> tuple[tuple[torch.device, Any], ...
     return tuple(events)
 
 
-def wait_ready(events: Iterable[Any]) -> None:
+def wait_ready(events: Iterable[Any], timeout: float = 60.0) -> None:
     """Blocks the calling thread until every event of :func:`cuda_ready` has completed.
+
+    Raises:
+        TimeoutError: the work queued before an event has not finished within ``timeout`` seconds (a kernel that
+            never ends): the caller's thread does not hang with it.
 
     Examples:
         >>> wait_ready(())
     """
-    for _, event in events:
-        event.synchronize()
+    deadline = time.monotonic() + timeout
+    for device, event in events:
+        pause = 5e-5  # a short wait is the rule (a weight copy, an optimizer step): looked at often, then less
+        while not event.query():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the work queued on {device}'s stream before these tensors were handed over did not finish "
+                    f"within {timeout} s"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
 
 def order_after(ready: Iterable[Any], tensors: Iterable[object]) -> None:

@@ -363,3 +363,21 @@ def test_the_segment_map_is_safe_to_read_while_other_threads_map_and_close() -> 
         for thread in threads:
             thread.join(10)
     assert not errors
+
+
+def test_a_wait_for_another_threads_gpu_work_has_a_deadline() -> None:
+    from acollect._devices import wait_ready
+
+    class Never:
+        """An event whose work never ends (a hung kernel)."""
+
+        def query(self) -> bool:
+            return False
+
+    class Done:
+        def query(self) -> bool:
+            return True
+
+    wait_ready([(torch.device("cuda", 0), Done())], timeout=0.05)  # done: returns at once
+    with pytest.raises(TimeoutError, match=r"cuda:0's stream .* did not finish within 0.05 s"):
+        wait_ready([(torch.device("cuda", 0), Never())], timeout=0.05)
