@@ -7,7 +7,7 @@ frames, usually built with :func:`~acollect.transport._wire.pack_message`.
 
 The endpoint's socket is a plain synchronous one, used only with ``NOBLOCK``; when an
 operation cannot complete, the task waits for the socket's ``zmq.FD`` to become
-readable with :func:`anyio.wait_readable`. That descriptor is edge-triggered: it
+readable (:class:`~acollect._runtime.fd_watch.FdWatch`). That descriptor is edge-triggered: it
 signals that the socket's state *changed*, and any call on the socket may consume the
 signal. So every operation is tried first, ``zmq.EVENTS`` is checked before waiting,
 one task at a time waits on the descriptor while the others wait for it to tell them,
@@ -38,6 +38,7 @@ from typing import Any
 import anyio
 import zmq
 
+from acollect._runtime.fd_watch import FdWatch
 from acollect.errors import ConfigurationError, TransportError
 from acollect.transport._sockets import (
     RefusalMonitor,
@@ -47,6 +48,7 @@ from acollect.transport._sockets import (
     check_timeout,
     configure,
     has_message,
+    recv_frames,
 )
 
 # The blocking side lives in _worker_socket.py; importable from here too, where it always was.
@@ -127,16 +129,16 @@ class Endpoint:
         address = check_address(address)
         if address.startswith("tcp://") and address.endswith(":0"):
             address = address[:-2] + ":*"
-        # Tasks in _wait: how many, the scope of the one on the descriptor, and the event the others
-        # wait on (a fresh one after each time it is set).
+        # Tasks in _wait: how many, and the event the others wait on while one watches the descriptor (a fresh one
+        # after each time it is set).
         self._waiting_recv = 0
         self._waiting_send = 0
-        self._watch_scope: anyio.CancelScope | None = None
         self._changed: anyio.Event | None = None
         self._zmq = ZmqResources(self)
         self._ctx = self._zmq.ctx
         self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.ROUTER)
         self._fd = int(self._sock.getsockopt(zmq.FD))
+        self._watch = FdWatch(self._fd)
         if self._tmpdir is not None:
             self._zmq.on_close(partial(shutil.rmtree, self._tmpdir, ignore_errors=True), after=True)
         try:
@@ -287,7 +289,7 @@ class Endpoint:
                 # socket costs no zmq.Again (an exception per look, several per batch).
                 if has_message(sock):
                     try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = recv_frames(sock)
                     except zmq.Again:
                         pass  # zmq.EVENTS promised one: wait as if empty (the wait is bounded, never a hang)
                     else:
@@ -308,30 +310,27 @@ class Endpoint:
     async def _wait(self, timeout: float, *, receiving: bool) -> None:
         """Waits at most ``timeout`` seconds for the socket's state to change (then the caller tries again).
 
-        One task waits on the descriptor (two would make anyio raise BusyResourceError); the
-        others wait for it, or for a call on the socket, to tell them (:meth:`_wake`). The bound
-        is an anyio scope, as every deadline here: ``asyncio.wait_for`` before Python 3.12
-        swallows a cancellation that arrives as the wait completes (a cancelled collector task
-        kept running), and it does not exist under trio.
+        One task waits on the descriptor (an event loop watches a descriptor for one reader); the
+        others wait for it, or for a call on the socket, to tell them (:meth:`_wake`). The one on
+        the descriptor waits through :class:`~acollect._runtime.fd_watch.FdWatch`, whose deadline
+        and wake-up cost no scope and no cancellation (a wake-up follows many credits sent); the
+        others' bound is an anyio scope: ``asyncio.wait_for`` before Python 3.12 swallows a
+        cancellation that arrives as the wait completes, and it does not exist under trio.
         """
         if receiving:
             self._waiting_recv += 1
         else:
             self._waiting_send += 1
         try:
-            with anyio.move_on_after(timeout) as scope:
-                if self._watch_scope is None:
-                    self._watch_scope = scope
-                    try:
-                        await anyio.wait_readable(self._fd)
-                    except anyio.ClosedResourceError:
-                        pass  # close() was called: the caller finds the socket gone
-                    finally:
-                        self._watch_scope = None
-                        self._wake()  # the others look again; one of them watches the descriptor next
-                else:
-                    if self._changed is None:
-                        self._changed = anyio.Event()
+            if not self._watch.waiting:
+                try:
+                    await self._watch.wait(timeout)
+                finally:
+                    self._wake()  # the others look again; one of them watches the descriptor next
+            else:
+                if self._changed is None:
+                    self._changed = anyio.Event()
+                with anyio.move_on_after(timeout):
                     await self._changed.wait()
         finally:
             if receiving:
@@ -341,8 +340,7 @@ class Endpoint:
 
     def _wake(self) -> None:
         """Makes every waiting task look at the socket again."""
-        if self._watch_scope is not None:
-            self._watch_scope.cancel()
+        self._watch.wake()
         changed, self._changed = self._changed, None
         if changed is not None:
             changed.set()
@@ -358,12 +356,9 @@ class Endpoint:
         """Closes the socket and its context and removes a private ipc file (idempotent)."""
         sock, self._sock = self._sock, None
         if sock is not None:
-            if self._watch_scope is not None:
-                # A task waits on the descriptor: take it out of the event loop's hands before
-                # ZeroMQ closes it (and the number goes to the next file opened). Without a running loop
-                # (released after it ended), nothing watches it any more.
-                with contextlib.suppress(RuntimeError):
-                    anyio.notify_closing(self._fd)
+            # A task waits on the descriptor: take it out of the event loop's hands before ZeroMQ closes it (and the
+            # number goes to the next file opened).
+            self._watch.closing()
             self._wake()
         self._zmq.close()
         self._tmpdir = None

@@ -213,6 +213,16 @@ def validate_layout(layout: object, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Te
     return TensorDictLayout(batch_size, names, leaves, tuple(subs))
 
 
+def _unchecked(source: dict[str, Any], batch_size: torch.Size, names: tuple[str | None, ...] | None) -> TensorDict:
+    """The TensorDict of nested dicts of tensors that fit it, each node with the batch size and dim names (as the
+    checked constructor gives them)."""
+    for key, value in source.items():
+        if type(value) is dict:
+            source[key] = _unchecked(value, batch_size, names)
+    node_names = list(names) if names is not None else None  # a list per node: renaming one renames no other
+    return TensorDict._new_unsafe(source, batch_size=batch_size, names=node_names, nested=False)  # type: ignore[arg-type]
+
+
 def build_tensordict(spec: TensorDictLayout, tensors: Sequence[torch.Tensor]) -> TensorDict:
     """Assembles one tensor per leaf of a validated layout into a TensorDict.
 
@@ -235,7 +245,9 @@ def build_tensordict(spec: TensorDictLayout, tensors: Sequence[torch.Tensor]) ->
             node = node.setdefault(part, {})
         node[leaf.key[-1]] = tensor
     try:
-        td = TensorDict(source, batch_size=spec.batch_size, names=spec.names)  # type: ignore[arg-type]
+        # validate_layout checked what the constructor would (every leaf starts with the batch size, no key twice):
+        # on a small batch, checking it again would cost the trainer more than the rest of its decoding.
+        td = _unchecked(source, torch.Size(spec.batch_size), spec.names)
         for key, batch_size in sorted(spec.subs, key=lambda sub: len(sub[0])):
             if key in td.keys(include_nested=True):
                 td.get(key).batch_size = batch_size

@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport._sockets import RefusalMonitor, ZmqResources, check_address, configure
+from acollect.transport._sockets import RefusalMonitor, ZmqResources, check_address, configure, recv_frames
 from acollect.transport.auth import AllowList, ClientKeys, ServerKeys
 
 __all__ = ["Ready", "ServerSocket", "Waiter"]
@@ -183,7 +183,7 @@ class ServerSocket:
             TransportError: the socket is closed or ZeroMQ failed.
         """
         try:
-            frames = self._socket().recv_multipart(zmq.NOBLOCK, copy=False)
+            frames = recv_frames(self._socket())
         except zmq.Again:
             return None
         except zmq.ZMQError as exc:

@@ -29,6 +29,7 @@ __all__ = [
     "configure",
     "features",
     "has_message",
+    "recv_frames",
 ]
 
 # Linux's sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
@@ -120,8 +121,28 @@ class RefusalMonitor:
         self._pair = None
 
 
+# Plain ints: pyzmq's enum flags cost more than the call itself on the trainer's path of every batch.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
 def has_message(sock: zmq.Socket[Any]) -> bool:
-    return bool(int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+    return bool(int(sock.get(_EVENTS)) & _POLLIN)
+
+
+def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    """The next message's frames, without waiting (``zmq.Again`` if none), not copied.
+
+    ``recv_multipart`` asks the socket for ``RCVMORE`` after each frame, through an enum; each frame
+    knows it already (``Frame.more``), and a message arrives whole, so the later parts never wait.
+    """
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def check_options(hwm: int, heartbeat_ivl: float, heartbeat_timeout: float, max_message_bytes: int | None) -> None:

@@ -148,22 +148,32 @@ def _as_bytes_view(frame: object, index: int) -> memoryview:
         raise _fail(f"frame {index} is not a contiguous bytes-like object ({type(frame).__name__})") from exc
 
 
+#: Bool leaves up to this size are checked in bytes (a tenth of numpy's cost on a batch's few bytes), bigger in numpy.
+_BOOL_CHECK_IN_BYTES = 4096
+
+
 def _tensor_from(view: memoryview, leaf: LeafLayout, copy: bool) -> torch.Tensor:
     if leaf.nbytes == 0:
         return torch.empty(leaf.shape, dtype=leaf.dtype)
+    if leaf.dtype is torch.bool:
+        # A bool tensor holding another byte breaks kernels in ways nobody can trace back: a peer's bytes are checked.
+        bad = (
+            view.tobytes().translate(None, b"\x00\x01")
+            if leaf.nbytes <= _BOOL_CHECK_IN_BYTES
+            else int(np.frombuffer(view, dtype=np.uint8).max()) > 1
+        )
+        if bad:
+            raise _fail(f"bool leaf {leaf.key!r} holds bytes other than 0 and 1")
     if copy or view.readonly:
         # Read-only buffers (bytes) are copied: torch cannot mark a tensor read-only,
         # and writing through it would corrupt an immutable object.
         raw = torch.empty(leaf.nbytes, dtype=torch.uint8)
         memoryview(raw.numpy())[:] = view  # type: ignore[arg-type]
-    else:
-        raw = torch.frombuffer(view, dtype=torch.uint8)
-        if raw.data_ptr() % leaf.dtype.itemsize:
-            raw = raw.clone()  # misaligned frame memory: not every kernel tolerates it
-    # In numpy: on a batch's few bytes, a tenth of what the same check costs in torch.
-    if leaf.dtype is torch.bool and raw.numel() and int(np.frombuffer(view, dtype=np.uint8).max()) > 1:
-        raise _fail(f"bool leaf {leaf.key!r} holds bytes other than 0 and 1")
-    return raw.view(leaf.dtype).view(leaf.shape)
+        return raw.view(leaf.dtype).view(leaf.shape)
+    tensor = torch.frombuffer(view, dtype=leaf.dtype)
+    if tensor.data_ptr() % leaf.dtype.itemsize:
+        tensor = tensor.clone()  # misaligned frame memory: not every kernel tolerates it
+    return tensor.view(leaf.shape)
 
 
 def decode_tensordict(

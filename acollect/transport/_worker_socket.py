@@ -14,7 +14,14 @@ from typing import Any
 import zmq
 
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport._sockets import ZmqResources, check_address, check_options, check_timeout, configure
+from acollect.transport._sockets import (
+    ZmqResources,
+    check_address,
+    check_options,
+    check_timeout,
+    configure,
+    recv_frames,
+)
 from acollect.transport.auth import ClientKeys
 
 __all__ = ["WorkerSocket"]
@@ -156,7 +163,7 @@ class WorkerSocket:
                 remaining = max(0.0, deadline - time.monotonic())
                 if sock.poll(math.ceil(remaining * 1000), zmq.POLLIN):
                     try:
-                        return sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        return recv_frames(sock)
                     except zmq.Again:
                         continue
                 if remaining <= 0:
