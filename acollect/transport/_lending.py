@@ -38,7 +38,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, cast
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from acollect.transport._shm import SHM_DIR
 
@@ -62,6 +62,38 @@ class _Loan:
             if self.held:
                 return
         self.lender.came_back(self)
+
+
+def _plain_leaves(td: TensorDictBase) -> list[torch.Tensor] | None:
+    """Every leaf of ``td`` if it is made of plain TensorDicts and tensors only, else ``None`` (the generic path)."""
+    if type(td) is not TensorDict:
+        return None
+    found: list[torch.Tensor] = []
+    for value in td._tensordict.values():
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+            continue
+        below = _plain_leaves(value)
+        if below is None:
+            return None
+        found.extend(below)
+    return found
+
+
+def _rebuilt(td: TensorDict, rebase: Callable[[torch.Tensor], torch.Tensor]) -> TensorDict:
+    """``td`` with ``rebase`` applied to each leaf (a plain TensorDict: see :func:`_plain_leaves`): every node keeps
+    its batch size and dim names."""
+    source = {
+        key: _rebuilt(value, rebase) if type(value) is TensorDict else rebase(value)
+        for key, value in td._tensordict.items()
+    }
+    names = td._td_dim_names
+    return TensorDict._new_unsafe(
+        source,  # type: ignore[arg-type]
+        batch_size=td.batch_size,
+        names=list(names) if names is not None else None,
+        nested=False,
+    )
 
 
 class Lender:
@@ -98,8 +130,12 @@ class Lender:
         another device are kept as they are. ``token`` is returned (:meth:`returned`) once no tensor over the lent
         memory is alive, however many views, slices or sub-TensorDicts of it the caller made.
         """
+        # A plain TensorDict (a slot's views) is walked through its own dicts: on a batch of a dozen leaves,
+        # tensordict's generic traversal (values(), apply()) costs the trainer more than the rest of the hand-out.
+        plain = _plain_leaves(td)
+        leaves = plain if plain is not None else list(td.values(include_nested=True, leaves_only=True))
         by_storage: dict[int, Any] = {}
-        for leaf in td.values(include_nested=True, leaves_only=True):
+        for leaf in leaves:
             if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.numel():
                 storage = leaf.untyped_storage()
                 by_storage.setdefault(storage.data_ptr(), storage)
@@ -118,20 +154,24 @@ class Lender:
             loan.held = 1
             loan.region_gone()  # nothing to hold: returned at once
             return td
+        regions: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # a base seen as each dtype, once
 
         def rebase(leaf: torch.Tensor) -> torch.Tensor:
             if leaf.device.type != "cpu" or not leaf.numel():
                 return leaf
-            storage = leaf.untyped_storage()
-            base = bases[storage.data_ptr()]
-            size = leaf.element_size()
-            region = (
-                base.view(leaf.dtype)
-                if base.numel() % size == 0
-                else base[: base.numel() // size * size].view(leaf.dtype)
-            )
+            address, dtype = leaf.untyped_storage().data_ptr(), leaf.dtype
+            region = regions.get((address, dtype))
+            if region is None:
+                base = bases[address]
+                size = leaf.element_size()
+                region = (
+                    base.view(dtype) if base.numel() % size == 0 else base[: base.numel() // size * size].view(dtype)
+                )
+                regions[address, dtype] = region
             return region.as_strided(leaf.shape, leaf.stride(), leaf.storage_offset())
 
+        if plain is not None:
+            return _rebuilt(td, rebase)
         lent = td.apply(rebase, filter_empty=False)
         assert lent is not None
         return lent
