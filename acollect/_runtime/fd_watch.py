@@ -67,7 +67,13 @@ class FdWatch:
         if self.waiting:
             raise RuntimeError("FdWatch.wait: another task waits on this descriptor already")
         loop = asyncio._get_running_loop()
-        if loop is None:  # not asyncio: the portable form
+        future = loop.create_future() if loop is not None else None
+        if loop is not None and future is not None:
+            try:
+                loop.add_reader(self._fd, _resolve, future)
+            except NotImplementedError:  # an asyncio loop without readers (Windows' proactor): the portable form
+                loop = None
+        if loop is None or future is None:  # not asyncio: the portable form
             with anyio.move_on_after(timeout) as scope:
                 self._scope = scope
                 try:
@@ -77,9 +83,8 @@ class FdWatch:
                 finally:
                     self._scope = None
             return
-        future = loop.create_future()
+        # Registered: from here on the reader is removed however the wait ends.
         self._future, self._loop = future, loop
-        loop.add_reader(self._fd, _resolve, future)
         timer = loop.call_later(timeout, _resolve, future)
         try:
             await future
