@@ -135,10 +135,13 @@ class Lender:
         plain = _plain_leaves(td)
         leaves = plain if plain is not None else list(td.values(include_nested=True, leaves_only=True))
         by_storage: dict[int, Any] = {}
+        addresses: dict[int, int] = {}  # id(leaf): its storage's address, asked once
         for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and leaf.numel():
+            if isinstance(leaf, torch.Tensor) and leaf.is_cpu and leaf.numel():
                 storage = leaf.untyped_storage()
-                by_storage.setdefault(storage.data_ptr(), storage)
+                address = storage.data_ptr()
+                addresses[id(leaf)] = address
+                by_storage.setdefault(address, storage)
         nbytes = sum(int(s.nbytes()) for s in by_storage.values())
         loan = _Loan(self, token, len(by_storage), nbytes)
         bases: dict[int, torch.Tensor] = {}
@@ -157,9 +160,12 @@ class Lender:
         regions: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # a base seen as each dtype, once
 
         def rebase(leaf: torch.Tensor) -> torch.Tensor:
-            if leaf.device.type != "cpu" or not leaf.numel():
-                return leaf
-            address, dtype = leaf.untyped_storage().data_ptr(), leaf.dtype
+            address = addresses.get(id(leaf))
+            if address is None:  # not among the leaves seen above (a leaf apply() made), or not lent
+                if not (leaf.is_cpu and leaf.numel()):
+                    return leaf
+                address = leaf.untyped_storage().data_ptr()
+            dtype = leaf.dtype
             region = regions.get((address, dtype))
             if region is None:
                 base = bases[address]
