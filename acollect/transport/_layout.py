@@ -213,14 +213,40 @@ def validate_layout(layout: object, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Te
     return TensorDictLayout(batch_size, names, leaves, tuple(subs))
 
 
-def _unchecked(source: dict[str, Any], batch_size: torch.Size, names: tuple[str | None, ...] | None) -> TensorDict:
+def _unchecked(source: dict[Any, Any], batch_size: torch.Size, names: tuple[str | None, ...] | None) -> TensorDict:
     """The TensorDict of nested dicts of tensors that fit it, each node with the batch size and dim names (as the
     checked constructor gives them)."""
     for key, value in source.items():
         if type(value) is dict:
             source[key] = _unchecked(value, batch_size, names)
-    node_names = list(names) if names is not None else None  # a list per node: renaming one renames no other
-    return TensorDict._new_unsafe(source, batch_size=batch_size, names=node_names, nested=False)  # type: ignore[arg-type]
+    # A list per node: renaming one renames no other. (Any: tensordict's annotation leaves out the None it takes.)
+    node_names: Any = list(names) if names is not None else None
+    return TensorDict._new_unsafe(source, batch_size=batch_size, names=node_names, nested=False)
+
+
+def _private_constructor_works() -> bool:
+    """Whether tensordict's private constructor (and the node dicts it fills) give here what the checked constructor
+    gives: tried once, on a small nested TensorDict with dim names. A tensordict whose internals moved falls back to
+    the checked constructor everywhere these are used."""
+    try:
+        leaf = torch.zeros(2, 3)
+        fast = _unchecked({"a": leaf, "n": {"b": leaf}}, torch.Size([2]), ("time",))
+        checked = TensorDict({"a": leaf, "n": {"b": leaf}}, batch_size=[2], names=["time"])
+        sub = fast._tensordict["n"]
+        return (
+            type(sub) is TensorDict
+            and sub._tensordict["b"] is leaf
+            and fast.names == checked.names
+            and fast["n"].names == checked["n"].names
+            and fast["n"].batch_size == checked["n"].batch_size
+            and fast._td_dim_names is not sub._td_dim_names
+        )
+    except Exception:  # anything at all: the checked constructor stays
+        return False
+
+
+#: Whether the decoding and the lending here may assemble TensorDicts through tensordict's private constructor.
+FAST_ASSEMBLY = _private_constructor_works()
 
 
 def build_tensordict(spec: TensorDictLayout, tensors: Sequence[torch.Tensor]) -> TensorDict:
@@ -247,7 +273,11 @@ def build_tensordict(spec: TensorDictLayout, tensors: Sequence[torch.Tensor]) ->
     try:
         # validate_layout checked what the constructor would (every leaf starts with the batch size, no key twice):
         # on a small batch, checking it again would cost the trainer more than the rest of its decoding.
-        td = _unchecked(source, torch.Size(spec.batch_size), spec.names)
+        if FAST_ASSEMBLY:
+            td = _unchecked(source, torch.Size(spec.batch_size), spec.names)
+        else:
+            names: Any = spec.names  # tensordict's annotation leaves out the None it takes
+            td = TensorDict(source, batch_size=spec.batch_size, names=names)
         for key, batch_size in sorted(spec.subs, key=lambda sub: len(sub[0])):
             if key in td.keys(include_nested=True):
                 td.get(key).batch_size = batch_size

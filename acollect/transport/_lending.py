@@ -40,6 +40,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect.transport._layout import FAST_ASSEMBLY
 from acollect.transport._shm import SHM_DIR
 
 __all__ = ["DEFAULT_LENT_BYTES", "Lender", "LendingBooks", "default_budget"]
@@ -66,7 +67,7 @@ class _Loan:
 
 def _plain_leaves(td: TensorDictBase) -> list[torch.Tensor] | None:
     """Every leaf of ``td`` if it is made of plain TensorDicts and tensors only, else ``None`` (the generic path)."""
-    if type(td) is not TensorDict:
+    if type(td) is not TensorDict or not FAST_ASSEMBLY:
         return None
     found: list[torch.Tensor] = []
     for value in td._tensordict.values():
@@ -83,13 +84,13 @@ def _plain_leaves(td: TensorDictBase) -> list[torch.Tensor] | None:
 def _rebuilt(td: TensorDict, rebase: Callable[[torch.Tensor], torch.Tensor]) -> TensorDict:
     """``td`` with ``rebase`` applied to each leaf (a plain TensorDict: see :func:`_plain_leaves`): every node keeps
     its batch size and dim names."""
-    source = {
+    source: dict[Any, Any] = {
         key: _rebuilt(value, rebase) if type(value) is TensorDict else rebase(value)
         for key, value in td._tensordict.items()
     }
     names = td._td_dim_names
     return TensorDict._new_unsafe(
-        source,  # type: ignore[arg-type]
+        source,
         batch_size=td.batch_size,
         names=list(names) if names is not None else None,
         nested=False,

@@ -113,3 +113,17 @@ def test_a_storage_seen_as_several_dtypes(dtype: torch.dtype) -> None:
     del lent
     gc.collect()
     assert lender.returned() == [1]
+
+
+def test_the_generic_road_stands_in_where_tensordict_internals_are_not_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    from acollect.transport import _lending
+
+    source = _slot_like()
+    monkeypatch.setattr(_lending, "FAST_ASSEMBLY", False)
+    assert _plain_leaves(source) is None
+    lender = Lender()
+    lent = lender.lend(source, token="checked")
+    _assert_same_tree(lent, source)
+    del lent
+    gc.collect()
+    assert lender.returned() == ["checked"]

@@ -128,6 +128,22 @@ def test_decoding_matches_the_checked_constructor(names: list[str | None] | None
             assert raw(tensor) == before, leaf["key"]
 
 
+@pytest.mark.parametrize("names", [None, [None, "time"]])
+def test_the_checked_constructor_stands_in_where_the_private_one_is_not_trusted(
+    names: list[str | None] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from acollect.transport import _layout
+
+    assert _layout.FAST_ASSEMBLY  # this tensordict passed the check made at import
+    td = sample(names)
+    layout, views = encode_tensordict(td)
+    fast = decode_tensordict(layout, [bytearray(view) for view in views])
+    monkeypatch.setattr(_layout, "FAST_ASSEMBLY", False)
+    checked = decode_tensordict(layout, [bytearray(view) for view in views])
+    assert_same(checked, td)
+    assert_same(fast, checked)
+
+
 def raw(tensor: torch.Tensor) -> bytes:
     return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
