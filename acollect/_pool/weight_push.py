@@ -71,7 +71,7 @@ class WeightPusher:
         self._lock = anyio.Lock()
         #: Held while a push's messages go out, and by a lockstep collector while it asks for a batch: every worker
         #: then gets a push before its request for any batch, or after every request of one (``from`` is right).
-        self.order = anyio.Lock(fast_acquire=True)  # taken per batch by a lockstep collector: no yield when free
+        self.order = anyio.Lock()
 
     @property
     def last(self) -> tuple[dict[str, Any], TensorDictBase | None] | None:

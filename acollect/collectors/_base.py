@@ -115,9 +115,7 @@ class CollectorBase:
         self._calls: set[CallScope] = set()
         self._changes = Notifier()  # calls leaving, pauses ending, the background batch handed over
         self._setup_lock = anyio.Lock()
-        # Taken once a batch: free, it is taken without a trip through the event loop (anyio's default yields on every
-        # acquire); held, its release hands it to the next waiter, so a second consumer still gets its turn.
-        self._consumer_lock = anyio.Lock(fast_acquire=True)
+        self._consumer_lock = anyio.Lock()
         self._pause_lock = anyio.Lock()
         self._run = BackgroundRun()
         self._shutdown_limit = 30.0
