@@ -5,6 +5,7 @@ Each test starts real actors (a few seconds each); the cluster is started once f
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -42,13 +43,21 @@ def ray_cluster() -> Iterator[None]:
         ray.shutdown()
 
 
-def _dead(actor: object) -> bool:
-    ref = actor.run.remote(b"")  # type: ignore[attr-defined]
-    try:
-        ray.get(ref, timeout=30)
-    except ray.exceptions.RayActorError:
-        return True
-    return False
+def _dead(actor: object, within: float = 30.0) -> bool:
+    """Whether ``actor`` is gone. ``ray.kill`` takes effect asynchronously: a probe sent just after it may still be run
+    by the actor (it fails to unpack an empty config), so a live answer is asked again until ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        ref = actor.run.remote(b"")  # type: ignore[attr-defined]
+        try:
+            ray.get(ref, timeout=30)
+        except ray.exceptions.RayActorError:
+            return True
+        except ray.exceptions.RayTaskError:
+            pass  # it ran the probe: alive for now
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 async def test_sync_ray_collector_stacks_batches_pushes_weights_and_restarts_a_killed_actor() -> None:
