@@ -213,15 +213,21 @@ def validate_layout(layout: object, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Te
     return TensorDictLayout(batch_size, names, leaves, tuple(subs))
 
 
+def unchecked_node(source: dict[Any, Any], batch_size: torch.Size, names: Sequence[str | None] | None) -> TensorDict:
+    """One TensorDict node over ``source`` (its tensors and built sub-nodes), through tensordict's private constructor,
+    which checks nothing: only where :data:`FAST_ASSEMBLY` holds, over what fits the batch size already."""
+    # A list per node: renaming one renames no other. (Any: tensordict's annotation leaves out the None it takes.)
+    node_names: Any = list(names) if names is not None else None
+    return TensorDict._new_unsafe(source, batch_size=batch_size, names=node_names, nested=False)
+
+
 def _unchecked(source: dict[Any, Any], batch_size: torch.Size, names: tuple[str | None, ...] | None) -> TensorDict:
     """The TensorDict of nested dicts of tensors that fit it, each node with the batch size and dim names (as the
     checked constructor gives them)."""
     for key, value in source.items():
         if type(value) is dict:
             source[key] = _unchecked(value, batch_size, names)
-    # A list per node: renaming one renames no other. (Any: tensordict's annotation leaves out the None it takes.)
-    node_names: Any = list(names) if names is not None else None
-    return TensorDict._new_unsafe(source, batch_size=batch_size, names=node_names, nested=False)
+    return unchecked_node(source, batch_size, names)
 
 
 def _private_constructor_works() -> bool:

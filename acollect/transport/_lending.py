@@ -40,7 +40,7 @@ from typing import Any, cast
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect.transport._layout import FAST_ASSEMBLY
+from acollect.transport._layout import FAST_ASSEMBLY, unchecked_node
 from acollect.transport._shm import SHM_DIR
 
 __all__ = ["DEFAULT_LENT_BYTES", "Lender", "LendingBooks", "default_budget"]
@@ -88,13 +88,7 @@ def _rebuilt(td: TensorDict, rebase: Callable[[torch.Tensor], torch.Tensor]) -> 
         key: _rebuilt(value, rebase) if type(value) is TensorDict else rebase(value)
         for key, value in td._tensordict.items()
     }
-    names = td._td_dim_names
-    return TensorDict._new_unsafe(
-        source,
-        batch_size=td.batch_size,
-        names=list(names) if names is not None else None,
-        nested=False,
-    )
+    return unchecked_node(source, td.batch_size, td._td_dim_names)
 
 
 class Lender:
