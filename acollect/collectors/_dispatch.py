@@ -21,7 +21,7 @@ mode its class fixes, or the ``sync`` option of a collector that takes one (the 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -88,6 +88,10 @@ class Dispatch:
     def give_back(self, item: Received) -> bool:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
         return False
+
+    async def credit(self, pool: WorkerPool, handle: WorkerHandle, fields: dict[str, Any]) -> None:
+        """Sends ``handle``'s worker a credit (with ``fields``: the slot it gives back, if any)."""
+        await pool.send(handle, P.CREDIT, fields)
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         """Tells the workers to stop (``True``) or go on; nothing to do where they only work when asked."""
@@ -335,6 +339,8 @@ class FirstReady(Dispatch):
         self.credits: int = credits
         # copy_batches=True: per worker, the memory of batches the caller dropped, mapped already.
         self._buffers: dict[int, HandOutBuffers] = {}
+        # Per worker: (its generation, slots of lent batches the caller dropped), told with its next credit.
+        self._freed: dict[int, tuple[int, list[int]]] = {}
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
         await pool.order_run(self.credits)
@@ -380,19 +386,44 @@ class FirstReady(Dispatch):
         return batch
 
     async def lent(self, pool: WorkerPool, item: Received) -> None:
+        # The credit now (it collects on); the slot when the loan ends.
         handle = pool.handles[item.worker]
         if item.generation == handle.generation:
-            await pool.send(handle, P.CREDIT, {})  # the credit now (it collects on); the slot when the loan ends
+            await self.credit(pool, handle, {})
 
     async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
-        assert isinstance(key, tuple)  # what combine() lent with: (worker, generation)
+        """A lent batch was dropped: its slot goes back with its worker's next credit.
+
+        Not at once: a message less per batch (each wakes the worker's threads, on a core its envs need). The worker
+        never waits for it. Its ring holds ``credits`` slots besides those lent, counted when each batch is lent
+        (:meth:`can_lend`); a dropped batch only turns a lent slot into a freed one, so until its next credit
+        (which carries the slots freed) the worker has a slot for each credit it holds.
+        """
+        assert isinstance(key, tuple)  # what combine() lent with: (worker, generation), and the slot
+        assert isinstance(token, int)
         worker, generation = key
         handle = pool.handles[worker]
-        if generation == handle.generation and handle.ready:  # else its slots died with it
-            await pool.send(handle, P.FREE, {"slot": token})
+        if generation != handle.generation or not handle.ready:
+            return  # its slots died with it
+        held = self._freed.get(worker)
+        if held is None or held[0] != generation:
+            self._freed[worker] = (generation, [token])
+        else:
+            held[1].append(token)
+
+    async def credit(self, pool: WorkerPool, handle: WorkerHandle, fields: dict[str, Any]) -> None:
+        """A credit to ``handle``'s worker, carrying the slots freed since its last one (one a message)."""
+        held = self._freed.pop(handle.index, None)
+        slots = held[1] if held is not None and held[0] == handle.generation else []
+        if slots and fields.get("slot") is None:
+            fields = {"slot": slots.pop()}
+        await pool.send(handle, P.CREDIT, fields)
+        for slot in slots:  # more than one dropped since its last credit: the rest one by one
+            await pool.send(handle, P.FREE, {"slot": slot})
 
     def reset(self) -> None:
         self._buffers.clear()
+        self._freed.clear()
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         # Workers stop at their next step, keeping the batch in progress.

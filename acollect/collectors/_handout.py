@@ -22,7 +22,6 @@ from tensordict import TensorDictBase
 
 from acollect._devices import move_to
 from acollect._pool import Received, WorkerPool
-from acollect._worker import protocol as P
 from acollect.transport._cuda_dma import Copy, DeviceCopier
 from acollect.transport._lending import LendingBooks
 
@@ -151,7 +150,7 @@ class HandOut:
         slot = item.header.get("slot")
         # A lockstep worker collects only when asked: a credit means something to it only as a slot to free.
         if item.generation == handle.generation and (slot is not None or pool.credits is not None):
-            await pool.send(handle, P.CREDIT, {"slot": slot})
+            await self._dispatch.credit(pool, handle, {"slot": slot})
 
     async def take_back(self, pool: WorkerPool) -> None:
         """Gives back what the caller dropped since the last batch, and what a finished copy to a GPU held."""
