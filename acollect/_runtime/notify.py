@@ -1,7 +1,7 @@
 """A change notifier: many tasks wait for "something changed", one call wakes them all.
 
 anyio events cannot be cleared, so each notification sets the current event and
-replaces it with a fresh one; a waiter re-checks its condition after every wake-up
+drops it (the next waiter makes a fresh one); a waiter re-checks its condition after every wake-up
 (and under a deadline), which makes a missed or spurious wake-up harmless.
 """
 
@@ -34,16 +34,21 @@ class Notifier:
     """
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        # Made by the first waiter after a notification: most notifications (one per batch and per call) find
+        # nobody waiting, and then cost no event.
+        self._event: anyio.Event | None = None
 
     def notify(self) -> None:
         """Wakes every current waiter (later waiters wait for the next notification)."""
-        event, self._event = self._event, anyio.Event()
-        event.set()
+        event, self._event = self._event, None
+        if event is not None:
+            event.set()
 
     async def wait(self, timeout: float | None = None) -> None:
         """Returns at the next notification, or after ``timeout`` seconds, whichever comes first."""
         event = self._event
+        if event is None:
+            event = self._event = anyio.Event()
         if timeout is None:
             await event.wait()
             return
