@@ -266,7 +266,7 @@ class Lockstep(Dispatch):
         whole = self._in_place(items)
         if whole is not None:
             if books is not None:  # the segment itself, given back when the caller drops it
-                return books.lend(whole, key=_SHARED, token=items[0].header["slot"])
+                return books.lend(whole, key=_SHARED, token=items[0].header["slot"], fixed=True)
             reused = self._buffers.take("shared")  # the memory of a batch the caller dropped: one copy_, no faults
             if reused is not None:
                 return reused.copy_(whole)
@@ -373,7 +373,7 @@ class FirstReady(Dispatch):
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
         elif books is not None:  # the slot itself, given back to its worker when the caller drops the batch
-            batch = books.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"])
+            batch = books.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"], fixed=True)
         else:
             buffers = self._buffers.setdefault(item.worker, HandOutBuffers())
             reused = buffers.take(item.generation)

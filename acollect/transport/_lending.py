@@ -91,6 +91,59 @@ def _rebuilt(td: TensorDict, rebase: Callable[[torch.Tensor], torch.Tensor]) -> 
     return unchecked_node(source, td.batch_size, td._td_dim_names)
 
 
+class _Plan:
+    """How one fixed TensorDict is lent each time (see ``Lender.lend(fixed=True)``): worked out at its first loan.
+
+    Its leaves in walk order, which storage each lies in and how it is seen, and its nodes' keys, batch sizes and
+    dim names. It holds the TensorDict's own leaves, so it lives no longer than the TensorDict (``Lender`` drops it
+    when the TensorDict goes), and the memory stays free to be unmapped.
+    """
+
+    __slots__ = ("keep", "leaves", "nbytes", "places", "regions", "storages", "tree")
+
+    def __init__(self, td: TensorDict, leaves: list[torch.Tensor]) -> None:
+        self.leaves = leaves
+        storage_of: dict[int, int] = {}  # a storage's address: its index in ``storages``
+        self.storages: list[int] = []  # per storage: the index of a leaf over it
+        region_of: dict[tuple[int, torch.dtype], int] = {}
+        self.regions: list[tuple[int, torch.dtype]] = []  # per region: its storage, seen as this dtype
+        self.places: list[tuple[int, torch.Size, tuple[int, ...], int] | None] = []  # per leaf: region and view
+        nbytes = 0
+        for index, leaf in enumerate(leaves):
+            if not (leaf.is_cpu and leaf.numel()):
+                self.places.append(None)  # kept as it is (another device, or empty)
+                continue
+            storage = leaf.untyped_storage()
+            address = storage.data_ptr()
+            if address not in storage_of:
+                storage_of[address] = len(self.storages)
+                self.storages.append(index)
+                nbytes += int(storage.nbytes())
+            key = (storage_of[address], leaf.dtype)
+            if key not in region_of:
+                region_of[key] = len(self.regions)
+                self.regions.append(key)
+            self.places.append((region_of[key], leaf.shape, leaf.stride(), int(leaf.storage_offset())))
+        self.nbytes = nbytes
+        self.keep = not self.storages  # nothing to hold: the TensorDict is handed out as it is
+        self.tree = _tree(td, iter(range(len(leaves))))
+
+
+def _tree(td: TensorDict, numbers: Any) -> tuple[Any, ...]:
+    """``td``'s nodes as ``(entries, batch_size, dim names)``; each entry ``(key, leaf number or node)``."""
+    entries = [
+        (key, _tree(value, numbers) if type(value) is TensorDict else next(numbers))
+        for key, value in td._tensordict.items()
+    ]
+    return entries, td.batch_size, td._td_dim_names
+
+
+def _built(tree: tuple[Any, ...], leaves: list[torch.Tensor]) -> TensorDict:
+    entries, batch_size, names = tree
+    source = {key: leaves[at] if type(at) is int else _built(at, leaves) for key, at in entries}
+    return unchecked_node(source, batch_size, names)
+
+
 class Lender:
     """Lends CPU memory as tensors whose lifetime returns it (see the module's notes).
 
@@ -107,6 +160,8 @@ class Lender:
         self._back: deque[Hashable] = deque()
         self._lent_bytes = 0
         self._outstanding = 0
+        # Fixed TensorDicts lent before, by id: (a weak reference to tell a reused id, its plan).
+        self._plans: dict[int, tuple[weakref.ref[TensorDictBase], _Plan]] = {}
 
     @property
     def lent_bytes(self) -> int:
@@ -118,13 +173,20 @@ class Lender:
         """Loans not returned yet."""
         return self._outstanding
 
-    def lend(self, td: TensorDictBase, token: Hashable) -> TensorDictBase:
+    def lend(self, td: TensorDictBase, token: Hashable, *, fixed: bool = False) -> TensorDictBase:
         """A TensorDict over the same memory as ``td`` whose tensors hold a loan of ``token``.
 
         ``td``'s leaves are CPU tensors (views of one or a few storages: shared-memory segments); leaves on
         another device are kept as they are. ``token`` is returned (:meth:`returned`) once no tensor over the lent
         memory is alive, however many views, slices or sub-TensorDicts of it the caller made.
+
+        ``fixed=True`` says that ``td`` is a memory owner's own TensorDict, lent again and again, whose keys and
+        leaves never change (a slot's views): how to lend it is worked out once and kept while ``td`` lives.
         """
+        if fixed:
+            plan = self._plan(td)
+            if plan is not None:
+                return self._lend_planned(plan, token)
         # A plain TensorDict (a slot's views) is walked through its own dicts: on a batch of a dozen leaves,
         # tensordict's generic traversal (values(), apply()) costs the trainer more than the rest of the hand-out.
         plain = _plain_leaves(td)
@@ -176,6 +238,55 @@ class Lender:
         lent = td.apply(rebase, filter_empty=False)
         assert lent is not None
         return lent
+
+    def _plan(self, td: TensorDictBase) -> _Plan | None:
+        """``td``'s plan, made at its first loan (``None``: not a plain TensorDict, lent the generic way)."""
+        found = self._plans.get(id(td))
+        if found is not None and found[0]() is td:
+            return found[1]
+        leaves = _plain_leaves(td)
+        if leaves is None:
+            return None
+        assert type(td) is TensorDict  # what _plain_leaves accepts
+        plan = _Plan(td, leaves)
+        key = id(td)
+
+        def forget(_: object, plans: dict[int, Any] = self._plans) -> None:  # td is gone: so is its plan
+            entry = plans.get(key)
+            if entry is not None and entry[0]() is None:
+                del plans[key]
+
+        self._plans[key] = (weakref.ref(td, forget), plan)
+        return plan
+
+    def _lend_planned(self, plan: _Plan, token: Hashable) -> TensorDictBase:
+        leaves = plan.leaves
+        loan = _Loan(self, token, len(plan.storages), plan.nbytes)
+        with self.lock:
+            self._lent_bytes += plan.nbytes
+            self._outstanding += 1
+        if plan.keep:
+            loan.held = 1
+            loan.region_gone()  # nothing to hold: returned at once
+            return _built(plan.tree, leaves)
+        bases = []
+        for index in plan.storages:
+            whole = torch.empty(0, dtype=torch.uint8).set_(leaves[index].untyped_storage())  # the region, as bytes
+            keeper = whole.numpy()  # lives as long as any tensor made from it below
+            weakref.finalize(keeper, loan.region_gone)
+            bases.append(torch.from_numpy(keeper))
+        regions = []
+        for storage, dtype in plan.regions:
+            base = bases[storage]
+            size = dtype.itemsize
+            regions.append(
+                base.view(dtype) if base.numel() % size == 0 else base[: base.numel() // size * size].view(dtype)
+            )
+        lent = [
+            leaf if place is None else regions[place[0]].as_strided(place[1], place[2], place[3])
+            for leaf, place in zip(leaves, plan.places, strict=True)
+        ]
+        return _built(plan.tree, lent)
 
     def came_back(self, loan: _Loan) -> None:
         """The last tensor of ``loan`` is gone (from its finalizer, in any thread): its token is queued."""
@@ -260,11 +371,13 @@ class LendingBooks:
         """Batches out from the memory owner ``key`` (a worker's incarnation, or the lockstep segments)."""
         return self._held[key]
 
-    def lend(self, td: TensorDictBase, *, key: Hashable, token: Hashable) -> TensorDictBase:
-        """``td`` lent (new tensors over its memory); ``(key, token)`` comes back from :meth:`returned` once dropped."""
+    def lend(self, td: TensorDictBase, *, key: Hashable, token: Hashable, fixed: bool = False) -> TensorDictBase:
+        """``td`` lent (new tensors over its memory); ``(key, token)`` comes back from :meth:`returned` once dropped.
+
+        ``fixed``: see :meth:`Lender.lend`."""
         self._held[key] += 1
         self.lent_batches += 1
-        return self.lender.lend(td, (key, token))
+        return self.lender.lend(td, (key, token), fixed=fixed)
 
     def returned(self) -> list[tuple[Hashable, Hashable]]:
         """``(key, token)`` of every lent batch given back since the last call."""

@@ -7,6 +7,7 @@ storage) and return the loan only once the last tensor over the memory is gone.
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 import torch
@@ -97,8 +98,9 @@ def test_anything_but_plain_tensordicts_takes_the_generic_road() -> None:
     assert lender.returned() == ["generic"]
 
 
+@pytest.mark.parametrize("fixed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.int32, torch.float64])
-def test_a_storage_seen_as_several_dtypes(dtype: torch.dtype) -> None:
+def test_a_storage_seen_as_several_dtypes(dtype: torch.dtype, fixed: bool) -> None:
     memory = torch.zeros(256, dtype=torch.uint8)
     first = memory[0:64].view(dtype)
     second = memory[64:128].view(torch.int64)
@@ -106,7 +108,7 @@ def test_a_storage_seen_as_several_dtypes(dtype: torch.dtype) -> None:
     second.copy_(torch.arange(8))
     source = TensorDict({"a": first[:8], "b": second[:8]}, batch_size=[8])
     lender = Lender()
-    lent = lender.lend(source, token=1)
+    lent = lender.lend(source, token=1, fixed=fixed)
     assert torch.equal(lent["a"], source["a"])
     assert torch.equal(lent["b"], source["b"])
     assert lender.lent_bytes == 256  # one storage, counted once
@@ -127,3 +129,80 @@ def test_the_generic_road_stands_in_where_tensordict_internals_are_not_trusted(m
     del lent
     gc.collect()
     assert lender.returned() == ["checked"]
+
+
+def test_a_fixed_tensordict_is_lent_by_its_plan_as_the_plain_road_lends_it() -> None:
+    source = _slot_like()
+    lender = Lender()
+    first = lender.lend(source, token="first", fixed=True)
+    second = lender.lend(source, token="second", fixed=True)
+    assert len(lender._plans) == 1, "worked out once, at the first loan"
+    for lent in (first, second):
+        _assert_same_tree(lent, source)
+    del lent
+    assert first["observation"] is not second["observation"], "each loan has tensors of its own"
+    second["next", "sub", "pixels"][0, 0, 0] = 77  # a view of the slot, as the plain road gives
+    assert int(source["next", "sub", "pixels"][0, 0, 0]) == 77
+    assert lender.outstanding == 2
+    assert lender.lent_bytes == 2 * 4096
+    done = first["next", "done"]
+    del first
+    gc.collect()
+    assert lender.returned() == [], "a leaf of the first loan is alive"
+    del done
+    gc.collect()
+    assert lender.returned() == ["first"]
+    del second
+    gc.collect()
+    assert lender.returned() == ["second"]
+    assert (lender.outstanding, lender.lent_bytes) == (0, 0)
+
+
+def test_a_fixed_plan_goes_with_its_tensordict() -> None:
+    # The plan holds the TensorDict's own leaves, never longer than the TensorDict: its memory can be unmapped.
+    source = _slot_like()
+    leaf = weakref.ref(source["observation"])
+    lender = Lender()
+    lent = lender.lend(source, token=0, fixed=True)
+    del lent
+    gc.collect()
+    assert lender.returned() == [0]
+    assert len(lender._plans) == 1
+    del source
+    gc.collect()
+    assert lender._plans == {}
+    assert leaf() is None, "nothing keeps the TensorDict's leaves"
+
+
+def test_a_fixed_tensordict_keeps_its_empty_leaves_and_lends_the_rest() -> None:
+    memory = torch.arange(16, dtype=torch.float32)
+    source = TensorDict({"x": memory[:8], "nothing": torch.zeros(8, 0)}, batch_size=[8])
+    lender = Lender()
+    lent = lender.lend(source, token="t", fixed=True)
+    assert lent["nothing"] is source["nothing"], "an empty leaf holds no memory: kept as it is"
+    assert torch.equal(lent["x"], source["x"])
+    assert lent["x"].data_ptr() == source["x"].data_ptr()
+    del lent
+    gc.collect()
+    assert lender.returned() == ["t"]
+
+
+def test_a_fixed_tensordict_with_nothing_to_hold_comes_back_at_once() -> None:
+    source = TensorDict({"nothing": torch.zeros(4, 0)}, batch_size=[4])
+    lender = Lender()
+    lent = lender.lend(source, token="empty", fixed=True)
+    assert lender.returned() == ["empty"]
+    assert lent["nothing"] is source["nothing"]
+
+
+def test_a_fixed_tensordict_that_is_not_plain_takes_the_generic_road() -> None:
+    source = _slot_like()
+    source.set_non_tensor("info", "kept")
+    lender = Lender()
+    lent = lender.lend(source, token="generic", fixed=True)
+    assert lender._plans == {}
+    assert lent["info"] == "kept"
+    assert lent["observation"].data_ptr() == source["observation"].data_ptr()
+    del lent
+    gc.collect()
+    assert lender.returned() == ["generic"]
