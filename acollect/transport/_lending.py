@@ -173,6 +173,11 @@ class Lender:
         """Loans not returned yet."""
         return self._outstanding
 
+    @property
+    def plans_kept(self) -> int:
+        """TensorDicts lent with ``fixed=True`` whose plan is kept (each until that TensorDict is gone)."""
+        return len(self._plans)
+
     def lend(self, td: TensorDictBase, token: Hashable, *, fixed: bool = False) -> TensorDictBase:
         """A TensorDict over the same memory as ``td`` whose tensors hold a loan of ``token``.
 

@@ -145,7 +145,7 @@ async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start
         start_method=start_method,
     ) as collector:  # fmt: skip
         await anext(collector)
-        pool = collector._require_pool()
+        pool = collector.pool
         sent: list[str] = []
         real_send = pool.send
 

@@ -136,7 +136,7 @@ def test_a_fixed_tensordict_is_lent_by_its_plan_as_the_plain_road_lends_it() -> 
     lender = Lender()
     first = lender.lend(source, token="first", fixed=True)
     second = lender.lend(source, token="second", fixed=True)
-    assert len(lender._plans) == 1, "worked out once, at the first loan"
+    assert lender.plans_kept == 1, "worked out once, at the first loan"
     for lent in (first, second):
         _assert_same_tree(lent, source)
     del lent
@@ -167,10 +167,10 @@ def test_a_fixed_plan_goes_with_its_tensordict() -> None:
     del lent
     gc.collect()
     assert lender.returned() == [0]
-    assert len(lender._plans) == 1
+    assert lender.plans_kept == 1
     del source
     gc.collect()
-    assert lender._plans == {}
+    assert lender.plans_kept == 0
     assert leaf() is None, "nothing keeps the TensorDict's leaves"
 
 
@@ -200,7 +200,7 @@ def test_a_fixed_tensordict_that_is_not_plain_takes_the_generic_road() -> None:
     source.set_non_tensor("info", "kept")
     lender = Lender()
     lent = lender.lend(source, token="generic", fixed=True)
-    assert lender._plans == {}
+    assert lender.plans_kept == 0
     assert lent["info"] == "kept"
     assert lent["observation"].data_ptr() == source["observation"].data_ptr()
     del lent
