@@ -14,12 +14,12 @@ timed), then take **turns** of ``--turn-batches`` worker batches each, the order
 * ``ceiling``: a :class:`~acollect.cli._reference_loops.LoopPool` of N loop processes of E envs,
   released together by a barrier at each turn;
 * ``MultiAsyncCollector``: N workers x E envs, each batch one worker's ``[E, T]``; the batches its
-  workers collected ahead while the others had their turn are taken, untimed, before timing. Each
-  worker is timed as a ceiling process is: its ``--turn-batches`` batches over its own time (to the
-  hand-out of its last one), the workers' rates added up. Counting N x ``--turn-batches`` batches in
-  all instead ends a turn at the slower worker's last batch with the other part-way through its
-  next, a rounding loss of a few percent on short turns that a long run does not have; that reading
-  is printed too ("to each turn's last batch");
+  workers collected ahead while the others had their turn are taken first. Each worker is timed as
+  a ceiling process is: its ``--turn-batches`` batches over its own time (from before those first
+  hand-outs, whose credits start it, to the hand-out of its last batch), the workers' rates added.
+  Counting N x ``--turn-batches`` batches in all instead ends a turn at the slower worker's last
+  batch with the other part-way through its next, a rounding loss that a long run does not have;
+  that reading is printed too ("to each turn's last batch");
 * ``MultiSyncCollector``: N workers x E envs, ``--frames-per-batch`` frames per batch from all, so
   each worker's share is the same ``[E, T]`` (its workers collect only when asked);
 * ``one hand loop``: a pool of one loop process of E envs (what one core does alone).
@@ -100,10 +100,14 @@ async def _per_worker_turn(
     faster one is part-way through its next: up to a batch of a worker's time lost to rounding, a few percent over
     short turns, which a long run never sees (a first-ready collector hands out whichever batch is ready). So each
     worker's rate is its ``batches`` batches over the time from the turn's start to the hand-out of its last one;
-    the rates add up as the ceiling's do. Batches past a worker's count are taken and not counted (their hand-out
-    still costs the trainer's CPU within the turn). ``last`` gets the other reading: frames/s to the turn's
-    ``workers x batches``-th batch.
+    the rates add up as the ceiling's do. The clock starts before the ``drain`` batches collected ahead are taken,
+    since taking them sends the credits that start the workers (their hand-out is in the workers' time). Batches
+    past a worker's count are taken and not counted (their hand-out still costs the trainer's CPU within the turn).
+    ``last`` gets the other reading: frames/s to the turn's ``workers x batches``-th batch, from the drain's end.
     """
+    # The workers' clock starts before the batches they collected ahead are taken: each credit those hand-outs
+    # send starts a worker, which must not start before its clock (a ceiling process starts with its own).
+    start = time.perf_counter()
     for _ in range(drain):
         await anext(collector)
     cpu, workers_cpu, wall = time.process_time(), cpu_of(pids), time.perf_counter()
@@ -121,7 +125,7 @@ async def _per_worker_turn(
             seen[worker] += 1
             frames += per_batch
             if seen[worker] == batches:
-                done[worker] = time.perf_counter() - wall
+                done[worker] = time.perf_counter() - start
         del batch
     cpu_s = time.process_time() - cpu + cpu_of(pids) - workers_cpu
     rate = sum(batches * per_batch / seconds for seconds in done.values())
