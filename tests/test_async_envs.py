@@ -176,7 +176,7 @@ def factory_failing_at(call: int, made: list[AsyncCountingEnv]) -> Any:
     return make
 
 
-@pytest.mark.parametrize("where", ["plain code", "on an event loop"])
+@pytest.mark.parametrize("where", ["plain code", "on an event loop", "on a trio loop"])
 def test_a_failing_make_env_names_the_env_and_closes_those_already_built(where: str) -> None:
     made: list[AsyncCountingEnv] = []
 
@@ -191,10 +191,38 @@ def test_a_failing_make_env_names_the_env_and_closes_those_already_built(where: 
 
         async def main() -> None:
             build()
+            await anyio.sleep(0.001)  # the loop goes on, intact
 
-        anyio.run(main)
+        anyio.run(main, backend="trio" if where == "on a trio loop" else "asyncio")
     assert len(made) == 2
     assert made[1].closed, "env 1 was closed although env 0's aclose() raised"
+
+
+def test_a_pool_dropped_unclosed_during_a_trio_run_leaves_the_run_intact(caplog: pytest.LogCaptureFixture) -> None:
+    # A pool's finalizer (or close()) may run while a trio loop runs in the thread: a collector's batch waits, the
+    # garbage collector drops an old pool. A loop of its own run there would put anyio on trio's backend inside it
+    # and corrupt the trio run (TrioInternalError, "Nursery stack corrupted"); the pool says so and runs none.
+    import gc
+
+    used = AsyncEnvPool(AsyncCountingEnv, 2)
+    used.reset(seed=0)  # the blocking API, in plain code: its private loop, closed on a thread of its own below
+
+    async def scenario() -> None:
+        doomed = AsyncEnvPool(AsyncCountingEnv, 2)
+        async with Collector(functools.partial(AsyncEnvPool, AsyncCountingEnv, 2), None, frames_per_batch=8) as c:
+            await anext(c)
+            del doomed
+            gc.collect()
+            used.close()
+            assert all(e.closed for e in used.envs)  # type: ignore[attr-defined]
+            with pytest.raises(EnvError, match="blocking methods were called on a running event loop"):
+                AsyncEnvPool(AsyncCountingEnv, 1).reset()
+            for _ in range(3):
+                assert (await anext(c)).numel() == 8
+
+    with caplog.at_level("WARNING", logger="acollect"):
+        anyio.run(scenario, backend="trio")
+    assert "AsyncEnvPool.close() on a running loop" in caplog.text
 
 
 def test_a_refused_env_closes_those_already_built() -> None:

@@ -27,6 +27,7 @@ import torch
 from gymnasium import spaces
 from tensordict import TensorDictBase
 
+from acollect._runtime.loops import current_backend
 from acollect._validate import check_int, check_seconds
 from acollect.envs._async_env import AsyncEnv, StepChecker, check_async_env
 from acollect.envs._base import DONE_KEYS, EnvBase
@@ -191,11 +192,7 @@ class AsyncEnvPool(EnvBase):
 
     # -- the blocking EnvBase API: lockstep on a private loop ------------------------------------
     def _run(self, coro_fn: Callable[[], Any]) -> Any:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
+        if current_backend() is not None:
             raise EnvError(
                 "AsyncEnvPool's blocking methods were called on a running event loop: the in-process Collector "
                 "steps a pool on its loop by itself; elsewhere call them from plain (non-async) code"
@@ -244,16 +241,20 @@ class AsyncEnvPool(EnvBase):
             root_out.get(key).zero_()
 
     def _close(self) -> None:
+        # Never a loop inside a running one (asyncio or trio), even from the finalizer of a pool dropped unclosed:
+        # anyio inside the nested loop would take the running loop's backend and corrupt that loop's state.
+        running = current_backend() is not None
         loop, self._loop = self._loop, None
-        if loop is not None:
+        if loop is not None:  # the private loop of the blocking API: its envs are closed on it, in a thread if need be
             try:
-                loop.run_until_complete(self.aclose_envs())
+                if running:
+                    _elsewhere(lambda: loop.run_until_complete(self.aclose_envs()))
+                else:
+                    loop.run_until_complete(self.aclose_envs())
             finally:
                 loop.close()
         elif self._unclosed:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # never used, or used by a collector that did not close the envs: close them now
+            if not running:  # never used, or used by a collector that did not close the envs: close them now
                 asyncio.run(self.aclose_envs())
             else:
                 logger.warning("AsyncEnvPool.close() on a running loop: await pool.aclose_envs() first")
@@ -285,20 +286,21 @@ async def aclose_each(envs: Sequence[AsyncEnv], timeout: float) -> None:
 def close_built(envs: Sequence[AsyncEnv]) -> None:
     """Closes the envs of a pool whose construction failed, from plain code, within :data:`ACLOSE_TIMEOUT`.
 
-    The constructor is plain code but may be called on a running event loop (a pool built inside
-    ``async def``), whose thread cannot run another loop: there the envs are closed on a loop of a
-    short-lived thread of their own.
+    The constructor is plain code but may be called on a running event loop, asyncio's or trio's (a pool
+    built inside ``async def``), whose thread cannot run another loop: there the envs are closed on a
+    loop of a short-lived thread of their own.
     """
     if not envs:
         return
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
+    if current_backend() is None:
         asyncio.run(aclose_each(envs, ACLOSE_TIMEOUT))
         return
-    closer = threading.Thread(
-        target=lambda: asyncio.run(aclose_each(envs, ACLOSE_TIMEOUT)), name="acollect-pool-aclose", daemon=True
-    )
+    _elsewhere(lambda: asyncio.run(aclose_each(envs, ACLOSE_TIMEOUT)))
+
+
+def _elsewhere(close: Callable[[], Any]) -> None:
+    """Runs ``close`` (a loop of its own) on a short-lived thread: this thread runs an event loop already."""
+    closer = threading.Thread(target=close, name="acollect-pool-aclose", daemon=True)
     closer.start()
     # Each aclose() has its own deadline; the margin covers starting the loop and thread.
     closer.join(ACLOSE_TIMEOUT + 1.0)
