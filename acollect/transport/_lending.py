@@ -81,18 +81,22 @@ def _plain_leaves(td: TensorDictBase) -> list[torch.Tensor] | None:
     return found
 
 
-def _rebuilt(td: TensorDict, rebase: Callable[[torch.Tensor], torch.Tensor]) -> TensorDict:
-    """``td`` with ``rebase`` applied to each leaf (a plain TensorDict: see :func:`_plain_leaves`): every node keeps
-    its batch size and dim names."""
-    source: dict[Any, Any] = {
-        key: _rebuilt(value, rebase) if type(value) is TensorDict else rebase(value)
-        for key, value in td._tensordict.items()
-    }
-    return unchecked_node(source, td.batch_size, td._td_dim_names)
+def _held(storage: Any, loan: _Loan) -> torch.Tensor:
+    """``storage`` as bytes, in a tensor whose lifetime (and that of every view of it) holds ``loan``'s region."""
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+    keeper = whole.numpy()  # lives as long as any tensor made from it
+    weakref.finalize(keeper, loan.region_gone)
+    return torch.from_numpy(keeper)
+
+
+def _seen_as(base: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes of ``base`` seen as ``dtype`` (a tail shorter than one element left out)."""
+    size = dtype.itemsize
+    return base.view(dtype) if base.numel() % size == 0 else base[: base.numel() // size * size].view(dtype)
 
 
 class _Plan:
-    """How one fixed TensorDict is lent each time (see ``Lender.lend(fixed=True)``): worked out at its first loan.
+    """How a plain TensorDict is lent: worked out at each loan, or once for a fixed one (``Lender.lend(fixed=True)``).
 
     Its leaves in walk order, which storage each lies in and how it is seen, and its nodes' keys, batch sizes and
     dim names. It holds the TensorDict's own leaves, so it lives no longer than the TensorDict (``Lender`` drops it
@@ -136,6 +140,12 @@ def _tree(td: TensorDict, numbers: Any) -> tuple[Any, ...]:
         for key, value in td._tensordict.items()
     ]
     return entries, td.batch_size, td._td_dim_names
+
+
+def _plan_of(td: TensorDictBase) -> _Plan | None:
+    """A plan for ``td`` if it is a plain TensorDict (see :func:`_plain_leaves`), else ``None``."""
+    leaves = _plain_leaves(td)
+    return _Plan(cast(TensorDict, td), leaves) if leaves is not None else None
 
 
 def _built(tree: tuple[Any, ...], leaves: list[torch.Tensor]) -> TensorDict:
@@ -188,14 +198,12 @@ class Lender:
         ``fixed=True`` says that ``td`` is a memory owner's own TensorDict, lent again and again, whose keys and
         leaves never change (a slot's views): how to lend it is worked out once and kept while ``td`` lives.
         """
-        if fixed:
-            plan = self._plan(td)
-            if plan is not None:
-                return self._lend_planned(plan, token)
         # A plain TensorDict (a slot's views) is walked through its own dicts: on a batch of a dozen leaves,
         # tensordict's generic traversal (values(), apply()) costs the trainer more than the rest of the hand-out.
-        plain = _plain_leaves(td)
-        leaves = plain if plain is not None else list(td.values(include_nested=True, leaves_only=True))
+        plan = self._plan(td) if fixed else _plan_of(td)
+        if plan is not None:
+            return self._lend_planned(plan, token)
+        leaves = list(td.values(include_nested=True, leaves_only=True))
         by_storage: dict[int, Any] = {}
         addresses: dict[int, int] = {}  # id(leaf): its storage's address, asked once
         for leaf in leaves:
@@ -206,12 +214,7 @@ class Lender:
                 by_storage.setdefault(address, storage)
         nbytes = sum(int(s.nbytes()) for s in by_storage.values())
         loan = _Loan(self, token, len(by_storage), nbytes)
-        bases: dict[int, torch.Tensor] = {}
-        for address, storage in by_storage.items():
-            whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # the region, as bytes
-            keeper = whole.numpy()  # lives as long as any tensor made from it below
-            weakref.finalize(keeper, loan.region_gone)
-            bases[address] = torch.from_numpy(keeper)
+        bases = {address: _held(storage, loan) for address, storage in by_storage.items()}
         with self.lock:
             self._lent_bytes += nbytes
             self._outstanding += 1
@@ -227,19 +230,11 @@ class Lender:
                 if not (leaf.is_cpu and leaf.numel()):
                     return leaf
                 address = leaf.untyped_storage().data_ptr()
-            dtype = leaf.dtype
-            region = regions.get((address, dtype))
+            region = regions.get((address, leaf.dtype))
             if region is None:
-                base = bases[address]
-                size = leaf.element_size()
-                region = (
-                    base.view(dtype) if base.numel() % size == 0 else base[: base.numel() // size * size].view(dtype)
-                )
-                regions[address, dtype] = region
+                region = regions[address, leaf.dtype] = _seen_as(bases[address], leaf.dtype)
             return region.as_strided(leaf.shape, leaf.stride(), leaf.storage_offset())
 
-        if plain is not None:
-            return _rebuilt(td, rebase)
         lent = td.apply(rebase, filter_empty=False)
         assert lent is not None
         return lent
@@ -249,11 +244,9 @@ class Lender:
         found = self._plans.get(id(td))
         if found is not None and found[0]() is td:
             return found[1]
-        leaves = _plain_leaves(td)
-        if leaves is None:
+        plan = _plan_of(td)
+        if plan is None:
             return None
-        assert type(td) is TensorDict  # what _plain_leaves accepts
-        plan = _Plan(td, leaves)
         key = id(td)
 
         def forget(_: object, plans: dict[int, Any] = self._plans) -> None:  # td is gone: so is its plan
@@ -274,19 +267,8 @@ class Lender:
             loan.held = 1
             loan.region_gone()  # nothing to hold: returned at once
             return _built(plan.tree, leaves)
-        bases = []
-        for index in plan.storages:
-            whole = torch.empty(0, dtype=torch.uint8).set_(leaves[index].untyped_storage())  # the region, as bytes
-            keeper = whole.numpy()  # lives as long as any tensor made from it below
-            weakref.finalize(keeper, loan.region_gone)
-            bases.append(torch.from_numpy(keeper))
-        regions = []
-        for storage, dtype in plan.regions:
-            base = bases[storage]
-            size = dtype.itemsize
-            regions.append(
-                base.view(dtype) if base.numel() % size == 0 else base[: base.numel() // size * size].view(dtype)
-            )
+        bases = [_held(leaves[index].untyped_storage(), loan) for index in plan.storages]
+        regions = [_seen_as(bases[storage], dtype) for storage, dtype in plan.regions]
         lent = [
             leaf if place is None else regions[place[0]].as_strided(place[1], place[2], place[3])
             for leaf, place in zip(leaves, plan.places, strict=True)
