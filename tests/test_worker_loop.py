@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +27,7 @@ from acollect._worker.main import run_worker
 from acollect._worker.process import WorkerProcess, start_worker
 from acollect.errors import ProtocolError
 from acollect.testing import CountingEnv, SlowEnv, WeightProbe, assert_counting_batch, no_leaks
+from acollect.transport._doorbell import DoorbellWriter, doorbell_path
 from acollect.transport._endpoint import Endpoint
 from acollect.transport._weight_sync import flatten_params
 from acollect.transport._wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
@@ -202,6 +204,51 @@ async def test_run_collects_while_credits_last() -> None:
         await collector.send(P.CREDIT, {"slot": None})
         _, header, _ = await collector.recv(P.BATCH)
         assert header["seq"] == 2
+
+
+async def test_credits_down_the_doorbell_run_the_runner_as_credit_messages_do() -> None:
+    path = doorbell_path()
+    async with worker(doorbell=path) as (collector, _, hello):
+        assert hello["doorbell"] == path
+        assert stat.S_ISFIFO(os.stat(path).st_mode)
+        bell = DoorbellWriter.open(path)
+        try:
+            await collector.send(P.RUN, {"credits": 1})
+            assert (await collector.recv(P.BATCH))[1]["seq"] == 0
+            await collector.nothing_but_heartbeats(0.3)  # no credit left: the runner waits on its doorbell
+            assert bell.credit()
+            assert (await collector.recv(P.BATCH))[1]["seq"] == 1
+            await collector.send(P.CREDIT, {"slot": None})  # the other road, for the same word
+            assert (await collector.recv(P.BATCH))[1]["seq"] == 2
+            assert bell.credit()
+            assert bell.credit()
+            seqs = [(await collector.recv(P.BATCH))[1]["seq"] for _ in range(2)]
+            assert seqs == [3, 4]
+            await collector.nothing_but_heartbeats(0.3)
+            # A pause rings it too: the credit that comes meanwhile waits for the resume.
+            await collector.send(P.PAUSE)
+            await collector.send(P.STATE, {"req": 1})
+            await collector.recv(P.REPLY)  # its control thread took the pause (it answers in order)
+            assert bell.credit()
+            await collector.nothing_but_heartbeats(0.3)
+            await collector.send(P.RESUME)
+            assert (await collector.recv(P.BATCH))[1]["seq"] == 5
+        finally:
+            bell.close()
+
+
+async def test_a_doorbell_is_removed_with_its_worker_if_never_opened() -> None:
+    path = doorbell_path()
+    async with worker(doorbell=path) as (_, _, hello):
+        assert hello["doorbell"] == path
+        assert os.access(path, os.F_OK)
+    assert not os.access(path, os.F_OK)
+    async with worker() as (collector, _, hello):  # none named: an anonymous pipe, and credits as messages
+        assert hello["doorbell"] is None
+        await collector.send(P.RUN, {"credits": 1})
+        await collector.recv(P.BATCH)
+        await collector.send(P.CREDIT, {"slot": None})
+        assert (await collector.recv(P.BATCH))[1]["seq"] == 1
 
 
 async def test_pause_holds_the_runner_until_resume() -> None:

@@ -37,6 +37,7 @@ from acollect._weights import WeightStructure, decode_structure
 from acollect._worker import protocol as P
 from acollect.errors import ProtocolError
 from acollect.launchers.base import LaunchedWorker
+from acollect.transport._doorbell import DoorbellWriter, remove_doorbell
 from acollect.transport._shm_ring import ShmSlotRing
 
 __all__ = [
@@ -193,9 +194,12 @@ class WorkerHandle:
     __slots__ = (
         "_acked_version",
         "_batch_nbytes",
+        "_bell_made",
+        "_bell_path",
         "_changes_sent",
         "_config",
         "_discarded_frames",
+        "_doorbell",
         "_env_restarts",
         "_env_seed",
         "_frames",
@@ -243,6 +247,11 @@ class WorkerHandle:
         # Where its batches are written (same host), and its predecessors' rings, still read by batches queued.
         self._ring: ShmSlotRing | None = None
         self._retired_rings: list[ShmSlotRing] = []
+        # Its doorbell (acollect.transport._doorbell): where this incarnation makes it, whether its hello said it did,
+        # and this end of it once opened.
+        self._bell_path: str | None = None
+        self._bell_made = False
+        self._doorbell: DoorbellWriter | None = None
         # Lockstep: ``collect`` requests not answered yet, in order, and the parts received and not taken yet.
         self._requests: deque[Request] = deque()
         self._inbox: deque[Received] = deque()
@@ -375,6 +384,34 @@ class WorkerHandle:
         """The shared-memory slots its batches are written into (``None``: batches come as frames)."""
         return self._ring
 
+    @property
+    def bell_path(self) -> str | None:
+        """Where its doorbell is, once its hello said it made it there (``None``: it has none)."""
+        return self._bell_path if self._bell_made else None
+
+    @property
+    def doorbell(self) -> DoorbellWriter | None:
+        """This incarnation's doorbell, open (``None``: its credits go as messages)."""
+        return self._doorbell
+
+    def make_doorbell(self, path: str | None) -> None:
+        """This incarnation (being launched) makes its doorbell at ``path`` (``None``: none)."""
+        self._drop_doorbell()
+        self._bell_path = path
+
+    def use_doorbell(self, doorbell: DoorbellWriter) -> None:
+        """Its credits and the slots given back go down ``doorbell`` (opened at its hello) from now on."""
+        self._doorbell = doorbell
+
+    def _drop_doorbell(self) -> None:
+        """This incarnation is over: its doorbell is closed, and removed if its worker left it behind."""
+        bell, path = self._doorbell, self._bell_path
+        self._doorbell, self._bell_path, self._bell_made = None, None, False
+        if bell is not None:
+            bell.close()
+        if path is not None:
+            remove_doorbell(path)
+
     # -- requests and parts (lockstep) ------------------------------------------------------------------
     @property
     def requests(self) -> tuple[Request, ...]:
@@ -456,6 +493,7 @@ class WorkerHandle:
         self._next_seq, self._missing_since, self._sent = 0, None, 0
         self._unreachable_since = None
         self._started_at = now
+        self._drop_doorbell()
 
     def on_launch(self, now: float) -> None:
         """A process of a new generation is being launched into the slot (:meth:`on_process` follows)."""
@@ -489,6 +527,8 @@ class WorkerHandle:
         seed = header.get("env_seed")
         self._env_seed = None if seed is None else int(seed)
         self._batch_nbytes = sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"])
+        # Opened only where this collector named it: a worker never makes it open another path.
+        self._bell_made = self._bell_path is not None and header.get("doorbell") == self._bell_path
         if self._ring is not None:
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             self._retired_rings.append(self._ring)
@@ -677,6 +717,7 @@ class WorkerHandle:
         counted here.
         """
         self._restarts += 1
+        self._drop_doorbell()
         in_progress = running and self.partial
         if lockstep:
             self._retired = None
@@ -689,6 +730,7 @@ class WorkerHandle:
         it held, which are lost; those of its batches that arrive after this are dropped as they come, as for a
         worker replaced (:meth:`on_death`, here with no restart counted)."""
         in_progress = running and self.partial
+        self._drop_doorbell()
         self._move(WorkerState.LOST)
         if lockstep:
             self._retired = None
@@ -701,6 +743,7 @@ class WorkerHandle:
 
     def on_dead(self) -> None:
         """It died and will not be replaced (its restarts are spent, or the pool is closing)."""
+        self._drop_doorbell()
         if self._state is not WorkerState.STOPPING:
             self._move(WorkerState.DEAD)
 
@@ -716,6 +759,7 @@ class WorkerHandle:
             ring.unlink()
         self._ring, self._retired_rings = None, []
         self._inbox.clear()
+        self._drop_doorbell()
 
     def __repr__(self) -> str:
         return f"WorkerHandle({self.index}, {self._state.name}, generation={self._generation}, {self.where})"

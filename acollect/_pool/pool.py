@@ -44,6 +44,7 @@ from acollect._runtime.threads import run_in_thread
 from acollect._worker import protocol as P
 from acollect.errors import ProtocolError, TransportError
 from acollect.launchers.base import LaunchedWorker, Launcher
+from acollect.transport._doorbell import DoorbellWriter, doorbell_path
 from acollect.transport._endpoint import Endpoint
 from acollect.transport._shm import shm_available
 from acollect.transport._shm_ring import ShmSlotRing
@@ -320,6 +321,12 @@ class WorkerPool:
     async def _greet(self, handle: WorkerHandle) -> None:
         """What a worker is told at its hello: its slots, the last weights, the orders, its outstanding request."""
         assert handle.layout is not None
+        if handle.bell_path is not None:
+            try:
+                handle.use_doorbell(DoorbellWriter.open(handle.bell_path))
+            except OSError as exc:  # another mount namespace, or it died meanwhile: its credits go as messages
+                logger.debug("worker %d's doorbell could not be opened (%s): its credits go as messages",
+                             handle.index, exc)  # fmt: skip
         if self.shared is not None:
             if not self.shared.fits(handle.index, handle.layout):
                 raise ProtocolError(
@@ -364,11 +371,18 @@ class WorkerPool:
             parent_pid=os.getpid(),
             next_traj_counter=handle.traj_counter,
             frames=handle.frames,
+            doorbell=self._doorbell_path(handle),
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
             keys=self.endpoint.local_client_keys() if self.endpoint.secure else None,
         )
         # Off the event loop: a local start writes the config down a pipe, an engine may make a network call.
         await run_in_thread(partial(_launch, self.launcher, config, handle), name="worker-launch")
+
+    def _doorbell_path(self, handle: WorkerHandle) -> str | None:
+        """Where a worker being launched makes its doorbell: on this host only (``None``: credits go as messages)."""
+        path = doorbell_path() if self.launcher.same_host and not handle.config.remote else None
+        handle.make_doorbell(path)
+        return path
 
     def _wants_shm(self, nbytes: int) -> bool:
         if not self.launcher.same_host:
@@ -410,6 +424,21 @@ class WorkerPool:
             if handle.on_unreachable(time.monotonic()):  # nothing more is sent to this incarnation
                 logger.debug("worker %d cannot be reached (%s): left to the liveness loop", handle.index, exc)
             self.events.notify()
+
+    async def credit(self, handle: WorkerHandle, slot: int | None = None) -> None:
+        """A credit to a worker, giving back ``slot`` if not ``None``: down its doorbell where it has one (no message,
+        no thread woken while it collects: see :mod:`acollect.transport._doorbell`), else as a ``credit`` message."""
+        bell = handle.doorbell
+        if bell is not None and bell.credit(slot):
+            return
+        await self.send(handle, P.CREDIT, {"slot": slot})
+
+    async def free(self, handle: WorkerHandle, slot: int) -> None:
+        """Gives a worker its ``slot`` back, as :meth:`credit` does (without the credit)."""
+        bell = handle.doorbell
+        if bell is not None and bell.free(slot):
+            return
+        await self.send(handle, P.FREE, {"slot": slot})
 
     async def broadcast(self, kind: str, fields: Mapping[str, Any] | None = None) -> None:
         """Sends one command to every ready worker."""

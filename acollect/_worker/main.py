@@ -11,7 +11,10 @@ are not thread-safe):
 * the **runner** thread steps the env: it collects a batch whenever one was
   requested (``collect``) or credits are left (``run``), applies staged weights,
   seeds and state at the batch boundary, and sends the batch on its own socket,
-  either as raw tensor frames or through a shared-memory slot.
+  either as raw tensor frames or through a shared-memory slot. Between batches it
+  waits on the worker's doorbell (:mod:`acollect.transport._doorbell`): a collector
+  on the same host writes each credit (and each slot given back) there directly,
+  and the control thread rings it whenever a command changes what the runner may do.
 
 So a worker answers ``stop``, ``pause`` and weight pushes while a batch is in
 progress, and a hung env shows as heartbeats whose step count stops moving.
@@ -48,6 +51,7 @@ from acollect._worker.orphans import parent_alive, remove_orphans
 from acollect._worker.staging import Staging
 from acollect._worker.state import LoopState
 from acollect.stats import EpisodeTracker
+from acollect.transport._doorbell import CREDIT, WAKE, Doorbell
 from acollect.transport._shm_ring import ShmSlotRing
 from acollect.transport._wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect.transport._worker_socket import WorkerSocket
@@ -79,16 +83,18 @@ class _Worker:
         self.identity = P.worker_identity(config.index, config.generation)
         self.control = WorkerSocket(config.address, self.identity, keys=config.keys)
         self.engine: BlockingEngine | None = None
-        self.cond = threading.Condition()
-        # Runner state, guarded by `cond`.
+        self.lock = threading.RLock()
+        # The runner waits here between batches; its collector's credits come here too where it can open it.
+        self.bell = Doorbell.create(config.doorbell)
+        # Runner state, guarded by `lock`.
         # One-shot batches asked for (``collect``): each one's number and the shared segment it names (None: any free
         # slot).
         self.requested: deque[tuple[int, int | None]] = deque()
         self.credits: int | None = None  # batches that may be sent ahead, once ``run`` came (None: requests only)
-        self.state = LoopState()  # what it is doing (both threads move it, under `cond`)
+        self.state = LoopState()  # what it is doing (both threads move it, under `lock`)
         self.ring: ShmSlotRing | None = None
         self.interrupt = threading.Event()  # stops the batch in progress at the next step (kept, continued later)
-        self.asked = 0  # the highest number of a one-shot request received (under `cond`)
+        self.asked = 0  # the highest number of a one-shot request received (under `lock`)
         # Weights, seed and state staged by the control thread for the runner's next batch boundary.
         self.staging = Staging(
             send=self.send, engine=lambda: self.engine, dist=lambda: self.dist,
@@ -113,7 +119,7 @@ class _Worker:
         steps = engine.steps if engine is not None else 0
         discarded = engine.discarded_frames if engine is not None else 0
         restarts = engine.env_restarts if engine is not None else 0
-        with self.cond:  # read together: while a batch is begun, ``sent`` is its seq
+        with self.lock:  # read together: while a batch is begun, ``sent`` is its seq
             busy = self.state.collecting
             partial, sent = busy or (engine is not None and engine.in_batch), self.sent
         fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded,
@@ -122,9 +128,9 @@ class _Worker:
             self.send(P.HEARTBEAT, fields, timeout=_BEAT_TIMEOUT)
 
     def report(self, exc: BaseException) -> None:
-        with self.cond:
+        with self.lock:
             self.state.fail()
-            self.cond.notify_all()
+        self.bell.wake()
         try:
             self.send(P.ERROR, _error_fields(exc))
         except Exception:
@@ -143,7 +149,7 @@ class _Worker:
         except Exception as exc:
             self.report(exc)
             return self.control_loop()
-        with self.cond:
+        with self.lock:
             self.state.built()
         self.send(
             P.HELLO,
@@ -157,6 +163,8 @@ class _Worker:
                 # An env seeded only when built (EnvPool): the collector refuses set_seed() and warns of workers
                 # sharing seeds itself, at once, instead of a reseed failing here at the next batch.
                 "env_seed": self.engine.env.build_seed,
+                # Where a collector on this host writes credits (None: it sends them as messages).
+                "doorbell": self.bell.path,
             },
         )
         self.runner = threading.Thread(target=self.runner_loop, name="acollect-runner", daemon=True)
@@ -189,6 +197,7 @@ class _Worker:
         ppid = os.getppid()
         while True:
             if self.config.parent_pid and not parent_alive(self.config.parent_pid, ppid):
+                self.bell.unlink()  # never opened by the collector, if it died first
                 remove_orphans(
                     self.config.parent_pid,
                     [*self.staging.segments, *(self.ring.names if self.ring is not None else ())],
@@ -243,7 +252,7 @@ class _Worker:
             )
             self.send(P.REPLY, {"req": header.get("req"), **counters})
             return
-        with self.cond:
+        with self.lock:
             if kind == P.SLOTS:
                 # With ``part``: this worker's rows of segments every worker writes (acollect._pool.shared). With
                 # ``add``: more slots for a ring whose slots are lent to the trainer (see acollect.transport._lending).
@@ -273,12 +282,20 @@ class _Worker:
                 self.interrupt.set()
             elif kind == P.RESUME:
                 self.state.resume()
-            self.cond.notify_all()
+        self.bell.wake()  # the runner looks again at what it may do
 
     # -- the runner thread ---------------------------------------------------------------
     def _named_slot(self) -> int | None:
         """The shared segment the next one-shot batch goes into, if its request named one."""
         return self.requested[0][1] if self.requested else None
+
+    def _take_bell(self) -> None:
+        """Applies what the doorbell holds: credits, and slots given back (under ``lock``)."""
+        for kind, slot in self.bell.read():
+            if kind == CREDIT and self.credits is not None:
+                self.credits += 1
+            if kind != WAKE and slot >= 0 and self.ring is not None:
+                self.ring.release(slot)
 
     def _has_work(self, holds_slot: bool) -> bool:
         if not self.state.may_collect:
@@ -298,13 +315,20 @@ class _Worker:
         began_after = 0
         try:
             while True:
-                with self.cond:
+                with self.lock:
+                    self._take_bell()
                     if not self._has_work(held is not None):
                         engine.stopwatch.switch(TRAINER)  # no credit, no request, or paused: the trainer's turn
                     while not self._has_work(held is not None):
                         if self.state.stopping:
                             return
-                        self.cond.wait(0.5)
+                        # Anything that changes what it may do after this look rings the bell: no wake-up is lost.
+                        self.lock.release()
+                        try:
+                            self.bell.wait(0.5)
+                        finally:
+                            self.lock.acquire()
+                        self._take_bell()
                     engine.stopwatch.switch(OTHER)
                     number = self.requested[0][0] if self.requested else None  # a one-shot request's
                     slot: int | None = held
@@ -329,7 +353,7 @@ class _Worker:
                         spent = engine.stopwatch.take()  # since the last batch: what made this one
                 except RolloutInterrupted:
                     # Paused (or stopping): the steps taken stay in the engine and in this slot.
-                    with self.cond:
+                    with self.lock:
                         self.state.batch_done()
                         held = slot
                     continue
@@ -352,7 +376,7 @@ class _Worker:
                     message = pack_message(P.BATCH, self._fields(header))
                 else:
                     message = pack_message(P.BATCH, self._fields(header), batch)
-                with self.cond:
+                with self.lock:
                     if number is not None:
                         self.requested.popleft()
                     elif self.credits is not None:
@@ -369,7 +393,7 @@ class _Worker:
                 if self.dist is not None and not self.state.stopping:
                     self.dist.send_batch([batch.get(tuple(leaf["key"])) for leaf in self.layout["leaves"]])
         except Exception as exc:
-            with self.cond:
+            with self.lock:
                 self.state.fail()
             try:
                 data.send(pack_message(P.ERROR, self._fields(_error_fields(exc))), timeout=10.0)
@@ -380,10 +404,10 @@ class _Worker:
 
     # -- exit ---------------------------------------------------------------------------
     def close(self) -> None:
-        with self.cond:
+        with self.lock:
             self.state.stop()
             self.interrupt.set()
-            self.cond.notify_all()
+        self.bell.wake()
         if self.runner is not None:
             # A step stuck in C code or a long sleep cannot be interrupted: do not wait for it (the
             # runner is a daemon thread and dies with the process), and leave its env alone.
@@ -398,6 +422,9 @@ class _Worker:
         if self.ring is not None:
             self.ring.close()
         self.staging.close()
+        self.bell.unlink()
+        if self.runner is None or not self.runner.is_alive():  # a runner stuck in an env may still look at it
+            self.bell.close()
         self.control.close()
 
 

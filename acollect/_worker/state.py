@@ -1,7 +1,7 @@
 """What a worker process is doing, as one state machine shared by its two threads.
 
 The control thread (commands) and the runner thread (the env) of :mod:`acollect._worker.main` change the
-state, always under the worker's condition, through :class:`LoopState`'s methods, each an event; the
+state, always under the worker's lock, through :class:`LoopState`'s methods, each an event; the
 moves are checked against :data:`WORKER_PROCESS` (the table ``docs/concepts.md`` shows). What the state
 does not say is kept as data, not flags: how many batches the worker may send ahead (``credits``, once
 ``run`` came) and the one-shot requests it holds.
@@ -74,7 +74,7 @@ WORKER_PROCESS: StateTable[WorkerLoopState] = StateTable(
 
 class LoopState:
     """One worker process's :class:`WorkerLoopState`; every method is an event (call them holding the worker's
-    condition: two threads share it)."""
+    lock: two threads share it)."""
 
     __slots__ = ("_state",)
 

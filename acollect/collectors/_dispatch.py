@@ -90,8 +90,8 @@ class Dispatch:
         return False
 
     async def credit(self, pool: WorkerPool, handle: WorkerHandle, fields: dict[str, Any]) -> None:
-        """Sends ``handle``'s worker a credit (with ``fields``: the slot it gives back, if any)."""
-        await pool.send(handle, P.CREDIT, fields)
+        """Gives ``handle``'s worker a credit (with ``fields``: the slot it gives back, if any)."""
+        await pool.credit(handle, fields.get("slot"))
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         """Tells the workers to stop (``True``) or go on; nothing to do where they only work when asked."""
@@ -217,7 +217,7 @@ class Lockstep(Dispatch):
                     handle.take_part(number)
                     pool.discard(part.data.numel())
                     if part.header.get("slot") is not None and self._shared is None:
-                        await pool.send(handle, P.CREDIT, {"slot": part.header["slot"]})
+                        await pool.credit(handle, part.header["slot"])
             if not stale:
                 break
         items = [handle.take_part(number) for handle in handles if not handle.lost]
@@ -417,9 +417,9 @@ class FirstReady(Dispatch):
         slots = held[1] if held is not None and held[0] == handle.generation else []
         if slots and fields.get("slot") is None:
             fields = {"slot": slots.pop()}
-        await pool.send(handle, P.CREDIT, fields)
+        await pool.credit(handle, fields.get("slot"))
         for slot in slots:  # more than one dropped since its last credit: the rest one by one
-            await pool.send(handle, P.FREE, {"slot": slot})
+            await pool.free(handle, slot)
 
     def reset(self) -> None:
         self._buffers.clear()

@@ -139,43 +139,58 @@ def test_max_lent_bytes_must_be_a_positive_int() -> None:
 
 
 async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start_method: str) -> None:
-    # One message a batch to the workers: the credit, carrying the slot of the worker's batch dropped since.
+    # One word a batch to the workers: the credit, carrying the slot of the worker's batch dropped since. Local workers
+    # get it down their doorbell, so no message goes to them at all while they collect.
     async with MultiAsyncCollector(
         [counting()] * 2, frames_per_batch=8, total_frames=-1, credits=2, use_shared_memory=True,
         start_method=start_method,
     ) as collector:  # fmt: skip
         await anext(collector)
         pool = collector.pool
-        sent: list[str] = []
-        real_send = pool.send
+        assert all(h.doorbell is not None for h in pool.handles)
+        sent: list[str] = []  # messages
+        words: list[tuple[str, int | None]] = []  # credits and slots back, by whatever road
+        real_send, real_credit, real_free = pool.send, pool.credit, pool.free
 
         async def counted(handle, kind, fields=None, td=None):  # the real send, its kinds noted
             sent.append(kind)
             await real_send(handle, kind, fields, td)
 
-        pool.send = counted
+        async def credited(handle, slot=None):
+            words.append(("credit", slot))
+            await real_credit(handle, slot)
+
+        async def freed(handle, slot):
+            words.append(("free", slot))
+            await real_free(handle, slot)
+
+        pool.send, pool.credit, pool.free = counted, credited, freed
         batches = 200
         for _ in range(batches):
             batch = await anext(collector)
             assert_counting_batch(batch)
             del batch  # dropped before the next: its slot goes back with that worker's next credit
         assert collector.lent["lent_so_far"] >= batches
-        assert sent.count("credit") == batches
-        assert sent.count("free") == 0, "each freed slot rode on a credit"
+        assert [kind for kind, _ in words].count("credit") == batches
+        assert [kind for kind, _ in words].count("free") == 0, "each freed slot rode on a credit"
+        assert sum(slot is not None for _, slot in words) >= batches - 4  # each but the first of each worker's
+        # No message per batch: the words went down the doorbells. Only a ring grows, once, at its first lend.
+        assert set(sent) <= {"slots"}, sent
+        assert len(sent) <= 2, sent
         # A slot for each credit and one for the batch lent: no more than when the slot went back at once.
         assert [len(h.ring) for h in pool.handles] == [3, 3]
 
         # A caller that keeps several batches of a worker, then drops them: the slots beyond the first that the
-        # next credit carries go back one a message, and collection goes on without the rings growing further.
+        # next credit carries go back one a word, and collection goes on without the rings growing further.
         held = [await anext(collector) for _ in range(8)]
         sizes = [len(h.ring) for h in pool.handles]
         del held
         gc.collect()
-        sent.clear()
+        words.clear()
         for _ in range(40):
             batch = await anext(collector)
             assert_counting_batch(batch)
             del batch
-        assert sent.count("free") >= 1
+        assert [kind for kind, _ in words].count("free") >= 1
         assert [len(h.ring) for h in pool.handles] == sizes
         assert collector.lent["batches"] <= 1

@@ -1,0 +1,125 @@
+"""The doorbell: a worker's FIFO its collector writes credits to, one fixed-size record a word, never waiting."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+
+import pytest
+
+from acollect.transport._doorbell import CREDIT, FREE, WAKE, Doorbell, DoorbellWriter, doorbell_path, remove_doorbell
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and poll() on pipes are POSIX")
+
+
+@pytest.fixture
+def bell():
+    made = Doorbell.create(doorbell_path())
+    yield made
+    made.close()
+
+
+def test_the_worker_reads_every_word_in_order_and_its_own_wakes(bell: Doorbell) -> None:
+    assert bell.path is not None
+    assert stat.S_ISFIFO(os.stat(bell.path).st_mode)
+    writer = DoorbellWriter.open(bell.path)
+    try:
+        assert not os.path.exists(bell.path), "opened: its name is removed, nothing else needs it"
+        assert bell.read() == []
+        assert writer.credit()
+        assert writer.credit(7)
+        assert writer.free(2)
+        bell.wake()
+        assert bell.read() == [(CREDIT, -1), (CREDIT, 7), (FREE, 2), (WAKE, -1)]
+        assert bell.read() == []
+        many = 1000  # more than one read's worth: read() goes on until the pipe is empty
+        for slot in range(many):
+            assert writer.free(slot)
+        assert bell.read() == [(FREE, slot) for slot in range(many)]
+    finally:
+        writer.close()
+
+
+def test_wait_ends_at_the_first_word_or_at_its_deadline(bell: Doorbell) -> None:
+    assert bell.path is not None
+    writer = DoorbellWriter.open(bell.path)
+    try:
+        started = time.monotonic()
+        assert bell.wait(0.05) is False
+        assert time.monotonic() - started >= 0.04
+        timer = threading.Timer(0.1, writer.credit)
+        timer.start()
+        started = time.monotonic()
+        assert bell.wait(10.0) is True
+        assert time.monotonic() - started < 5.0
+        timer.join()
+        assert bell.read() == [(CREDIT, -1)]
+    finally:
+        writer.close()
+
+
+def test_a_writer_says_when_its_word_cannot_go_and_never_waits(bell: Doorbell) -> None:
+    assert bell.path is not None
+    writer = DoorbellWriter.open(bell.path)
+    # Full (nobody read 8,192 records): False at once, and the caller sends the word as a message.
+    written = 0
+    while writer.credit():
+        written += 1
+        assert written <= 1 << 20, "a pipe without end"
+    assert written >= 512
+    assert len(bell.read()) == written
+    assert writer.credit()
+    bell.close()  # the worker is gone
+    assert writer.credit() is False
+    assert writer.free(0) is False
+    writer.close()
+    assert writer.closed
+    assert writer.credit() is False
+    writer.close()  # idempotent
+
+
+def test_opening_refuses_what_is_not_a_live_workers_fifo(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError):
+        DoorbellWriter.open(str(tmp_path / "nothing"))
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    with pytest.raises(OSError, match="no FIFO"):
+        DoorbellWriter.open(str(plain))
+    assert plain.exists(), "a file that is no doorbell is never removed"
+    orphan = str(tmp_path / "orphan")
+    os.mkfifo(orphan)  # made by a worker that died before it said so: nobody reads it
+    with pytest.raises(OSError, match="No such device"):  # ENXIO: a FIFO without a reader
+        DoorbellWriter.open(orphan)
+    remove_doorbell(orphan)
+    remove_doorbell(str(plain))
+    assert not os.path.exists(orphan)
+    assert plain.exists()
+
+
+def test_without_a_fifo_the_worker_waits_on_a_pipe_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    unnamed = Doorbell.create(None)
+    try:
+        assert unnamed.path is None
+        unnamed.wake()
+        assert unnamed.wait(5.0)
+        assert unnamed.read() == [(WAKE, -1)]
+    finally:
+        unnamed.close()
+
+    def no_fifos(path: str, mode: int = 0o666) -> None:  # a filesystem without FIFOs
+        raise OSError(95, "Operation not supported", path)
+
+    monkeypatch.setattr(os, "mkfifo", no_fifos)
+    path = doorbell_path()
+    fallback = Doorbell.create(path)
+    try:
+        assert fallback.path is None
+        assert not os.path.exists(path)
+        fallback.wake()
+        assert fallback.read() == [(WAKE, -1)]
+    finally:
+        fallback.close()
+        fallback.close()  # idempotent
