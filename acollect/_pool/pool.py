@@ -324,7 +324,7 @@ class WorkerPool:
         if handle.bell_path is not None:
             try:
                 handle.use_doorbell(DoorbellWriter.open(handle.bell_path))
-            except OSError as exc:  # another mount namespace, or it died meanwhile: its credits go as messages
+            except OSError as exc:  # not there (another mount namespace): its credits go as messages
                 logger.debug("worker %d's doorbell could not be opened (%s): its credits go as messages",
                              handle.index, exc)  # fmt: skip
         if self.shared is not None:

@@ -98,7 +98,7 @@ class Doorbell:
             return cls._pipe()
         try:
             os.mkfifo(path, 0o600)
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except (OSError, AttributeError):  # no FIFOs here (os.mkfifo missing, a filesystem without them)
             remove_doorbell(path)
             return cls._pipe()
@@ -151,8 +151,13 @@ class Doorbell:
 class DoorbellWriter:
     """The collector's end of a worker's :class:`Doorbell`: each call writes one record, never waits.
 
+    It holds the FIFO open for reading too, never reading: a pipe with a reader never raises ``SIGPIPE``, which a
+    program that restored its default action (command-line tools often do) would die of once the worker is gone.
+    Records written after the worker's death are lost with it, as its messages would be (its restart is told what
+    matters at its hello), and the pool closes this end when it notices the death.
+
     Args:
-        fd: the FIFO, open for writing (non-blocking).
+        fd: the FIFO, open for reading and writing (non-blocking).
     """
 
     def __init__(self, fd: int) -> None:
@@ -165,7 +170,8 @@ class DoorbellWriter:
         Raises:
             OSError: no FIFO there (another host, another mount namespace), or it cannot be opened.
         """
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO only if the worker (its reader) is gone
+        # Read and write: never ENXIO, never SIGPIPE (see the class). No link followed: the name is the pool's own.
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode):
                 raise OSError(f"{path} is no FIFO")
@@ -181,7 +187,8 @@ class DoorbellWriter:
 
     def credit(self, slot: int | None = None) -> bool:
         """A credit, giving back ``slot`` if not ``None``; ``False`` if it could not go this way (the caller sends
-        it as a message instead): the worker is gone, or its pipe is full."""
+        it as a message instead): this end is closed, or the pipe is full (8,192 records unread, which a live worker
+        never leaves)."""
         return self._write(CREDIT, NO_SLOT if slot is None else slot)
 
     def free(self, slot: int) -> bool:
@@ -193,7 +200,7 @@ class DoorbellWriter:
             return False
         try:
             os.write(self._fd, _RECORD.pack(kind, slot))
-        except OSError:  # BrokenPipeError: it died; BlockingIOError: 8,192 records unread, which it never leaves
+        except OSError:  # BlockingIOError: full
             return False
         return True
 
