@@ -21,7 +21,7 @@ mode its class fixes, or the ``sync`` option of a collector that takes one (the 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -89,9 +89,9 @@ class Dispatch:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
         return False
 
-    async def credit(self, pool: WorkerPool, handle: WorkerHandle, fields: dict[str, Any]) -> None:
-        """Gives ``handle``'s worker a credit (with ``fields``: the slot it gives back, if any)."""
-        await pool.credit(handle, fields.get("slot"))
+    async def credit(self, pool: WorkerPool, handle: WorkerHandle, slot: int | None = None) -> None:
+        """Gives ``handle``'s worker a credit (giving back ``slot`` if not ``None``)."""
+        await pool.credit(handle, slot)
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         """Tells the workers to stop (``True``) or go on; nothing to do where they only work when asked."""
@@ -389,12 +389,12 @@ class FirstReady(Dispatch):
         # The credit now (it collects on); the slot when the loan ends.
         handle = pool.handles[item.worker]
         if item.generation == handle.generation:
-            await self.credit(pool, handle, {})
+            await self.credit(pool, handle)
 
     async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
         """A lent batch was dropped: its slot goes back with its worker's next credit.
 
-        Not at once: a message less per batch (each wakes the worker's threads, on a core its envs need). The worker
+        Not at once: a word less per batch (a ``write()``, or a message for a worker on another host). The worker
         never waits for it. Its ring holds ``credits`` slots besides those lent, counted when each batch is lent
         (:meth:`can_lend`); a dropped batch only turns a lent slot into a freed one, so until its next credit
         (which carries the slots freed) the worker has a slot for each credit it holds.
@@ -411,15 +411,15 @@ class FirstReady(Dispatch):
         else:
             held[1].append(token)
 
-    async def credit(self, pool: WorkerPool, handle: WorkerHandle, fields: dict[str, Any]) -> None:
-        """A credit to ``handle``'s worker, carrying the slots freed since its last one (one a message)."""
+    async def credit(self, pool: WorkerPool, handle: WorkerHandle, slot: int | None = None) -> None:
+        """A credit to ``handle``'s worker, carrying the slots freed since its last one (one a word)."""
         held = self._freed.pop(handle.index, None)
         slots = held[1] if held is not None and held[0] == handle.generation else []
-        if slots and fields.get("slot") is None:
-            fields = {"slot": slots.pop()}
-        await pool.credit(handle, fields.get("slot"))
-        for slot in slots:  # more than one dropped since its last credit: the rest one by one
-            await pool.free(handle, slot)
+        if slots and slot is None:
+            slot = slots.pop()
+        await pool.credit(handle, slot)
+        for freed in slots:  # more than one dropped since its last credit: the rest one by one
+            await pool.free(handle, freed)
 
     def reset(self) -> None:
         self._buffers.clear()

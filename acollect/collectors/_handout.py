@@ -150,7 +150,7 @@ class HandOut:
         slot = item.header.get("slot")
         # A lockstep worker collects only when asked: a credit means something to it only as a slot to free.
         if item.generation == handle.generation and (slot is not None or pool.credits is not None):
-            await self._dispatch.credit(pool, handle, {"slot": slot})
+            await self._dispatch.credit(pool, handle, slot)
 
     async def take_back(self, pool: WorkerPool) -> None:
         """Gives back what the caller dropped since the last batch, and what a finished copy to a GPU held."""
