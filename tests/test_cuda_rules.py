@@ -42,8 +42,8 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
     ("transport/_cuda_dma.py", "DeviceCopier._registered_segment"): (
         "cudaHostRegister of a segment this process created, while it is mapped",
         "segment.before_unmap(self._unregister)",
-        "the segment's own close unregisters it (after the copies in flight) before it unmaps; a refusal's "
-        "pending error is cleared with cudaGetLastError",
+        "the segment's own close unregisters it (after the copies in flight, on the device it was registered on) "
+        "before it unmaps; a refusal raises, naming cuda_dma=False (torch's bindings cannot clear its pending error)",
     ),
     ("inference/_loop.py", "ServerLoop._apply_weights"): (
         "weights copied into the server's policy on its loop thread, from tensors the trainer's thread wrote",

@@ -454,13 +454,16 @@ class WorkerPool:
         default_scheme: Callable[[], WeightSyncScheme],
         worker_ids: Sequence[int],
         limit: float,
+        ready: tuple[Any, ...] = (),
     ) -> int:
         """Serializes ``models`` once, sends them to ``worker_ids``, waits for every ACK; returns the new version.
+
+        ``ready``: what the caller queued on its CUDA streams before the push (see ``WeightPusher.push``).
 
         Raises:
             WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
         """
-        return await self.weights.push(models, schemes, default_scheme, worker_ids, limit)
+        return await self.weights.push(models, schemes, default_scheme, worker_ids, limit, ready)
 
     # -- shutdown ------------------------------------------------------------------------
     async def close(self, limit: float) -> None:

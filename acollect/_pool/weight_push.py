@@ -16,6 +16,7 @@ import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._devices import wait_ready
 from acollect._pool.events import PoolEvents
 from acollect._pool.handles import WorkerHandle
 from acollect._pool.liveness import MONITOR_PERIOD
@@ -30,7 +31,12 @@ __all__ = ["Send", "WeightPusher"]
 Send = Callable[[WorkerHandle, str, "Mapping[str, Any] | None", "TensorDictBase | None"], Awaitable[None]]
 
 
-def _write(writer: WeightWriter, params: TensorDictBase, _stop: object) -> tuple[dict[str, Any], torch.Tensor | None]:
+def _write(
+    writer: WeightWriter, params: TensorDictBase, ready: tuple[Any, ...], _stop: object
+) -> tuple[dict[str, Any], torch.Tensor | None]:
+    # This thread's streams are not the caller's: CUDA weights are read once the work the caller queued before the
+    # push (an optimizer step on a side stream) is done, or the workers would get them half-written.
+    wait_ready(ready)
     return writer.write(params)
 
 
@@ -92,8 +98,12 @@ class WeightPusher:
         default_scheme: Callable[[], WeightSyncScheme],
         worker_ids: Sequence[int],
         limit: float,
+        ready: tuple[Any, ...] = (),
     ) -> int:
         """Serializes ``models`` once, sends them to ``worker_ids`` and waits for every ACK.
+
+        ``ready``: the events of :func:`~acollect._devices.cuda_ready` recorded on the caller's thread as it handed
+        CUDA weights over; they are copied to the host only once the work queued before them is done.
 
         Returns:
             The new policy version.
@@ -117,7 +127,7 @@ class WeightPusher:
                 if writer is None:
                     scheme = schemes.get(model_id) or default_scheme()
                     writer = self._writers[model_id] = scheme.make_writer()
-                entry, flat = await run_in_thread(partial(_write, writer, params), name="weights")
+                entry, flat = await run_in_thread(partial(_write, writer, params, ready), name="weights")
                 entries.append({"id": model_id, **entry})
                 if flat is not None:
                     frames[f"m{i}"] = flat

@@ -258,7 +258,10 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if self._server is not None:
             self._server.version = self._initial_version  # the restoring push brings it to the saved version
 
-    async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
+    async def _push(
+        self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float, ready: tuple[Any, ...] = ()
+    ) -> int:
+        # The server records what the caller queued on its streams itself (update_policy_weights_ on this thread).
         # Pushes the base class would send to every worker (restored state, update_after_each_batch) go to the server.
         if set(models) != {"policy"}:
             raise ConfigurationError.bad_value("model_id", sorted(models), "'policy' (the server's only model)")

@@ -144,6 +144,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
@@ -264,6 +269,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
@@ -456,6 +466,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
@@ -571,6 +586,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
@@ -685,6 +705,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
@@ -806,6 +831,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
@@ -968,6 +998,11 @@ copy_batches (bool): ``False`` (default): a batch is the workers' shared memory 
 max_lent_bytes (int | None): the most shared memory lent to the caller at once, in bytes: beyond it a batch is
     handed out as a copy (its memory given back at once), so a caller keeping every batch never stalls
     collection. ``None``: 1 GiB, or a quarter of ``/dev/shm`` where that is less. Defaults to ``None``.
+cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device,
+    non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels after
+    the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on a side
+    stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU. Defaults to
+    ``False``.
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.

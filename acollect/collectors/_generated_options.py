@@ -207,6 +207,12 @@ class ProcessOptions(RolloutOptions, total=False):
     #: quarter of ``/dev/shm`` where that is less.
     max_lent_bytes: int | None
 
+    #: with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device, non_blocking=True)`` on
+    #: the stream current where it is handed out, which orders the consumer's kernels after the copy; ``True`` registers
+    #: the workers' shared memory with CUDA (page-locked) and copies by DMA on a side stream, saving the host's copy
+    #: into CUDA's staging buffer. Opt-in: not yet run on a GPU.
+    cuda_dma: bool
+
     #: ignore Python warnings inside the workers (an env's deprecation warnings, repeated by every worker, would drown
     #: the trainer's output); ``False`` lets them through to the workers' stderr.
     filter_worker_warnings: bool

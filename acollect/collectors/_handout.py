@@ -3,9 +3,16 @@
 :class:`HandOut` is one of a worker collector's parts, behind a small interface: :meth:`HandOut.hand_out` makes the
 batch of the items the dispatch strategy took (lent: the workers' shared memory itself, given back once the caller
 drops it; copied: into memory of a batch the caller dropped, see
-:class:`~acollect.collectors._handout_buffers.HandOutBuffers`; or copied to a GPU
-``storing_device`` by DMA), :meth:`HandOut.take_back` gives back at each batch boundary what came back since, and
+:class:`~acollect.collectors._handout_buffers.HandOutBuffers`; or moved to an accelerator ``storing_device``),
+:meth:`HandOut.take_back` gives back at each batch boundary what came back since, and
 :meth:`HandOut.give_back` returns a batch never handed out.
+
+A batch goes to an accelerator the way PyTorch guarantees: ``.to(device, non_blocking=True)`` from the workers'
+memory where it lies, on the consumer's thread (the event loop's) and its current stream, so the consumer's kernels
+queue behind the copy by stream order alone. The source is pageable memory, which CUDA has read (into its own staging
+buffer) when the call returns, so the workers get their memory back at once. ``cuda_dma=True`` opts into
+:class:`~acollect.transport._cuda_dma.DeviceCopier` instead (the pool's pages registered with CUDA, copied by DMA on a
+side stream): not yet run on a GPU.
 :class:`~acollect.transport._lending.LendingBooks` keeps the books of what is lent and the budget
 (``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors._dispatch`) says which memory
 a batch is and how its worker gets it back.
@@ -20,7 +27,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect._devices import move_to
+from acollect._devices import cuda_ready, move_to, order_after
 from acollect._pool import Received, WorkerPool
 from acollect.transport._cuda_dma import Copy, DeviceCopier
 from acollect.transport._lending import LendingBooks
@@ -42,26 +49,35 @@ class HandOut:
         copy_batches: the ``copy_batches`` option (``True``: never lend).
         budget: the most bytes lent at once (``max_lent_bytes``).
         storing_device: where batches are stored (``None``: where the workers made them).
+        cuda_dma: the ``cuda_dma`` option: a CUDA ``storing_device`` is reached by the registering copier.
     """
 
     def __init__(
-        self, dispatch: Dispatch, *, copy_batches: bool, budget: int, storing_device: torch.device | None
+        self,
+        dispatch: Dispatch,
+        *,
+        copy_batches: bool,
+        budget: int,
+        storing_device: torch.device | None,
+        cuda_dma: bool = False,
     ) -> None:
         self._dispatch = dispatch
         self._copy_batches = copy_batches
-        self._storing = storing_device
+        #: The accelerator batches are moved to (``None``: they stay on the host).
+        self._device = storing_device if storing_device is not None and storing_device.type != "cpu" else None
+        self._cuda_dma = cuda_dma
         self.books = LendingBooks(budget)
-        # storing_device on a GPU: batches go there by DMA from the workers' shared memory (transport.cuda_dma).
+        # cuda_dma=True: batches go to the GPU by DMA from the workers' registered shared memory (transport.cuda_dma).
         self._copier: DeviceCopier | None = None
         self._copies: list[Copy] = []  # copies whose source memory is read until they finished
         self._held: list[Received] = []  # items whose memory a copy to a GPU reads: given back at the next batch
 
     # -- lifecycle ---------------------------------------------------------------------------
     def open(self) -> None:
-        """At set-up: the copier of a GPU ``storing_device``."""
+        """At set-up: the copier of a GPU ``storing_device``, where ``cuda_dma`` asks for it."""
         self._held, self._copies = [], []
-        if self._storing is not None and self._storing.type == "cuda":
-            self._copier = DeviceCopier(self._storing)
+        if self._cuda_dma and self._device is not None and self._device.type == "cuda":
+            self._copier = DeviceCopier(self._device)
 
     def close(self) -> None:
         """Before the pool unmaps its segments: waits for the copies in flight and unregisters the memory."""
@@ -80,7 +96,8 @@ class HandOut:
 
     @property
     def pinned_bytes(self) -> int:
-        """Bytes of shared memory registered with CUDA for copies to the GPU ``storing_device`` (0 otherwise)."""
+        """Bytes of shared memory registered with CUDA for copies to the GPU ``storing_device`` (``cuda_dma=True``;
+        0 otherwise)."""
         return self._copier.registered_bytes if self._copier is not None else 0
 
     # -- per batch ---------------------------------------------------------------------------
@@ -91,10 +108,12 @@ class HandOut:
         the event loop; each item's memory is then given back to its worker, at once or once no longer read."""
         copier = self._copier
         books: LendingBooks | None = None
-        if copier is None and not self._copy_batches and await self._dispatch.can_lend(pool, items, self.books):
+        if self._device is None and not self._copy_batches and await self._dispatch.can_lend(pool, items, self.books):
             books = self.books
         try:
-            if copier is not None:
+            if copier is None and self._device is not None:
+                batch = await self._to_device(self._device, items, reshape)
+            elif copier is not None:
                 # Read where it lies, held until its copy ended (take_back): no CPU copy on the way.
                 copy = copier.copy(self._dispatch.view(items))
                 self._copies.append(copy)
@@ -122,13 +141,8 @@ class HandOut:
     def _inline(self, items: list[Received], *, lent: bool, reshapes: bool) -> bool:
         # A small batch is combined on the event loop: its copy costs less than the hop to a thread (and the
         # trainer's CPU per batch is what the workers lose on a machine with few cores); a lent one costs no copy.
-        # User code (postproc) and moves to another device stay in the thread.
-        storing = self._storing
-        return (
-            not reshapes
-            and (storing is None or storing.type == "cpu")
-            and (lent or sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES)
-        )
+        # User code (postproc) stays in the thread.
+        return not reshapes and (lent or sum(item.nbytes for item in items) <= INLINE_HAND_OUT_BYTES)
 
     def _combine(
         self,
@@ -137,10 +151,33 @@ class HandOut:
         reshape: Callable[[TensorDictBase], TensorDictBase] | None,
     ) -> TensorDictBase:
         batch = self._dispatch.combine(items, books=books)
-        device = self._storing
-        if device is not None and device.type != "cpu" and batch.device != device:
-            batch = move_to(batch, device)
         return reshape(batch) if reshape is not None else batch
+
+    async def _to_device(
+        self,
+        device: torch.device,
+        items: list[Received],
+        reshape: Callable[[TensorDictBase], TensorDictBase] | None,
+    ) -> TensorDictBase:
+        """The batch of ``items`` on ``device``, moved on this thread's current stream (the consumer's: this runs in
+        ``__anext__``), so that its kernels queue behind the copy; the items' memory may be given back on return."""
+        # Pageable memory: CUDA has read the source into its staging buffer when the call returns (only the DMA on to
+        # the device may still be queued, on this stream), so nothing here outlives the workers' memory.
+        batch = move_to(self._dispatch.view(items), device)
+        if reshape is None:
+            return batch
+        # User code off the event loop, on the thread's own stream: ordered after the copy, and the consumer's stream
+        # after it, by events (no host synchronization either way).
+        copied = cuda_ready(_leaves(batch))
+
+        def run() -> tuple[TensorDictBase, tuple[object, ...]]:
+            order_after(copied, _leaves(batch))
+            out = reshape(batch)
+            return out, cuda_ready(_leaves(out))
+
+        out, done = await anyio.to_thread.run_sync(run)
+        order_after(done, _leaves(out))
+        return out
 
     async def give_back(self, pool: WorkerPool, item: Received) -> None:
         """Gives ``item``'s memory back to its worker (with a credit where it collects on credits)."""
@@ -163,3 +200,7 @@ class HandOut:
         held, self._held = self._held, []
         for item in held:
             await self.give_back(pool, item)
+
+
+def _leaves(batch: TensorDictBase) -> list[torch.Tensor]:
+    return [leaf for leaf in batch.values(include_nested=True, leaves_only=True) if isinstance(leaf, torch.Tensor)]

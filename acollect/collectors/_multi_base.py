@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
+from acollect._devices import cuda_ready
 from acollect._policy import PolicyLike
 from acollect._pool import Received, WorkerPool, WorkerState
 from acollect._pool.settings import PoolSettings
@@ -53,6 +54,12 @@ def _params_of(name: str, source: object) -> TensorDictBase:
     return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
+def _ready(models: Mapping[str, TensorDictBase]) -> tuple[Any, ...]:
+    """What the calling thread queued on its CUDA streams before a push (a trainer's optimizer step on a side stream):
+    the weights are copied to the host on another thread, whose streams nothing orders after the caller's."""
+    return cuda_ready(leaf for td in models.values() for leaf in td.values(include_nested=True, leaves_only=True))
+
+
 class MultiCollectorBase(CollectorBase):
     """Shared machinery of the multi-process collectors (see :class:`MultiSyncCollector` and
     :class:`MultiAsyncCollector`): each holds the worker pool and one dispatch strategy."""
@@ -77,10 +84,11 @@ class MultiCollectorBase(CollectorBase):
         self._trainer_pin = TrainerPin(plan.affinity.trainer)
         self._shutdown_limit = settings.shutdown_timeout
         self._storing_device = collector_storing_device(self._worker_policy()[1])
-        # How batches leave: lent (shared memory given back once dropped), copied, or copied to a GPU by DMA.
+        # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
         self._handout = HandOut(
             self._dispatch, copy_batches=settings.copy_batches, storing_device=self._storing_device,
             budget=settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget(),
+            cuda_dma=settings.cuda_dma,
         )  # fmt: skip
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
@@ -547,18 +555,24 @@ class MultiCollectorBase(CollectorBase):
         self._check_usable("update_policy_weights_()", allow_broken=one_worker)
         sources = update.models(self._policy_arg)
         models = {model_id: _params_of(arg, source) for model_id, (arg, source) in sources.items()}
+        ready = _ready(models)  # now, before anything awaits: what the caller queued on its streams up to the call
         ids = list(range(self.num_workers)) if update.worker_ids is None else list(update.worker_ids)
         for wid in ids:
             check_int("worker_ids", wid, maximum=self.num_workers - 1)
         with self._call("update_policy_weights_()", interrupt_on_failure=False):
             await self._ensure_setup()
-            return await self._push(models, ids, update.timeout)
+            return await self._push(models, ids, update.timeout, ready)
 
-    async def _push(self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float) -> int:
+    async def _push(
+        self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float, ready: tuple[Any, ...] = ()
+    ) -> int:
         pool = self._require_pool()
+        ready = ready or _ready(models)
         # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
         models = check_push(models, [pool.handles[i].weights_structure for i in ids])
-        version = await pool.push_weights(models, self.settings.weight_sync_schemes, self._default_scheme, ids, limit)
+        version = await pool.push_weights(
+            models, self.settings.weight_sync_schemes, self._default_scheme, ids, limit, ready
+        )
         self._last_push = self._tally.batches
         return version
 

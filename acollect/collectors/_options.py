@@ -525,6 +525,13 @@ class ProcessSettings(RolloutSettings):
         "(its memory given back at once), so a caller keeping every batch never stalls collection. ``None``: 1 GiB, "
         "or a quarter of ``/dev/shm`` where that is less.",
     )  # fmt: skip
+    cuda_dma: bool = option(
+        False, check=check_bool,
+        doc="with a CUDA ``storing_device``: ``False`` (default) moves each batch with ``.to(device, "
+        "non_blocking=True)`` on the stream current where it is handed out, which orders the consumer's kernels "
+        "after the copy; ``True`` registers the workers' shared memory with CUDA (page-locked) and copies by DMA on "
+        "a side stream, saving the host's copy into CUDA's staging buffer. Opt-in: not yet run on a GPU.",
+    )  # fmt: skip
     filter_worker_warnings: bool = option(
         True, check=check_bool,
         doc="ignore Python warnings inside the workers (an env's deprecation warnings, repeated by every worker, "

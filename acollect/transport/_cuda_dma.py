@@ -1,31 +1,31 @@
-"""Batches to a CUDA device by DMA: the pool's shared memory registered with CUDA, copied on a side stream.
+"""Batches to a CUDA device by DMA (``cuda_dma=True``): the pool's shared memory registered with CUDA, copied on a
+side stream. Opt-in, and not yet run on a GPU: the default moves a batch with ``.to(device, non_blocking=True)`` on
+the consumer's stream (:mod:`acollect.collectors._handout`).
 
 A batch of a worker collector lies, in the main, in shared memory the pool created (a worker's slot ring, or a
 lockstep segment every worker writes its rows of). To hand it out on a GPU, :class:`DeviceCopier` registers such a
 segment with CUDA (``cudaHostRegister``: its pages become page-locked, so the GPU's copy engine reads them
 directly), then copies the batch with ``non_blocking=True`` on a stream of its own: no CPU copy on the way, and the
 copy overlaps whatever the consumer's stream runs. The batch is handed out with the consumer's current stream told
-to wait for that copy (an event, not a host synchronization), so the consumer never sees a half-copied batch and
-its first kernel on it queues behind the copy; the shared memory is given back to its worker only once the copy
-finished (:meth:`DeviceCopier.copied`).
+to wait for that copy (an event, not a host synchronization); the shared memory is given back to its worker only
+once the copy finished (:meth:`DeviceCopier.copied`).
 
-The rules that keep this correct by construction:
+The rules it keeps:
 
 - Only memory the pool owns is registered: a segment this process created (:attr:`ShmSegment.owner`), for as long
   as it is mapped. It is registered the first time a copy reads it and unregistered by the segment's own
-  :meth:`~acollect.transport._shm.ShmSegment.before_unmap` hook (after the copies in flight finished), so a
-  registration never outlives its mapping, and an address a new mapping reuses is never taken for registered.
+  :meth:`~acollect.transport._shm.ShmSegment.before_unmap` hook (after the copies in flight finished), on the device
+  it was registered on, so a registration never outlives its mapping.
 - Everything else (a small batch that arrived as ZeroMQ frames on the heap, parts gathered into fresh memory, the
   worker-id tensor made per batch) is copied from pageable memory with a plain, waited-for copy: CUDA has read it
   when the copy returns, so the temporary may be freed at once.
-- A refused registration (a system that will not lock the pages) falls back to the pageable copy, and the CUDA
-  error it left pending on this thread is cleared, so that the next kernel launch does not report it as its own.
-  Where the error cannot be cleared (no ``libcudart`` of this process's to ask), nothing is registered at all.
+- A refused registration raises :class:`~acollect.errors.ConfigurationError` naming ``cuda_dma=False``: torch's
+  bindings cannot clear the error CUDA then leaves pending on the thread (the next kernel launch would report it as
+  its own), so the copier does not carry on as if nothing happened.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from acollect.errors import ConfigurationError
 from acollect.transport._shm import ShmSegment
 
 __all__ = ["Copy", "DeviceCopier"]
@@ -59,31 +60,8 @@ class Copy:
         self.event.synchronize()
 
 
-def _cudart_libraries() -> list[Any]:
-    """Every ``libcudart`` this process loaded, to clear their per-thread error; empty if there is none to find (a
-    statically linked runtime, or not Linux).
-
-    Several may be loaded (torch's, and one another library brought: CuPy, JAX, a system CUDA), and which one torch
-    calls cannot be told from here: the error is cleared in each (clearing an error nobody left is harmless).
-    """
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line and "/" in line}
-    except OSError:
-        return []
-    return [library for library in map(_load, sorted(paths)) if library is not None]
-
-
-def _load(path: str) -> Any | None:
-    try:
-        library = ctypes.CDLL(path)  # already loaded: the same instance, not a second runtime
-        library.cudaGetLastError.restype = ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return library
-
-
 def _code(result: Any) -> int:
+    """A runtime call's ``cudaError`` as an int (torch's binding returns an enum member)."""
     return int(getattr(result, "value", result))
 
 
@@ -107,8 +85,6 @@ class DeviceCopier:
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
         self._registered: dict[int, ShmSegment] = {}  # base address of a registered segment -> the segment
-        self._refused: set[int] = set()  # mapped segments CUDA would not register: copied from pageable memory
-        self._cudart = _cudart_libraries()
 
     @property
     def registered_bytes(self) -> int:
@@ -118,44 +94,40 @@ class DeviceCopier:
     def _registered_segment(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` lies in a segment the pool owns that is registered (registered now if it is new)."""
         segment = ShmSegment.containing(tensor.data_ptr())
-        if segment is None or not segment.owner or not self._cudart:
+        if segment is None or not segment.owner:
             return False
         base = segment.address
-        if base is None or base in self._refused:
+        if base is None:
             return False
         if base in self._registered:
             return True
-        code = _code(torch.cuda.cudart().cudaHostRegister(base, segment.size, 0))
-        # Told when it goes, registered or not: a refusal is remembered only while this mapping lives.
-        segment.before_unmap(self._unregister)
+        cudart = torch.cuda.cudart()
+        code = _code(cudart.cudaHostRegister(base, segment.size, 0))
         if code != 0:
-            self._clear_error()  # the refusal is handled here: the next launch must not report it
-            self._refused.add(base)
-            logger.debug("cudaHostRegister refused %d bytes at %#x (error %s): copied from pageable memory",
-                         segment.size, base, code)  # fmt: skip
-            return False
+            raise ConfigurationError(
+                f"cuda_dma=True: CUDA refused to register {segment.size} bytes of the workers' shared memory "
+                f"({cudart.cudaGetErrorString(code)}, error {code}); the error stays pending on this thread and the "
+                "next CUDA call may report it. Pass cuda_dma=False (the default), which needs no registration."
+            )
         self._registered[base] = segment
+        segment.before_unmap(self._unregister)  # unregistered before it is unmapped, never after
         return True
-
-    def _clear_error(self) -> None:
-        for library in self._cudart:
-            library.cudaGetLastError()
 
     def _unregister(self, segment: ShmSegment) -> None:
         """The segment is about to be unmapped: the copies reading it finish first, then it is unregistered."""
         base = segment.address
         if base is None:
             return
-        self._refused.discard(base)
         if self._registered.pop(base, None) is not None:
             self.stream.synchronize()
             self._host_unregister(base)
 
     def _host_unregister(self, base: int) -> None:
-        code = _code(torch.cuda.cudart().cudaHostUnregister(base))
+        # Under the device it was registered on (inside copy(), on the copier's stream): the hook that calls this may
+        # run with another device current.
+        with torch.cuda.device(self.device):
+            code = _code(torch.cuda.cudart().cudaHostUnregister(base))
         if code != 0:
-            # Left pending, the error would be reported by the next kernel launch as its own.
-            self._clear_error()
             logger.warning("cudaHostUnregister failed at %#x (error %s): its pages may stay locked", base, code)
 
     def copy(self, batch: TensorDictBase) -> Copy:
@@ -217,4 +189,3 @@ class DeviceCopier:
         for base in list(self._registered):
             del self._registered[base]
             self._host_unregister(base)
-        self._refused.clear()
