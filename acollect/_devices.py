@@ -24,11 +24,14 @@ __all__ = [
     "Devices",
     "check_device",
     "cuda_ready",
+    "module_device",
     "move_to",
     "order_after",
     "resolve_devices",
     "synchronize_devices",
+    "wait_for_stream",
     "wait_ready",
+    "with_index",
 ]
 
 DeviceLike = torch.device | str | int | None
@@ -118,7 +121,35 @@ def synchronize_devices(tensors: Iterable[object]) -> None:
         >>> synchronize_devices([torch.ones(2)])
     """
     for device in _cuda_devices(tensors):
-        torch.cuda.current_stream(device).synchronize()
+        wait_for_stream(torch.cuda.current_stream(device))
+
+
+def wait_for_stream(stream: Any) -> None:
+    """Blocks until the work queued on CUDA ``stream`` so far is done, asleep rather than spinning.
+
+    ``stream.synchronize()`` (and a default event's) busy-waits under CUDA's default scheduling: a core per waiting
+    thread, taken from the env workers. An event made with ``blocking=True`` puts the thread to sleep instead.
+    """
+    event = torch.cuda.Event(blocking=True)
+    event.record(stream)
+    event.synchronize()
+
+
+def with_index(device: torch.device | None) -> torch.device | None:
+    """``device`` with its index: a bare ``"cuda"`` becomes the CUDA device current now.
+
+    Call it once, where a collector or server is built: each thread has a current device of its own, so a bare
+    ``"cuda"`` read later on a thread the collector started could name another GPU than the caller meant.
+
+    Examples:
+        >>> with_index(torch.device("cpu"))
+        device(type='cpu')
+        >>> with_index(None) is None
+        True
+    """
+    if device is not None and device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _cuda_devices(values: Iterable[object]) -> set[torch.device]:
@@ -183,7 +214,13 @@ class Devices:
         return self.policy == self.env
 
 
-def _module_device(policy: object) -> torch.device | None:
+def module_device(policy: object) -> torch.device | None:
+    """Where ``policy``'s parameters (else buffers) are; ``None`` for a module without any, or a non-module.
+
+    Examples:
+        >>> module_device(torch.nn.Linear(2, 2))
+        device(type='cpu')
+    """
     if isinstance(policy, torch.nn.Module):
         for param in policy.parameters():
             return param.device
@@ -220,6 +257,6 @@ def resolve_devices(
     """
     dev = check_device("device", device)
     env = check_device("env_device", env_device) or dev or env_default or torch.device("cpu")
-    pol = check_device("policy_device", policy_device) or dev or _module_device(policy) or env
+    pol = check_device("policy_device", policy_device) or dev or module_device(policy) or env
     store = check_device("storing_device", storing_device) or dev or env
     return Devices(env=env, policy=pol, storing=store)

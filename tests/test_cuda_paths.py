@@ -430,3 +430,22 @@ def test_a_wait_for_another_threads_gpu_work_has_a_deadline() -> None:
     wait_ready([(torch.device("cuda", 0), Done())], timeout=0.05)  # done: returns at once
     with pytest.raises(TimeoutError, match=r"cuda:0's stream .* did not finish within 0.05 s"):
         wait_ready([(torch.device("cuda", 0), Never())], timeout=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_central_inference_defaults_are_the_same_however_the_device_is_given(device: str) -> None:
+    # The fault it catches: the GPU defaults (an env group and a pass in flight per group) applied only where
+    # device= is passed, not where the policy's parameters are on the GPU, or a bare "cuda" read later on the pass
+    # threads (whose current device may be another GPU).
+    from acollect import AsyncBatchedCollector
+
+    env = functools.partial(CountingEnv, num_envs=8)
+    given = AsyncBatchedCollector([env], WideConstant(size=8), frames_per_batch=8, device=device)
+    inferred = AsyncBatchedCollector([env], WideConstant(size=8).to(device), frames_per_batch=8)
+    assert (inferred.env_groups, inferred.passes_in_flight) == (given.env_groups, given.passes_in_flight)
+    if device == "cuda":
+        from acollect.collectors._batched import GPU_ENV_GROUPS
+
+        assert given.env_groups == given.passes_in_flight == GPU_ENV_GROUPS
+    else:
+        assert given.passes_in_flight == 1

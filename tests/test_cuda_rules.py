@@ -30,7 +30,7 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
     ),
     ("inference/_batching.py", "Lane.to_host"): (
         "device to host, into page-locked buffers",
-        "self.stream.synchronize()",
+        "wait_for_stream(self.stream)",
         "the lane's stream is synchronised before the function returns the host buffers",
     ),
     ("transport/_cuda_dma.py", "DeviceCopier.copy"): (

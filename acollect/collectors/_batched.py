@@ -35,6 +35,7 @@ from tensordict import TensorDictBase
 from typing_extensions import Unpack
 
 from acollect._affinity import pin_process
+from acollect._devices import check_device, module_device, with_index
 from acollect._policy import PolicyLike
 from acollect._pool import Received
 from acollect._weights import WeightUpdate
@@ -102,6 +103,11 @@ class AsyncBatchedCollector(MultiCollectorBase):
         self._server: InferenceServer | None = None
         self._server_rejected = 0
         self._final_inference: dict[str, Any] | None = None  # the server's figures at its end
+        # Where the server runs, settled once here: given (a bare "cuda" is the device current now), else where the
+        # policy's parameters are, so that the GPU defaults below do not depend on how the device was given.
+        # (None: a policy_factory with no device, built in the server: the CPU defaults.)
+        given = settings.inference_device
+        self._device = with_index(check_device("device", given) if given is not None else module_device(policy))
         super().__init__(create_env_fn, policy, settings)
 
     def _worker_policy(self) -> tuple[Any, WorkerSettings]:
@@ -126,7 +132,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             policy_factory=factory if callable(factory) else None,
             max_batch_size=self.settings.max_batch_size or 1 << 30,
             max_wait=self.settings.max_wait,
-            device=self.settings.inference_device,
+            device=self._device,
             exploration_type=self.settings.exploration_type,
             address=self._server_address(),
             keys=self.settings.keys,
@@ -134,7 +140,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             hang_timeout=self.settings.heartbeat_timeout,
             mode=self.settings.server,
             num_threads=self._server_threads(),
-            passes_in_flight=self._passes_in_flight(),
+            passes_in_flight=self.passes_in_flight,
         )
         server.version = self._initial_version
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
@@ -143,7 +149,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             config.inference = {
                 "address": server.address,
                 "slots": server.slot_address,
-                "env_groups": self._env_groups(),
+                "env_groups": self.env_groups,
                 # Asked for by name: a worker that finds it cannot apply (coroutine envs) says so.
                 "env_groups_required": self.settings.env_groups is not None and self.settings.env_groups > 1,
             }
@@ -167,10 +173,19 @@ class AsyncBatchedCollector(MultiCollectorBase):
             self._server.expect_sources(live)
 
     def _on_gpu(self) -> bool:
-        device = self.settings.inference_device
-        return device is not None and torch.device(device).type == "cuda"
+        return self._device is not None and self._device.type == "cuda"
 
-    def _env_groups(self) -> int:
+    @property
+    def env_groups(self) -> int:
+        """The env groups each worker steps in turn (``env_groups``, or its default: 4 where the server runs on a
+        GPU, whether ``device`` names it or the policy's parameters are there; on a CPU 2 where a core is spare,
+        else 1).
+
+        Examples:
+            >>> from acollect.testing import CountingEnv, Doubler
+            >>> AsyncBatchedCollector([CountingEnv], Doubler(), frames_per_batch=8, env_groups=1).env_groups
+            1
+        """
         if self.settings.env_groups is not None:
             return self.settings.env_groups
         # docs/central-inference.md: while a group waits for its pass the worker steps the others, which pays where
@@ -179,7 +194,16 @@ class AsyncBatchedCollector(MultiCollectorBase):
             return GPU_ENV_GROUPS
         return 2 if _cores() > self.num_workers + 1 else 1
 
-    def _passes_in_flight(self) -> int:
+    @property
+    def passes_in_flight(self) -> int:
+        """Forward passes the server may run at once (``passes_in_flight``, or its default: one per env group on a
+        GPU, 1 on a CPU).
+
+        Examples:
+            >>> from acollect.testing import CountingEnv, Doubler
+            >>> AsyncBatchedCollector([CountingEnv], Doubler(), frames_per_batch=8, device="cpu").passes_in_flight
+            1
+        """
         if self.settings.passes_in_flight is not None:
             return self.settings.passes_in_flight
         # On a GPU, one pass in flight per env group of a worker: a group's pass never queues behind another's

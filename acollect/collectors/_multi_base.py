@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
-from acollect._devices import cuda_ready
+from acollect._devices import cuda_ready, with_index
 from acollect._policy import PolicyLike
 from acollect._pool import Received, WorkerPool, WorkerState
 from acollect._pool.settings import PoolSettings
@@ -83,7 +83,8 @@ class MultiCollectorBase(CollectorBase):
         # worker_affinity="auto": the trainer's threads on the cores the workers left, while the workers run.
         self._trainer_pin = TrainerPin(plan.affinity.trainer)
         self._shutdown_limit = settings.shutdown_timeout
-        self._storing_device = collector_storing_device(self._worker_policy()[1])
+        # A bare "cuda" is the device current here and now (each thread has its own current device).
+        self._storing_device = with_index(collector_storing_device(self._worker_policy()[1]))
         # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
         self._handout = HandOut(
             self._dispatch, copy_batches=settings.copy_batches, storing_device=self._storing_device,

@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDict
 from tensordict.nn import InteractionType
 
-from acollect._devices import move_to
+from acollect._devices import move_to, wait_for_stream
 from acollect._policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect._rollout.blocking import exploration
 from acollect.errors import PolicyError
@@ -159,11 +159,11 @@ class Lane:
         if copied is not None:
             # The host writes the staging buffer only once the last copy out of it finished: a pass that failed
             # after its gather never reached to_host's synchronize.
-            copied.synchronize()
+            copied.synchronize()  # a blocking event: asleep, not spinning a core the env workers need
         torch.cat(list(parts), 0, out=staged)
         with torch.cuda.stream(self.stream):  # this lane's stream, whatever the caller's is (see context())
             on_device = staged.to(self.device, non_blocking=True)
-            self._copied[key] = event = torch.cuda.Event()
+            self._copied[key] = event = torch.cuda.Event(blocking=True)
             event.record(self.stream)
         return on_device
 
@@ -179,7 +179,7 @@ class Lane:
                 buffer = self._buffer(self._outputs, key, value, int(value.shape[0]), pin=True)
                 buffer.copy_(value, non_blocking=True)
                 host[key] = buffer
-        self.stream.synchronize()  # every copy of this pass, and nothing of the other lanes'
+        wait_for_stream(self.stream)  # every copy of this pass, and nothing of the other lanes'
         return host
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tensordict.nn import InteractionType
 
+from acollect._devices import wait_for_stream
 from acollect.inference._slot_hub import SlotHub
 from acollect.transport._server_socket import ServerSocket
 from acollect.transport._shm import shm_available
@@ -55,7 +56,7 @@ def build_policy(spec: ServerSpec) -> Any:
         device = weights_device(module)
         if device is not None and device.type == "cuda":
             # Copied on this thread's stream; the passes run on streams of their own that nothing orders after it.
-            torch.cuda.current_stream(device).synchronize()
+            wait_for_stream(torch.cuda.current_stream(device))
     return module
 
 

@@ -36,7 +36,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from acollect._devices import DeviceLike, cuda_ready, move_to, wait_ready
+from acollect._devices import DeviceLike, cuda_ready, move_to, wait_ready, with_index
 from acollect._policy import PolicyLike, parse_exploration_type
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.loops import current_backend
@@ -132,7 +132,8 @@ class InferenceServer:
         self.max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         self.max_wait = check_seconds("max_wait", max_wait, allow_zero=True)
         try:
-            self.device = torch.device(device) if device is not None else None
+            # A bare "cuda" is the device current here and now, not the one current on the pass threads later.
+            self.device = with_index(torch.device(device)) if device is not None else None
         except (TypeError, RuntimeError) as exc:
             raise ConfigurationError.bad_value("device", device, "a torch device or None") from exc
         if address is not None and not (isinstance(address, str) and address.startswith(("ipc", "tcp://"))):

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from acollect._devices import wait_for_stream
 from acollect.errors import ConfigurationError
 from acollect.transport._shm import ShmSegment
 
@@ -119,7 +120,7 @@ class DeviceCopier:
         if base is None:
             return
         if self._registered.pop(base, None) is not None:
-            self.stream.synchronize()
+            wait_for_stream(self.stream)
             self._host_unregister(base)
 
     def _host_unregister(self, base: int) -> None:
@@ -185,7 +186,7 @@ class DeviceCopier:
 
     def close(self) -> None:
         """Waits for every copy in flight and unregisters the memory (before it is unmapped). Idempotent."""
-        self.stream.synchronize()
+        wait_for_stream(self.stream)
         for base in list(self._registered):
             del self._registered[base]
             self._host_unregister(base)
