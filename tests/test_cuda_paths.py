@@ -449,3 +449,32 @@ def test_central_inference_defaults_are_the_same_however_the_device_is_given(dev
         assert given.env_groups == given.passes_in_flight == GPU_ENV_GROUPS
     else:
         assert given.passes_in_flight == 1
+
+
+def test_workers_that_would_each_make_a_cuda_context_are_told_of_the_cost() -> None:
+    # The fault it catches: N workers each building a CUDA context (GPU memory apiece) without a word.
+    from acollect._worker.protocol import WorkerConfig
+    from acollect.collectors._multi_base import cuda_contexts_warning
+
+    def configs(n: int, **devices: str) -> list[WorkerConfig]:
+        return [WorkerConfig(i, 0, n, "", 0, None, devices=dict(devices)) for i in range(n)]
+
+    message = cuda_contexts_warning(configs(3, policy_device="cuda:0"), None)
+    assert message is not None
+    assert message.startswith("3 workers would each run on CUDA (cuda:0)")
+    assert "GPU memory" in message
+    assert "AsyncBatchedCollector" in message
+    assert cuda_contexts_warning(configs(3, env_device="cuda"), None) is not None, "an env on the GPU makes one too"
+    assert cuda_contexts_warning(configs(3, device="cpu"), None) is None
+    assert cuda_contexts_warning(configs(1, device="cuda"), None) is None, "one context is what any GPU user has"
+    # A worker's policy runs where its parameters are unless a device says otherwise.
+    assert cuda_contexts_warning(configs(2), torch.nn.Linear(1, 1)) is None
+    assert cuda_contexts_warning(configs(2, policy_device="cpu"), torch.nn.Linear(1, 1, device="meta")) is None
+
+
+@pytest.mark.gpu
+async def test_a_worker_collector_whose_workers_each_run_a_cuda_policy_warns_at_construction() -> None:
+    policy = TensorDictModule(Constant(size=8).to("cuda"), in_keys=["observation"], out_keys=["action"])
+    with pytest.warns(UserWarning, match="2 workers would each run on CUDA"):
+        collector = MultiSyncCollector([functools.partial(CountingEnv, num_envs=2)] * 2, policy, frames_per_batch=8)
+    await collector.async_shutdown()

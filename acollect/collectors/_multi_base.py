@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
-from acollect._devices import cuda_ready, with_index
+from acollect._devices import cuda_ready, module_device, with_index
 from acollect._policy import PolicyLike
 from acollect._pool import Received, WorkerPool, WorkerState
 from acollect._pool.settings import PoolSettings
@@ -54,6 +54,43 @@ def _params_of(name: str, source: object) -> TensorDictBase:
     return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
+def cuda_contexts_warning(configs: Sequence[WorkerConfig], policy: object) -> str | None:
+    """What to tell a user whose workers would each run the policy or env on CUDA (``None``: at most one would).
+
+    Each such worker creates a CUDA context of its own: GPU memory apiece before any weights, and passes that take
+    turns on the GPU. One server batching every worker's observations (``AsyncBatchedCollector``) is the usual answer.
+
+    Examples:
+        >>> from acollect._worker.protocol import WorkerConfig
+        >>> on_gpu = [WorkerConfig(i, 0, 2, "", 0, None, devices={"device": "cuda"}) for i in range(2)]
+        >>> cuda_contexts_warning(on_gpu, None).split(":")[0]
+        '2 workers would each run on CUDA (cuda)'
+        >>> cuda_contexts_warning(on_gpu[:1], None) is None
+        True
+    """
+    params = module_device(policy)
+    found: set[str] = set()
+    n = 0
+    for config in configs:
+        devices = config.devices
+        wanted = [devices.get(name) or devices.get("device") for name in ("policy_device", "env_device")]
+        if wanted[0] is None and params is not None:
+            wanted[0] = params  # a worker's policy runs where its parameters are, unless told otherwise
+        cuda = {str(device) for device in wanted if device is not None and torch.device(device).type == "cuda"}
+        if cuda:
+            n += 1
+            found |= cuda
+    if n < 2:
+        return None
+    return (
+        f"{n} workers would each run on CUDA ({', '.join(sorted(found))}): each creates a CUDA context of its own, "
+        "several hundred MB of GPU memory apiece before the policy's weights (not yet measured on a GPU by acollect), "
+        "and their forward passes take turns on the GPU. AsyncBatchedCollector runs one copy of the policy on the GPU "
+        "for every worker and batches their observations into one pass; or run the workers' policy on the CPU "
+        "(policy_device='cpu')."
+    )
+
+
 def _ready(models: Mapping[str, TensorDictBase]) -> tuple[Any, ...]:
     """What the calling thread queued on its CUDA streams before a push (a trainer's optimizer step on a side stream):
     the weights are copied to the host on another thread, whose streams nothing orders after the caller's."""
@@ -80,6 +117,9 @@ class MultiCollectorBase(CollectorBase):
         plan = self._plan(create_env_fn_list)
         super().__init__(batch=plan.batch, total_frames=settings.total_frames, progress=settings.progress)
         self._configs = plan.configs
+        many_contexts = cuda_contexts_warning(plan.configs, self._worker_policy()[0])
+        if many_contexts is not None:
+            warn(many_contexts)
         # worker_affinity="auto": the trainer's threads on the cores the workers left, while the workers run.
         self._trainer_pin = TrainerPin(plan.affinity.trainer)
         self._shutdown_limit = settings.shutdown_timeout
