@@ -11,8 +11,9 @@ Parts (each a few tens of seconds; contenders alternate, as everywhere in benchm
 
 * ``handout``: ``MultiAsyncCollector``, ``--workers`` x 16 :class:`~acollect.testing.PixelEnv` (84x84x4 uint8, no
   step cost), random actions in the workers, batches of one worker's ``[16, 16]``: lent (the default), copied
-  (``copy_batches=True``), and written to the GPU (``storing_device="cuda"``, by DMA) against the CPU hand-out
-  followed by the caller's own ``.to("cuda")``;
+  (``copy_batches=True``), and written to the GPU (``storing_device="cuda"``: by default ``.to`` on the caller's
+  stream; with ``cuda_dma=True`` by DMA from registered memory) against the CPU hand-out followed by the caller's own
+  ``.to("cuda")``;
 * ``pass``: the Nature CNN's pass measured bare in this process (B=128 and 224: pageable copy + forward + actions
   back; the same from page-locked memory; the forward alone; the forward as a CUDA graph), against the inference
   server's own ``forward_ms_mean`` over the same workload (``AsyncBatchedCollector``, the CNN on cuda);
@@ -88,8 +89,11 @@ async def handout(args: argparse.Namespace) -> dict[str, Any]:
         ),
     }
     if cuda():
-        contenders["storing_device='cuda' (DMA)"] = lambda: _rate(
+        contenders["storing_device='cuda' (the default: .to on the caller's stream)"] = lambda: _rate(
             MultiAsyncCollector(env, None, storing_device="cuda", **common), args.seconds
+        )
+        contenders["storing_device='cuda', cuda_dma=True (registered, DMA)"] = lambda: _rate(
+            MultiAsyncCollector(env, None, storing_device="cuda", cuda_dma=True, **common), args.seconds
         )
         contenders["lent, then the caller's .to('cuda')"] = lambda: _rate(
             MultiAsyncCollector(env, None, **common), args.seconds, to_cuda=True
