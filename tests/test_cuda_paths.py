@@ -44,6 +44,8 @@ class SlowCounterPolicy(torch.nn.Module):
 
 @pytest.mark.parametrize("policy_device", DEVICES)
 async def test_the_env_steps_with_the_action_the_batch_records(policy_device: str) -> None:
+    # The fault it catches: an env stepping with an action whose device-to-host copy had not landed (the
+    # policy's GPU work takes a millisecond a step): the echoed action would differ from the recorded one.
     policy = TensorDictModule(SlowCounterPolicy().to(policy_device), in_keys=["observation"], out_keys=["action"])
     env = functools.partial(GymEnv, functools.partial(EchoGymEnv, N_ACTIONS), num_envs=4)
     async with Collector(env, policy, frames_per_batch=64, total_frames=64 * 20, env_device="cpu") as collector:
@@ -112,6 +114,8 @@ class WideConstant(torch.nn.Module):
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_a_pass_right_after_a_weight_push_answers_with_the_new_weights(device: str) -> None:
+    # The fault it catches: a pass on a lane's stream reading weights whose copy (queued behind the
+    # caller's busy stream) had not all landed.
     policy = TensorDictModule(WideConstant(0.0), in_keys=["observation"], out_keys=["action"])
     obs = TensorDict({"observation": torch.zeros(8, 1)}, batch_size=[8])
     async with InferenceServer(policy, device=device, mode="thread", max_wait=0.0) as server:
@@ -148,6 +152,8 @@ def _written_on_a_side_stream(module: torch.nn.Module, value: float) -> Iterator
 @pytest.mark.parametrize("mode", ["thread", "process"])
 @pytest.mark.parametrize("device", DEVICES)
 async def test_weights_a_trainer_wrote_on_a_side_stream_are_read_once_written(mode: str, device: str) -> None:
+    # The fault it catches: the server copying weights the trainer was still writing on a side
+    # stream (its streams not ordered after the trainer's).
     # The server's copy of the weights (on its own streams) must wait for the trainer's write on its stream.
     policy = TensorDictModule(WideConstant(0.0), in_keys=["observation"], out_keys=["action"])
     obs = TensorDict({"observation": torch.zeros(8, 1)}, batch_size=[8])
@@ -174,6 +180,8 @@ class Constant(torch.nn.Module):
 
 @pytest.mark.parametrize("device", DEVICES)
 async def test_an_in_process_collector_reads_pushed_weights_once_written(device: str) -> None:
+    # The fault it catches: the rollout thread reading weights the trainer was still writing on a
+    # side stream.
     trainer = Constant().to(device)
     policy = TensorDictModule(Constant().to(device), in_keys=["observation"], out_keys=["action"])
     env = functools.partial(CountingEnv, num_envs=2)
@@ -220,6 +228,8 @@ async def test_a_worker_collector_pushes_weights_once_the_trainer_wrote_them(kin
 async def test_infer_takes_observations_on_any_device_and_answers_on_theirs(
     server_device: str, input_device: str, mode: str
 ) -> None:
+    # The fault it catches: infer() reading GPU observations made on the caller's side stream
+    # before they were written, or answering on another device than theirs.
     from acollect.testing import Doubler
 
     policy = TensorDictModule(Doubler(), in_keys=["observation"], out_keys=["action"])
@@ -251,6 +261,8 @@ def _worker_of(batch: TensorDict, envs_per_worker: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", [MultiSyncCollector, MultiAsyncCollector])
 @pytest.mark.parametrize("device", DEVICES)
 async def test_small_batches_stored_on_a_device_keep_their_values_and_pin_nothing(kind: type, device: str) -> None:
+    # The fault it catches: heap memory (message frames, gathered parts)
+    # freed or reused before its copy to the device read it, or registered with CUDA.
     # Heap memory only (frames through ZeroMQ, gathered into fresh memory): nothing may be registered with CUDA.
     envs = [functools.partial(CountingEnv, num_envs=4, episode_length=7, start=w * 4 * ENV_STRIDE,
                               dtype=torch.float64) for w in range(2)]  # fmt: skip
@@ -304,6 +316,8 @@ async def test_pixel_batches_keep_their_values_on_the_storing_device(device: str
 
 @pytest.mark.gpu
 def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_are_mapped() -> None:
+    # The fault it catches: (cuda_dma) heap memory registered, or a
+    # segment left registered after it was unmapped.
     from acollect.transport._cuda_dma import DeviceCopier
     from acollect.transport._shm import ShmSegment
 
@@ -337,6 +351,8 @@ def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_ar
 
 @pytest.mark.gpu
 def test_a_copy_in_flight_holds_its_source_until_copied() -> None:
+    # The fault it catches: (cuda_dma) the source memory given back (and written) before the DMA
+    # copy queued behind GPU work read it.
     from acollect.transport._cuda_dma import DeviceCopier
     from acollect.transport._shm import ShmSegment
 
@@ -384,6 +400,8 @@ def test_a_refused_registration_is_a_clear_error_naming_the_default() -> None:
 
 
 def test_the_segment_map_is_safe_to_read_while_other_threads_map_and_close() -> None:
+    # The fault it catches: the map from addresses to segments torn by threads
+    # mapping and closing segments while the copier looks one up.
     import threading
 
     from acollect.transport._shm import ShmSegment
@@ -415,6 +433,7 @@ def test_the_segment_map_is_safe_to_read_while_other_threads_map_and_close() -> 
 
 
 def test_a_wait_for_another_threads_gpu_work_has_a_deadline() -> None:
+    # The fault it catches: a thread waiting for ever on GPU work that never ends.
     from acollect._devices import wait_ready
 
     class Never:
@@ -474,6 +493,8 @@ def test_workers_that_would_each_make_a_cuda_context_are_told_of_the_cost() -> N
 
 @pytest.mark.gpu
 async def test_a_worker_collector_whose_workers_each_run_a_cuda_policy_warns_at_construction() -> None:
+    # The fault it catches: the warning missing where it matters, a real
+    # collector whose workers would each make a CUDA context.
     policy = TensorDictModule(Constant(size=8).to("cuda"), in_keys=["observation"], out_keys=["action"])
     with pytest.warns(UserWarning, match="2 workers would each run on CUDA"):
         collector = MultiSyncCollector([functools.partial(CountingEnv, num_envs=2)] * 2, policy, frames_per_batch=8)
