@@ -14,12 +14,19 @@ A collector accepts
 :func:`wrap_policy` turns each into a :class:`PolicyAdapter`, whose call
 returns a small ``{key: tensor}`` mapping of the policy's outputs. The plain
 module path never touches a TensorDict, which keeps the hot loop lean.
+
+A policy that fails because an observation's float dtype is not its parameters'
+(a float64 observation meeting a float32 ``nn.Linear``) raises a
+:class:`~acollect.errors.PolicyError` naming the key, both dtypes and the fix
+(:func:`dtype_mismatch`), in place of torch's ``mat1 and mat2 must have the same
+dtype``; the ``try`` around the call costs nothing until it raises.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -42,6 +49,7 @@ __all__ = [
     "TensorDictPolicy",
     "build_policy",
     "check_policy_outputs",
+    "dtype_mismatch",
     "parse_exploration_type",
     "unseeded_generator",
     "wrap_policy",
@@ -53,6 +61,64 @@ PolicyLike = TensorDictModuleBase | torch.nn.Module | Callable[[TensorDictBase],
 
 def _as_tuple(key: NestedKey) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
+
+
+# What torch says when a float dtype meets another: "mat1 and mat2 must have the same dtype", "Input type
+# (double) and bias type (float) should be the same", "mixed dtype (CPU): all inputs must share same datatype",
+# "RNN input dtype (torch.float64) does not match weight dtype", "expected scalar type Float but found Double".
+_DTYPE_WORDS = re.compile(r"dtype|datatype|scalar type|type \(", re.IGNORECASE)
+
+
+def _parameters_dtype(module: object) -> torch.dtype:
+    """The float dtype of ``module``'s parameters (torch's default where it has none: a plain callable)."""
+    if isinstance(module, torch.nn.Module):
+        for tensor in (*module.parameters(), *module.buffers()):
+            if tensor.is_floating_point():
+                return tensor.dtype
+    return torch.get_default_dtype()
+
+
+def dtype_mismatch(exc: Exception, inputs: Iterable[tuple[NestedKey, object]], module: object) -> PolicyError | None:
+    """The :class:`~acollect.errors.PolicyError` to raise for ``exc`` where it is a float dtype mismatch between an
+    observation in ``inputs`` and ``module``'s parameters; ``None`` where it is anything else.
+
+    Examples:
+        >>> net = torch.nn.Linear(3, 2)
+        >>> obs = torch.zeros(4, 3, dtype=torch.float64)
+        >>> try:
+        ...     net(obs)
+        ... except RuntimeError as exc:
+        ...     print(dtype_mismatch(exc, [("observation", obs)], net))  # doctest: +ELLIPSIS
+        the policy cannot read 'observation' of dtype torch.float64: its parameters are torch.float32 (...
+    """
+    if not isinstance(exc, (RuntimeError, ValueError)) or not _DTYPE_WORDS.search(str(exc)):
+        return None
+    expected = _parameters_dtype(module)
+    odd = [
+        (key, value.dtype)
+        for key, value in inputs
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != expected
+    ]
+    if not odd:
+        return None
+    key, got = odd[0]
+    name = key if isinstance(key, str) else key[0] if len(key) == 1 else tuple(key)
+    if got == torch.float64 and expected == torch.float32:
+        fix = (
+            "Make the observations float32 where the env makes them: a gymnasium env through GymEnv does so by "
+            "default (double_to_float=True); a TorchRL env takes the DoubleToFloat() transform; an env of your own "
+            "declares float32 in its observation_spec. Or cast in the policy: observation.float()."
+        )
+    else:
+        fix = (
+            f"Make the observations {expected} where the env makes them (its observation_spec), or cast in the "
+            f"policy: observation.to({expected}); or make the policy {got}: policy.to({got})."
+        )
+    more = f" ({len(odd) - 1} more keys too)" if len(odd) > 1 else ""
+    return PolicyError(
+        f"the policy cannot read {name!r} of dtype {got}{more}: its parameters are {expected} "
+        f"({type(exc).__name__} from the policy: {exc}). {fix}"
+    )
 
 
 class PolicyAdapter:
@@ -169,7 +235,14 @@ class TensorDictPolicy(PolicyAdapter):
         self.out_keys: list[NestedKey] = list(module.out_keys)
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
-        out = self.module(td)
+        try:
+            out = self.module(td)
+        except (RuntimeError, ValueError) as exc:
+            keys = getattr(self.module, "in_keys", ())
+            error = dtype_mismatch(exc, ((k, td.get(k, None)) for k in keys), self.module)
+            if error is None:
+                raise
+            raise error from exc
         if out is None:
             out = td
         found = {}
@@ -191,10 +264,16 @@ class ModulePolicy(PolicyAdapter):
         self._single = self.in_keys[0] if len(self.in_keys) == 1 else None
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
-        if self._single is not None:
-            action = self.module(td.get(self._single))
-        else:
-            action = self.module(*(td.get(k) for k in self.in_keys))
+        try:
+            if self._single is not None:
+                action = self.module(td.get(self._single))
+            else:
+                action = self.module(*(td.get(k) for k in self.in_keys))
+        except (RuntimeError, ValueError) as exc:
+            error = dtype_mismatch(exc, ((k, td.get(k, None)) for k in self.in_keys), self.module)
+            if error is None:
+                raise
+            raise error from exc
         if not isinstance(action, torch.Tensor):
             raise PolicyError(
                 f"{type(self.module).__name__}.forward returned {type(action).__name__}: a plain nn.Module "
@@ -214,7 +293,13 @@ class CallablePolicy(PolicyAdapter):
         self.out_keys: list[NestedKey] | None = None
 
     def __call__(self, td: TensorDictBase) -> dict[NestedKey, torch.Tensor]:
-        out = self.module(td)
+        try:
+            out = self.module(td)
+        except (RuntimeError, ValueError) as exc:
+            error = dtype_mismatch(exc, ((k, td.get(k, None)) for k in sorted(self._input_keys)), self.module)
+            if error is None:
+                raise
+            raise error from exc
         if not isinstance(out, TensorDictBase):
             out = td if out is None else out
         if not isinstance(out, TensorDictBase):

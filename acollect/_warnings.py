@@ -21,7 +21,17 @@ import traceback
 import types
 import warnings
 
-__all__ = ["KeptWarnings", "emit", "warn", "warn_unclosed"]
+__all__ = ["ActionSpaceWarning", "KeptWarnings", "emit", "warn", "warn_unclosed"]
+
+
+class ActionSpaceWarning(UserWarning):
+    """A policy's continuous actions left the env's action space (said once per env; what is stored is unchanged).
+
+    A discrete action outside its space is an error (:class:`~acollect.errors.PolicyError`): gymnasium refuses it.
+    A continuous one is the env's to clip or not, and a Gaussian policy's samples leave their bounds by design, so
+    it is stored as the policy wrote it and said once, as this warning.
+    """
+
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _local = threading.local()

@@ -16,6 +16,12 @@ that no vector wrapper covers) is not stepped through its ``step()`` at all:
 its sub-envs are stepped one by one straight into the TensorDicts, and a
 finished one is reset at once (:mod:`acollect.envs._gym_step`), which is
 cheaper and needs none of the above.
+
+Dtypes: a float64 ``Box`` observation (every MuJoCo env's) is stored as float32
+unless ``double_to_float=False``: a torch policy's parameters are float32, and a
+float64 observation meeting them fails inside the policy's first layer. A
+continuous action outside its ``Box`` is stored as the policy wrote it and passed
+on as it is; the first such step warns (:class:`~acollect.envs._gym_step.ActionBounds`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from tensordict import TensorDictBase
 from acollect.envs._base import DONE_KEYS, EnvBase
 from acollect.envs._envpool import is_envpool_env
 from acollect.envs._gym_spaces import observation_layout, pick_leaf, space_to_spec
-from acollect.envs._gym_step import Binding, reshape_action, step_sub_envs
+from acollect.envs._gym_step import ActionBounds, Binding, reshape_action, step_sub_envs
 from acollect.envs._versions import installed_release
 from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import (
@@ -65,6 +71,9 @@ class GymEnv(EnvBase):
             (:class:`~acollect.specs.Categorical`) when True, a one-hot vector
             (:class:`~acollect.specs.OneHot`) when False.
         device: where the env's tensors live.
+        double_to_float: store float64 ``Box`` observations (MuJoCo's) as float32, the dtype of a torch policy's
+            parameters (``observation_spec`` says so, and every batch holds float32); ``False`` keeps float64, for
+            a float64 policy.
         **kwargs: passed to ``gymnasium.make`` for each sub-env (id only).
 
     Raises:
@@ -82,6 +91,16 @@ class GymEnv(EnvBase):
         >>> nxt["reward"].shape, nxt["done"].dtype
         (torch.Size([4, 1]), torch.bool)
         >>> env.close()
+        >>> from gymnasium.wrappers import TransformObservation
+        >>> def pendulum64():  # float64 observations, as every MuJoCo env's
+        ...     box = gym.spaces.Box(-8.0, 8.0, (3,), dtype=np.float64)
+        ...     return TransformObservation(gym.make("Pendulum-v1"), lambda obs: obs.astype(np.float64), box)
+        >>> with GymEnv(pendulum64) as env:
+        ...     env.reset()["observation"].dtype
+        torch.float32
+        >>> with GymEnv(pendulum64, double_to_float=False) as env:
+        ...     env.reset()["observation"].dtype
+        torch.float64
     """
 
     def __init__(
@@ -92,6 +111,7 @@ class GymEnv(EnvBase):
         vectorization: str = "sync",
         categorical_action_encoding: bool = True,
         device: str | torch.device = "cpu",
+        double_to_float: bool = True,
         **kwargs: Any,
     ) -> None:
         self._env: Any = None
@@ -102,6 +122,8 @@ class GymEnv(EnvBase):
             raise ConfigurationError.bad_value("vectorization", vectorization, "'sync' or 'async'")
         if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1):
             raise ConfigurationError.bad_value("num_envs", num_envs, "a positive int")
+        if not isinstance(double_to_float, bool):
+            raise ConfigurationError.bad_value("double_to_float", double_to_float, "True or False")
         self.device = torch.device(device)
         if is_envpool_env(env):
             raise ConfigurationError.bad_value(
@@ -135,7 +157,9 @@ class GymEnv(EnvBase):
 
         self.batch_size = torch.Size([n])
         try:
-            self.observation_spec, self._leaves = observation_layout(obs_space, self.device)
+            self.observation_spec, self._leaves = observation_layout(
+                obs_space, self.device, double_to_float=double_to_float
+            )
             self.action_spec = space_to_spec(act_space, categorical=categorical_action_encoding, device=self.device)
             if not isinstance(self.action_spec, TensorSpec):
                 raise ConfigurationError.bad_value("action_space", act_space, "a single (non Dict/Tuple) space")
@@ -148,6 +172,8 @@ class GymEnv(EnvBase):
         self.reward_spec = Unbounded((1,), dtype=torch.float32, device=self.device)
         self._one_hot = isinstance(self.action_spec, OneHot)
         self._action_shape = (n, *self.action_spec.shape)
+        # Dropped once it has warned: one warning per env, and no check in the steps after it.
+        self._bounds = ActionBounds.of(self.action_spec, self._action_shape)
         self._flat_obs = len(self._leaves) == 1 and self._leaves[0].path == ()
         # A plain SyncVectorEnv (not a subclass, not wrapped: nothing of its own to run) is stepped sub-env by
         # sub-env here, which is cheaper than its step() and needs no autoreset handling (see gym_step).
@@ -218,6 +244,9 @@ class GymEnv(EnvBase):
         given = act
         if self._one_hot:
             act = act.argmax(-1)
+        elif self._bounds is not None and not self._bounds.holds(act):
+            self._bounds.warn(act)
+            self._bounds = None
         # No check per step: a try costs nothing until it raises, and an env that refuses an action (gymnasium's
         # own assert `action_space.contains(action)`) is then told apart from one that broke for its own reasons.
         try:

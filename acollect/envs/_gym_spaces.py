@@ -7,6 +7,7 @@ specs; the private helpers flatten a nested observation space into the leaves th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,13 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
 
 
-def space_to_spec(space: spaces.Space[Any], *, categorical: bool = True, device: str | torch.device = "cpu") -> Any:
+def space_to_spec(
+    space: spaces.Space[Any],
+    *,
+    categorical: bool = True,
+    device: str | torch.device = "cpu",
+    double_to_float: bool = False,
+) -> Any:
     """Converts a gymnasium space (of one sub-env) to a spec.
 
     Args:
@@ -44,6 +51,8 @@ def space_to_spec(space: spaces.Space[Any], *, categorical: bool = True, device:
         categorical: map ``Discrete`` to :class:`~acollect.specs.Categorical`
             (an int64 index) when True, to :class:`~acollect.specs.OneHot` otherwise.
         device: device of the tensors the spec builds.
+        double_to_float: a float64 ``Box`` (MuJoCo's observations) becomes a float32 spec, the dtype of a torch
+            module's parameters; the values are cast as they are written (:class:`~acollect.envs.GymEnv`).
 
     Returns:
         A :class:`~acollect.specs.TensorSpec`, or a :class:`~acollect.specs.Composite`
@@ -58,13 +67,16 @@ def space_to_spec(space: spaces.Space[Any], *, categorical: bool = True, device:
         Categorical(shape=(), dtype=torch.int64, n=3)
         >>> space_to_spec(spaces.Tuple((spaces.Discrete(2), spaces.MultiBinary(3))))["1"]
         Binary(shape=(3,), dtype=torch.int8)
+        >>> space_to_spec(spaces.Box(-1.0, 1.0, (17,), dtype=np.float64), double_to_float=True).dtype
+        torch.float32
     """
     if isinstance(space, spaces.Box):
+        dtype = _torch_dtype(space.dtype)
         return Bounded(
             low=torch.from_numpy(np.asarray(space.low, dtype=np.float64)),
             high=torch.from_numpy(np.asarray(space.high, dtype=np.float64)),
             shape=space.shape,
-            dtype=_torch_dtype(space.dtype),
+            dtype=torch.float32 if double_to_float and dtype == torch.float64 else dtype,
             device=device,
         )
     if isinstance(space, spaces.Discrete):
@@ -80,12 +92,11 @@ def space_to_spec(space: spaces.Space[Any], *, categorical: bool = True, device:
         )
     if isinstance(space, spaces.MultiBinary):
         return Binary(tuple(space.shape), dtype=_torch_dtype(space.dtype), device=device)
+    nested = functools.partial(space_to_spec, categorical=categorical, device=device, double_to_float=double_to_float)
     if isinstance(space, spaces.Dict):
-        return Composite({str(k): space_to_spec(v, categorical=categorical, device=device) for k, v in space.items()})
+        return Composite({str(k): nested(v) for k, v in space.items()})
     if isinstance(space, spaces.Tuple):
-        return Composite(
-            {str(i): space_to_spec(v, categorical=categorical, device=device) for i, v in enumerate(space.spaces)}
-        )
+        return Composite({str(i): nested(v) for i, v in enumerate(space.spaces)})
     raise ConfigurationError.bad_value(
         "space", space, "a gymnasium Box, Discrete, MultiDiscrete, MultiBinary, or a Dict/Tuple of these"
     )
@@ -107,16 +118,22 @@ def _leaves(space: spaces.Space[Any], key: tuple[str, ...], path: tuple[Any, ...
     return [ObsLeaf(key, path)]
 
 
-def observation_layout(space: spaces.Space[Any], device: torch.device) -> tuple[Composite, list[ObsLeaf]]:
-    """The observation spec and its leaves: Dict keys at the top, anything else under ``"observation"``."""
+def observation_layout(
+    space: spaces.Space[Any], device: torch.device, *, double_to_float: bool = False
+) -> tuple[Composite, list[ObsLeaf]]:
+    """The observation spec and its leaves: Dict keys at the top, anything else under ``"observation"``.
+
+    ``double_to_float``: float64 ``Box`` leaves get float32 specs (see :func:`space_to_spec`).
+    """
     if isinstance(space, spaces.Dict):
         clash = sorted(str(k) for k in space.keys() if str(k) in _RESERVED_KEYS)
         if clash:
             raise ConfigurationError.bad_value(
                 "observation_space keys", clash, f"no key among the reserved {sorted(_RESERVED_KEYS)}"
             )
-        return space_to_spec(space, device=device), _leaves(space, (), ())
-    return Composite(observation=space_to_spec(space, device=device)), _leaves(space, ("observation",), ())
+        return space_to_spec(space, device=device, double_to_float=double_to_float), _leaves(space, (), ())
+    spec = space_to_spec(space, device=device, double_to_float=double_to_float)
+    return Composite(observation=spec), _leaves(space, ("observation",), ())
 
 
 def pick_leaf(obs: Any, path: tuple[Any, ...]) -> Any:
