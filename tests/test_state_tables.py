@@ -1,4 +1,4 @@
-"""Every state machine's one table: complete, shown in docs/concepts.md as it is, and the only way its state moves.
+"""Every state machine's one table: complete, shown in the docs as it is, and the only way its state moves.
 
 To refresh the page after changing a table: ``python tests/test_state_tables.py``.
 """
@@ -20,27 +20,36 @@ from acollect._worker.protocol import WorkerConfig
 from acollect._worker.state import WORKER_PROCESS, LoopState, WorkerLoopState
 
 ROOT = Path(__file__).resolve().parents[1]
-CONCEPTS = ROOT / "docs" / "concepts.md"
-#: marker name in docs/concepts.md -> its table (the collector lifecycle keeps its own markers: test_lifecycle_table)
-TABLES: dict[str, StateTable] = {"worker": WORKER, "worker-pool": POOL, "worker-process": WORKER_PROCESS}
+#: marker name -> its table and the page that shows it (the collector lifecycle keeps its own markers:
+#: test_lifecycle_table). A user reads the workers' states (collector.worker_states); the others are internals.
+TABLES: dict[str, tuple[StateTable, Path]] = {
+    "worker": (WORKER, ROOT / "docs" / "concepts.md"),
+    "worker-pool": (POOL, ROOT / "docs" / "architecture.md"),
+    "worker-process": (WORKER_PROCESS, ROOT / "docs" / "architecture.md"),
+}
 
 
-def render_page(page: str) -> str:
-    """``page`` with every table between its markers regenerated."""
-    for name, table in TABLES.items():
+def render_page(page: str, path: Path) -> str:
+    """``page`` (the text of ``path``) with every table it shows regenerated between its markers."""
+    for name, (table, where) in TABLES.items():
+        if where != path:
+            continue
         block = re.compile(rf"(<!-- state-table:{name}:start[^\n]*-->\n)(.*?)(<!-- state-table:{name}:end -->)", re.S)
         match = block.search(page)
-        assert match is not None, f"docs/concepts.md lost its state-table:{name} markers"
+        assert match is not None, f"{path.name} lost its state-table:{name} markers"
         page = page[: match.start(2)] + table.markdown() + page[match.end(2) :]
     return page
 
 
-def test_docs_show_every_table_as_it_is() -> None:
-    page = CONCEPTS.read_text(encoding="utf-8")
-    assert render_page(page) == page, "docs/concepts.md's state tables differ: run `python tests/test_state_tables.py`"
+@pytest.mark.parametrize("path", sorted({where for _, where in TABLES.values()}), ids=lambda p: p.name)
+def test_docs_show_every_table_as_it_is(path: Path) -> None:
+    page = path.read_text(encoding="utf-8")
+    assert render_page(page, path) == page, (
+        f"{path.name}'s state tables differ: run `python tests/test_state_tables.py`"
+    )
 
 
-@pytest.mark.parametrize("table", [LIFECYCLE, *TABLES.values()], ids=lambda t: t.name)
+@pytest.mark.parametrize("table", [LIFECYCLE, *(table for table, _ in TABLES.values())], ids=lambda t: t.name)
 def test_every_state_means_something_and_every_one_but_the_last_can_end(table: StateTable) -> None:
     assert set(table.meanings) == set(table.states)
     finals = [s for s in table.states if not table.transitions[s]]
@@ -162,7 +171,8 @@ def test_a_stateful_objects_fields_are_private_and_its_public_names_read_only(ow
 
 
 if __name__ == "__main__":
-    CONCEPTS.write_text(render_page(CONCEPTS.read_text(encoding="utf-8")), encoding="utf-8")
+    for page_path in {where for _, where in TABLES.values()}:
+        page_path.write_text(render_page(page_path.read_text(encoding="utf-8"), page_path), encoding="utf-8")
     sys.exit(0)
 
 
