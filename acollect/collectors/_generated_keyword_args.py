@@ -152,8 +152,9 @@ cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each 
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
-num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
-    count). Defaults to ``None``.
+num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory. Default: the usable
+    cores (``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a
+    core of its own while they collect; every usable core where the workers run elsewhere. Defaults to ``None``.
 worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
     process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
     (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core
@@ -474,8 +475,9 @@ cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each 
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
-num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
-    count). Defaults to ``None``.
+num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory. Default: the usable
+    cores (``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a
+    core of its own while they collect; every usable core where the workers run elsewhere. Defaults to ``None``.
 """,
     "DistributedSyncCollector": """\
 frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
@@ -594,8 +596,9 @@ cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each 
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
-num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
-    count). Defaults to ``None``.
+num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory. Default: the usable
+    cores (``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a
+    core of its own while they collect; every usable core where the workers run elsewhere. Defaults to ``None``.
 """,
     "MultiAsyncCollector": """\
 frames_per_batch (int): frames in each batch handed out: from every worker together where a batch holds a part
@@ -713,8 +716,9 @@ cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each 
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
-num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
-    count). Defaults to ``None``.
+num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory. Default: the usable
+    cores (``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a
+    core of its own while they collect; every usable core where the workers run elsewhere. Defaults to ``None``.
 worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
     process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
     (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core
@@ -839,8 +843,9 @@ cuda_dma (bool): with a CUDA ``storing_device``: ``False`` (default) moves each 
 filter_worker_warnings (bool): ignore Python warnings inside the workers (an env's deprecation warnings,
     repeated by every worker, would drown the trainer's output); ``False`` lets them through to the workers'
     stderr. Defaults to ``True``.
-num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory (default: the CPU
-    count). Defaults to ``None``.
+num_workers (int | None): the number of workers where ``create_env_fn_list`` is one factory. Default: the usable
+    cores (``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a
+    core of its own while they collect; every usable core where the workers run elsewhere. Defaults to ``None``.
 worker_affinity (str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None): the cores each worker
     process runs on (Linux; refused where ``os.sched_setaffinity`` is missing, such as macOS). ``None``
     (default): nothing is pinned, the OS places every process. ``"auto"``: worker ``i`` gets the ``i``-th core

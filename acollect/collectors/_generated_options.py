@@ -247,7 +247,9 @@ class NumWorkersOption(TypedDict, total=False):
     ``MultiAsyncCollector``, ``MultiSyncCollector``: not by every collector with worker processes.
     """
 
-    #: the number of workers where ``create_env_fn_list`` is one factory (default: the CPU count).
+    #: the number of workers where ``create_env_fn_list`` is one factory. Default: the usable cores
+    #: (``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a core of
+    #: its own while they collect; every usable core where the workers run elsewhere.
     num_workers: int | None
 
 

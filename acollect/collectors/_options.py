@@ -557,7 +557,9 @@ class WorkerSettings(ProcessSettings):
 
     num_workers: int | None = option(
         None, check=_int(1, optional=True),
-        doc="the number of workers where ``create_env_fn_list`` is one factory (default: the CPU count).",
+        doc="the number of workers where ``create_env_fn_list`` is one factory. Default: the usable cores "
+        "(``os.sched_getaffinity``) less one, at least 1, for workers on this host, so that the trainer keeps a core "
+        "of its own while they collect; every usable core where the workers run elsewhere.",
     )  # fmt: skip
     worker_affinity: str | list[frozenset[int]] | None = option(
         None, check=check_worker_affinity, accepts="str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from acollect._affinity import AffinityPlan, plan_affinity
+from acollect._affinity import AffinityPlan, plan_affinity, usable_cores
 from acollect._devices import check_device
 from acollect._policy import PolicyLike
 from acollect._rollout.batch_plan import BatchPlan
@@ -34,13 +34,35 @@ __all__ = [
     "check_env_args",
     "collector_storing_device",
     "configured_num_envs",
+    "default_num_workers",
     "env_fns",
     "plan_workers",
 ]
 
 
-def env_fns(create_env_fn_list: Any, num_workers: int | None) -> list[Any]:
-    """One env factory per worker: the list given, or one factory repeated ``num_workers`` times."""
+def default_num_workers(*, beside_trainer: bool = True) -> int:
+    """The workers a collector starts where ``num_workers`` is not given: one per usable core, but one.
+
+    Usable cores are those this process may run on (``os.sched_getaffinity``: a container's or ``taskset``'s
+    limit, not the machine's count). Workers on this host (``beside_trainer``) leave the trainer a core of its own,
+    since they collect while it trains (background mode, collect-ahead, run-ahead): beside every core taken, a
+    trainer on 2 cores kept a fraction of the steps it kept beside one worker (docs/background.md). Workers
+    elsewhere (another host's launcher, workers started by hand) take every core this host counts.
+
+    Examples:
+        >>> from acollect._affinity import usable_cores
+        >>> default_num_workers() == max(1, len(usable_cores()) - 1)
+        True
+        >>> default_num_workers(beside_trainer=False) == len(usable_cores())
+        True
+    """
+    cores = len(usable_cores())
+    return max(1, cores - 1) if beside_trainer else cores
+
+
+def env_fns(create_env_fn_list: Any, num_workers: int | None, *, beside_trainer: bool = True) -> list[Any]:
+    """One env factory per worker: the list given, or one factory repeated ``num_workers`` times (default:
+    :func:`default_num_workers`)."""
     if isinstance(create_env_fn_list, (list, tuple)):
         fns = list(create_env_fn_list)
         if not fns:
@@ -54,7 +76,7 @@ def env_fns(create_env_fn_list: Any, num_workers: int | None) -> list[Any]:
             raise ConfigurationError.bad_value(
                 "create_env_fn_list", None, "a list of env factories, or one env factory / gymnasium id"
             )
-        fns = [create_env_fn_list] * (num_workers or os.cpu_count() or 1)
+        fns = [create_env_fn_list] * (num_workers or default_num_workers(beside_trainer=beside_trainer))
     for i, fn in enumerate(fns):
         if fn is None:
             raise ConfigurationError.bad_value(f"create_env_fn_list[{i}]", None, "an env factory or gymnasium id")
@@ -198,7 +220,9 @@ def plan_workers(
         ConfigurationError: a bad env factory, gymnasium id or per-worker option, or a ``worker_affinity`` list
             whose length is not the number of workers, named.
     """
-    fns = env_fns(create_env_fn_list, settings.num_workers)
+    # Workers on this host share its cores with the trainer; remote ones (some or all) do not.
+    beside_trainer = settings.launcher.same_host and not settings.remote_workers
+    fns = env_fns(create_env_fn_list, settings.num_workers, beside_trainer=beside_trainer)
     check_env_args(fns, settings)
     batch = BatchPlan(settings.frames_per_batch, n_workers=len(fns), stacked=stacked)
     affinity = plan_affinity(settings.worker_affinity, len(fns))
