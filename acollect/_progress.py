@@ -100,12 +100,19 @@ class TqdmProgress:
             file=sys.stderr,
         )
         self._shown = 0
+        self._paused = False
 
     def update(self, stats: CollectorStats) -> None:
-        bound = f", bound by {stats.bottleneck}" if stats.bottleneck is not None else ""
+        if stats.paused:
+            bound = ", paused"
+        else:
+            bound = f", bound by {stats.bottleneck}" if stats.bottleneck is not None else ""
         self._bar.set_postfix_str(f"return {_return_text(stats)}, {stats.episodes} episodes{bound}", refresh=False)
         self._bar.update(max(0, stats.frames - self._shown))
         self._shown = stats.frames
+        if stats.paused != self._paused:  # no batch comes while paused: shown now, not at the next one
+            self._paused = stats.paused
+            self._bar.refresh()
 
     def close(self, stats: CollectorStats) -> None:
         self.update(stats)
@@ -113,7 +120,8 @@ class TqdmProgress:
 
 
 class LogProgress:
-    """One INFO line on the ``acollect.progress`` logger at the first batch, then every ``interval_s`` seconds."""
+    """One INFO line on the ``acollect.progress`` logger at the first batch, then every ``interval_s`` seconds, and
+    at once when a pause begins or ends."""
 
     def __init__(self, *, total_frames: int, name: str, interval_s: float = LOG_INTERVAL_S) -> None:
         self.name = name
@@ -121,6 +129,7 @@ class LogProgress:
         self.interval_s = interval_s
         self._next_at = 0.0
         self._logged_frames = -1
+        self._paused = False
         if _logger.level == logging.NOTSET:
             _logger.setLevel(logging.INFO)
         if not _logger.hasHandlers():
@@ -134,8 +143,9 @@ class LogProgress:
 
     def update(self, stats: CollectorStats) -> None:
         now = time.monotonic()
-        if now < self._next_at:
+        if now < self._next_at and stats.paused == self._paused:
             return
+        self._paused = stats.paused
         self._next_at = now + self.interval_s
         self._logged_frames = stats.frames
         _logger.info("%s", self._line(stats))

@@ -151,7 +151,8 @@ def test_bench_runs_both_workloads_and_writes_json(tmp_path: Path) -> None:
         assert re.search(rf"^{name} \(2x16 envs\) .* {rows[name]['vs_ceiling']:.2f}x  \S.*$", proc.stdout, flags=re.M)
         # What bounded each collector, in words in its row (docs/metrics.md; "-" where a round this short measured
         # too little to tell): the references have none.
-        assert rows[name]["bottleneck"] in {"env", "policy", "inference", "trainer", None}, rows[name]
+        named = {"env", "policy", "inference", "trainer", "cpu", "trainer_cpu", None}
+        assert rows[name]["bottleneck"] in named, rows[name]
     assert rows["hand loop, in-process"]["bottleneck"] is None
     assert rows["acollect Collector"]["vs_ceiling"] is None
     # A column of the CartPole table only, said under it: what the ceiling is.

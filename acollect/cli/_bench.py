@@ -220,6 +220,8 @@ _BOUND_BY = {
     "policy": "the policy",
     "inference": "the inference server",
     "trainer": "the trainer",
+    "cpu": "CPU contention",
+    "trainer_cpu": "the trainer's CPU",
 }
 
 

@@ -840,6 +840,9 @@ class CollectorBase:
             if lifecycle.state in (CollectorState.RUNNING, CollectorState.PAUSED) and wanted != lifecycle.pause_applied:
                 await self._apply_pause(wanted)
                 lifecycle.pause_was_applied(wanted)
+                self._tally.set_paused(wanted)
+                if self._tally.shows_progress:
+                    self._tally.show(self.stats())  # the display says "paused" at once, and when it goes on
 
     # -- weights -----------------------------------------------------------------------
     async def update_policy_weights_(

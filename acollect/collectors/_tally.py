@@ -84,6 +84,13 @@ class Tally:
         """Whether a progress display was asked for (the collector then passes its stats with each count)."""
         return self._progress_kind is not None
 
+    def set_paused(self, paused: bool) -> None:
+        """A pause was applied (``True``) or lifted (``False``): the statistics say so, and leave its time out."""
+        if paused:
+            self._stats.pause()
+        else:
+            self._stats.resume()
+
     def restore(self, frames: int, batches: int) -> None:
         """The counts of a saved state (``load_state_dict``)."""
         self._frames, self._batches = frames, batches
