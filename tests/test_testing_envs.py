@@ -1,9 +1,13 @@
-"""acollect.testing: the counting, crashing and slow envs, the gymnasium counting env and the stream checker."""
+"""acollect.testing: the counting, crashing, slow and gated envs, the gymnasium counting env, the stream checker and the
+weight probe's range."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +22,9 @@ from acollect.testing import (
     CountingEnv,
     CountingGymEnv,
     CrashingEnv,
+    Gate,
     SlowEnv,
+    WeightProbe,
     assert_counting_batch,
 )
 
@@ -129,6 +135,47 @@ def test_slow_env_counts_like_counting_env_and_takes_its_time() -> None:
     assert_counting_batch(batch)
     with pytest.raises(ConfigurationError, match="step_time=-1"):
         SlowEnv(step_time=-1)
+
+
+async def test_a_gated_env_holds_its_step_until_the_gate_opens_and_only_the_first_env_holds(tmp_path: Path) -> None:
+    with Gate(tmp_path) as gate:
+        first, second = gate.env(hold_at_step=2, num_envs=2)(), pickle.loads(pickle.dumps(gate.env(2)))()
+        assert not gate.held
+        stepped = threading.Event()
+
+        def two_steps() -> None:
+            collect(first, 2)
+            stepped.set()
+
+        thread = threading.Thread(target=two_steps)
+        thread.start()
+        await gate.wait_held()
+        assert gate.holder == os.getpid()
+        assert not stepped.is_set(), "the second step went on with the gate closed"
+        assert_counting_batch(collect(second, 3))  # the gate is claimed already: another env passes it
+        gate.open()
+        thread.join(30)
+        assert stepped.is_set()
+    with Gate(tmp_path / "never") as gate:
+        env = gate.env(hold_at_step=1, timeout=0.05)()
+        with pytest.raises(TimeoutError, match=r"was not opened within 0\.05s"):
+            collect(env, 1)
+    with pytest.raises(ConfigurationError, match="hold_at_step=0"):
+        gate.env(hold_at_step=0)()
+
+
+def test_a_wide_probe_acts_its_weight_on_an_env_of_as_many_actions() -> None:
+    env = CountingEnv(num_envs=3, n_actions=8)
+    assert env.action_spec == Categorical(8)
+    probe = WeightProbe(0.0, high=7)
+    for version in range(8):
+        probe.load_state_dict(WeightProbe(float(version)).state_dict())  # a push carries w only, not the range
+        action = probe(env.reset()["observation"])
+        assert action.tolist() == [version] * 3
+        assert env.action_spec.is_in(action)
+    assert WeightProbe(5.0)(torch.zeros(2, 1)).tolist() == [1, 1], "two actions by default"
+    with pytest.raises(ConfigurationError, match="n_actions=0"):
+        CountingEnv(n_actions=0)
 
 
 def test_counting_gym_env_counts_and_pickles() -> None:

@@ -3,7 +3,8 @@
 * coroutine envs (:mod:`acollect.testing._async_envs`): :class:`AsyncCountingEnv`;
 * envs (:mod:`acollect.testing._envs`): :class:`CountingEnv` (a counter as
   observation, so gaps, repeats and transitions that did not happen show),
-  :class:`CrashingEnv`, :class:`SlowEnv`, :class:`PixelEnv`,
+  :class:`CrashingEnv`, :class:`SlowEnv`, :class:`Gate` (an env held mid-batch until the test opens it),
+  :class:`PixelEnv`,
   :class:`CountingGymEnv`, :class:`CrashingGymEnv`, :class:`EchoGymEnv` (its next observation echoes the
   action it received), the stream check :func:`assert_counting_batch` and
   :func:`wait_until`;
@@ -39,6 +40,8 @@ from acollect.testing._envs import CountingGymEnv as CountingGymEnv
 from acollect.testing._envs import CrashingEnv as CrashingEnv
 from acollect.testing._envs import CrashingGymEnv as CrashingGymEnv
 from acollect.testing._envs import EchoGymEnv as EchoGymEnv
+from acollect.testing._envs import Gate as Gate
+from acollect.testing._envs import GatedEnv as GatedEnv
 from acollect.testing._envs import PixelEnv as PixelEnv
 from acollect.testing._envs import SlowEnv as SlowEnv
 from acollect.testing._envs import assert_counting_batch as assert_counting_batch
@@ -66,6 +69,8 @@ __all__ = [
     "CrashingGymEnv",
     "Doubler",
     "EchoGymEnv",
+    "Gate",
+    "GatedEnv",
     "PixelEnv",
     "ResourceSnapshot",
     "SlowEnv",

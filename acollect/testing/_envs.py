@@ -5,6 +5,8 @@
   transitions that did not happen (:func:`assert_counting_batch`);
 * :class:`CrashingEnv`: a counting env that raises at a chosen step;
 * :class:`SlowEnv`: a counting env whose steps take a chosen time;
+* :class:`Gate` and its :class:`GatedEnv`: a counting env held mid-batch, in any process, until the test
+  opens the gate;
 * :class:`CountingGymEnv`: the same counter as a ``gymnasium.Env``, to test
   gymnasium wrapping (vector envs in every autoreset mode); :class:`CrashingGymEnv`
   raises at a chosen step of its life;
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,6 +68,8 @@ __all__ = [
     "CrashingEnv",
     "CrashingGymEnv",
     "EchoGymEnv",
+    "Gate",
+    "GatedEnv",
     "PixelEnv",
     "SlowEnv",
     "assert_counting_batch",
@@ -87,7 +92,7 @@ class CountingEnv(EnvBase):
     """A batched env whose observation counts its sub-env's steps and resets.
 
     Episodes end with ``terminated=True`` after ``episode_length`` steps; the
-    reward is always 1.0 and the action (``Categorical(2)``) is ignored. The
+    reward is always 1.0 and the action (``Categorical(n_actions)``) is ignored. The
     env is deterministic: seeds are accepted and ignored.
 
     Args:
@@ -96,6 +101,8 @@ class CountingEnv(EnvBase):
         start: the first observation of sub-env 0 (sub-env ``i`` starts at ``start + i * ENV_STRIDE``).
         dtype: observation dtype.
         device: where the env's tensors live.
+        n_actions: size of the discrete action space: more than two lets a probe policy
+            (:class:`~acollect.testing.WeightProbe` with ``high``) tell many weight versions apart by its actions.
 
     Attributes:
         counter: int64 ``[num_envs]``, each sub-env's current observation.
@@ -113,6 +120,7 @@ class CountingEnv(EnvBase):
         start: int = 0,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        n_actions: int = 2,
     ) -> None:
         n = _positive_int("num_envs", num_envs)
         lengths = [episode_length] * n if isinstance(episode_length, int) else list(episode_length)
@@ -123,7 +131,7 @@ class CountingEnv(EnvBase):
         self.device = torch.device(device)
         self.batch_size = torch.Size([n])
         self.observation_spec = Composite(observation=Unbounded((1,), dtype=dtype, device=self.device))
-        self.action_spec = Categorical(2, device=self.device)
+        self.action_spec = Categorical(_positive_int("n_actions", n_actions), device=self.device)
         self.reward_spec = Unbounded((1,), dtype=torch.float32, device=self.device)
         self.episode_length = torch.tensor(lengths, dtype=torch.int64, device=self.device)
         first = start + torch.arange(n, dtype=torch.int64, device=self.device) * ENV_STRIDE
@@ -247,6 +255,125 @@ class SlowEnv(CountingEnv):
 
     def _before_step(self) -> None:
         time.sleep(self.step_time)
+
+
+class Gate:
+    """A gate a test holds an env at, in this process or in a worker's: the env is mid-batch until the test opens it.
+
+    An env made by :meth:`env` (a :class:`GatedEnv`) reaches its ``hold_at_step``-th step and waits there, with
+    the batch it is collecting half done, until the test calls :meth:`open`: meanwhile the test does what must
+    happen while a worker is mid-batch (push weights, kill it) and knows it is so, without a sleep. The gate is a
+    directory of marker files, so that envs in worker processes (forked, spawned or from a fork server) share it.
+    Only the first env that reaches its step holds (it claims the gate): every other one, and an env built again
+    from the same factory in a restarted worker, passes.
+
+    Used as a context manager, it is opened on exit, so that no env stays held after a failed test.
+
+    Args:
+        directory: a directory of its own, made if missing (pytest's ``tmp_path``).
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from acollect.testing import Gate
+        >>> with tempfile.TemporaryDirectory() as tmp, Gate(tmp) as gate:
+        ...     env = gate.env(hold_at_step=2)()
+        ...     root = env.reset().set("action", torch.zeros(1, dtype=torch.int64))
+        ...     _ = env.step(root)
+        ...     gate.open()  # else the second step would wait here for it
+        ...     _ = env.step(root)
+        ...     gate.held, gate.holder == os.getpid()
+        (True, True)
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = os.fspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+
+    def env(self, hold_at_step: int, num_envs: int = 1, **kwargs: Any) -> functools.partial[GatedEnv]:
+        """A picklable factory of :class:`GatedEnv` held at its ``hold_at_step``-th step (counted from 1).
+
+        ``kwargs`` go to :class:`GatedEnv` (``timeout``) and :class:`CountingEnv` (``episode_length``, ...).
+        """
+        return functools.partial(GatedEnv, self.directory, hold_at_step, num_envs, **kwargs)
+
+    @property
+    def held(self) -> bool:
+        """Whether an env claimed the gate (it waits there until :meth:`open`, or passed it once opened)."""
+        return os.path.exists(os.path.join(self.directory, GatedEnv.HELD))
+
+    @property
+    def holder(self) -> int | None:
+        """The process id of the env that claimed the gate (``None``: none yet)."""
+        try:
+            with open(os.path.join(self.directory, GatedEnv.HELD)) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        return int(text) if text else None
+
+    async def wait_held(self, timeout: float = 30.0) -> None:
+        """Waits until an env holds at the gate.
+
+        Raises:
+            TimeoutError: none did within ``timeout`` seconds.
+        """
+        await wait_until(lambda: self.holder is not None, timeout=timeout, interval=0.002)
+
+    def open(self) -> None:
+        """Lets the held env go on, and every env after it pass."""
+        with open(os.path.join(self.directory, GatedEnv.OPEN), "w"):
+            pass
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open()
+
+
+class GatedEnv(CountingEnv):
+    """A :class:`CountingEnv` that holds at its ``hold_at_step``-th step until its :class:`Gate` is opened.
+
+    Made by :meth:`Gate.env`. Only the first env of a gate that reaches its step holds: it claims the gate by
+    creating the marker file ``held`` (holding its process id), which no other env can create again.
+
+    Args:
+        gate: the gate's directory.
+        hold_at_step: the step that waits (1 = the first), counted from this env's construction.
+        num_envs: number of sub-envs.
+        timeout: seconds the step waits for the gate before it raises ``TimeoutError`` (a test that never opens
+            it fails instead of hanging).
+        **kwargs: passed to :class:`CountingEnv`.
+    """
+
+    HELD = "held"
+    OPEN = "open"
+
+    def __init__(
+        self, gate: str, hold_at_step: int, num_envs: int = 1, *, timeout: float = 60.0, **kwargs: Any
+    ) -> None:
+        super().__init__(num_envs, **kwargs)
+        self.gate = gate
+        self.hold_at_step = _positive_int("hold_at_step", hold_at_step)
+        self.timeout = float(timeout)
+
+    def _before_step(self) -> None:
+        if self.step_count == self.hold_at_step:
+            self._hold()
+
+    def _hold(self) -> None:
+        try:
+            fd = os.open(os.path.join(self.gate, self.HELD), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return  # another env holds, or held, the gate
+        os.write(fd, str(os.getpid()).encode())  # whole before the test reads it: it waits for a pid, not the file
+        os.close(fd)
+        opened = os.path.join(self.gate, self.OPEN)
+        deadline = time.monotonic() + self.timeout
+        while not os.path.exists(opened):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the gate at {self.gate} was not opened within {self.timeout}s")
+            time.sleep(0.001)
 
 
 class PixelEnv(EnvBase):

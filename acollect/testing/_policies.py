@@ -1,13 +1,15 @@
 """Probe policies: tiny models whose actions show which weights produced them.
 
 They act on the counting envs of :mod:`acollect.testing._envs` (``Categorical(2)``
-actions) and are plain ``nn.Module`` classes defined at module level, so a
+actions by default) and are plain ``nn.Module`` classes defined at module level, so a
 collector can pickle them to worker processes, Ray actors or submitit jobs,
 which import them by their module path ``acollect.testing._policies``.
 
 * :class:`WeightProbe`: acts ``clamp(w, 0, 1)`` with one parameter ``w``:
   push ``WeightProbe(1.0)`` to a collector started with ``WeightProbe(0.0)``
   and the actions in its batches go from 0 to 1 once the new weights landed;
+  ``WeightProbe(0.0, high=n - 1)`` on an env of ``n`` actions (``CountingEnv(n_actions=n)``)
+  tells ``n`` weight versions apart, so that a frame acting with an older push's weights shows;
 * :class:`Doubler`: ``2 * observation``, no weights: each caller of a batched server can check it got
   its own rows back;
 * :class:`TwoPartProbe`: two :class:`WeightProbe` sub-models ``a`` and ``b``,
@@ -30,13 +32,16 @@ __all__ = ["Doubler", "SplitProbe", "TwoPartProbe", "WeightProbe"]
 
 
 class WeightProbe(torch.nn.Module):
-    """A policy acting ``clamp(w, 0, 1)`` on every env: the actions in a batch show which weights collected it.
+    """A policy acting ``clamp(w, 0, high)`` on every env: the actions in a batch show which weights collected it.
 
     It reads the ``"observation"`` key (only for its batch shape) and writes an
     int64 ``"action"`` of shape ``[n_envs]``.
 
     Args:
         value: the initial weight ``w`` (a ``Parameter`` of shape ``(1,)``).
+        high: the largest action (not a weight: a push of ``w`` alone keeps it). ``1`` suits the counting envs'
+            two actions; with ``CountingEnv(n_actions=n)``, ``high=n - 1`` gives each of ``n`` weights its own
+            action.
 
     Examples:
         >>> import torch
@@ -46,14 +51,19 @@ class WeightProbe(torch.nn.Module):
         >>> _ = probe.load_state_dict(WeightProbe(1.0).state_dict())
         >>> probe(torch.zeros(3, 1)).tolist()
         [1, 1, 1]
+        >>> wide = WeightProbe(0.0, high=7)
+        >>> _ = wide.load_state_dict(WeightProbe(5.0).state_dict())
+        >>> wide(torch.zeros(2, 1)).tolist()
+        [5, 5]
     """
 
-    def __init__(self, value: float = 0.0) -> None:
+    def __init__(self, value: float = 0.0, *, high: int = 1) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.full((1,), float(value)))
+        self.high = high
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return (observation[..., 0] * 0 + self.w).clamp(0, 1).long()
+        return (observation[..., 0] * 0 + self.w).clamp(0, self.high).long()
 
 
 class TwoPartProbe(torch.nn.Module):
