@@ -41,6 +41,13 @@ CASES = {
         "eval return",
     ),
     "ppo_cartpole.py": (["--total-frames", "2048", "--frames-per-batch", "1024", "--epochs", "1"], "done:"),
+    "pendulum_sac.py": (
+        [
+            *("--total-frames", "1536", "--learning-starts", "1024", "--frames-per-update", "8"),
+            *("--eval-every", "1024", "--eval-episodes", "1", "--hidden", "32", "--batch-size", "32"),
+        ],
+        "eval return",
+    ),
     "reinforce_episodes.py": (
         ["--total-frames", "2048", "--frames-per-batch", "256", "--trajs-per-batch", "8"],
         "done:",
@@ -144,6 +151,23 @@ def test_example_runs(name: str) -> None:
         first = f.readline()
     assert first.startswith('"""'), "an example states what it shows in its first line"
     assert len(first.strip()) > 10, "an example states what it shows in its first line"
+
+
+def test_pendulum_sac_runs_a_mujoco_env_with_the_mujoco_extra() -> None:
+    # The same file on HalfCheetah-v5: float64 observations, 6 continuous actions, 1,000-step episodes.
+    pytest.importorskip("mujoco")
+    args = ["--env-id", "HalfCheetah-v5", *CASES["pendulum_sac.py"][0]]
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pendulum_sac.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+        check=False,
+    )
+    assert proc.returncode == 0, f"HalfCheetah-v5 failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert "eval return" in proc.stdout
+    assert "done: 1536 frames" in proc.stdout
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -160,8 +160,8 @@ class ActionBounds:
     ``ctrlrange``). So the collector only says so, once per env, as an
     :class:`~acollect._warnings.ActionSpaceWarning`, naming how many entries of the step left which bounds.
 
-    The check is two comparisons per step into buffers allocated once, about a microsecond for 8 or 64 sub-envs
-    (a step of 8 Pendulums takes 150); it stops once it has warned.
+    The check is two comparisons per step into buffers allocated once: in place, 3 us on a step of 8 Pendulums
+    (147 us, so 1.02x); it stops once it has warned.
 
     Args:
         spec: the env's action spec: a float :class:`~acollect.specs.Bounded` (anything else needs no check).
