@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -25,7 +26,16 @@ from acollect import (
     PolicyError,
     ReplayBuffer,
 )
-from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, SlowEnv, our_threads, wait_until
+from acollect.testing import (
+    RESET_JUMP,
+    CountingEnv,
+    CrashingEnv,
+    Gate,
+    SlowEnv,
+    WeightProbe,
+    our_threads,
+    wait_until,
+)
 
 
 class AlwaysZero(torch.nn.Module):
@@ -421,6 +431,32 @@ async def test_weight_update_in_background_never_mixes_versions() -> None:
     for v in versions.unique().tolist():
         expected = 0 if v % 2 == 0 else 1
         assert actions[versions == v].unique().tolist() == [expected], f"version {v} mixed weights"
+
+
+async def test_pushes_queued_mid_batch_apply_in_order_and_every_frame_acts_with_its_version(tmp_path: Path) -> None:
+    # Three pushes while the collection thread is held mid-batch at a gate: the batch under way keeps the weights
+    # that began it, and the next one acts with the last push's weights (each push's action is its version), never
+    # an older push's.
+    steps = 10
+    with Gate(tmp_path) as gate:
+        env = gate.env(hold_at_step=steps + steps // 2, num_envs=2, n_actions=8)  # mid-way through the second batch
+        async with Collector(env, WeightProbe(0.0, high=7), frames_per_batch=2 * steps) as c:
+            batches = [await anext(c)]
+
+            async def take() -> None:
+                batches.append(await anext(c))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(take)
+                    await gate.wait_held()
+                    for version in (1, 2, 3):
+                        assert await c.update_policy_weights_(WeightProbe(float(version))) == version
+                    gate.open()
+                batches.append(await anext(c))
+    for batch in batches:
+        assert torch.equal(batch["action"], batch["collector", "policy_version"]), "a frame acted with other weights"
+    assert [batch["collector", "policy_version"].unique().tolist() for batch in batches] == [[0], [0], [3]]
 
 
 class NestedArgmax(torch.nn.Module):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import anyio
 import psutil
@@ -11,7 +12,7 @@ import torch
 from multi_helpers import ActsSeven, report_threads
 
 from acollect import AsyncCollector, ConfigurationError, GymEnv, MultiAsyncCollector, RemoteError, ReplayBuffer
-from acollect.testing import CountingEnv, PixelEnv, SlowEnv, WeightProbe, assert_counting_batch
+from acollect.testing import CountingEnv, Gate, PixelEnv, SlowEnv, WeightProbe, assert_counting_batch
 
 
 async def test_first_ready_first_served_and_tagged(start_method: str) -> None:
@@ -93,6 +94,36 @@ async def test_async_collector_weights_apply_at_a_batch_boundary(start_method: s
             assert batch["action"].eq(int(version[0, 0])).all()
         assert int(version[0, 0]) == 1
     assert torch.is_tensor(batch["collector", "worker_id"])
+
+
+async def test_pushes_queued_while_a_worker_is_mid_batch_apply_in_order(start_method: str, tmp_path: Path) -> None:
+    # Worker 0 is held at a gate mid-way through its second batch while three pushes queue up in it; worker 1 takes
+    # them as they come. Each push's action is its version: a frame stamped with one version and acting with an older
+    # push's weights shows.
+    steps = 10
+    with Gate(tmp_path) as gate:
+        envs = [gate.env(hold_at_step=steps + steps // 2, num_envs=2, n_actions=8),
+                functools.partial(CountingEnv, num_envs=2, start=10**5, n_actions=8)]  # fmt: skip
+        async with MultiAsyncCollector(
+            envs, WeightProbe(0.0, high=7), frames_per_batch=2 * steps, start_method=start_method
+        ) as collector:
+            versions: dict[int, list[int]] = {0: [], 1: []}
+            with anyio.fail_after(60):
+                await gate.wait_held()
+                for version in (1, 2, 3):
+                    assert await collector.update_policy_weights_(WeightProbe(float(version))) == version
+                gate.open()
+                while len(versions[0]) < 4 or versions[1][-1:] != [3]:
+                    batch = await anext(collector)
+                    stamped = batch["collector", "policy_version"]
+                    assert torch.equal(batch["action"], stamped), "a frame acted with other weights"
+                    assert_counting_batch(batch)
+                    assert stamped.unique().numel() == 1, "a batch mixes versions"
+                    versions[int(batch["collector", "worker_id"][0, 0])].append(int(stamped[0, 0]))
+    # Worker 0's batch under way kept the weights that began it; the next one acts with the last push's.
+    assert versions[0][:2] == [0, 0]
+    assert set(versions[0][2:]) == {3}
+    assert versions[1] == sorted(versions[1])
 
 
 def test_an_unregistered_gym_id_is_refused_at_construction() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+from pathlib import Path
 
 import anyio
 import pytest
@@ -19,7 +20,15 @@ from acollect import (
     RemoteError,
     ZmqWeightSyncScheme,
 )
-from acollect.testing import RESET_JUMP, CountingEnv, CrashingEnv, TwoPartProbe, WeightProbe, assert_counting_batch
+from acollect.testing import (
+    RESET_JUMP,
+    CountingEnv,
+    CrashingEnv,
+    Gate,
+    TwoPartProbe,
+    WeightProbe,
+    assert_counting_batch,
+)
 
 
 def counting(num_envs: int = 2, episode_length: int = 3):
@@ -133,6 +142,37 @@ async def test_a_batch_begun_ahead_is_handed_out_with_the_version_that_made_it(s
     assert (fourth["observation"] - third["observation"]).eq(4).all()
     assert stats.discarded_frames == 0
     assert stats.dropped_batches == 0
+
+
+async def test_pushes_queued_while_a_worker_is_mid_batch_apply_in_order(start_method: str, tmp_path: Path) -> None:
+    # Worker 0 is held at a gate mid-way through its part of the second batch (the third asked for ahead) while three
+    # pushes queue up in it. Each push's action is its version: a frame stamped with one version and acting with an
+    # older push's weights shows.
+    steps = 10
+    with Gate(tmp_path) as gate:
+        envs = [gate.env(hold_at_step=steps + steps // 2, num_envs=2, n_actions=8),
+                functools.partial(CountingEnv, num_envs=2, n_actions=8)]  # fmt: skip
+        async with MultiSyncCollector(
+            envs, WeightProbe(0.0, high=7), frames_per_batch=2 * 2 * steps, start_method=start_method
+        ) as collector:
+            batches = [await anext(collector)]
+
+            async def take() -> None:
+                batches.append(await anext(collector))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(take)
+                    await gate.wait_held()
+                    for version in (1, 2, 3):
+                        assert await collector.update_policy_weights_(WeightProbe(float(version))) == version
+                    gate.open()
+                batches += [await anext(collector), await anext(collector)]
+    for batch in batches:
+        assert torch.equal(batch["action"], batch["collector", "policy_version"]), "a frame acted with other weights"
+        assert_counting_batch(batch)
+    # The batches begun (or asked for) before the pushes keep version 0; the next ones act with the last push's.
+    assert [batch["collector", "policy_version"].unique().tolist() for batch in batches] == [[0], [0], [0], [3]]
 
 
 async def test_a_batch_begun_ahead_before_a_reseed_is_dropped_and_counted(start_method: str) -> None:
