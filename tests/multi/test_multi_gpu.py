@@ -1,12 +1,14 @@
-"""Multi-process collectors with CUDA policies in the workers. Skipped without a GPU."""
+"""Multi-process collectors with CUDA policies in the workers, or batches stored on a GPU (checked value by value
+against a CPU run). Skipped without a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDictBase
 
 from acollect import MultiSyncCollector
-from acollect.testing import CountingEnv
+from acollect.testing import CountingEnv, WeightProbe, assert_counting_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -39,11 +41,23 @@ async def test_workers_run_the_policy_on_cuda_and_take_weight_pushes(start_metho
     assert second["collector", "policy_version"].unique().tolist() == [1]
 
 
-async def test_batches_land_on_the_trainers_storing_device(start_method: str) -> None:
+async def _stacked_batches(device: str, start_method: str) -> list[TensorDictBase]:
     async with MultiSyncCollector(
-        [lambda: CountingEnv(num_envs=2)] * 2, None, frames_per_batch=16, total_frames=32,
-        storing_device="cuda", start_method=start_method,
+        [lambda: CountingEnv(num_envs=2)] * 2, WeightProbe(0.0), frames_per_batch=16, total_frames=48,
+        storing_device=device, start_method=start_method,
     ) as collector:  # fmt: skip
-        batch = await anext(collector)
-    assert batch["observation"].device.type == "cuda"
-    assert batch["next", "reward"].device.type == "cuda"
+        return [batch async for batch in collector]
+
+
+async def test_batches_land_on_the_trainers_storing_device(start_method: str) -> None:
+    # Lockstep batches of counting envs and a deterministic policy are the same on every run: the CPU run is the
+    # reference each GPU batch is checked against, value by value.
+    batches = await _stacked_batches("cuda", start_method)
+    reference = await _stacked_batches("cpu", start_method)
+    assert len(batches) == len(reference) == 3
+    for batch, expected in zip(batches, reference, strict=True):
+        assert set(batch.keys(True, True)) == set(expected.keys(True, True))
+        for key, value in batch.items(True, True):
+            assert value.device.type == "cuda", f"{key} on {value.device}"
+            assert torch.equal(value.cpu(), expected[key]), f"{key} differs from the CPU reference"
+        assert_counting_batch(batch.cpu())

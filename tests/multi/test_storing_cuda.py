@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from acollect import MultiAsyncCollector, MultiSyncCollector
 from acollect.testing import CountingEnv, PixelEnv, assert_counting_batch
@@ -53,11 +53,30 @@ async def test_batches_land_on_the_gpu_whole_and_kept_ones_stay_intact(kind: typ
         assert (batch == copy).all()
 
 
-async def test_pixels_go_to_the_gpu_without_a_cpu_copy_on_the_way(start_method: str) -> None:
+async def _pixel_streams(device: str, start_method: str, per_worker: int = 4) -> dict[int, list[TensorDictBase]]:
+    """Each worker's first ``per_worker`` batches, from a first-ready collector of pixel envs storing on ``device``."""
     envs = [functools.partial(PixelEnv, num_envs=8)] * 2
-    async with MultiAsyncCollector(envs, None, frames_per_batch=128, storing_device="cuda",
+    streams: dict[int, list[TensorDictBase]] = {0: [], 1: []}
+    async with MultiAsyncCollector(envs, None, frames_per_batch=128, storing_device=device,
                                    start_method=start_method) as collector:  # fmt: skip
-        for _ in range(8):
+        while min(len(stream) for stream in streams.values()) < per_worker:
             batch = await anext(collector)
+            stream = streams[int(batch["collector", "worker_id"][0, 0])]
+            if len(stream) < per_worker:
+                stream.append(batch)
+    return streams
+
+
+async def test_pixel_batches_land_on_the_gpu_as_uint8_with_the_values_a_cpu_run_stores(start_method: str) -> None:
+    # A worker's stream of batches is the same on every run (each frame one value: its env's step count modulo 251),
+    # whichever worker is ready first: each GPU batch is checked against the same worker's batch of a CPU run.
+    streams = await _pixel_streams("cuda", start_method)
+    reference = await _pixel_streams("cpu", start_method)
+    for worker, stream in streams.items():
+        for i, (batch, expected) in enumerate(zip(stream, reference[worker], strict=True)):
             assert batch["pixels"].device.type == "cuda"
             assert batch["pixels"].dtype == torch.uint8
+            for key in ("pixels", ("next", "pixels"), ("next", "reward"), ("next", "done")):
+                assert torch.equal(batch[key].cpu(), expected[key]), f"worker {worker}, batch {i}: {key} differs"
+            host = batch.cpu()
+            assert torch.equal(host["next", "pixels"].long(), (host["pixels"].long() + 1) % 251)
