@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 import pytest
+import torch
 
 from acollect import (
     AsyncBatchedCollector,
@@ -52,12 +53,15 @@ from acollect.collectors._base import CollectorBase
 from acollect.envs import AsyncEnvPool
 from acollect.errors import ClosedCollectorError, CollectorStateError, EnvError, RemoteError, WorkerError
 from acollect.testing import (
+    ENV_STRIDE,
+    RESET_JUMP,
     AsyncCountingEnv,
     CountingEnv,
     CrashingEnv,
     ResourceSnapshot,
     SlowEnv,
     WeightProbe,
+    assert_counting_batch,
     assert_no_leaks,
     leaked_resources,
     wait_until,
@@ -304,6 +308,58 @@ def test_pauses_from_two_tasks_overlap(kind: str, backend: str) -> None:
     run(backend, scenario)
 
 
+#: Worker processes of each kind (:func:`make`); the others collect with one.
+WORKERS = {"MultiSync": 2, "MultiAsync": 2, "Distributed": 2, "Batched": 2}
+
+
+def assert_whole_batch(kind: str, batch: Any, *, after: Any = None) -> None:
+    """Asserts that ``batch``, from :data:`counting` envs, holds real steps that begin where they must.
+
+    ``after``: the batch handed out just before it, whose streams it continues where both come from the same worker;
+    ``None``: it is the first batch handed out, so every env row begins at the first step its env took, and carries
+    the first trajectory id its worker gave that env (``worker + n_workers * env``). In every case a row's trajectory
+    id changes exactly where an episode ended, and no two rows share one.
+    """
+    batch = batch.cpu()
+    steps, n_envs, n_workers = batch.shape[-1], 2, WORKERS.get(kind, 1)
+    obs, after_obs = batch["observation"][..., 0], batch["next", "observation"][..., 0]
+    done, ids = batch["next", "done"][..., 0], batch["collector", "traj_ids"]
+    if kind == "AsyncEnvs":  # each observation counts the steps since its env's reset
+        assert (after_obs - obs).eq(1).all(), "not a real step"
+        assert torch.equal(obs[..., 1:], torch.where(done[..., :-1], 0, after_obs[..., :-1])), "a gap or a repeat"
+        fresh = obs[..., 0].eq(0)
+    else:
+        assert_counting_batch(batch)
+        fresh = (obs[..., 0] % ENV_STRIDE) % RESET_JUMP == 0  # a reset observation of an env that never stepped
+    assert torch.equal(ids[..., 1:] != ids[..., :-1], done[..., :-1]), "trajectory ids do not follow the episodes"
+    rows = ids.reshape(-1, steps)
+    owner: dict[int, int] = {}
+    for row, row_ids in enumerate(rows.tolist()):
+        for traj in set(row_ids):
+            assert owner.setdefault(traj, row) == row, f"env rows {owner[traj]} and {row} share trajectory id {traj}"
+    if "worker_id" in batch["collector"].keys():
+        workers = batch["collector", "worker_id"].reshape(-1, steps)[:, 0]
+    else:  # in-process (one "worker"), or stacked per worker
+        workers = torch.arange(rows.shape[0]) // n_envs
+    if after is None:
+        assert fresh.all(), f"the first batch does not begin at the envs' first steps: {obs[..., 0].tolist()}"
+        first_ids = workers + n_workers * (torch.arange(rows.shape[0]) % n_envs)
+        assert torch.equal(rows[:, 0], first_ids), f"not the first trajectory ids: {rows[:, 0].tolist()}"
+        return
+    after = after.cpu()
+    same_worker = "worker_id" not in batch["collector"].keys() or torch.equal(
+        after["collector", "worker_id"], batch["collector", "worker_id"]
+    )
+    if same_worker:
+        ended = after["next", "done"][..., -1, 0]
+        tail = after["next", "observation"][..., -1, 0]
+        if kind == "AsyncEnvs":
+            expected = torch.where(ended, 0, tail)
+        else:
+            expected = tail + RESET_JUMP * ended
+        assert torch.equal(obs[..., 0], expected), "a gap or a repeat between two batches"
+
+
 @pytest.mark.parametrize(("kind", "backend"), matrix())
 def test_cancelled_first_batch_leaves_nothing_and_the_collector_usable(kind: str, backend: str) -> None:
     async def scenario() -> None:
@@ -311,12 +367,16 @@ def test_cancelled_first_batch_leaves_nothing_and_the_collector_usable(kind: str
         for delay in (0.02, 0.15, 0.4):
             collector = make(kind, counting)  # no ``async with``: set-up happens in the first anext
             with anyio.fail_after(60):
+                first = []
                 with anyio.move_on_after(delay) as scope:
-                    await anext(collector)
+                    first.append(await anext(collector))
                 if scope.cancelled_caught:
                     assert collector.state in (CollectorState.NEW, CollectorState.RUNNING)
                 batch = await anext(collector)  # usable: a retry starts afresh
                 assert batch.numel() == 8
+                # Nothing of a cancelled attempt shows (no step lost or repeated, no id given twice), and a batch
+                # after a first one continues it.
+                assert_whole_batch(kind, batch, after=first[0] if first else None)
                 await collector.async_shutdown()
 
     run(backend, scenario)
