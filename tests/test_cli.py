@@ -21,9 +21,9 @@ from acollect.transport._shm import shm_available
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def acollect(*args: str, timeout: float = 100) -> subprocess.CompletedProcess[str]:
-    """``python -m acollect ARGS``, from a scratch-free cwd, warnings as errors."""
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
+def acollect(*args: str, timeout: float = 100, **env_vars: str) -> subprocess.CompletedProcess[str]:
+    """``python -m acollect ARGS``, from a scratch-free cwd, warnings as errors (and ``env_vars`` set)."""
+    env = {**os.environ, "PYTHONWARNINGS": "error", **env_vars}
     return subprocess.run(
         [sys.executable, "-m", "acollect", *args],
         capture_output=True,
@@ -66,6 +66,9 @@ def test_info_reports_this_machine() -> None:
     assert report["versions"]["acollect"] == pkg.__version__
     assert report["versions"]["torch"] == str(torch.__version__)
     assert report["cpu"]["logical"] == os.cpu_count()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert report["cpu"]["usable_by_this_process"] == usable
+    assert report["cpu"]["default_num_workers"] == max(1, usable - 1)
     assert report["cuda"]["available"] == torch.cuda.is_available()
     assert "spawn" in report["multiprocessing"]["acollect_supports"]
     transports = report["transports"]
@@ -103,9 +106,28 @@ def test_bench_help_shows_the_default_of_every_number() -> None:
 
 def test_info_text_has_one_line_per_fact() -> None:
     names = [line.split("  ")[0].strip() for line in format_info(collect_info()).splitlines()]
-    for expected in ("acollect", "torch", "tensordict", "gymnasium", "pyzmq", "anyio", "cpu cores", "cuda",
-                     "start methods", "transport ipc", "transport tcp", "shared memory", "CURVE (zmq)"):  # fmt: skip
+    facts = ("acollect", "torch", "tensordict", "gymnasium", "pyzmq", "anyio", "cpu cores", "torch threads", "cuda")
+    for expected in (*facts, "start methods", "transport ipc", "transport tcp", "shared memory", "CURVE (zmq)"):
         assert expected in names
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_info_says_torch_threads_and_advises_one_beside_a_trainer(threads: int) -> None:
+    # torch reads OMP_NUM_THREADS at its start: the count a user's program gets, as `acollect info` sees it.
+    proc = acollect("info", "--json", OMP_NUM_THREADS=str(threads))
+    assert proc.returncode == 0, proc.stderr
+    cpu = json.loads(proc.stdout)["cpu"]
+    assert cpu["torch_threads"] == threads
+    assert cpu["torch_interop_threads"] >= 1
+    text = acollect("info", OMP_NUM_THREADS=str(threads)).stdout
+    (line,) = [line for line in text.splitlines() if line.startswith("torch threads")]
+    assert f"{threads} intra-op, {cpu['torch_interop_threads']} inter-op" in line
+    if threads == 1:
+        assert cpu["advice"] is None
+        assert "set_num_threads" not in line
+    else:
+        assert "in-process Collector" in cpu["advice"]
+        assert "torch.set_num_threads(1)" in line
 
 
 def test_info_says_which_start_methods_workers_use() -> None:

@@ -1,14 +1,22 @@
 """``acollect info``: what this machine offers acollect.
 
-Versions of acollect and its dependencies, CPU cores, CUDA devices,
-multiprocessing start methods, the transports that work here (ZeroMQ ``ipc`` and
-``tcp``, shared memory in ``/dev/shm``, CURVE encryption) and which optional
-extras are installed. Paste its output into a bug report.
+Versions of acollect and its dependencies, CPU cores (and the workers a multi-process
+collector starts by default), torch's thread counts, CUDA devices, multiprocessing start
+methods, the transports that work here (ZeroMQ ``ipc`` and ``tcp``, shared memory in
+``/dev/shm``, CURVE encryption) and which optional extras are installed. Paste its output
+into a bug report.
+
+torch's intra-op threads matter to the in-process ``Collector``: its thread runs the policy with
+the caller's count, and with more than one, a small network's every op waits for a second thread
+that another busy process (a trainer, another job) keeps off its core. The report says so, with
+the fix (``torch.set_num_threads(1)``), wherever torch would use more than one.
 
 Examples:
     >>> report = collect_info()
     >>> sorted(report)
     ['cpu', 'cuda', 'extras', 'multiprocessing', 'platform', 'transports', 'versions']
+    >>> (report["cpu"]["advice"] is None) == (report["cpu"]["torch_threads"] == 1)
+    True
     >>> report["transports"]["tcp"]
     True
 """
@@ -48,6 +56,7 @@ _EXTRAS = {
     "submitit": ["submitit"],
     "envpool": ["envpool"],
     "atari": ["ale-py"],
+    "mujoco": ["gymnasium"],  # gymnasium[mujoco]: the distribution as the requirement names it
     "examples": ["tyro", "aiohttp"],
     "docs": ["mkdocs", "mkdocs-material", "mkdocstrings"],
     "dev": [
@@ -93,16 +102,30 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+#: Said where torch would run more than one intra-op thread (measured in docs/performance.md).
+THREADS_ADVICE = (
+    "an in-process Collector runs its policy with the caller's torch threads: beside a trainer or another busy "
+    "process, torch.set_num_threads(1) keeps it fast and steady (docs/performance.md#torch-threads-and-the-in-process-"
+    "collector)"
+)
+
+
 def _cpu() -> dict[str, Any]:
     import psutil
     import torch
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from acollect._affinity import usable_cores
+    from acollect.collectors._worker_configs import default_num_workers
+
+    threads = torch.get_num_threads()
     return {
         "logical": os.cpu_count(),
         "physical": psutil.cpu_count(logical=False),
-        "usable_by_this_process": usable,
-        "torch_threads": torch.get_num_threads(),
+        "usable_by_this_process": len(usable_cores()),
+        "default_num_workers": default_num_workers(),
+        "torch_threads": threads,
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "advice": THREADS_ADVICE if threads > 1 else None,
     }
 
 
@@ -173,6 +196,10 @@ def _start_methods(mp: dict[str, Any]) -> str:
     return text + (f"; never {', '.join(never)}" if never else "")
 
 
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
 def format_info(report: dict[str, Any]) -> str:
     """The report as aligned text."""
     rows: list[tuple[str, str]] = []
@@ -180,8 +207,13 @@ def format_info(report: dict[str, Any]) -> str:
     rows.append(("platform", report["platform"]["system"]))
     cpu = report["cpu"]
     usable = cpu["usable_by_this_process"]
-    rows.append(("cpu cores", f"{cpu['logical']} logical, {cpu['physical']} physical, {usable} usable here; "
-                              f"torch threads {cpu['torch_threads']}"))  # fmt: skip
+    cores = f"{cpu['logical']} logical, {cpu['physical']} physical, {usable} usable here"
+    workers = (
+        f"multi-process collectors start {_workers(cpu['default_num_workers'])} by default (the trainer keeps a core)"
+    )
+    rows.append(("cpu cores", f"{cores}; {workers}"))
+    threads = f"{cpu['torch_threads']} intra-op, {cpu['torch_interop_threads']} inter-op"
+    rows.append(("torch threads", threads + (f": {cpu['advice']}" if cpu["advice"] else "")))
     cuda = report["cuda"]
     if cuda["available"]:
         names = ", ".join(f"{d['index']}: {d['name']} ({d['memory_gib']} GiB)" for d in cuda["devices"])
