@@ -305,6 +305,10 @@ class _Worker:
         return bool(self.requested) or (self.credits is not None and self.credits > 0)
 
     def runner_loop(self) -> None:
+        # A new thread does not follow the main thread's torch.set_num_threads() (OpenMP keeps it per thread): the
+        # policy's ops here would start a team of OpenMP threads of their own, spinning beside the runner on a busy
+        # machine (a forward of 0.1 ms taking 10).
+        torch.set_num_threads(self.config.num_threads)
         engine = self.engine
         assert engine is not None
         data = WorkerSocket(self.config.address, self.identity + b"d", keys=self.config.keys)
