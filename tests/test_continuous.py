@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import pathlib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -285,7 +286,10 @@ class Gaussian(nn.Module):
 
 @needs_mujoco
 @pytest.mark.parametrize("kind", ["Collector", "MultiSyncCollector"])
-async def test_halfcheetah_with_a_float32_gaussian_policy(kind: str) -> None:
+async def test_halfcheetah_with_a_float32_gaussian_policy(
+    kind: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # MuJoCo 4 writes its deprecation warnings to MUJOCO_LOG.TXT in the working dir
     env = functools.partial(GymEnv, "HalfCheetah-v5", num_envs=2)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -153,7 +153,7 @@ def test_example_runs(name: str) -> None:
     assert len(first.strip()) > 10, "an example states what it shows in its first line"
 
 
-def test_pendulum_sac_runs_a_mujoco_env_with_the_mujoco_extra() -> None:
+def test_pendulum_sac_runs_a_mujoco_env_with_the_mujoco_extra(tmp_path: Path) -> None:
     # The same file on HalfCheetah-v5: float64 observations, 6 continuous actions, 1,000-step episodes.
     pytest.importorskip("mujoco")
     args = ["--env-id", "HalfCheetah-v5", *CASES["pendulum_sac.py"][0]]
@@ -162,6 +162,7 @@ def test_pendulum_sac_runs_a_mujoco_env_with_the_mujoco_extra() -> None:
         capture_output=True,
         text=True,
         timeout=110,
+        cwd=tmp_path,  # MuJoCo 4 writes its deprecation warnings to MUJOCO_LOG.TXT in the working dir
         env={**os.environ, "PYTHONWARNINGS": "error"},
         check=False,
     )
