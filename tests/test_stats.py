@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import logging
 import os
@@ -20,7 +21,7 @@ from tensordict import TensorDict
 
 from acollect import Collector, ConfigurationError, MultiSyncCollector, ReplayBuffer
 from acollect._progress import check_progress
-from acollect.stats import EpisodeSummary, EpisodeTracker, RateWindow, StatsRecorder
+from acollect.stats import CollectorStats, EpisodeSummary, EpisodeTracker, RateWindow, StatsRecorder
 from acollect.testing import CountingEnv, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -316,3 +317,15 @@ def test_the_library_has_no_print_calls() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
         )
     assert offenders == [], "the library logs (logging.getLogger('acollect')), it never prints"
+
+
+def test_the_metrics_page_has_one_unbroken_table_naming_every_stats_field() -> None:
+    # A blank line inside a Markdown table ends it: the rows after it render as raw "| ... |" text.
+    lines = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("| field | meaning |")
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    table = "\n".join(lines[start:end])
+    after = next((line for line in lines[end:] if line.strip()), "")
+    assert not after.startswith("| `"), f"a row cut off from docs/metrics.md's fields table: {after}"
+    missing = [f.name for f in dataclasses.fields(CollectorStats) if f"`{f.name}`" not in table]
+    assert missing == [], f"CollectorStats fields not in docs/metrics.md's table: {missing}"
