@@ -184,6 +184,8 @@ class ServerLoop:
         hub: the shared-memory slots of same-host workers (``None``: messages only); the thread owns it while it
             runs, and ``close_socket`` closes it.
         in_flight: forward passes that may run at once (:class:`~acollect.inference._passes.PassRunner`).
+        torch_threads: torch's threads in the loop thread and each pass thread (``None``: leave them): OpenMP keeps
+            the count per thread, so a thread that does not set it runs a team as large as the machine.
     """
 
     def __init__(
@@ -196,8 +198,10 @@ class ServerLoop:
         close_socket: Callable[[], None],
         hub: SlotHub | None = None,
         in_flight: int = 1,
+        torch_threads: int | None = None,
     ) -> None:
         self.in_flight = in_flight
+        self.torch_threads = torch_threads
         self.mail = mailbox
         self.batcher = batcher
         self.forward = forward
@@ -238,6 +242,8 @@ class ServerLoop:
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
+        if self.torch_threads is not None:
+            torch.set_num_threads(self.torch_threads)  # this thread's own count (see torch_threads)
         done_r, done_w = socket.socketpair()  # a pass thread -> this thread: a pass ended
         done_r.setblocking(False)
         done_w.setblocking(False)
@@ -254,6 +260,7 @@ class ServerLoop:
         runner = PassRunner(
             self.forward, in_flight=self.in_flight, on_done=woken, make_lane=lambda: Lane(device),
             answer=self._answer_from_pass, record=self.recorder.record, running=self._set_pass_started,
+            torch_threads=self.torch_threads,
             # One pass at a time on a CPU: nothing to overlap, so this thread runs it (no hand-offs, no GIL shared
             # with a pass thread); on a GPU a pass thread still waits for the device while this one gathers.
             inline=self.in_flight == 1 and getattr(device, "type", "cpu") != "cuda",

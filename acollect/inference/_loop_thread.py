@@ -78,6 +78,7 @@ class LoopThread:
             self._close_socket,
             self._hub,
             in_flight=self.spec.passes_in_flight,
+            torch_threads=self.spec.num_threads,
         )
         self._started = True
         return [

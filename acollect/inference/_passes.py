@@ -35,6 +35,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from acollect.inference._batching import Lane, Request
 
 __all__ = ["DonePass", "PassRunner"]
@@ -66,6 +68,8 @@ class PassRunner:
         inline: run each pass in the thread that submits it (``in_flight`` must be 1): for a pass that holds the
             CPU all along (a policy on a CPU), a thread of its own would only add two hand-offs per pass, and
             its GIL shared with the loop thread, for nothing to overlap.
+        torch_threads: torch's threads in each pass thread (``None``: leave them): a new thread does not follow
+            its creator's ``torch.set_num_threads()`` (OpenMP keeps the count per thread).
     """
 
     def __init__(
@@ -79,7 +83,9 @@ class PassRunner:
         record: Callable[[Sequence[Request], float, float], None] | None = None,
         running: Callable[[float | None], None] | None = None,
         inline: bool = False,
+        torch_threads: int | None = None,
     ) -> None:
+        self._torch_threads = torch_threads
         if inline and in_flight != 1:
             raise ValueError(f"inline passes run one at a time: in_flight must be 1, got {in_flight}")
         self._forward = forward
@@ -165,6 +171,8 @@ class PassRunner:
 
     def _serve(self, index: int, make_lane: Callable[[], Lane]) -> None:
         lane = _once(make_lane)  # made by the first pass, on this thread (where its CUDA stream is used)
+        if self._torch_threads is not None:
+            torch.set_num_threads(self._torch_threads)
         while True:
             with self._cond:
                 while not self._jobs:

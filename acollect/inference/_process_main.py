@@ -176,7 +176,8 @@ def run_server_process(config: ProcessConfig) -> int:
             server_socket, hub = bind(spec)
         mail.server_socket = server_socket
         loop = ServerLoop(mail, Batcher(spec.max_batch_size, spec.max_wait), forward, recorder,
-                          server_socket, lambda: None, hub, in_flight=spec.passes_in_flight)  # fmt: skip
+                          server_socket, lambda: None, hub, in_flight=spec.passes_in_flight,
+                          torch_threads=spec.num_threads)  # fmt: skip
         mail.loop = loop
         loop.housekeeping = mail.publish
         control.send(sock, {
