@@ -1,0 +1,504 @@
+"""Worker restarts and liveness (:mod:`acollect._pool.handles`, :mod:`acollect._pool.liveness`): what a worker slot
+counts at each event, and what the liveness loop does with a dead, silent, hung or never-started worker.
+
+Each test kills mutants that ``tools/mutation.py liveness`` found alive: a restart not counted, a batch dropped
+with a dead worker counted twice or not at all, a replayed batch taken, a heartbeat that hides a hang, a death
+that fails the pool where it should restart the worker.
+The liveness loop runs for real over real processes (``sleep``), which the tests kill or leave silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from tensordict import TensorDict
+
+from acollect._pool.events import Counters, PoolEvents
+from acollect._pool.handles import Orders, Rejected, Request, WorkerHandle, WorkerState, parse_identity
+from acollect._pool.liveness import Monitor
+from acollect._pool.settings import PoolSettings
+from acollect._worker import protocol as P
+from acollect.errors import ProtocolError, WorkerCrashedError, WorkerTimeoutError
+from acollect.launchers import LocalLauncher
+from acollect.transport._endpoint import Endpoint
+
+DEADLINE = 30.0  # only a hang reaches it
+
+
+def config(index: int = 0, **fields: Any) -> P.WorkerConfig:
+    return P.WorkerConfig(index=index, generation=0, n_workers=2, address="", parent_pid=0, create_env_fn=None,
+                          **fields)  # fmt: skip
+
+
+def hello(n_envs: int = 2, **fields: Any) -> dict[str, Any]:
+    leaves = [{"nbytes": 24}, {"nbytes": 16}]
+    return {"n_envs": n_envs, "layout": {"leaves": leaves}, **fields}
+
+
+def ready(index: int = 0, now: float = 0.0) -> WorkerHandle:
+    handle = WorkerHandle(index, config(index))
+    handle.on_launch(now=now)
+    handle.on_hello(hello())
+    handle.on_greeted(now=now)
+    return handle
+
+
+def batch(seq: object, **fields: Any) -> dict[str, Any]:
+    """A batch's header; its counters follow its number."""
+    n = seq if isinstance(seq, int) else 0
+    return {"kind": P.BATCH, "seq": seq, "traj_counter": 10 + n, "frames": 100 * (n + 1), **fields}
+
+
+DATA = TensorDict({"x": torch.zeros(2)}, batch_size=[2])
+
+
+def test_an_identity_names_a_worker_and_its_generation() -> None:
+    assert parse_identity(b"w3.7") == (3, 7)
+    assert parse_identity(b"w12.0d") == (12, 0)
+    assert parse_identity(P.worker_identity(5, 2)) == (5, 2)
+    for other in (b"w3", b"x3.7", b"w3.7e", b"w1234567890.1", b"w-1.2"):
+        assert parse_identity(other) is None
+
+
+def test_a_request_says_its_batch_and_slot() -> None:
+    assert Request(4).fields() == {"n": 4}
+    assert Request(4, slot=0).fields() == {"n": 4, "slot": 0}
+    assert Request(4, slot=2, ahead=True).fields() == {"n": 4, "slot": 2}
+
+
+def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
+    handle = ready(now=1.0)
+    assert (handle.state, handle.generation, handle.started_at, handle.ready) == (WorkerState.READY, 1, 1.0, True)
+    assert handle.identity == b"w0.1"
+    assert (handle.n_envs, handle.batch_nbytes, handle.weights_structure, handle.env_seed) == (2, 40, None, None)
+    handle.on_ack({"version": 3})
+    handle.on_send(P.WEIGHTS)
+    handle.on_send(P.SEED)
+    handle.on_send(P.COLLECT)
+    assert (handle.changes_sent, handle.resets_sent) == (2, 1)
+    handle.on_ask(Request(1, ahead=True))
+    handle.on_beat({"steps": 5, "busy": True, "discarded": 4, "sent": 2}, now=2.0)
+    handle.on_env_restarts(3)
+    handle.on_unreachable(now=3.0)
+    assert handle.on_death(lockstep=True, running=False) == 1
+    handle.on_launch(now=4.0)
+    assert (handle.generation, handle.started_at, handle.acked_version, handle.restarts) == (2, 4.0, 0, 1)
+    assert (handle.changes_sent, handle.resets_sent, handle.sent, handle.next_seq) == (0, 0, 0, 0)
+    assert (handle.last_steps, handle.busy, handle.partial, handle.missing_since) == (-1, False, False, None)
+    assert handle.unreachable_since is None
+    assert [r.ahead for r in handle.requests] == [False]  # asked again of the successor
+    assert handle.on_beat({"steps": 0, "busy": False, "discarded": 1}, now=5.0) == 1  # a fresh count
+    assert handle.on_env_restarts(1) == 1
+
+
+def test_a_hello_says_what_the_worker_built() -> None:
+    handle = WorkerHandle(0, config())
+    handle.on_launch(now=0.0)
+    handle.make_doorbell("/tmp/acollect-test-bell-that-is-never-made")
+    handle.on_hello(hello(n_envs=3, weights=[[["w"], [2], "float32"]], env_seed="7",
+                          doorbell="/tmp/acollect-test-bell-that-is-never-made"))  # fmt: skip
+    assert (handle.n_envs, handle.batch_nbytes, handle.env_seed) == (3, 40, 7)
+    assert handle.weights_structure == {("w",): ((2,), torch.float32)}
+    assert handle.bell_path == "/tmp/acollect-test-bell-that-is-never-made"
+    assert handle.layout == hello()["layout"]
+    other = WorkerHandle(1, config(1))
+    other.on_launch(now=0.0)
+    other.make_doorbell("/tmp/a")
+    other.on_hello(hello(doorbell="/tmp/b"))
+    assert other.bell_path is None  # a worker never makes the collector open a path it did not name
+
+
+def test_a_heartbeat_tells_progress_a_held_batch_and_a_missing_one() -> None:
+    handle = ready(now=0.0)
+    assert (handle.last_beat, handle.last_progress, handle.last_steps) == (0.0, 0.0, -1)
+    assert handle.on_beat({"steps": 4, "busy": True}, now=1.0) == 0
+    assert (handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (4, 1.0, True, True)
+    handle.on_beat({"steps": 4, "busy": True}, now=2.0)
+    assert handle.last_progress == 1.0  # no step since: a hang shows
+    handle.on_beat({"steps": 4, "busy": False, "partial": True}, now=3.0)
+    assert (handle.busy, handle.partial, handle.last_progress) == (False, True, 1.0)
+    handle.on_beat({"steps": 4, "busy": True}, now=4.0)
+    assert handle.last_progress == 4.0  # a batch begun is progress
+    handle.on_beat({"steps": 4, "busy": False, "partial": False}, now=5.0)
+    assert (handle.busy, handle.partial) == (False, False)
+    assert handle.on_beat({"steps": 9, "busy": False, "discarded": 6}, now=6.0) == 6
+    assert handle.on_beat({"steps": 9, "busy": False, "discarded": 6}, now=7.0) == 0
+    assert handle.on_beat({"steps": 9, "busy": False, "discarded": 5}, now=8.0) == 0  # reordered: never negative
+    assert handle.on_beat({"steps": 9, "busy": False, "discarded": 8}, now=9.0) == 2
+    handle.on_beat({"steps": 9, "busy": False, "sent": 1}, now=10.0)
+    assert (handle.sent, handle.missing_since) == (1, 10.0)
+    handle.on_beat({"steps": 9, "busy": False, "sent": 1}, now=11.0)
+    assert handle.missing_since == 10.0
+    handle.on_batch(batch(0), DATA, lockstep=False)
+    assert handle.missing_since is None
+    handle.on_beat({"steps": 9, "busy": False, "sent": 1}, now=12.0)
+    assert handle.missing_since is None
+    handle.on_message(now=13.0)
+    assert handle.last_beat == 13.0
+
+
+def test_env_restarts_count_once_each_and_refuse_nonsense() -> None:
+    handle = ready()
+    assert handle.on_env_restarts(2) == 2
+    assert handle.on_env_restarts(2) == 0
+    assert handle.on_env_restarts(1) == 0
+    assert handle.on_env_restarts(5) == 3
+    for bad in (-1, "3", 1.0, None):
+        with pytest.raises(ProtocolError, match=rf"^worker 0 sent env_restarts={bad!r}: expected an int >= 0$"):
+            handle.on_env_restarts(bad)
+
+
+def test_batches_arrive_in_order_once_each() -> None:
+    handle = ready()
+    item = handle.on_batch(batch(0), DATA, lockstep=False)
+    assert (item.worker, item.generation, item.in_slot, item.nbytes, item.request) == (0, 1, False, 40, None)
+    assert item.data is DATA
+    assert (handle.next_seq, handle.traj_counter, handle.frames, handle.inbox) == (1, 10, 100, ())
+    with pytest.raises(Rejected, match=r"^replayed batch: seq 0 from worker 0, expected 1$"):
+        handle.on_batch(batch(0), DATA, lockstep=False)
+    with pytest.raises(ProtocolError, match=r"^worker 0 sent batch 2 after 0: batches lost$"):
+        handle.on_batch(batch(2), DATA, lockstep=False)
+    with pytest.raises(ProtocolError, match=r"^worker 0 sent a batch with seq='1', expected an int$"):
+        handle.on_batch(batch("1"), DATA, lockstep=False)
+    with pytest.raises(ProtocolError, match=r"^worker 0 sent a batch with neither slot nor tensors$"):
+        handle.on_batch(batch(1), None, lockstep=False)
+    with pytest.raises(ProtocolError, match=r"^worker 0 named slot 0, which it does not have$"):
+        handle.on_batch(batch(1, slot=0), None, lockstep=False)
+    assert handle.next_seq == 1
+    handle.restore_counters(traj_counter=50, frames=500)
+    assert (handle.traj_counter, handle.frames) == (50, 500)
+
+
+def test_lockstep_parts_answer_their_requests_in_order() -> None:
+    handle = ready()
+    with pytest.raises(ProtocolError, match=r"^worker 0 sent a batch nobody asked for$"):
+        handle.on_batch(batch(0), DATA, lockstep=True)
+    handle.on_ask(Request(1))
+    handle.on_ask(Request(2, ahead=True))
+    assert (handle.outstanding, handle.asked(1), handle.asked(2), handle.asked(3)) == (2, True, True, False)
+    with pytest.raises(ProtocolError, match=r"^worker 0 answered collect n=2, asked for n=1$"):
+        handle.on_batch(batch(0, n=2), DATA, lockstep=True)
+    first = handle.on_batch(batch(0, n=1), DATA, lockstep=True)
+    second = handle.on_batch(batch(1), DATA, lockstep=True)  # no n: the oldest request
+    assert (first.request.number, second.request.number) == (1, 2)  # type: ignore[union-attr]
+    assert (handle.outstanding, handle.asked(1), handle.part(1) is first, handle.part(3)) == (0, True, True, None)
+    assert handle.take_part(2) is second
+    assert handle.inbox == (first,)
+    with pytest.raises(AssertionError, match=r"^worker 0 has no part of batch 2$"):
+        handle.take_part(2)
+
+
+def test_acknowledgements_keep_the_newest_version_and_refusals_say_why() -> None:
+    handle = ready()
+    assert handle.on_ack({"version": 3}) is None
+    assert handle.on_ack({"version": 2}) is None
+    assert (handle.acked_version, handle.weights_refused) == (3, None)
+    assert handle.on_ack({"version": 4, "error": "E" * 3000}) == (4, "E" * 2000)
+    assert (handle.acked_version, handle.weights_refused) == (3, (4, "E" * 2000))
+    assert handle.on_ack({"version": 5, "error": None}) is None
+    assert handle.acked_version == 5
+
+
+@pytest.mark.parametrize(("running", "busy", "requests", "lost"), [
+    (True, True, 0, 1), (True, False, 0, 0), (False, True, 0, 0), (False, False, 1, 1),
+])  # fmt: skip
+def test_an_asynchronous_worker_dies_with_the_batch_it_was_collecting(
+    running: bool, busy: bool, requests: int, lost: int
+) -> None:
+    handle = ready()
+    handle.on_batch(batch(0), DATA, lockstep=False)
+    handle.on_beat({"steps": 1, "busy": busy, "sent": 3}, now=1.0)
+    for number in range(requests):
+        handle.on_ask(Request(number))
+    assert handle.on_death(lockstep=False, running=running) == lost
+    assert handle.restarts == 1
+    generation = handle.generation
+    handle.on_launch(now=2.0)
+    # its batches still on their way: each counted as dropped once, except the one counted at its death
+    assert handle.on_late(generation, batch(0)) is False  # received already
+    assert handle.on_late(generation, batch(1)) is True
+    assert handle.on_late(generation, batch(1)) is False  # a replay
+    assert handle.on_late(generation, batch(3)) is (not (running and busy))
+    assert handle.on_late(generation, batch(4)) is True
+    assert handle.on_late(generation + 1, batch(5)) is False  # not the dead incarnation
+    assert handle.on_late(generation, {"kind": P.HEARTBEAT, "seq": 6}) is False
+    assert handle.on_late(generation, batch("7")) is False
+
+
+def test_a_lockstep_worker_dies_with_every_part_it_was_asked_for() -> None:
+    handle = ready()
+    handle.on_ask(Request(1))
+    handle.on_ask(Request(2))
+    generation = handle.generation
+    assert handle.on_death(lockstep=True, running=False) == 2
+    assert handle.outstanding == 2  # asked again of its successor
+    assert handle.on_late(generation, batch(0)) is False  # counted with its request
+    assert handle.on_death(lockstep=True, running=False) == 2
+    assert handle.restarts == 2
+
+
+def test_a_lost_worker_is_dropped_with_what_it_held() -> None:
+    handle = ready()
+    handle.on_ask(Request(1))
+    handle.on_ask(Request(2))
+    handle.on_batch(batch(0), DATA, lockstep=True)
+    assert handle.on_lost(lockstep=True, running=False) == 1
+    assert (handle.state, handle.lost, handle.outstanding, handle.inbox, handle.restarts) == (
+        WorkerState.LOST, True, 0, (), 0
+    )  # fmt: skip
+    other = ready(1)
+    other.on_beat({"steps": 1, "busy": True, "sent": 0}, now=1.0)
+    generation = other.generation
+    assert other.on_lost(lockstep=False, running=True) == 1
+    assert other.on_late(generation, batch(0)) is False  # the one it was collecting: counted already
+    assert other.on_late(generation, batch(1)) is True
+    idle = ready(2)
+    assert idle.on_lost(lockstep=False, running=True) == 0
+
+
+def test_unreachable_once_then_dead_or_stopping() -> None:
+    handle = ready()
+    assert handle.on_unreachable(now=1.0) is True
+    assert handle.on_unreachable(now=2.0) is False
+    assert (handle.state, handle.unreachable_since) == (WorkerState.UNREACHABLE, 1.0)
+    handle.on_dead()
+    assert handle.state is WorkerState.DEAD
+    handle.on_stopping()
+    handle.on_stopping()
+    handle.on_dead()
+    assert handle.state is WorkerState.STOPPING
+    handle.release()
+    handle.release()
+    assert "STOPPING" in repr(handle)
+
+
+def test_a_slot_for_a_hand_started_worker_waits_joins_and_fails_to_join() -> None:
+    handle = WorkerHandle(0, config(remote=True))
+    assert handle.joined is False
+    handle.on_vacate(now=1.0)
+    assert (handle.state, handle.generation, handle.joined) == (WorkerState.VACANT, 1, False)
+    handle.on_join(now=2.0)
+    assert (handle.state, handle.started_at, handle.joined, handle.generation) == (WorkerState.STARTING, 2.0, True, 1)
+    handle.on_join_failed()
+    assert handle.state is WorkerState.VACANT
+
+
+# -- the liveness loop over real processes --------------------------------------------------------------------------
+class OsProcess:
+    """A worker process as a launcher reports it: here a real ``sleep`` the test kills or leaves running."""
+
+    def __init__(self) -> None:
+        self.popen = subprocess.Popen(["sleep", "60"])
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def write_config(self) -> None:
+        pass
+
+    def terminate(self) -> None:
+        self.popen.terminate()
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+    def close(self) -> None:
+        self.popen.wait()
+
+    def describe(self) -> str:
+        return f"pid {self.popen.pid}"
+
+
+class Pool:
+    """What the liveness loop is given: handles of live processes, the pool's events and counts, and how it starts
+    a worker again (a new process, greeted at once)."""
+
+    def __init__(self, n: int, *, max_restarts: int, on_worker_loss: str = "raise", heartbeat_timeout: float = 60.0,
+                 startup_timeout: float = 60.0) -> None:  # fmt: skip
+        self.handles = [WorkerHandle(i, config(i)) for i in range(n)]
+        self.processes: list[OsProcess] = []
+        now = time.monotonic()
+        for handle in self.handles:
+            handle.on_launch(now=now)
+            handle.on_process(self.process())
+            handle.on_hello(hello())
+            handle.on_greeted(now=now)
+        self.events = PoolEvents()
+        self.events.starting()
+        self.events.running()
+        self.counters = Counters()
+        self.orders = Orders(running=True)
+        self.settings = PoolSettings(
+            launcher=LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=2, slots=None,
+            shared_batches=None, heartbeat_timeout=heartbeat_timeout, startup_timeout=startup_timeout,
+            max_restarts=max_restarts, on_worker_loss=on_worker_loss,
+        )  # fmt: skip
+        self.spawned: list[int] = []
+        self.lost_calls = 0
+
+    def process(self) -> OsProcess:
+        self.processes.append(OsProcess())
+        return self.processes[-1]
+
+    async def spawn(self, handle: WorkerHandle) -> None:
+        self.spawned.append(handle.index)
+        handle.on_launch(now=time.monotonic())
+        handle.on_process(self.process())
+        handle.on_hello(hello())
+        handle.on_greeted(now=time.monotonic())
+        self.events.notify()
+
+    def lost(self) -> None:
+        self.lost_calls += 1
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.close()
+
+
+@asynccontextmanager
+async def monitoring(pool: Pool) -> AsyncIterator[Monitor]:
+    async with Endpoint() as endpoint, anyio.create_task_group() as tg:
+        monitor = Monitor(endpoint, pool.handles, pool.events, pool.counters, pool.orders, pool.settings,
+                          spawn=pool.spawn, vacate=lambda handle: None, lost=pool.lost)  # fmt: skip
+        tg.start_soon(monitor.run)
+        try:
+            yield monitor
+        finally:
+            tg.cancel_scope.cancel()
+            pool.close()
+
+
+async def until(pool: Pool, predicate: Callable[[], object]) -> None:
+    with anyio.fail_after(DEADLINE):
+        while not predicate():
+            await pool.events.wait(0.05)
+
+
+async def test_a_dead_worker_is_restarted_and_the_batch_it_was_collecting_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = Pool(2, max_restarts=2)
+    pool.handles[0].on_beat({"steps": 3, "busy": True}, now=time.monotonic())
+    async with monitoring(pool) as monitor:
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.spawned)
+        assert pool.spawned == [0]
+        assert (pool.handles[0].restarts, pool.handles[0].generation, pool.handles[1].restarts) == (1, 2, 0)
+        assert pool.counters.dropped_batches == 1
+        assert pool.events.failure is None
+        assert pool.processes[0].exitcode is not None
+        assert not monitor.stopped.is_set()
+    assert monitor.stopped.is_set()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"worker 0 (pid {pool.processes[0].pid}) died: ")
+    assert warnings[0].endswith("; restarting it (1/2)")
+
+
+async def test_a_worker_dead_with_its_restarts_spent_fails_the_pool_naming_it() -> None:
+    pool = Pool(2, max_restarts=0)
+    async with monitoring(pool):
+        pool.processes[1].kill()
+        await until(pool, lambda: pool.events.failure)
+    failure = pool.events.failure
+    assert isinstance(failure, WorkerCrashedError)
+    assert (failure.worker_id, failure.exitcode) == (1, -9)
+    assert str(failure).startswith(f"worker 1 (pid {pool.processes[1].pid}) died: ")
+    assert (pool.handles[1].state, pool.handles[0].state) == (WorkerState.DEAD, WorkerState.READY)
+    assert pool.spawned == []
+    assert pool.counters.dropped_batches == 0
+
+
+async def test_elastic_a_worker_dead_with_its_restarts_spent_is_lost_and_the_others_go_on() -> None:
+    pool = Pool(2, max_restarts=0, on_worker_loss="continue")
+    pool.handles[0].on_beat({"steps": 3, "busy": True}, now=time.monotonic())
+    async with monitoring(pool):
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.lost_calls)
+        assert (pool.handles[0].state, pool.counters.lost_workers, pool.counters.dropped_batches) == (
+            WorkerState.LOST, 1, 1
+        )  # fmt: skip
+        assert pool.events.failure is None
+        pool.processes[1].kill()  # the last one left: the pool fails
+        await until(pool, lambda: pool.events.failure)
+    assert isinstance(pool.events.failure, WorkerCrashedError)
+    assert (pool.lost_calls, pool.counters.lost_workers) == (1, 1)
+
+
+async def test_a_silent_worker_is_timed_out_by_its_heartbeats() -> None:
+    pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
+    async with monitoring(pool):
+        await until(pool, lambda: pool.events.failure)
+    failure = pool.events.failure
+    assert isinstance(failure, WorkerTimeoutError)
+    assert re.match(r"^worker 0 \(pid \d+\) sent no heartbeat for \d+\.\ds \(heartbeat_timeout=0\.3s\)$", str(failure))
+    assert pool.processes[0].exitcode is not None  # ended
+
+
+async def test_a_worker_that_steps_no_env_while_collecting_is_hung() -> None:
+    pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
+    handle = pool.handles[0]
+    handle.on_beat({"steps": 3, "busy": True}, now=time.monotonic())
+    async with monitoring(pool):
+        with anyio.fail_after(DEADLINE):
+            while pool.events.failure is None:
+                handle.on_message(now=time.monotonic())  # alive, but no step
+                handle.on_beat({"steps": 3, "busy": True}, now=time.monotonic())
+                await anyio.sleep(0.05)
+    assert re.match(r"^worker 0 \(pid \d+\) is hung: no env step for \d+\.\ds while collecting "
+                    r"\(heartbeat_timeout=0\.3s\)$", str(pool.events.failure))  # fmt: skip
+
+
+async def test_a_batch_announced_and_never_received_times_the_worker_out() -> None:
+    pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
+    handle = pool.handles[0]
+    async with monitoring(pool):
+        with anyio.fail_after(DEADLINE):
+            while pool.events.failure is None:
+                handle.on_message(now=time.monotonic())
+                handle.on_beat({"steps": 3, "busy": False, "sent": 1}, now=time.monotonic())
+                await anyio.sleep(0.05)
+    assert str(pool.events.failure).endswith(
+        "sent batch 0 more than heartbeat_timeout=0.3s ago and it never arrived: its connection to the collector "
+        "dropped it"
+    )
+
+
+async def test_a_worker_that_never_says_hello_did_not_start() -> None:
+    pool = Pool(1, max_restarts=0, startup_timeout=0.3)
+    handle = pool.handles[0]
+    handle.on_launch(now=time.monotonic())
+    handle.on_process(pool.process())
+    async with monitoring(pool):
+        await until(pool, lambda: pool.events.failure)
+    assert isinstance(pool.events.failure, WorkerTimeoutError)
+    assert re.match(r"^worker 0 \(pid \d+\) did not start within startup_timeout=0\.3s$", str(pool.events.failure))
+
+
+async def test_an_unreachable_worker_counts_as_dead_after_a_grace() -> None:
+    pool = Pool(1, max_restarts=1)
+    async with monitoring(pool) as monitor:
+        assert monitor.unreachable_grace == 1.0
+        pool.handles[0].on_unreachable(now=time.monotonic())
+        await until(pool, lambda: pool.spawned)
+    assert pool.handles[0].restarts == 1
