@@ -82,6 +82,13 @@ class LedgerEnv(CountingEnv):
         Path(self.ledger_dir, f"{pid}.closed").touch()
 
 
+def never_built() -> CountingEnv:
+    """An env factory that never returns (a simulator stuck while it loads): its worker never says hello, and never
+    reads a ``stop``."""
+    while True:
+        time.sleep(3600)
+
+
 class LedgerPolicy(WeightProbe):
     """A :class:`~acollect.testing.WeightProbe` whose worker's env writes ``w`` to the ledger when it closes."""
 

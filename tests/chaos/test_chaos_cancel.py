@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
-from chaos_helpers import Ledger, LedgerEnv, LedgerPolicy, env_int, ipc_file_exists
+from chaos_helpers import Ledger, LedgerEnv, LedgerPolicy, env_int, ipc_file_exists, never_built
 
 from acollect import CollectorState, MultiAsyncCollector, MultiSyncCollector
 from acollect.collectors._multi_base import MultiCollectorBase
@@ -91,22 +91,27 @@ async def test_cancelling_the_consumer_anywhere_leaves_nothing_behind(
 
 
 async def test_a_cancelled_set_up_gives_control_back_at_once(
-    ledger: Ledger, rng: random.Random, tmp_path: Path
+    start_method: str, rng: random.Random, tmp_path: Path
 ) -> None:
-    # Workers that never said hello (still importing torch, building their env) hold nothing: a set-up
-    # cancelled then ends them at once instead of waiting for them to boot and read ``stop``. Spawned
-    # workers: their boot takes the longest, so every moment below falls inside it.
-    late: list[float] = []
+    # Workers that never said hello (still booting, or building their env) hold nothing: a set-up cancelled then ends
+    # them at once instead of waiting for them to read ``stop``, which these never would: their env is never built.
+    # A cancellation that waited for them would wait out shutdown_timeout (an hour here): the deadline below, which
+    # only such a hang misses, fails it. How soon control comes back is a figure: benchmarks/cancel.py measures it.
     for i in range(4):
-        collector = make_collector(i, ledger, f"ipc://{tmp_path}/boot{i}.sock", "spawn")
-        deadline = rng.uniform(0.05, 0.4)
+        cls = MultiSyncCollector if i % 2 == 0 else MultiAsyncCollector
+        collector = cls(
+            [never_built] * 2,
+            frames_per_batch=40,
+            address=f"ipc://{tmp_path}/boot{i}.sock",
+            # Spawned workers boot for the longest, so the earlier moments fall inside the boot, the later ones
+            # (forked from the fork server) while the env is being built.
+            start_method="spawn" if i < 2 else start_method,
+            shutdown_timeout=3600,
+            startup_timeout=3600,
+        )
         with anyio.fail_after(30):
-            with anyio.move_on_after(deadline) as scope:
-                started = anyio.current_time()
+            with anyio.move_on_after(rng.uniform(0.05, 0.4)) as scope:
                 await anext(collector)
-            late.append(anyio.current_time() - started - deadline)
-        assert scope.cancelled_caught, "the workers started before the cancellation: nothing was tested"
-        await collector.async_shutdown()
+            assert scope.cancelled_caught, "a worker said hello: nothing was tested"
+            await collector.async_shutdown()
         assert collector.state is CollectorState.CLOSED
-    # It was 3 s (a graceful stop waited for); now a few hundredths. Loose, for a loaded machine.
-    assert max(late) < 1.0, late

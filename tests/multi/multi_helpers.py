@@ -7,7 +7,6 @@ The probe policies (``WeightProbe``, ``TwoPartProbe``) live in :mod:`acollect.te
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 from tensordict import TensorDictBase
@@ -49,15 +48,6 @@ class ActsSeven(torch.nn.Module):
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
         return torch.full((observation.shape[0],), 7)
-
-
-def stamp_time(td: TensorDictBase) -> TensorDictBase:
-    """A TensorDict policy that acts 0 and writes when it chose, as ``"stamp"`` (``time.monotonic()``, which every
-    process of a host reads from one clock)."""
-    n = td.batch_size[0]
-    td.set("action", torch.zeros(n, dtype=torch.int64))
-    td.set("stamp", torch.full((n,), time.monotonic(), dtype=torch.float64))
-    return td
 
 
 def report_cores(td: TensorDictBase) -> TensorDictBase:

@@ -403,22 +403,21 @@ def test_send_to_a_full_queue_times_out_within_its_deadline(backend: str) -> Non
 
                 elapsed, error = await fill()
                 assert error == "could not queue a message for worker b'w0' within 0.2s"
-                assert 0.19 <= elapsed < 1.0
+                assert elapsed >= 0.19  # never before its deadline; how soon after is measured by benchmarks/cancel.py
 
-                # A worker that reads again lets a waiting send through, long before its deadline.
+                # A worker that reads again lets a waiting send through: one whose deadline is an hour away, so only
+                # the worker's reads can end it (the test's deadline catches a send that waits on).
                 def drain() -> None:
                     while worker.recv(timeout=0.5) is not None:
                         pass
 
                 drained = threading.Thread(target=drain)
-                async with anyio.create_task_group() as tg:
-                    start = time.monotonic()
-                    tg.start_soon(functools.partial(endpoint.send, b"w0", [b"last"], timeout=30.0))
-                    await anyio.sleep(0.1)
-                    drained.start()
-                elapsed = time.monotonic() - start
+                with anyio.fail_after(DEADLINE):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(functools.partial(endpoint.send, b"w0", [b"last"], timeout=3600.0))
+                        await anyio.sleep(0.1)
+                        drained.start()
                 await anyio.to_thread.run_sync(drained.join, DEADLINE)
-                assert elapsed < 10
 
     run(backend, main)
 
@@ -439,7 +438,7 @@ def test_closing_wakes_a_waiting_recv(backend: str) -> None:
             tg.start_soon(receive)
             await anyio.sleep(0.02)
             endpoint.close()
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < DEADLINE / 2  # woken by the close, not by the receive's own deadline
         assert len(errors) == 1
         assert "closed" in str(errors[0])
 
