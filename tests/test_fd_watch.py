@@ -2,7 +2,8 @@
 
 Plain test functions that call ``anyio.run(..., backend=backend)``, as tests/transport/test_endpoint.py does:
 pytest-asyncio's auto mode would claim ``async def`` tests for asyncio alone. Timings are only bounded from
-below (a wait that ends too early is a bug) and loosely from above (a wait that never ends is one too).
+below (a wait that ends too early is a bug). A wait that something else must end times out only after an hour, so
+that when it returns it was ended by that; each test's deadline (``HANG``) fails one that never ends.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pytest
 
 from acollect._runtime.fd_watch import FdWatch
 
-LONG = 20.0  # a wait's timeout when something else must end it
-PROMPT = 5.0  # what "promptly" means here: far more than needed, far less than LONG
+LONG = 3600.0  # a wait's timeout when something else must end it: never reached by a test that passes
+HANG = 30.0  # each test's deadline: only a wait that never ends misses it
 Pair = tuple[socket.socket, socket.socket]
 
 
@@ -41,13 +42,15 @@ def pair() -> Iterator[Pair]:
 
 
 def run(backend: str, main: Callable[[], Awaitable[Any]]) -> Any:
-    return anyio.run(main, backend=backend)
+    async def bounded() -> Any:
+        with anyio.fail_after(HANG):
+            return await main()
+
+    return anyio.run(bounded, backend=backend)
 
 
 async def until_waiting(watch: FdWatch) -> None:
-    deadline = time.monotonic() + PROMPT
-    while not watch.waiting:
-        assert time.monotonic() < deadline, "the waiter never started waiting"
+    while not watch.waiting:  # noqa: ASYNC110 - the watch has no event to wait on; the test's deadline bounds this
         await anyio.sleep(0.001)
 
 
@@ -78,14 +81,12 @@ def test_returns_when_the_descriptor_turns_readable(backend: str, pair: Pair) ->
             await watch.wait(LONG)
             elapsed = time.monotonic() - start
         assert seen_waiting == [True]
-        assert 0.03 <= elapsed < PROMPT
+        assert elapsed >= 0.03
         assert not watch.waiting
         assert left.recv(8) == b"x"  # the wait looks, it does not read
         await assert_unwatched(left.fileno(), backend)
         right.send(b"y")  # readable before the wait: it returns at once
-        start = time.monotonic()
         await watch.wait(LONG)
-        assert time.monotonic() - start < PROMPT
         assert repr(watch) == f"FdWatch(fd={left.fileno()})"
 
     run(backend, main)
@@ -100,7 +101,7 @@ def test_returns_after_the_timeout_when_nothing_happens(backend: str, pair: Pair
             start = time.monotonic()
             await watch.wait(timeout)
             elapsed = time.monotonic() - start
-            assert 0.8 * timeout <= elapsed < PROMPT, (timeout, elapsed)
+            assert elapsed >= 0.8 * timeout, (timeout, elapsed)
             assert not watch.waiting
             await assert_unwatched(left.fileno(), backend)
         with pytest.raises(BlockingIOError):
@@ -127,9 +128,7 @@ def test_wake_from_another_task_ends_the_wait(backend: str, pair: Pair) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(wake_later)
-            start = time.monotonic()
             await watch.wait(LONG)
-            assert time.monotonic() - start < PROMPT
         assert not watch.waiting
         await assert_unwatched(left.fileno(), backend)
 
@@ -149,9 +148,8 @@ def test_closing_ends_the_wait_and_lets_go_of_the_descriptor(backend: str, pair:
         ended = []
 
         async def waiter() -> None:
-            start = time.monotonic()
             await watch.wait(LONG)
-            ended.append(time.monotonic() - start)
+            ended.append(True)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
@@ -159,8 +157,7 @@ def test_closing_ends_the_wait_and_lets_go_of_the_descriptor(backend: str, pair:
             watch.closing()
             if backend == "asyncio":  # let go of at once, before the waiter runs again
                 assert asyncio.get_running_loop().remove_reader(fd) is False
-        assert len(ended) == 1
-        assert ended[0] < PROMPT
+        assert ended == [True]
         assert not watch.waiting
         await assert_unwatched(fd, backend)
         left.close()
@@ -168,9 +165,7 @@ def test_closing_ends_the_wait_and_lets_go_of_the_descriptor(backend: str, pair:
         reader, writer = socket.socketpair()
         with reader, writer:
             writer.send(b"x")
-            start = time.monotonic()
             await FdWatch(reader.fileno()).wait(LONG)
-            assert time.monotonic() - start < PROMPT
 
     run(backend, main)
 
@@ -210,7 +205,6 @@ def test_outside_cancellation_passes_through(backend: str, how: str, pair: Pair)
     async def main() -> None:
         watch = FdWatch(left.fileno())
         outcome = []
-        start = time.monotonic()
         if how == "move_on_after":
             with anyio.move_on_after(0.05) as scope:
                 await watch.wait(LONG)
@@ -232,13 +226,10 @@ def test_outside_cancellation_passes_through(backend: str, how: str, pair: Pair)
                 tg.cancel_scope.cancel()
             assert outcome == ["cancelled"]
         assert "returned" not in outcome
-        assert time.monotonic() - start < PROMPT
         assert not watch.waiting
         await assert_unwatched(left.fileno(), backend)
         right.send(b"x")  # a new wait works, and sees the descriptor turn readable
-        start = time.monotonic()
         await watch.wait(LONG)
-        assert time.monotonic() - start < PROMPT
         assert not watch.waiting
 
     run(backend, main)
