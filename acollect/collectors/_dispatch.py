@@ -20,9 +20,11 @@ mode its class fixes, or the ``sync`` option of a collector that takes one (the 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import AsyncIterator, Hashable
+from contextlib import asynccontextmanager
 from typing import ClassVar
 
+import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -38,6 +40,24 @@ __all__ = ["Dispatch", "FirstReady", "Lockstep", "dispatch_for"]
 
 #: the lending key of the lockstep segments every worker writes (their memory is the collector's)
 _SHARED = "shared"
+
+
+@asynccontextmanager
+async def _held(lock: anyio.Lock) -> AsyncIterator[None]:
+    """``lock`` held, taken without a trip through the event loop where it is free.
+
+    A free ``anyio.Lock`` still yields to the loop when taken. Beside a trainer that computes between its awaits,
+    every trip is a whole trainer step: the ask for a worker's next part reached it a step later, and a worker done
+    with its part idled meanwhile (docs/background.md, "Cores for the trainer"). A held lock is waited for as ever.
+    """
+    try:
+        lock.acquire_nowait()
+    except anyio.WouldBlock:
+        await lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class Dispatch:
@@ -164,7 +184,7 @@ class Lockstep(Dispatch):
             return True  # asked of everyone already (take() asks again after each wait): nothing to order
         # Under the weight pusher's order: a push computes the first batch it applies to, and reaches every
         # worker, wholly before or wholly after the requests of this batch go out (see WeightPusher).
-        async with pool.weights.order:
+        async with _held(pool.weights.order):
             slot = self._segments.get(number)
             if self._shared is not None and slot is None:
                 slot = self._shared.acquire()
