@@ -297,7 +297,7 @@ def test_a_raising_step_breaks_the_collector_cancels_the_others_and_closes_every
 ) -> None:
     monkeypatch.setattr(async_pool_module, "ACLOSE_TIMEOUT", 0.3)
     crashing = Hangs(crash_at_step=2, step_time=0.01)
-    sleepers = [Hangs(step_time=30.0), Hangs(step_time=30.0, hang_in_aclose=True)]
+    sleepers = [Hangs(step_time=3600.0), Hangs(step_time=3600.0, hang_in_aclose=True)]
     envs = iter([*sleepers, crashing])
 
     async def main() -> None:
@@ -306,13 +306,13 @@ def test_a_raising_step_breaks_the_collector_cancels_the_others_and_closes_every
         expected = r"env 2 \(Hangs\)\.step raised RuntimeError: AsyncCountingEnv crashed"
         with pytest.raises(EnvError, match=expected) as info:
             await anext(collector)
-        assert time.monotonic() - start < 5, "the collector broke at once, not when the other envs' steps ended"
+        assert time.monotonic() - start < 20, "the collector broke at once, not when the other envs' steps ended"
         assert isinstance(info.value.__cause__, RuntimeError)
         assert collector.state is CollectorState.BROKEN
         assert all(env.cancelled for env in sleepers), "the other envs' steps were cancelled"
         start = time.monotonic()
         await collector.async_shutdown()
-        assert time.monotonic() - start < 3, "an env's aclose() that hangs is abandoned at its deadline"
+        assert time.monotonic() - start < 20, "an env's aclose() that hangs is abandoned at its deadline"
         assert crashing.closed  # every env's aclose() was awaited
         assert sleepers[0].closed
         assert not other_tasks(), "no task is left"
@@ -322,14 +322,14 @@ def test_a_raising_step_breaks_the_collector_cancels_the_others_and_closes_every
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_step_over_step_timeout_names_the_env(backend: str) -> None:
-    envs = iter([AsyncCountingEnv(), AsyncCountingEnv(step_time=lambda: 10.0)])
+    envs = iter([AsyncCountingEnv(), AsyncCountingEnv(step_time=lambda: 3600.0)])
 
     async def main() -> None:
         collector = Collector(lambda: AsyncEnvPool(lambda: next(envs), 2, step_timeout=0.3), None, frames_per_batch=40)
         start = time.monotonic()
         with pytest.raises(EnvError, match=r"env 1 \(AsyncCountingEnv\)\.step took longer than step_timeout=0.3s"):
             await anext(collector)
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 20  # at step_timeout, not when the step ends (an hour)
         await collector.async_shutdown()
 
     anyio.run(main, backend=backend)

@@ -106,7 +106,7 @@ def test_a_thread_ignoring_the_stop_event_is_left_with_a_warning(
     release = threading.Event()
 
     def stubborn(stop: threading.Event) -> None:
-        release.wait(30)
+        release.wait(60)
 
     async def main() -> float:
         start = time.monotonic()
@@ -116,7 +116,7 @@ def test_a_thread_ignoring_the_stop_event_is_left_with_a_warning(
 
     with caplog.at_level(logging.WARNING, logger="acollect"):
         elapsed = run(backend, main)  # the event loop has ended; the thread is still running
-    assert elapsed < 5
+    assert elapsed < 30  # left at its cancel_timeout, not waited for (60 s)
     assert "acollect-stubborn did not stop within 0.1s" in caplog.text
     (thread,) = acollect_threads()
     release.set()

@@ -410,7 +410,7 @@ async def test_stop_interrupts_a_batch_in_progress() -> None:
         started = time.monotonic()
         await collector.send(P.STOP)
         await thread.join()
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 30  # at its next step, not at the end of its batch (~100 s)
         assert thread.result == 0
 
 

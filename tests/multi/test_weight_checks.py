@@ -86,7 +86,7 @@ async def test_a_push_that_does_not_fit_is_refused_at_once(
         started = time.monotonic()
         with pytest.raises(ConfigurationError) as info:
             await c.update_policy_weights_(weights)
-        assert time.monotonic() - started < 5.0  # at once: no wait for acknowledgements (30 s), even when loaded
+        assert time.monotonic() - started < 20  # at once: no wait for acknowledgements (30 s)
         for part in named:
             assert part in str(info.value)
         # nothing was sent: the workers collect on with version 0, and a push that fits still works
@@ -134,7 +134,7 @@ async def test_a_worker_refuses_weights_that_skipped_the_check_and_lives_on(star
         started = time.monotonic()
         with pytest.raises(WeightSyncError) as info:
             await pool.push_weights({"policy": bad}, {}, ZmqWeightSyncScheme, [0, 1], 30.0)
-        assert time.monotonic() - started < 5.0  # answered, not timed out
+        assert time.monotonic() - started < 20  # answered, not timed out (30 s)
         assert info.value.worker_ids == (0, 1)
         assert "worker 0" in str(info.value)
         assert "('net', '0', 'w')" in str(info.value)

@@ -53,9 +53,7 @@ def test_wait_ends_at_the_first_word_or_at_its_deadline(bell: Doorbell) -> None:
         assert time.monotonic() - started >= 0.04
         timer = threading.Timer(0.1, writer.credit)
         timer.start()
-        started = time.monotonic()
-        assert bell.wait(10.0) is True
-        assert time.monotonic() - started < 5.0
+        assert bell.wait(3600.0) is True  # ended by the word, an hour before its deadline
         timer.join()
         assert bell.read() == [(CREDIT, -1)]
     finally:
