@@ -145,6 +145,10 @@ _SURVIVED = {0}
 _NO_TESTS = {5, 33}
 
 
+class GroupFailed(Exception):
+    """mutmut could not run a group (its tests fail without a mutant, or none of them ran a mutated function)."""
+
+
 def copy_tree(destination: Path) -> None:
     """Copies the working tree (tracked files, and untracked ones git does not ignore) to ``destination``."""
     listed = subprocess.run(
@@ -213,8 +217,8 @@ def run_group(name: str, group: Group, work: Path, *, max_children: int, survivo
     verdicts = tally(tree, group)
     if done.returncode != 0 or not any(verdicts.values()):
         tail = log.read_text(errors="replace").replace("\r", "\n").splitlines()[-40:]
-        print("\n".join(tail))
-        raise SystemExit(f"{name}: mutmut failed (exit status {done.returncode}); its log: {log}")
+        print("\n".join(line for line in tail if line.strip()))
+        raise GroupFailed(f"{name}: mutmut failed (exit status {done.returncode}); its log: {log}")
     if survivors:
         for mutant in sorted(verdicts["survived"] + verdicts["no tests"]):
             shown = subprocess.run([sys.executable, "-m", "mutmut", "show", mutant], cwd=tree, env=env,
@@ -248,10 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     names = args.groups or list(GROUPS)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="acollect-mutation-"))
     results: dict[str, tuple[dict[str, list[str]], float]] = {}
+    failed = []
     try:
         for name in names:
             start = time.monotonic()
-            verdicts = run_group(name, GROUPS[name], work, max_children=args.max_children, survivors=args.survivors)
+            try:
+                verdicts = run_group(name, GROUPS[name], work, max_children=args.max_children, survivors=args.survivors)
+            except GroupFailed as exc:
+                print(exc)
+                failed.append(name)
+                continue
             results[name] = (verdicts, time.monotonic() - start)
             if not args.survivors and verdicts["survived"]:
                 print(f"{name}: survived: {', '.join(sorted(verdicts['survived']))}")
@@ -260,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\n{'group':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
           f"{'other':>6}{'kill rate':>10}{'minutes':>8}")  # fmt: skip
-    failed = []
     for name, (verdicts, seconds) in results.items():
         total = sum(len(v) for v in verdicts.values())
         counts = [len(verdicts[k]) for k in ("killed", "timeout", "survived", "no tests", "other")]
@@ -269,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         if rate(verdicts) < args.fail_under:
             failed.append(name)
     if failed:
-        print(f"kill rate under {args.fail_under}%: {', '.join(failed)}")
+        print(f"failed to run, or kill rate under {args.fail_under}%: {', '.join(failed)}")
         return 1
     return 0
 

@@ -187,3 +187,16 @@ def test_the_tally_splits_each_workers_time_and_forgets_a_lost_worker() -> None:
     assert (split[0]["env"], split[0]["policy"], split[1]["policy"]) == (0.75, 0.25, 1.0)
     tally.forget_worker(0)
     assert set(tally.snapshot(policy_version=1, counters={}).worker_time_split) == {1}
+
+
+def test_by_default_a_plan_is_one_workers_and_a_tally_is_called_collector(caplog: pytest.LogCaptureFixture) -> None:
+    plan = BatchPlan(10)
+    assert (plan.n_workers, plan.stacked) == (1, False)
+    assert settle_quietly(plan, [5]) == (False, [])
+    assert plan.settled
+    caplog.set_level(logging.INFO, logger="acollect.progress")
+    tally = Tally(total_frames=8, progress="log")
+    tally.count_frames(8)
+    tally.count_batch()
+    tally.show(tally.snapshot(policy_version=0, counters={}))
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.name == "acollect.progress"] == ["collector"]

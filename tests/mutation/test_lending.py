@@ -195,3 +195,23 @@ def test_a_fixed_tensordict_is_lent_by_the_plan_of_its_first_loan() -> None:
     assert lent["x"].tolist() == [0, 1, 2, 3]
     assert lent["x"].data_ptr() == first.data_ptr()
     assert lender.lend(td, token=2)["x"].tolist() == [10, 11, 12, 13]  # not fixed: as it is now
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_storages_of_odd_lengths_are_lent_whole(fixed: bool) -> None:
+    thirteen = torch.arange(13, dtype=torch.uint8)  # no whole number of any wider dtype
+    nine = torch.arange(100, 109, dtype=torch.uint8)
+    td = TensorDict({"bytes": thirteen, "long": nine[:8].view(torch.int64)}, batch_size=[])
+    lender = Lender()
+    lent = lender.lend(td, token=0, fixed=fixed)
+    assert lent["bytes"].tolist() == list(range(13))
+    assert lent["long"].tolist() == nine[:8].view(torch.int64).tolist()
+    assert lender.lent_bytes == 22
+
+
+def test_a_batch_not_said_fixed_keeps_no_plan() -> None:
+    books = LendingBooks(budget=1 << 20)
+    td = TensorDict({"x": torch.zeros(4)}, batch_size=[4])
+    lent = books.lend(td, key="w", token=0)
+    assert books.lender.plans_kept == 0
+    assert lent["x"].data_ptr() == td["x"].data_ptr()

@@ -150,7 +150,33 @@ def test_take_takes_the_oldest_and_refuses_more_than_there_are() -> None:
     assembler.add(batch([[1, 2, 3]], [[True, True, True]]))
     assert frames(assembler.take(1)) == [[0]]
     assert frames(assembler.take(2)) == [[1], [2]]
-    with pytest.raises(AssertionError, match=r"^0 complete trajectories, 1 asked for$"):
+    with pytest.raises(AssertionError, match=r"^0 complete trajectories, 1 asked for"):
         assembler.take(1)
     with pytest.raises(AssertionError):
         assembler.take(0)
+
+
+def test_stacked_batches_of_unequal_dimensions() -> None:
+    ids = [[0, 0, 2, 2], [4, 4, 4, 4], [6, 8, 8, 8], [1, 1, 1, 3], [5, 5, 5, 5], [7, 7, 7, 7]]
+    done = [[False, True, False, False]] + [[False] * 4] * 2 + [[False, False, True, False]] + [[False] * 4] * 2
+    assembler = TrajectoryAssembler(workers=2)
+    assembler.add(batch(ids, done).reshape(2, 3, 4))  # 2 workers, 3 envs each, 4 steps
+    assert (assembler.complete, assembler.in_progress) == (2, 7)
+    assert frames(assembler.take(2)) == [[0, 1], [12, 13, 14]]
+
+
+def test_a_trajectory_that_begins_at_the_last_step_is_split_off() -> None:
+    out = split_trajectories(batch([[1, 1, 2], [3, 3, 3]], [[False] * 3] * 2))
+    assert out["observation"].tolist() == [[0, 1, 0], [2, 0, 0], [3, 4, 5]]
+
+
+def test_the_batches_device_is_the_one_handed_out() -> None:
+    assembler = TrajectoryAssembler()
+    assert assembler.workers == 1
+    td = batch([[1, 1]], [[False, True]])
+    assembler.add(TensorDict(td.to_dict(), batch_size=td.batch_size, device="cpu"))
+    out = assembler.take(1)
+    assert out.device == torch.device("cpu")
+    assert frames(out) == [[0, 1]]
+    assembler.add(batch([[2]], [[True]]))  # no device: none handed out either
+    assert assembler.take(1).device is None
