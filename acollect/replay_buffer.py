@@ -125,8 +125,10 @@ class ReplayBuffer:
         Writing a batch holds whoever writes for as long as the copy takes (milliseconds for a few thousand
         transitions on a slow machine, far more for pixels); on an event loop, every other task waits that
         long. Here the batch is checked, then written in slices of at most ``slice_frames`` transitions (and
-        at most about 1 MiB), with a checkpoint before each. Each slice is written under the lock, and the
-        length grows only once a slice's rows are written in every leaf: a sample taken
+        at most about 1 MiB), with a checkpoint between two (none before the first: it follows the caller's
+        own work of this turn of the loop, and beside a trainer that computes between its awaits every turn
+        costs the caller a trainer step: a batch of one slice goes in without one). Each slice is written under
+        the lock, and the length grows only once a slice's rows are written in every leaf: a sample taken
         between two slices (from this loop or another thread) sees whole transitions only, each either old or
         new. The transitions end up where :meth:`extend` would put them.
 
@@ -165,8 +167,8 @@ class ReplayBuffer:
         # Shielded: a batch is written whole or not at all, as with extend(); a few milliseconds at most.
         with anyio.CancelScope(shield=True):
             for lo in range(start, n, step):
-                # The loop's other tasks run here: after the batch was checked and before each slice.
-                await anyio.lowlevel.checkpoint()
+                if lo > start:  # the loop's other tasks run here, between two slices
+                    await anyio.lowlevel.checkpoint()
                 with self._lock:
                     if self._storage is not storage:  # load_state_dict() replaced it meanwhile: the rest may not fit
                         break
