@@ -261,8 +261,11 @@ def test_a_lost_worker_is_dropped_with_what_it_held() -> None:
     assert other.on_lost(lockstep=False, running=True) == 1
     assert other.on_late(generation, batch(0)) is False  # the one it was collecting: counted already
     assert other.on_late(generation, batch(1)) is True
+    assert handle.on_late(handle.generation, batch(0)) is False  # lockstep: counted with its requests
     idle = ready(2)
+    idle.on_beat({"steps": 1, "busy": False, "sent": 2}, now=1.0)
     assert idle.on_lost(lockstep=False, running=True) == 0
+    assert [idle.on_late(idle.generation, batch(seq)) for seq in range(3)] == [True, True, True]
 
 
 def test_unreachable_once_then_dead_or_stopping() -> None:
@@ -285,7 +288,7 @@ def test_a_slot_for_a_hand_started_worker_waits_joins_and_fails_to_join() -> Non
     handle = WorkerHandle(0, config(remote=True))
     assert handle.joined is False
     handle.on_vacate(now=1.0)
-    assert (handle.state, handle.generation, handle.joined) == (WorkerState.VACANT, 1, False)
+    assert (handle.state, handle.generation, handle.joined, handle.started_at) == (WorkerState.VACANT, 1, False, 1.0)
     handle.on_join(now=2.0)
     assert (handle.state, handle.started_at, handle.joined, handle.generation) == (WorkerState.STARTING, 2.0, True, 1)
     handle.on_join_failed()
@@ -332,7 +335,7 @@ class Pool:
     a worker again (a new process, greeted at once)."""
 
     def __init__(self, n: int, *, max_restarts: int, on_worker_loss: str = "raise", heartbeat_timeout: float = 60.0,
-                 startup_timeout: float = 60.0) -> None:  # fmt: skip
+                 startup_timeout: float = 60.0, credits: int | None = 2) -> None:  # fmt: skip
         self.handles = [WorkerHandle(i, config(i)) for i in range(n)]
         self.processes: list[OsProcess] = []
         now = time.monotonic()
@@ -347,7 +350,7 @@ class Pool:
         self.counters = Counters()
         self.orders = Orders(running=True)
         self.settings = PoolSettings(
-            launcher=LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=2, slots=None,
+            launcher=LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=credits, slots=None,
             shared_batches=None, heartbeat_timeout=heartbeat_timeout, startup_timeout=startup_timeout,
             max_restarts=max_restarts, on_worker_loss=on_worker_loss,
         )  # fmt: skip
@@ -502,3 +505,31 @@ async def test_an_unreachable_worker_counts_as_dead_after_a_grace() -> None:
         pool.handles[0].on_unreachable(now=time.monotonic())
         await until(pool, lambda: pool.spawned)
     assert pool.handles[0].restarts == 1
+
+
+async def test_elastic_each_worker_lost_is_counted_with_what_it_held(caplog: pytest.LogCaptureFixture) -> None:
+    pool = Pool(3, max_restarts=0, on_worker_loss="continue")
+    for handle in pool.handles:
+        handle.on_beat({"steps": 3, "busy": True}, now=time.monotonic())
+    async with monitoring(pool):
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.lost_calls == 1)
+        pool.processes[2].kill()
+        await until(pool, lambda: pool.lost_calls == 2)
+        assert (pool.counters.lost_workers, pool.counters.dropped_batches) == (2, 2)
+        assert pool.events.failure is None
+    left = [r.getMessage() for r in caplog.records if "is lost" in r.getMessage()]
+    assert [m.split("collection goes on with the ")[1] for m in left] == [
+        "2 workers left (on_worker_loss='continue')",
+        "1 workers left (on_worker_loss='continue')",
+    ]
+
+
+async def test_elastic_a_lockstep_worker_lost_drops_every_part_it_was_asked_for() -> None:
+    pool = Pool(2, max_restarts=0, on_worker_loss="continue", credits=None)
+    pool.handles[0].on_ask(Request(1))
+    pool.handles[0].on_ask(Request(2))
+    async with monitoring(pool):
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.lost_calls)
+    assert (pool.counters.dropped_batches, pool.handles[0].outstanding) == (2, 0)

@@ -231,6 +231,12 @@ def test_many_keys_are_listed_six_at_most() -> None:
         + "; ".join(f"k{i}: expected float32 [1], given float64 [2]" for i in range(6))
         + " (and 2 more)."
     )
+    with pytest.raises(
+        ConfigurationError, match=re.escape("missing keys ['k0', 'k1', 'k2', 'k3', 'k4', 'k5']; unexpected")
+    ):
+        check_weights(
+            as_weights({f"x{i}": torch.zeros(1) for i in range(7)}), {k: expected[k] for k in sorted(expected)[:6]}
+        )
     exactly_six = {f"k{i}": torch.zeros(1, dtype=torch.int32) for i in range(6)}
     with pytest.raises(ConfigurationError, match=r"given int32 \[1\]\.$"):
         check_weights(as_weights(exactly_six), {k: v for k, v in expected.items() if int(k[0][1:]) < 6})
@@ -268,6 +274,9 @@ def test_a_wrappers_prefix_is_added_or_dropped_when_it_maps_exactly() -> None:
         check_weights(as_weights({"weight": torch.ones(1, 2)}), wrapped)
     with pytest.raises(ConfigurationError, match="missing keys"):  # a prefix that is a whole key: no mapping
         check_weights(as_weights({"w": torch.ones(1)}), {("w", "x"): ((1,), torch.float32)})
+    three = {("module", f"w{i}"): ((1,), torch.float32) for i in range(3)}
+    mapped = check_weights(as_weights({f"w{i}": torch.ones(1) for i in range(3)}), three)
+    assert leaf_keys(mapped) == sorted(three)
     mixed = {"module.weight": torch.ones(1, 2), "other.bias": torch.ones(1)}
     with pytest.raises(ConfigurationError, match="missing keys"):
         check_weights(as_weights(mixed), plain)
@@ -306,7 +315,11 @@ def test_a_snapshot_of_weights_is_a_copy_and_the_policy_itself_is_none() -> None
     with pytest.raises(ConfigurationError, match=r"w: expected float32 \[3\]"):
         weights_of({"w": torch.ones(2)}, None, {("w",): ((3,), torch.float32)})
     for bad in (None, 3):
-        with pytest.raises(ConfigurationError, match=rf"^policy_or_weights={bad} is invalid: expected an nn.Module"):
+        expected = (
+            f"policy_or_weights={bad} is invalid: expected an nn.Module, a TensorDict of weights or a state dict (the "
+            "collector was built without a policy holding weights: pass one)."
+        )
+        with pytest.raises(ConfigurationError, match=f"^{re.escape(expected)}$"):
             weights_of(bad, policy)
 
 
@@ -755,9 +768,24 @@ def test_a_reseed_and_a_restored_state_are_counted_and_applied() -> None:
     assert (worker.engine.next_traj_counter, worker.engine.frames) == (40, 400)
     batch = worker.engine.collect()
     assert batch["collector", "traj_ids"][:, 0].tolist() == [40, 41]
+    assert torch.initial_seed() == 5
     worker.staging.stage_seed(6)  # idle: applied at once
+    assert torch.initial_seed() == 6
     with worker.staging.engine_lock:
         assert worker.staging.apply_pending(None) == 3
+    worker.close()
+
+
+def test_a_reseed_applied_at_once_leaves_a_push_for_a_later_request_waiting() -> None:
+    worker = Worker()
+    worker.push(1, 1.0, **{"from": 5})  # the engine is idle, but the push is for request 5
+    assert worker.state() == (0.0, 0)
+    worker.staging.stage_seed(3)  # applied at once, for the next request (1)
+    assert torch.initial_seed() == 3
+    assert worker.state() == (0.0, 0)
+    with worker.staging.engine_lock:
+        worker.staging.apply_pending(5)
+    assert worker.state() == (1.0, 1)
     worker.close()
 
 
