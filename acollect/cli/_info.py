@@ -75,6 +75,7 @@ _EXTRAS = {
         "aiohttp",
         "ale-py",
         "envpool",
+        "mutmut",
     ],
 }
 
