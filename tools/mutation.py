@@ -45,7 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Group:
-    """Modules mutated together, and the tests that cover them (fast ones: unit tests, workers in a thread)."""
+    """Modules mutated together, and the tests that cover them: fast ones (unit tests, a worker loop in a thread, the
+    liveness loop over ``sleep`` processes), since each mutant runs every test that ran its function until one
+    fails; a collector's worker processes take seconds to start, the suite tests them."""
 
     modules: tuple[str, ...]
     tests: tuple[str, ...]
@@ -74,9 +76,6 @@ GROUPS: dict[str, Group] = {
             "tests/test_collector.py::test_weight_updates_apply_between_batches_and_bump_version",
             "tests/test_collector.py::test_a_push_that_does_not_fit_is_refused_at_once",
             "tests/test_collector.py::test_weights_of_a_tensordict_modules_inner_module_are_mapped",
-            "tests/multi/test_weight_checks.py::test_a_worker_refuses_weights_that_skipped_the_check_and_lives_on",
-            "tests/multi/test_weight_checks.py::test_a_push_after_a_batch_never_splits_the_batch_begun_ahead_between_"
-            "versions",
             "tests/mutation/test_weights.py",
         ),
         about="versions, staging, the order queued pushes apply in, the structure check",
@@ -119,10 +118,9 @@ GROUPS: dict[str, Group] = {
         modules=("acollect/_pool/liveness.py", "acollect/_pool/handles.py"),
         tests=(
             "acollect/_pool/handles.py",
-            "tests/test_state_tables.py",
-            "tests/multi/test_multi_failures.py::test_killed_worker_raises_with_index_and_exit_code",
-            "tests/multi/test_multi_failures.py::test_restarted_worker_keeps_going_without_duplicates",
-            "tests/multi/test_multi_failures.py::test_hung_worker_raises_timeout",
+            "tests/test_state_tables.py::test_a_worker_slot_lives_through_a_restart_and_a_stop",
+            "tests/test_state_tables.py::test_moves_the_tables_do_not_list_raise",
+            "tests/test_state_tables.py::test_docs_show_every_table_as_it_is",
             "tests/mutation/test_liveness.py",
         ),
         about="worker restarts, batches dropped with a dead worker, heartbeats and deadlines",

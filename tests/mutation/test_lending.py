@@ -229,3 +229,11 @@ def test_a_batch_not_said_fixed_keeps_no_plan() -> None:
     lent = books.lend(td, key="w", token=0)
     assert books.lender.plans_kept == 0
     assert lent["x"].data_ptr() == td["x"].data_ptr()
+
+
+@pytest.mark.parametrize("road", ROADS)
+def test_an_empty_node_is_lent_as_it_is(road: str) -> None:
+    td = TensorDict({"x": torch.arange(3), "meta": TensorDict({}, batch_size=[3])}, batch_size=[3])
+    lent = Lender().lend(on_road(td, road), token=0, fixed=road == "fixed")
+    assert set(lent.keys()) == {"x", "meta"}
+    assert lent["meta"].batch_size == torch.Size([3])

@@ -166,8 +166,8 @@ def test_stacked_batches_of_unequal_dimensions() -> None:
 
 
 def test_a_trajectory_that_begins_at_the_last_step_is_split_off() -> None:
-    out = split_trajectories(batch([[1, 1, 2], [3, 3, 3]], [[False] * 3] * 2))
-    assert out["observation"].tolist() == [[0, 1, 0], [2, 0, 0], [3, 4, 5]]
+    out = split_trajectories(batch([[1, 1, 1], [3, 3, 4]], [[False] * 3] * 2))
+    assert out["observation"].tolist() == [[0, 1, 2], [3, 4, 0], [5, 0, 0]]
 
 
 def test_the_batches_device_is_the_one_handed_out() -> None:
