@@ -29,7 +29,10 @@ from acollect._pool.settings import PoolSettings
 from acollect._worker import protocol as P
 from acollect.errors import ProtocolError, WorkerCrashedError, WorkerTimeoutError
 from acollect.launchers import LocalLauncher
+from acollect.testing import our_segments
 from acollect.transport._endpoint import Endpoint
+from acollect.transport._shm_ring import ShmSlotRing
+from acollect.transport._wire import encode_tensordict
 
 DEADLINE = 30.0  # only a hang reaches it
 
@@ -426,7 +429,7 @@ async def test_a_worker_dead_with_its_restarts_spent_fails_the_pool_naming_it() 
     failure = pool.events.failure
     assert isinstance(failure, WorkerCrashedError)
     assert (failure.worker_id, failure.exitcode) == (1, -9)
-    assert str(failure).startswith(f"worker 1 (pid {pool.processes[1].pid}) died: ")
+    assert str(failure) == f"worker 1 (pid {pool.processes[1].pid}) died: killed by signal 9 (SIGKILL)"
     assert (pool.handles[1].state, pool.handles[0].state) == (WorkerState.DEAD, WorkerState.READY)
     assert pool.spawned == []
     assert pool.counters.dropped_batches == 0
@@ -499,12 +502,41 @@ async def test_a_worker_that_never_says_hello_did_not_start() -> None:
 
 
 async def test_an_unreachable_worker_counts_as_dead_after_a_grace() -> None:
-    pool = Pool(1, max_restarts=1)
+    pool = Pool(1, max_restarts=0)
     async with monitoring(pool) as monitor:
         assert monitor.unreachable_grace == 1.0
         pool.handles[0].on_unreachable(now=time.monotonic())
+        await until(pool, lambda: pool.events.failure)
+    failure = pool.events.failure
+    assert isinstance(failure, WorkerCrashedError)
+    assert failure.worker_id == 0
+    assert re.match(
+        r"^worker 0 \(pid \d+\) cannot be reached: its connection to the collector is gone \(a message to it failed "
+        r"\d\.\ds ago\)$",
+        str(failure),
+    ), str(failure)
+
+
+async def loops(pool: Pool, n: int) -> None:
+    """Waits until the liveness loop has gone round ``n`` more times (each round wakes the pool's waiters)."""
+    with anyio.fail_after(DEADLINE):
+        for _ in range(n):
+            await pool.events.wait(DEADLINE)
+
+
+async def test_within_their_deadlines_a_starting_worker_and_an_unreachable_one_wait() -> None:
+    pool = Pool(3, max_restarts=1, startup_timeout=60.0)
+    starting, unreachable = pool.handles[1], pool.handles[2]
+    starting.on_launch(now=time.monotonic())  # launched a moment ago: no hello yet
+    starting.on_process(pool.process())
+    unreachable.on_unreachable(now=time.monotonic() + 3600)  # its grace runs for an hour
+    async with monitoring(pool):
+        pool.processes[0].kill()
         await until(pool, lambda: pool.spawned)
-    assert pool.handles[0].restarts == 1
+        await loops(pool, 3)
+        assert pool.spawned == [0]
+        assert (starting.state, unreachable.state) == (WorkerState.STARTING, WorkerState.UNREACHABLE)
+        assert pool.events.failure is None
 
 
 async def test_elastic_each_worker_lost_is_counted_with_what_it_held(caplog: pytest.LogCaptureFixture) -> None:
@@ -533,3 +565,37 @@ async def test_elastic_a_lockstep_worker_lost_drops_every_part_it_was_asked_for(
         pool.processes[0].kill()
         await until(pool, lambda: pool.lost_calls)
     assert (pool.counters.dropped_batches, pool.handles[0].outstanding) == (2, 0)
+
+
+def test_batches_in_slots_name_a_slot_of_the_ring_and_a_successor_gets_fresh_ones() -> None:
+    layout, _ = encode_tensordict(TensorDict({"x": torch.zeros(2)}, batch_size=[2]))
+    handle = ready()
+    first = ShmSlotRing.create(layout, 2)
+    handle.use_ring(first)
+    assert handle.ring is first
+    for seq, slot in enumerate([0, 1]):
+        item = handle.on_batch(batch(seq, slot=slot), None, lockstep=False)
+        assert (item.in_slot, item.header["slot"], item.nbytes) == (True, slot, 40)
+        assert item.data["x"].data_ptr() == first[slot].tensordict["x"].data_ptr()
+    assert handle.next_seq == 2
+    for bad in (2, -1, "0"):
+        with pytest.raises(ProtocolError, match=r"^worker 0 named slot .*, which it does not have$"):
+            handle.on_batch(batch(2, slot=bad), None, lockstep=False)
+    handle.on_death(lockstep=False, running=False)
+    handle.on_launch(now=1.0)
+    handle.on_hello(hello())
+    assert handle.ring is None  # the predecessor's slots stay for its batches still queued
+    second = ShmSlotRing.create(layout, 1)
+    handle.use_ring(second)
+    handle.release()
+    handle.release()
+    assert handle.ring is None
+    assert not any(name in our_segments() for ring in (first, second) for name in ring.names)
+
+
+def test_every_reset_sent_is_counted_and_zero_env_restarts_is_a_count() -> None:
+    handle = ready()
+    for kind in (P.SEED, P.LOAD_STATE, P.SEED):
+        handle.on_send(kind)
+    assert (handle.resets_sent, handle.changes_sent) == (3, 3)
+    assert handle.on_env_restarts(0) == 0
