@@ -455,10 +455,10 @@ async def test_a_silent_worker_is_timed_out_by_its_heartbeats() -> None:
     pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
     async with monitoring(pool):
         await until(pool, lambda: pool.events.failure)
+        assert pool.processes[0].popen.wait(timeout=DEADLINE) == -9  # the silent process is ended
     failure = pool.events.failure
     assert isinstance(failure, WorkerTimeoutError)
     assert re.match(r"^worker 0 \(pid \d+\) sent no heartbeat for \d+\.\ds \(heartbeat_timeout=0\.3s\)$", str(failure))
-    assert pool.processes[0].exitcode is not None  # ended
 
 
 async def test_a_worker_that_steps_no_env_while_collecting_is_hung() -> None:
@@ -551,6 +551,10 @@ async def test_elastic_each_worker_lost_is_counted_with_what_it_held(caplog: pyt
         assert (pool.counters.lost_workers, pool.counters.dropped_batches) == (2, 2)
         assert pool.events.failure is None
     left = [r.getMessage() for r in caplog.records if "is lost" in r.getMessage()]
+    assert [m.split(")")[0] for m in left] == [
+        f"worker 0 (pid {pool.processes[0].pid}",
+        f"worker 2 (pid {pool.processes[2].pid}",
+    ]
     assert [m.split("collection goes on with the ")[1] for m in left] == [
         "2 workers left (on_worker_loss='continue')",
         "1 workers left (on_worker_loss='continue')",
@@ -599,3 +603,17 @@ def test_every_reset_sent_is_counted_and_zero_env_restarts_is_a_count() -> None:
         handle.on_send(kind)
     assert (handle.resets_sent, handle.changes_sent) == (3, 3)
     assert handle.on_env_restarts(0) == 0
+
+
+async def test_each_restart_of_a_lockstep_worker_drops_every_part_it_was_asked_for() -> None:
+    pool = Pool(2, max_restarts=1, credits=None)
+    for handle in pool.handles:
+        handle.on_ask(Request(1))
+        handle.on_ask(Request(2))
+    async with monitoring(pool):
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.spawned == [0])
+        pool.processes[1].kill()
+        await until(pool, lambda: pool.spawned == [0, 1])
+    assert pool.counters.dropped_batches == 4
+    assert [h.outstanding for h in pool.handles] == [2, 2]  # asked again of their successors
