@@ -10,6 +10,7 @@ The liveness loop runs for real over real processes (``sleep``), which the tests
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import time
@@ -617,3 +618,34 @@ async def test_each_restart_of_a_lockstep_worker_drops_every_part_it_was_asked_f
         await until(pool, lambda: pool.spawned == [0, 1])
     assert pool.counters.dropped_batches == 4
     assert [h.outstanding for h in pool.handles] == [2, 2]  # asked again of their successors
+
+
+def test_a_new_slot_knows_nothing_yet() -> None:
+    handle = WorkerHandle(3, config(3))
+    assert (handle.state, handle.index, handle.process, handle.pid, handle.generation) == (WorkerState.NEW, 3, None,
+                                                                                          None, 0)  # fmt: skip
+    assert (handle.started_at, handle.restarts, handle.n_envs, handle.layout, handle.batch_nbytes) == (
+        0.0,
+        0,
+        0,
+        None,
+        0,
+    )
+    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.bell_path, handle.doorbell) == (None,) * 5
+    assert (handle.requests, handle.inbox, handle.changes_sent, handle.resets_sent) == ((), (), 0, 0)
+    assert (handle.last_beat, handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (
+        0.0, -1, 0.0, False, False
+    )  # fmt: skip
+    assert (handle.sent, handle.next_seq, handle.missing_since, handle.unreachable_since) == (0, 0, None, None)
+    assert (handle.traj_counter, handle.frames, handle.acked_version, handle.weights_refused) == (0, 0, 0, None)
+    assert handle.on_beat({"steps": 0, "busy": False, "discarded": 1}, now=0.0) == 1
+    assert handle.on_env_restarts(1) == 1
+
+
+def test_an_incarnation_over_removes_the_doorbell_it_left(tmp_path: Any) -> None:
+    bell = tmp_path / "bell"
+    os.mkfifo(bell)
+    handle = ready()
+    handle.make_doorbell(str(bell))
+    handle.on_death(lockstep=False, running=False)
+    assert not bell.exists()
