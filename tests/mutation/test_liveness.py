@@ -33,7 +33,8 @@ from acollect.launchers import LocalLauncher
 from acollect.testing import our_segments
 from acollect.transport._endpoint import Endpoint
 from acollect.transport._shm_ring import ShmSlotRing
-from acollect.transport._wire import encode_tensordict
+from acollect.transport._wire import encode_tensordict, unpack_message
+from acollect.transport._worker_socket import WorkerSocket
 
 DEADLINE = 30.0  # only a hang reaches it
 
@@ -359,6 +360,7 @@ class Pool:
             max_restarts=max_restarts, on_worker_loss=on_worker_loss,
         )  # fmt: skip
         self.spawned: list[int] = []
+        self.vacated: list[int] = []
         self.lost_calls = 0
 
     def process(self) -> OsProcess:
@@ -376,6 +378,9 @@ class Pool:
     def lost(self) -> None:
         self.lost_calls += 1
 
+    def vacate(self, handle: WorkerHandle) -> None:
+        self.vacated.append(handle.index)
+
     def close(self) -> None:
         for process in self.processes:
             process.kill()
@@ -386,7 +391,7 @@ class Pool:
 async def monitoring(pool: Pool) -> AsyncIterator[Monitor]:
     async with Endpoint() as endpoint, anyio.create_task_group() as tg:
         monitor = Monitor(endpoint, pool.handles, pool.events, pool.counters, pool.orders, pool.settings,
-                          spawn=pool.spawn, vacate=lambda handle: None, lost=pool.lost)  # fmt: skip
+                          spawn=pool.spawn, vacate=pool.vacate, lost=pool.lost)  # fmt: skip
         tg.start_soon(monitor.run)
         try:
             yield monitor
@@ -649,3 +654,35 @@ def test_an_incarnation_over_removes_the_doorbell_it_left(tmp_path: Any) -> None
     handle.make_doorbell(str(bell))
     handle.on_death(lockstep=False, running=False)
     assert not bell.exists()
+
+
+async def test_a_hand_started_worker_gets_the_collectors_heartbeats_and_its_slot_is_freed_when_it_goes_silent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = Pool(0, max_restarts=1, heartbeat_timeout=0.3)
+    remote = WorkerHandle(0, config(0, remote=True, heartbeat_interval=0.05))
+    remote.on_vacate(now=time.monotonic())
+    remote.on_join(now=time.monotonic())
+    remote.on_hello(hello())
+    remote.on_greeted(now=time.monotonic())
+    pool.handles.append(remote)
+    alive = True
+
+    async def beating() -> None:  # what the pool's receive loop does with its messages
+        while alive:
+            remote.on_message(now=time.monotonic())
+            await anyio.sleep(0.02)
+
+    async with monitoring(pool) as monitor, anyio.create_task_group() as tg:
+        tg.start_soon(beating)
+        with WorkerSocket(monitor.endpoint.address, remote.identity) as worker:
+            for _ in range(2):  # beats keep coming, at its interval
+                frames = await anyio.to_thread.run_sync(worker.recv, DEADLINE)
+                assert frames is not None
+                header, _ = unpack_message([bytes(f) for f in frames], kinds=P.TO_WORKER)
+                assert header["kind"] == P.HEARTBEAT
+        assert (pool.spawned, pool.vacated, pool.events.failure) == ([], [], None)
+        alive = False  # silent from now on
+        await until(pool, lambda: pool.vacated)
+    assert (pool.vacated, pool.spawned, remote.restarts) == ([0], [], 1)
+    assert any("waiting for a worker to join in its place (1/1)" in r.getMessage() for r in caplog.records)
