@@ -915,3 +915,39 @@ async def test_a_pool_broken_by_one_worker_still_updates_the_others() -> None:
     )
     assert [i for i, *_ in send.sent] == [0, 1]
     weights.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "got"),
+    [
+        ({"policy_or_weights": 1, "policy": 2}, "policy_or_weights and policy="),
+        ({"policy": 1, "weights": 2}, "policy= and weights="),
+        ({"policy_or_weights": 1, "weights_dict": {"policy": 2}}, "policy_or_weights and weights_dict="),
+    ],
+)
+def test_an_update_from_two_sources_names_both(given: dict[str, Any], got: str) -> None:
+    message = f"update_policy_weights_() takes one source of weights, got {got}"
+    with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
+        update(**given)
+
+
+def test_an_updates_worker_ids_and_timeout_are_checked_by_name() -> None:
+    with pytest.raises(ConfigurationError, match=r"^worker_ids='a' is invalid"):
+        update(worker_ids=["a"])
+    with pytest.raises(ConfigurationError, match=r"^timeout=-1 is invalid"):
+        update(timeout=-1)
+
+
+def test_a_part_of_the_policy_is_checked_against_that_part_only() -> None:
+    structure = structure_of(net())
+    pushed = check_push({"policy.0": net()[0].state_dict()}, [structure])
+    assert leaf_keys(pushed["policy.0"]) == [("bias",), ("weight",)]
+    with pytest.raises(ConfigurationError, match=r"^weights for model 'policy.1' of the policy do not fit it"):
+        check_push({"policy.1": net()[0].state_dict()}, [structure])
+    nested = structure_of(torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 1)), torch.nn.Linear(1, 1)))
+    assert leaf_keys(check_push({"policy.0.0": torch.nn.Linear(2, 1)}, [nested])["policy.0.0"]) == [
+        ("bias",),
+        ("weight",),
+    ]
+    with pytest.raises(ConfigurationError, match=r"^policy_or_weights='list' is invalid"):
+        check_push({"policy": [1]}, [structure])
