@@ -5,10 +5,10 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import acollect
 from acollect import (
@@ -22,7 +22,7 @@ from acollect import (
     MultiSyncCollector,
     RayCollector,
 )
-from acollect.collectors._options import WorkerSettings, parse
+from acollect.collectors._options import WorkerSettings
 from acollect.testing import CountingEnv
 
 # Each builds a collector (nothing starts) from keyword options; the Ray and distributed ones need no Ray
@@ -126,7 +126,7 @@ def test_the_in_process_collector_takes_no_worker_option() -> None:
 
 
 def test_settings_hold_the_checked_values_with_their_defaults() -> None:
-    settings = parse({"frames_per_batch": 8, "heartbeat_timeout": 5, "env_kwargs": None}, WorkerSettings)
+    settings = WorkerSettings(frames_per_batch=8, heartbeat_timeout=5, env_kwargs=None)
     assert settings.heartbeat_timeout == 5.0
     assert isinstance(settings.heartbeat_timeout, float)
     assert settings.env_kwargs == {}
@@ -167,73 +167,6 @@ def test_every_multi_process_collector_has_one_mode(name: str) -> None:
     assert frames == ([8 // len(frames)] * len(frames) if SYNC[name] else [8] * len(frames))
 
 
-def test_the_generated_modules_are_current() -> None:
-    # Each option is declared once (_options.py, _collector_settings.py); the TypedDicts mypy checks **options against
-    # and each collector's Keyword Args are generated from the declarations into _generated_*.py, checked in.
-    from acollect.collectors._option_codegen import REGENERATE, stale
-
-    assert not stale(), f"stale in acollect/collectors: {stale()}; run {REGENERATE}"
-
-
-def test_the_staleness_check_sees_a_changed_declaration_or_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # What makes the test above able to fail: a declaration changed after the last regeneration, a generated file
-    # edited by hand, or one missing.
-    from acollect.collectors._collector_settings import MultiSyncSettings
-    from acollect.collectors._option_codegen import stale, write_all
-    from acollect.collectors._options import Override
-
-    write_all(tmp_path)
-    assert stale(tmp_path) == []
-    overrides = {**MultiSyncSettings.OVERRIDES, "cat_results": Override(note="A note added since.")}
-    monkeypatch.setattr(MultiSyncSettings, "OVERRIDES", overrides)
-    assert stale(tmp_path) == ["_generated_keyword_args.py"]
-    monkeypatch.undo()
-    edited = tmp_path / "_generated_options.py"
-    edited.write_text(edited.read_text().replace("total_frames: int", "total_frames: float"))
-    assert stale(tmp_path) == ["_generated_options.py"]
-    (tmp_path / "_generated_keyword_args.py").unlink()
-    assert stale(tmp_path) == ["_generated_options.py", "_generated_keyword_args.py"]
-
-
-def test_the_generated_modules_say_so() -> None:
-    from acollect.collectors import _generated_keyword_args, _generated_options
-    from acollect.collectors._option_codegen import BANNER
-
-    for module in (_generated_options, _generated_keyword_args):
-        assert Path(str(module.__file__)).name.startswith("_generated_")
-        assert Path(str(module.__file__)).read_text().startswith(BANNER)
-    assert "do not edit" in BANNER
-    assert "Regenerate with: python" in BANNER
-
-
-def test_each_collector_typed_dict_holds_its_keywords_each_declared_once() -> None:
-    # The TypedDicts share fields by inheritance: each keyword is declared in one class body only, and each
-    # collector's TypedDict (its constructor's **options) still holds exactly the keywords the collector takes.
-    import ast
-
-    from acollect.collectors import _generated_options
-    from acollect.collectors._option_codegen import collectors
-    from acollect.collectors._options import accepted
-
-    tree = ast.parse(Path(str(_generated_options.__file__)).read_text())
-    declared = [
-        node.target.id
-        for cls in tree.body
-        if isinstance(cls, ast.ClassDef)
-        for node in cls.body
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-    ]
-    assert len(declared) == len(set(declared)), sorted({k for k in declared if declared.count(k) > 1})
-    for collector in collectors():
-        typed = inspect.signature(collector.__init__).parameters["options"].annotation
-        name = typed.removeprefix("Unpack[").removesuffix("]")
-        keys = getattr(_generated_options, name)
-        assert keys.__required_keys__ == {"frames_per_batch"}, name
-        assert keys.__required_keys__ | keys.__optional_keys__ == {f.name for f in accepted(collector.settings_class)}
-
-
 def test_every_option_has_a_doc_and_a_check_or_says_who_checks_it() -> None:
     from dataclasses import fields
 
@@ -253,74 +186,58 @@ def _public_collectors() -> set[type]:
     return {c for c in found if isinstance(c, type) and issubclass(c, CollectorBase) and c is not CollectorBase}
 
 
-def test_every_public_collector_has_its_keyword_args_generated() -> None:
-    from acollect.collectors._option_codegen import collectors
-
-    assert set(collectors()) == _public_collectors()
-    assert len(collectors()) == 8
+# Where a collector's signature default differs from what its settings class declares, and why.
+OWN_DEFAULTS = {
+    # the workers' envs make the batches, not the inference device
+    ("AsyncBatchedCollector", "storing_device"): "cpu",
+}
+# Keywords a collector's settings class holds that its signature does not take (fixed by its class, or refused).
+NOT_TAKEN = {
+    "Collector": set(),
+    "MultiSyncCollector": set(),
+    "MultiAsyncCollector": set(),
+    "AsyncCollector": {"num_workers", "on_worker_loss"},
+    "AsyncBatchedCollector": set(),
+    "DistributedCollector": {"worker_affinity", "on_worker_loss"},
+    "DistributedSyncCollector": {"worker_affinity", "on_worker_loss", "sync", "credits"},
+    "RayCollector": {"launcher", "num_workers", "worker_affinity"},
+}
 
 
 @pytest.mark.parametrize("collector", sorted(_public_collectors(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
-def test_the_docstring_lists_each_option_as_declared(collector: type) -> None:
-    # What help(collector) and the API page show is what the declarations say: each keyword the collector takes,
-    # its type, doc and default.
-    from acollect.collectors._option_codegen import docstring_keyword_args, keyword_args_section
+def test_each_signature_takes_what_its_settings_declare_with_their_defaults_and_types(collector: type) -> None:
+    # The signature is what IDEs, help() and mypy read; the settings class declares each option's check and doc.
+    # They name the same keywords, with the same defaults and the types callers may pass.
+    from dataclasses import MISSING, fields
 
-    assert docstring_keyword_args(collector.__doc__, collector.__name__) == keyword_args_section(collector)
-    assert collector.__doc__.count("Keyword Args:") == 1
+    from acollect.collectors._options import RolloutSettings
+
+    settings = collector.settings_class
+    params = dict(inspect.signature(collector).parameters)
+    assert list(params)[:2] in (["create_env_fn", "policy"], ["create_env_fn_list", "policy"])
+    keywords = {name: p for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    declared = {f.name: f for f in fields(settings)}
+    assert set(keywords) == set(declared) - NOT_TAKEN[collector.__name__]
+    assert keywords["frames_per_batch"].default is inspect.Parameter.empty
+    for name, p in keywords.items():
+        f = declared[name]
+        default = f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+        expected = OWN_DEFAULTS.get((collector.__name__, name), default)
+        if f.default_factory is not MISSING:
+            expected = None  # (a mutable default is None in a signature; the check makes it {})
+        if name != "frames_per_batch":
+            assert p.default == expected, f"{collector.__name__}({name}=...): {p.default!r} != {expected!r}"
+        accepts = f.metadata.get("accepts") or f.type
+        assert p.annotation in (accepts, f"{accepts} | None"), f"{collector.__name__}({name}: {p.annotation})"
+    assert issubclass(settings, RolloutSettings)
 
 
-@pytest.mark.parametrize("collector", sorted(_public_collectors(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
-def test_the_source_docstring_holds_a_pointer_not_the_generated_text(collector: type) -> None:
-    # No generated line inside a hand-written class: its source says where its keywords are declared.
-    import ast
-    import textwrap
+def test_help_shows_every_keyword_of_the_signature() -> None:
+    import pydoc
 
-    from acollect.collectors._option_codegen import docstring_keyword_args, keyword_args_pointer
-
-    source = ast.parse(textwrap.dedent(inspect.getsource(collector)))
-    node = source.body[0]
-    assert isinstance(node, ast.ClassDef)
-    written = docstring_keyword_args(ast.get_docstring(node, clean=False) or "", collector.__name__)
-    assert " ".join(written.split()) == keyword_args_pointer(collector)
-    assert collector.settings_class.__name__ in written
-
-
-def test_add_keyword_args_puts_the_section_in_place_of_what_the_source_says() -> None:
-    # Between the sections around it, as often as it is called; a docstring without the section is refused.
-    from acollect.collectors import _generated_keyword_args
-    from acollect.collectors._option_codegen import add_keyword_args, keyword_args_section
-
-    class MultiAsyncCollector(acollect.MultiAsyncCollector):
-        """A collector documented with a pointer.
-
-        Args:
-            create_env_fn_list: the envs.
-
-        Keyword Args:
-            Declared elsewhere.
-
-        Raises:
-            ConfigurationError: a bad argument.
-        """
-
-    add_keyword_args(MultiAsyncCollector)
-    first = MultiAsyncCollector.__doc__
-    add_keyword_args(MultiAsyncCollector)
-    assert MultiAsyncCollector.__doc__ == first
-    assert "Declared elsewhere" not in first
-    section = _generated_keyword_args.KEYWORD_ARGS["MultiAsyncCollector"]
-    assert section == keyword_args_section(acollect.MultiAsyncCollector) + "\n"
-    body = "\n".join(f"            {line}" if line else "" for line in section.splitlines())
-    assert f"create_env_fn_list: the envs.\n\n        Keyword Args:\n{body}\n\n        Raises:\n" in first
-    assert first.rstrip().endswith("ConfigurationError: a bad argument.")
-
-    undocumented = type("MultiAsyncCollector", (acollect.MultiAsyncCollector,), {"__doc__": "No section."})
-    with pytest.raises(ValueError, match="one 'Keyword Args:' line in MultiAsyncCollector's docstring, found 0"):
-        add_keyword_args(undocumented)
-    unknown = type("NewCollector", (acollect.MultiAsyncCollector,), {"__doc__": "Keyword Args:\n    Not yet."})
-    add_keyword_args(unknown)  # not generated yet (the staleness test says so): it keeps what its source says
-    assert unknown.__doc__ == "Keyword Args:\n    Not yet."
+    text = pydoc.render_doc(acollect.MultiSyncCollector, renderer=pydoc.plaintext)
+    for keyword in ("frames_per_batch: 'int'", "cat_results: 'str | int | None' = None", "heartbeat_timeout"):
+        assert keyword in text
 
 
 SETTINGS_CLASSES = sorted({c.settings_class for c in _public_collectors()} | {WorkerSettings}, key=lambda s: s.__name__)
@@ -335,8 +252,6 @@ def test_every_declared_option_says_what_it_does_and_who_checks_it(settings: typ
         assert doc.endswith("."), f"{settings.__name__}.{f.name}: its doc is what users read, a sentence"
         checked = f.metadata.get("check") is not None or "checked" in doc or "ignored" in doc
         assert checked, f"{settings.__name__}.{f.name}: who checks it?"
-    for name, override in settings.OVERRIDES.items():
-        assert name in {f.name for f in fields(settings)} or override.refused, f"{settings.__name__}: {name}?"
 
 
 @pytest.mark.parametrize(
@@ -348,35 +263,37 @@ def test_every_declared_option_says_what_it_does_and_who_checks_it(settings: typ
         (lambda **kw: DistributedSyncCollector([CountingEnv] * 2, **kw), "sync", "is sync=True"),
     ],
 )
-def test_a_refused_keyword_is_named_with_the_reason_and_left_out_of_the_docs(
+def test_a_refused_keyword_is_named_with_the_reason_and_left_out_of_the_signature(
     build: Callable[..., Any], keyword: str, why: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=rf"^{keyword}=2 is invalid: expected no value: .*{why}"):
         build(frames_per_batch=8, **{keyword: 2})
     collector = build(frames_per_batch=8)
-    assert f"\n{keyword} (" not in "\n" + type(collector).__doc__
+    assert keyword not in inspect.signature(type(collector)).parameters
 
 
 def test_a_collector_own_default_applies_where_the_keyword_is_not_given() -> None:
     from acollect.collectors._collector_settings import BatchedSettings
 
-    assert parse({"frames_per_batch": 8}, BatchedSettings).storing_device == "cpu"
-    assert parse({"frames_per_batch": 8, "storing_device": None}, BatchedSettings).storing_device is None
-    assert "storing_device (Devices): where batches land (the workers' envs make them" in AsyncBatchedCollector.__doc__
-    assert "Defaults to ``'cpu'``." in AsyncBatchedCollector.__doc__
+    assert (
+        AsyncBatchedCollector(CountingEnv, policy=torch.nn.Linear(1, 1), frames_per_batch=8).settings.storing_device
+        == "cpu"
+    )
+    given = AsyncBatchedCollector(CountingEnv, policy=torch.nn.Linear(1, 1), frames_per_batch=8, storing_device=None)
+    assert given.settings.storing_device is None
+    assert BatchedSettings(frames_per_batch=8).storing_device is None  # the collector's own default is its signature's
 
 
 @pytest.mark.parametrize(("keyword", "value", "sync"), [("cat_results", 0, False), ("credits", 3, True)])
-def test_a_mode_option_is_refused_in_the_other_mode_and_documented_with_its_mode(
-    keyword: str, value: object, sync: bool
-) -> None:
+def test_a_mode_option_is_refused_in_the_other_mode(keyword: str, value: object, sync: bool) -> None:
     from acollect.collectors._collector_settings import ModeSettings
 
     with pytest.raises(ConfigurationError, match=rf"^{keyword}={value} is invalid: expected no value with sync={sync}"):
-        parse({"frames_per_batch": 8, "sync": sync, keyword: value}, ModeSettings)
-    assert getattr(parse({"frames_per_batch": 8, "sync": not sync, keyword: value}, ModeSettings), keyword) == value
-    assert f"Only with ``sync={not sync}``." in DistributedCollector.__doc__
-    assert "Only with" not in MultiSyncCollector.__doc__  # its class fixes the mode
+        ModeSettings(frames_per_batch=8, sync=sync, **{keyword: value})
+    assert getattr(ModeSettings(frames_per_batch=8, sync=not sync, **{keyword: value}), keyword) == value
+    with pytest.raises(ConfigurationError, match=rf"^{keyword}={value} is invalid: expected no value with sync={sync}"):
+        DistributedCollector([CountingEnv] * 2, frames_per_batch=8, sync=sync, **{keyword: value})
+    assert DistributedCollector([CountingEnv] * 2, frames_per_batch=8).settings.credits == 2
 
 
 def test_frames_per_batch_says_what_each_batch_holds_and_cannot_be_set() -> None:

@@ -4,8 +4,9 @@ TorchRL's spellings of these classes (``SyncDataCollector``, ``RPCCollector``...
 :mod:`acollect.compat.torchrl`, a layer above this package, and import from ``acollect`` too; this
 package never imports them, so it stays below the compatibility layer.
 
-Each collector's docstring gets its "Keyword Args" here, as the package loads: generated from its option
-declarations (:mod:`acollect.collectors._option_codegen`), they stand in for the pointer its source holds.
+Each collector's signature names every keyword it takes; each option is declared once, with its check and
+its doc, in :mod:`acollect.collectors._options` and :mod:`acollect.collectors._collector_settings` (the
+options reference, ``docs/options.md``, is rendered from them).
 """
 
 from acollect.collectors._async_collector import AsyncCollector as AsyncCollector
@@ -17,10 +18,7 @@ from acollect.collectors._distributed import DistributedCollector as Distributed
 from acollect.collectors._distributed import DistributedSyncCollector as DistributedSyncCollector
 from acollect.collectors._multi import MultiAsyncCollector as MultiAsyncCollector
 from acollect.collectors._multi import MultiSyncCollector as MultiSyncCollector
-from acollect.collectors._option_codegen import add_keyword_args as _add_keyword_args
 from acollect.collectors._ray_collector import RayCollector as RayCollector
 from acollect.transport._weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
 from acollect.transport._weight_sync import WeightSyncScheme as WeightSyncScheme
 from acollect.transport._weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme
-
-_add_keyword_args()

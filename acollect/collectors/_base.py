@@ -98,8 +98,8 @@ class CollectorBase:
     ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
 
-    #: The class of this collector's checked options (``collector.settings``): its docstring's "Keyword Args"
-    #: are generated from it.
+    #: The class of this collector's checked options (``collector.settings``), which declares each keyword of its
+    #: signature: its type, check and doc (the options reference is rendered from it).
     settings_class: ClassVar[type[RolloutSettings]]
     #: The options given, checked, every default filled in.
     settings: RolloutSettings

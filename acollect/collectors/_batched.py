@@ -27,12 +27,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDictBase
-from typing_extensions import Unpack
+from tensordict.nn import InteractionType
 
 from acollect._affinity import pin_process
 from acollect._devices import check_device, module_device, with_index
@@ -41,14 +41,21 @@ from acollect._pool import Received
 from acollect._weights import WeightUpdate
 from acollect.collectors._collector_settings import BatchedSettings
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import WorkerSettings, parse
+from acollect.collectors._options import (
+    DEFAULT_START_METHOD,
+    HEARTBEAT_TIMEOUT,
+    Devices,
+    Keys,
+    WorkerSettings,
+    keyword_errors,
+    settings_from,
+)
 from acollect.errors import CollectorStateError, ConfigurationError, WorkerError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY
+from acollect.launchers.base import Launcher
 from acollect.stats import CollectorStats
-
-if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
-    from acollect.collectors._generated_options import BatchedOptions
+from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["GPU_ENV_GROUPS", "AsyncBatchedCollector"]
 
@@ -83,8 +90,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
             :meth:`update_policy_weights_` copies its weights into the server's copy.
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._collector_settings.BatchedSettings`, each with its type,
-        doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._collector_settings.BatchedSettings` declares it.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -93,8 +101,61 @@ class AsyncBatchedCollector(MultiCollectorBase):
     settings_class: ClassVar[type[BatchedSettings]] = BatchedSettings
     settings: BatchedSettings
 
-    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[BatchedOptions]) -> None:
-        settings = parse(options, self.settings_class, owner=type(self))
+    @keyword_errors()
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = "cpu",
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
+        max_worker_restarts: int = 0,
+        on_worker_loss: str = "raise",
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = DEFAULT_START_METHOD,
+        launcher: str | Launcher = "local",
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Keys | None = None,
+        copy_batches: bool = False,
+        max_lent_bytes: int | None = None,
+        cuda_dma: bool = False,
+        filter_worker_warnings: bool = True,
+        num_workers: int | None = None,
+        worker_affinity: str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None = None,
+        credits: int = 2,
+        max_policy_lag: int | None = None,
+        max_batch_size: int | None = None,
+        max_wait: float = 0.002,
+        env_groups: int | None = None,
+        passes_in_flight: int | None = None,
+        server_threads: int | None = None,
+        server: str = "process",
+    ) -> None:
+        settings = settings_from(BatchedSettings, locals())
         if policy is None and settings.policy_factory is None:
             raise ConfigurationError.bad_value(
                 "policy", None, "a policy (or a policy_factory): the inference server runs it for every worker"

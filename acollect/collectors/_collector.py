@@ -20,12 +20,12 @@ Examples:
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from typing_extensions import Unpack
+from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
 from acollect._rollout.batch_plan import BatchPlan
@@ -42,17 +42,16 @@ from acollect.collectors._base import CollectorBase
 from acollect.collectors._drivers import Driver, LoopDriver, ThreadDriver
 from acollect.collectors._options import (
     DEVICE_OPTIONS,
+    Devices,
     InProcessSettings,
     check_policy_args,
-    parse,
+    keyword_errors,
+    settings_from,
 )
 from acollect.envs._envpool import reseed_error
 from acollect.envs._factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
 from acollect.stats import EpisodeSummary, EpisodeTracker
-
-if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
-    from acollect.collectors._generated_options import InProcessOptions
 
 __all__ = ["Collector"]
 
@@ -67,8 +66,9 @@ class Collector(CollectorBase):
             TensorDicts, or ``None`` for random actions.
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._options.InProcessSettings`, each with its type, doc and
-        default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._options.InProcessSettings` declares it.
 
     Examples:
         >>> import anyio, torch
@@ -90,8 +90,32 @@ class Collector(CollectorBase):
     settings_class: ClassVar[type[InProcessSettings]] = InProcessSettings
     settings: InProcessSettings
 
-    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[InProcessOptions]) -> None:
-        settings = parse(options, self.settings_class, owner=type(self))
+    @keyword_errors()
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        gil_handover_interval: float | None = 0.002,
+    ) -> None:
+        settings = settings_from(InProcessSettings, locals())
         check_policy_args(policy, settings.policy_factory)
         if create_env_fn is None:
             raise ConfigurationError.bad_value(

@@ -1,26 +1,22 @@
 """Each multi-process collector's settings: the shared options composed with the collector's own.
 
-:mod:`acollect.collectors._options` declares the options every collector shares and the machinery
-(:func:`~acollect.collectors._options.option`, :func:`~acollect.collectors._options.parse`); here each
-public multi-process collector gets one settings class, declaring with :func:`option` what only it takes,
-and saying in ``OVERRIDES`` how it takes what it inherits (a keyword it refuses, another default, what an
-option means for it). The classes mirror what the collectors share:
+:mod:`acollect.collectors._options` declares the options every collector shares; here each public
+multi-process collector gets one settings class, declaring with :func:`option` what only it takes.
+The classes mirror what the collectors share:
 
 * :class:`MultiSyncSettings` (``cat_results``) and :class:`MultiAsyncSettings` (``credits``): how batches are
   taken from the workers (:mod:`acollect.collectors._dispatch`);
-* :class:`AsyncSettings`: one worker; :class:`BatchedSettings`: the inference server's options;
+* :class:`BatchedSettings`: the inference server's options;
 * :class:`ModeSettings`: both modes' options and ``sync`` to pick one (each mode's option is refused in the
-  other mode); :class:`DistributedSettings`, :class:`DistributedSyncSettings` and :class:`RaySettings` on top.
+  other mode); :class:`DistributedSettings` and :class:`RaySettings` on top.
 
-Each collector class names its settings class (``settings_class``); its docstring's "Keyword Args" are
-generated from it (:mod:`acollect.collectors._option_codegen`), and so is the ``TypedDict`` typing its
-``**options``.
+A keyword a collector refuses is simply not in its signature (:func:`~acollect.collectors._options.keyword_errors`
+says why); a field its class fixes (``sync`` of ``DistributedSyncCollector``) is given by the class.
 
 Examples:
-    >>> from acollect.collectors._options import parse
-    >>> parse({"frames_per_batch": 8, "sync": True, "cat_results": 0}, ModeSettings).cat_results
+    >>> ModeSettings(frames_per_batch=8, sync=True, cat_results=0).cat_results
     0
-    >>> parse({"frames_per_batch": 8, "sync": True, "credits": 3}, ModeSettings)
+    >>> ModeSettings(frames_per_batch=8, sync=True, credits=3)
     Traceback (most recent call last):
     ...
     acollect.errors.ConfigurationError: credits=3 is invalid: expected no value with sync=True.
@@ -29,11 +25,11 @@ Examples:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
 
 from acollect._validate import check_bool, check_choice, check_int, check_seconds
-from acollect.collectors._options import DEVICE_OPTIONS, Override, WorkerSettings, option
+from acollect.collectors._options import WorkerSettings, option
 from acollect.errors import ConfigurationError
 from acollect.inference._server import MODES
 from acollect.launchers._ray import check_ray_init_config, check_remote_configs
@@ -41,10 +37,9 @@ from acollect.transport._torch_dist import check_backend
 
 __all__ = [
     "CAT_RESULTS",
-    "AsyncSettings",
+    "CREDITS",
     "BatchedSettings",
     "DistributedSettings",
-    "DistributedSyncSettings",
     "ModeSettings",
     "MultiAsyncSettings",
     "MultiSyncSettings",
@@ -53,6 +48,12 @@ __all__ = [
 
 #: The values ``cat_results`` takes.
 CAT_RESULTS = (None, "stack", 0, -1)
+#: Batches each worker may collect ahead of the trainer, by default.
+CREDITS = 2
+
+
+def _field(settings: type, name: str) -> Field[Any]:
+    return next(f for f in fields(settings) if f.name == name)
 
 
 def _optional_int(minimum: int, maximum: int | None = None) -> Any:
@@ -64,15 +65,8 @@ def _optional_int(minimum: int, maximum: int | None = None) -> Any:
 class MultiSyncSettings(WorkerSettings):
     """The options of :class:`~acollect.MultiSyncCollector`: lockstep batches, one part from every worker."""
 
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {
-        "max_policy_lag": Override(
-            refused="a lockstep batch is collected by the version asked for it (at most one behind after a push, and "
-            "every later one current): there is nothing stale to drop; MultiAsyncCollector takes it"
-        ),
-    }
-
     cat_results: str | int | None = option(
-        None, check=lambda name, value: check_choice(name, value, CAT_RESULTS), only_with=("sync", True),
+        None, check=lambda name, value: check_choice(name, value, CAT_RESULTS),
         doc='how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; '
         "``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, "
         "n_workers * T]``).",
@@ -84,12 +78,12 @@ class MultiAsyncSettings(WorkerSettings):
     """The options of :class:`~acollect.MultiAsyncCollector`: each worker's batch, first ready, first served."""
 
     credits: int = option(
-        2, check=lambda name, value: check_int(name, value, minimum=1), only_with=("sync", False),
+        CREDITS, check=lambda name, value: check_int(name, value, minimum=1),
         doc="batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays "
         "bounded.",
     )  # fmt: skip
     max_policy_lag: int | None = option(
-        None, check=_optional_int(0), only_with=("sync", False),
+        None, check=_optional_int(0),
         doc="the most policy versions a batch may be behind the collector's when it is handed out: a batch with a "
         "frame chosen by an older version is dropped (counted in ``stats().stale_batches``), its memory given "
         "back, and the next one taken; its worker's stream goes on with its next batch. ``None``: no limit "
@@ -106,50 +100,10 @@ class MultiAsyncSettings(WorkerSettings):
             )  # fmt: skip
 
 
-@dataclass(frozen=True, kw_only=True)
-class AsyncSettings(MultiAsyncSettings):
-    """The options of :class:`~acollect.AsyncCollector`: those of :class:`MultiAsyncSettings` for one worker."""
-
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {
-        "num_workers": Override(refused="an AsyncCollector has one worker (use MultiAsyncCollector for more)"),
-        "on_worker_loss": Override(
-            refused="an AsyncCollector has one worker: once it is lost none is left to collect on with, so its loss "
-            "always breaks the collector (MultiAsyncCollector takes it)"
-        ),
-    }
-
-
 # -- central inference ------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class BatchedSettings(MultiAsyncSettings):
     """The options of :class:`~acollect.AsyncBatchedCollector`: its workers' and its inference server's."""
-
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {
-        "device": Override(
-            doc="the inference server's device, where the policy runs (default: where its parameters are); one "
-            "device. The envs' device is ``env_device``."
-        ),
-        "policy_device": Override(doc="the same as ``device`` (give one of the two)."),
-        "storing_device": Override(
-            default="cpu",
-            doc="where batches land (the workers' envs make them, not the inference device); one device, or a list "
-            "with one per worker.",
-        ),
-        "policy_factory": Override(
-            doc="a zero-argument callable building the server's policy, instead of ``policy``, in the server process."
-        ),
-        "keys": Override(
-            note="They guard the inference server's connections as well (the same key pair and allow-list)."
-        ),
-        "heartbeat_timeout": Override(
-            note="A forward pass running longer breaks the collector with a ``PolicyError`` saying the server is hung."
-        ),
-        "worker_affinity": Override(
-            note='With ``"auto"`` the inference server process runs on the trainer\'s cores (those left by the '
-            "workers), pinned once it started, and ``server_threads`` defaults to their number; with no core left, "
-            "or with a list, the server is not pinned."
-        ),
-    }
 
     max_batch_size: int | None = option(
         None, check=_optional_int(1),
@@ -217,9 +171,7 @@ class BatchedSettings(MultiAsyncSettings):
 @dataclass(frozen=True, kw_only=True)
 class ModeSettings(MultiSyncSettings, MultiAsyncSettings):
     """The options of a collector that takes its mode as an argument: ``sync``, and the options of both modes
-    (each refused in the other mode)."""
-
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {}  # (MultiSyncSettings' refusal is its mode's: only_with says it)
+    (each refused in the other mode; ``credits=None`` is 2 with ``sync=False``)."""
 
     sync: bool = option(
         False, check=check_bool,
@@ -227,6 +179,24 @@ class ModeSettings(MultiSyncSettings, MultiAsyncSettings):
         "or concatenated (as from ``MultiSyncCollector``); ``False``: each worker's batch, first ready, first "
         'served, tagged with its ``("collector", "worker_id")`` (as from ``MultiAsyncCollector``).',
     )  # fmt: skip
+
+    # Both modes' options in one signature: credits=None is "not given" (2 with sync=False, filled in below; it
+    # stays None with sync=True), so that credits given with sync=True is named. Its doc is MultiAsyncSettings'
+    # declaration.
+    credits: int = field(
+        default=None,  # type: ignore[assignment]
+        metadata={**_field(MultiAsyncSettings, "credits").metadata, "check": _optional_int(1)},
+    )
+
+    def __post_init__(self) -> None:
+        # Each mode's options are refused in the other mode (a value that would do nothing is a mistake to name).
+        for name, mode in (("cat_results", True), ("credits", False), ("max_policy_lag", False)):
+            value = getattr(self, name)
+            if value is not None and self.sync is not mode:
+                raise ConfigurationError.bad_value(name, value, f"no value with sync={self.sync!r}")
+        if self.credits is None and not self.sync:
+            object.__setattr__(self, "credits", _field(MultiAsyncSettings, "credits").default)
+        super().__post_init__()
 
 
 def _host(name: str, value: Any) -> str:
@@ -247,20 +217,6 @@ def _init_method(name: str, value: Any) -> str | None:
 class DistributedSettings(ModeSettings):
     """The options of :class:`~acollect.DistributedCollector`: those of a collector with a mode, and where its
     torch.distributed process group forms."""
-
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {
-        "max_worker_restarts": Override(
-            note="It must be 0 here: a torch.distributed process group cannot take a restarted worker in."
-        ),
-        "worker_affinity": Override(
-            refused="its workers are torch.distributed ranks that may run on other hosts, whose cores this process "
-            "cannot see; pin them where they start (taskset), or use MultiSyncCollector / MultiAsyncCollector"
-        ),
-        "on_worker_loss": Override(
-            refused="a torch.distributed process group cannot lose a rank: every collective waits for all of them, so "
-            "a lost worker always breaks the collector"
-        ),
-    }
 
     backend: str = option(
         "gloo", check=lambda name, value: check_backend(value),
@@ -297,20 +253,6 @@ class DistributedSettings(ModeSettings):
             )  # fmt: skip
 
 
-@dataclass(frozen=True, kw_only=True)
-class DistributedSyncSettings(DistributedSettings):
-    """The options of :class:`~acollect.DistributedSyncCollector`: :class:`DistributedSettings` with
-    ``sync=True`` fixed."""
-
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {
-        **DistributedSettings.OVERRIDES,
-        "sync": Override(
-            default=True, refused="a DistributedSyncCollector is sync=True (DistributedCollector takes sync=...)"
-        ),
-        "credits": Override(refused="a DistributedSyncCollector is sync=True (credits are for sync=False)"),
-    }
-
-
 def _none_only(name: str, value: Any) -> None:
     if value is not None:
         raise ConfigurationError.bad_value(
@@ -327,33 +269,12 @@ def _replay_buffer(name: str, value: Any) -> Any:
 
 
 _TORCHRL_IGNORED = "TorchRL's, for a mechanism acollect does without: accepted, and ignored, so that TorchRL code runs."
-_RAY_LIST = "For a RayCollector, a list has one entry per remote collector (its actors share it)."
 
 
 @dataclass(frozen=True, kw_only=True)
 class RaySettings(ModeSettings):
     """The options of :class:`~acollect.RayCollector`: TorchRL's ``RayCollector`` arguments on top of those of a
     collector with a mode (its workers are Ray actors: it takes no ``launcher`` nor ``num_workers``)."""
-
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {
-        "launcher": Override(
-            refused="a RayCollector's workers are Ray actors, set by create_env_fn, num_collectors and "
-            "num_workers_per_collector"
-        ),
-        "num_workers": Override(
-            refused="a RayCollector's workers are Ray actors, set by create_env_fn, num_collectors and "
-            "num_workers_per_collector"
-        ),
-        "worker_affinity": Override(
-            refused="a RayCollector's workers are Ray actors, placed by Ray on any node of its cluster: ask Ray for "
-            "their CPUs with remote_configs ({'num_cpus': ...})"
-        ),
-        **{name: Override(note=_RAY_LIST) for name in (*DEVICE_OPTIONS, "collector_kwargs")},
-        **{
-            name: Override(note="TorchRL's ``-1`` means ``None`` here too.")
-            for name in ("max_frames_per_traj", "init_random_frames", "max_weight_update_interval")
-        },
-    }
 
     collector_class: Any = option(
         "single",

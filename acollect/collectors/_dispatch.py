@@ -459,8 +459,7 @@ def dispatch_for(settings: MultiSyncSettings | MultiAsyncSettings) -> Lockstep |
 
     Examples:
         >>> from acollect.collectors._collector_settings import ModeSettings
-        >>> from acollect.collectors._options import parse
-        >>> type(dispatch_for(parse({"frames_per_batch": 8, "sync": True}, ModeSettings))).__name__
+        >>> type(dispatch_for(ModeSettings(frames_per_batch=8, sync=True))).__name__
         'Lockstep'
     """
     if isinstance(settings, ModeSettings):

@@ -33,23 +33,30 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from typing_extensions import Unpack
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
 from acollect._pool import WorkerPool
 from acollect._pool.distributed import DistPool
 from acollect._pool.settings import PoolSettings
 from acollect._weights import WeightUpdate
-from acollect.collectors._collector_settings import DistributedSettings, DistributedSyncSettings
+from acollect.collectors._collector_settings import DistributedSettings
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import parse
+from acollect.collectors._options import (
+    DEFAULT_START_METHOD,
+    HEARTBEAT_TIMEOUT,
+    Devices,
+    Keys,
+    keyword_errors,
+    settings_from,
+)
 from acollect.errors import ConfigurationError
+from acollect.launchers.base import Launcher
 from acollect.transport._weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
-
-if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
-    from acollect.collectors._generated_options import DistributedOptions, DistributedSyncOptions
 
 __all__ = ["DistributedCollector", "DistributedSyncCollector"]
 
@@ -58,6 +65,21 @@ def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+#: What DistributedCollector refuses, and why.
+_DISTRIBUTED_REFUSES = {
+    "worker_affinity": "its workers are torch.distributed ranks that may run on other hosts, whose cores this process "
+    "cannot see; pin them where they start (taskset), or use MultiSyncCollector / MultiAsyncCollector",
+    "on_worker_loss": "a torch.distributed process group cannot lose a rank: every collective waits for all of them, "
+    "so a lost worker always breaks the collector",
+}
+#: What DistributedSyncCollector refuses besides, and why.
+_DISTRIBUTED_SYNC_REFUSES = {
+    **_DISTRIBUTED_REFUSES,
+    "sync": "a DistributedSyncCollector is sync=True (DistributedCollector takes sync=...)",
+    "credits": "a DistributedSyncCollector is sync=True (credits are for sync=False)",
+}
 
 
 class DistributedCollector(MultiCollectorBase):
@@ -75,8 +97,9 @@ class DistributedCollector(MultiCollectorBase):
         policy: the policy (see :class:`~acollect.MultiSyncCollector`).
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._collector_settings.DistributedSettings`, each with its
-        type, doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._collector_settings.DistributedSettings` declares it.
 
     Raises:
         ConfigurationError: a bad argument, the other mode's option, a backend torch does not have here, or
@@ -86,8 +109,62 @@ class DistributedCollector(MultiCollectorBase):
     settings_class: ClassVar[type[DistributedSettings]] = DistributedSettings
     settings: DistributedSettings
 
-    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[DistributedOptions]) -> None:
-        settings = parse(options, self.settings_class, owner=type(self))
+    @keyword_errors(refused=_DISTRIBUTED_REFUSES)
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
+        max_worker_restarts: int = 0,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = DEFAULT_START_METHOD,
+        launcher: str | Launcher = "local",
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Keys | None = None,
+        copy_batches: bool = False,
+        max_lent_bytes: int | None = None,
+        cuda_dma: bool = False,
+        filter_worker_warnings: bool = True,
+        num_workers: int | None = None,
+        credits: int | None = None,
+        max_policy_lag: int | None = None,
+        cat_results: str | int | None = None,
+        sync: bool = False,
+        backend: str = "gloo",
+        tcp_port: int | None = None,
+        init_method: str | None = None,
+        master_addr: str = "127.0.0.1",
+        dist_timeout: float = 60.0,
+    ) -> None:
+        self._join(create_env_fn, policy, settings_from(DistributedSettings, locals()))
+
+    def _join(self, create_env_fn: Any, policy: PolicyLike, settings: DistributedSettings) -> None:
         address, port = settings.master_addr, settings.tcp_port
         #: the torch.distributed init URL every rank joins (``init_method``, else the rendezvous on ``master_addr``)
         self.init_method = settings.init_method or f"tcp://{address}:{port or _free_port(address)}"
@@ -126,18 +203,65 @@ class DistributedSyncCollector(DistributedCollector):
         policy: the policy (see :class:`~acollect.MultiSyncCollector`).
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._collector_settings.DistributedSyncSettings`, each with its
-        type, doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._collector_settings.DistributedSettings` declares it
+            (``sync=True`` fixed).
 
     Raises:
         ConfigurationError: a bad argument, ``sync`` or ``credits``, a backend torch does not have here, or
             ``max_worker_restarts``.
     """
 
-    settings_class: ClassVar[type[DistributedSyncSettings]] = DistributedSyncSettings
-    settings: DistributedSyncSettings
-
+    @keyword_errors(refused=_DISTRIBUTED_SYNC_REFUSES)
     def __init__(
-        self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[DistributedSyncOptions]
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
+        max_worker_restarts: int = 0,
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = DEFAULT_START_METHOD,
+        launcher: str | Launcher = "local",
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Keys | None = None,
+        copy_batches: bool = False,
+        max_lent_bytes: int | None = None,
+        cuda_dma: bool = False,
+        filter_worker_warnings: bool = True,
+        num_workers: int | None = None,
+        max_policy_lag: int | None = None,
+        cat_results: str | int | None = None,
+        backend: str = "gloo",
+        tcp_port: int | None = None,
+        init_method: str | None = None,
+        master_addr: str = "127.0.0.1",
+        dist_timeout: float = 60.0,
     ) -> None:
-        super().__init__(create_env_fn, policy, **options)
+        self._join(create_env_fn, policy, settings_from(DistributedSettings, locals(), sync=True))

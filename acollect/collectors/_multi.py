@@ -21,19 +21,33 @@ Examples:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from typing_extensions import Unpack
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
 from acollect.collectors._collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import parse
-
-if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
-    from acollect.collectors._generated_options import MultiAsyncOptions, MultiSyncOptions
+from acollect.collectors._options import (
+    DEFAULT_START_METHOD,
+    HEARTBEAT_TIMEOUT,
+    Devices,
+    Keys,
+    keyword_errors,
+    settings_from,
+)
+from acollect.launchers.base import Launcher
+from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
+
+#: What MultiSyncCollector refuses, and why (another collector takes it).
+_MULTI_SYNC_REFUSES = {
+    "max_policy_lag": "a lockstep batch is collected by the version asked for it (at most one behind after a push, "
+    "and every later one current): there is nothing stale to drop; MultiAsyncCollector takes it",
+}
 
 
 class MultiSyncCollector(MultiCollectorBase):
@@ -57,8 +71,9 @@ class MultiSyncCollector(MultiCollectorBase):
         policy: the policy, sent to every worker (an ``nn.Module``, ``TensorDictModule``, callable or ``None``).
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._collector_settings.MultiSyncSettings`, each with its type,
-        doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._collector_settings.MultiSyncSettings` declares it.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -67,8 +82,54 @@ class MultiSyncCollector(MultiCollectorBase):
     settings_class: ClassVar[type[MultiSyncSettings]] = MultiSyncSettings
     settings: MultiSyncSettings
 
-    def __init__(self, create_env_fn_list: Any, policy: PolicyLike = None, **options: Unpack[MultiSyncOptions]) -> None:
-        super().__init__(create_env_fn_list, policy, parse(options, self.settings_class, owner=type(self)))
+    @keyword_errors(refused=_MULTI_SYNC_REFUSES)
+    def __init__(
+        self,
+        create_env_fn_list: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
+        max_worker_restarts: int = 0,
+        on_worker_loss: str = "raise",
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = DEFAULT_START_METHOD,
+        launcher: str | Launcher = "local",
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Keys | None = None,
+        copy_batches: bool = False,
+        max_lent_bytes: int | None = None,
+        cuda_dma: bool = False,
+        filter_worker_warnings: bool = True,
+        num_workers: int | None = None,
+        worker_affinity: str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None = None,
+        cat_results: str | int | None = None,
+    ) -> None:
+        super().__init__(create_env_fn_list, policy, settings_from(MultiSyncSettings, locals()))
 
     @property
     def cat_results(self) -> str | int | None:
@@ -96,8 +157,9 @@ class MultiAsyncCollector(MultiCollectorBase):
         policy: the policy, sent to every worker (an ``nn.Module``, ``TensorDictModule``, callable or ``None``).
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._collector_settings.MultiAsyncSettings`, each with its
-        type, doc and default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._collector_settings.MultiAsyncSettings` declares it.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -117,7 +179,52 @@ class MultiAsyncCollector(MultiCollectorBase):
     settings_class: ClassVar[type[MultiAsyncSettings]] = MultiAsyncSettings
     settings: MultiAsyncSettings
 
+    @keyword_errors()
     def __init__(
-        self, create_env_fn_list: Any, policy: PolicyLike = None, **options: Unpack[MultiAsyncOptions]
+        self,
+        create_env_fn_list: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
+        max_worker_restarts: int = 0,
+        on_worker_loss: str = "raise",
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = DEFAULT_START_METHOD,
+        launcher: str | Launcher = "local",
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Keys | None = None,
+        copy_batches: bool = False,
+        max_lent_bytes: int | None = None,
+        cuda_dma: bool = False,
+        filter_worker_warnings: bool = True,
+        num_workers: int | None = None,
+        worker_affinity: str | Sequence[set[int] | frozenset[int] | Sequence[int]] | None = None,
+        credits: int = 2,
+        max_policy_lag: int | None = None,
     ) -> None:
-        super().__init__(create_env_fn_list, policy, parse(options, self.settings_class, owner=type(self)))
+        super().__init__(create_env_fn_list, policy, settings_from(MultiAsyncSettings, locals()))

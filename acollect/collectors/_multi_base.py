@@ -109,7 +109,7 @@ class MultiCollectorBase(CollectorBase):
         self, create_env_fn_list: Any, policy: PolicyLike, settings: MultiSyncSettings | MultiAsyncSettings
     ) -> None:
         """Builds the workers' configs, and the dispatch strategy (how batches are taken from the workers), from
-        ``settings``: the public class's ``**options`` checked once by :func:`parse` into its ``settings_class``."""
+        ``settings``: the public class's keywords, checked once into its ``settings_class``."""
         self.settings = settings
         self._dispatch: Dispatch = dispatch_for(settings)
         check_policy_args(policy, settings.policy_factory)
@@ -462,7 +462,7 @@ class MultiCollectorBase(CollectorBase):
         # Within one call the collector's version does not move unless another task pushes weights: after the batches
         # collected ahead under older weights, a fresh one comes. Weights that change faster than a batch is collected
         # would drop every batch: past this many in a row the caller is told, not left waiting.
-        most = 4 * self.num_workers * getattr(self.settings, "credits", 1) + 8
+        most = 4 * self.num_workers * (getattr(self.settings, "credits", None) or 1) + 8
         for _ in range(most):
             items = await self._dispatch.take(pool, ahead=self._wants_next())
             if limit is None or all(self.policy_version - self._batch_version(item) <= limit for item in items):

@@ -1,50 +1,47 @@
-"""The collectors' options, declared once: name, type, default, check and doc in one field each.
+"""The collectors' options, declared once: type, default, check and doc in one settings field each.
 
 :class:`RolloutSettings` (every collector), :class:`InProcessSettings` (the in-process collector),
 :class:`ProcessSettings` and :class:`WorkerSettings` (collectors with worker processes) declare each
 option with :func:`option`: its type (the field's annotation, or ``accepts`` where callers may pass
-more than is kept), its default, its check (from :mod:`acollect._validate`) and its doc, the text users
-read. Each multi-process collector's own options are declared the same way, in its settings class
-(:mod:`acollect.collectors._collector_settings`), whose ``OVERRIDES`` (:class:`Override`) say how it
-takes what it inherits. Everything else is read from the declarations:
+more than is kept), its default, its check (from :mod:`acollect._validate`) and its doc. Each
+multi-process collector's own options are declared the same way, in its settings class
+(:mod:`acollect.collectors._collector_settings`).
 
-* :func:`parse` checks a collector's ``**options`` once and returns the frozen settings, every
-  default filled in; a misspelt keyword is named, with the closest one the collector takes, and a
-  refused one with the reason;
-* :func:`check_option` checks one value (``collector_kwargs`` per worker) with the field's check;
-* the ``TypedDict`` s that type the constructors' ``**options`` for mypy
-  (:mod:`acollect.collectors._generated_options`) and each collector's docstring section "Keyword
-  Args" (:mod:`acollect.collectors._generated_keyword_args`) are generated from the fields by
-  :mod:`acollect.collectors._option_codegen` (a test fails when either is stale).
-
-Constructors keep the settings (``collector.settings``) and copy no field out of them.
+A collector's constructor names every keyword it takes in its signature (what IDEs, ``help()`` and
+mypy read), builds its settings from them with :func:`settings_from` (each field checked once, in the
+settings' ``__post_init__``), keeps them (``collector.settings``) and copies no field out of them.
+:func:`keyword_errors` makes a keyword the constructor does not take a :class:`ConfigurationError`
+naming the closest one it takes, or why it refuses it. ``tests/test_options.py`` holds each
+signature to its settings class; the options reference (``docs/options.md``) is rendered from the
+declarations when the docs are built.
 
 Examples:
-    >>> from acollect.collectors._options import WorkerSettings, parse
-    >>> settings = parse({"frames_per_batch": 64, "heartbeat_timeout": 5}, WorkerSettings)
+    >>> settings = WorkerSettings(frames_per_batch=64, heartbeat_timeout=5)
     >>> settings.heartbeat_timeout, settings.filter_worker_warnings
     (5.0, True)
-    >>> parse({"frames_per_batch": 64, "heartbeat_timout": 5}, WorkerSettings)
+    >>> WorkerSettings(frames_per_batch=64, heartbeat_timeout=-1)
     Traceback (most recent call last):
     ...
-    acollect.errors.ConfigurationError: unexpected keyword argument 'heartbeat_timout'; did you mean 'heartbeat_...?
+    acollect.errors.ConfigurationError: heartbeat_timeout=-1 is invalid: expected a positive, finite number of seconds.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
+import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._affinity import check_worker_affinity
-from acollect._devices import check_device
+from acollect._devices import DeviceLike, check_device
 from acollect._policy import PolicyLike, parse_exploration_type
 from acollect._progress import check_progress
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
@@ -64,16 +61,21 @@ from acollect.transport._weight_sync import WeightSyncScheme
 from acollect.transport.auth import ServerKeys, as_server_keys
 
 __all__ = [
+    "DEFAULT_START_METHOD",
+    "HEARTBEAT_TIMEOUT",
     "ON_WORKER_LOSS",
     "PER_WORKER_OPTIONS",
+    "Devices",
     "InProcessSettings",
+    "Keys",
     "ProcessSettings",
     "RolloutSettings",
     "WorkerSettings",
     "check_option",
     "check_policy_args",
+    "keyword_errors",
     "option",
-    "parse",
+    "settings_from",
 ]
 
 #: Options ``collector_kwargs`` may set per worker.
@@ -81,6 +83,10 @@ PER_WORKER_OPTIONS = frozenset({
     "device", "env_device", "policy_device", "storing_device", "max_frames_per_traj", "init_random_frames",
     "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads", "env_errors",
 })  # fmt: skip
+#: One device, or (multi-process collectors) a list with one per worker.
+Devices = DeviceLike | Sequence[DeviceLike]
+#: A key directory (written by ``acollect keys``) or the keys read from one.
+Keys = ServerKeys | str | os.PathLike[str]
 DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
 #: The values ``on_worker_loss`` takes: break the collector, or collect on with the workers left.
 ON_WORKER_LOSS = ("raise", "continue")
@@ -234,49 +240,25 @@ def option(
     check: Check | None = None,
     accepts: str | None = None,
     factory: Callable[[], Any] | None = None,
-    only_with: tuple[str, Any] | None = None,
 ) -> Any:
     """Declares one option: a settings field with its default, its check, its doc and what callers pass.
 
     Args:
         default: the value kept when the option is not given (none: the option is required).
-        doc: what the option does, as users read it: each collector's docstring lists its options with this
-            text (generated by :mod:`acollect.collectors._option_codegen`), and so does the generated
-            ``TypedDict``.
+        doc: what the option does, as users read it in the options reference (``docs/options.md``, rendered
+            from the declarations when the docs are built).
         check: ``check(name, value)`` returns the value kept, or raises ``ConfigurationError`` naming ``name``;
             ``None``: checked elsewhere (said in ``doc``).
-        accepts: the type callers may pass, where it is wider than the field's (a key directory for keys).
+        accepts: the type callers may pass, where it is wider than the field's (a key directory for keys), as
+            the constructors' signatures write it.
         factory: builds the default (for mutable ones).
-        only_with: ``(option, value)``: given only where that other option has that value (``("sync", True)``);
-            a collector without that option fixes it by its class, and takes this one as its class allows.
     """
-    metadata = {"doc": doc, "check": check, "accepts": accepts, "only_with": only_with}
+    metadata = {"doc": doc, "check": check, "accepts": accepts}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     if default is MISSING:
         return field(metadata=metadata)
     return field(default=default, metadata=metadata)
-
-
-@dataclass(frozen=True)
-class Override:
-    """How one collector takes a keyword that it inherits, or that collectors like it take.
-
-    A settings class lists these in ``OVERRIDES`` (keyword -> :class:`Override`); the declaration itself
-    (type, check, doc) stays the one :func:`option` made.
-
-    Args:
-        doc: what the option means for this collector, in place of the declared doc in its docstring.
-        note: a sentence added to the declared doc in this collector's docstring.
-        default: this collector's default, filled in by :func:`parse` where the keyword is not given.
-        refused: why this collector refuses the keyword: :func:`parse` raises ``ConfigurationError`` naming it
-            with this reason, and its docstring leaves the option out.
-    """
-
-    doc: str | None = None
-    note: str | None = None
-    default: Any = field(default_factory=lambda: MISSING)  # (a dataclass reads default=MISSING as "required")
-    refused: str | None = None
 
 
 def _total_frames(name: str, value: Any) -> int:
@@ -301,9 +283,6 @@ _PER_WORKER = "; the multi-process collectors take a list too, with one device p
 class RolloutSettings:
     """The options every collector takes, checked, defaults filled in (see :class:`~acollect.Collector`)."""
 
-    #: How this collector takes options it inherits: keyword -> :class:`Override` (see there).
-    OVERRIDES: ClassVar[Mapping[str, Override]] = {}
-
     frames_per_batch: int = option(
         check=_int(1),
         doc="frames in each batch handed out: from every worker together where a batch holds a part from each "
@@ -322,15 +301,17 @@ class RolloutSettings:
         "imports.",
     )  # fmt: skip
     device: Any = option(
-        None, check=_devices, accepts="Devices",
+        None, check=_devices, accepts="Devices | None",
         doc=f"fills whichever of ``env_device``, ``policy_device`` and ``storing_device`` is not given{_PER_WORKER}.",
     )  # fmt: skip
-    env_device: Any = option(None, check=_devices, accepts="Devices", doc=f"where env data lives{_PER_WORKER}.")
+    env_device: Any = option(None, check=_devices, accepts="Devices | None", doc=f"where env data lives{_PER_WORKER}.")
     policy_device: Any = option(
-        None, check=_devices, accepts="Devices",
+        None, check=_devices, accepts="Devices | None",
         doc=f"where the policy runs (data is cast between it and the env device){_PER_WORKER}.",
     )  # fmt: skip
-    storing_device: Any = option(None, check=_devices, accepts="Devices", doc=f"where batches land{_PER_WORKER}.")
+    storing_device: Any = option(
+        None, check=_devices, accepts="Devices | None", doc=f"where batches land{_PER_WORKER}."
+    )
     max_frames_per_traj: int | None = option(
         None, check=_int(1, optional=True),
         doc="truncate (``truncated=True``) and reset trajectories longer than this; ``None``: no limit.",
@@ -491,7 +472,7 @@ class ProcessSettings(RolloutSettings):
         'Windows) or ``"spawn"`` (fresh interpreters, each importing torch again).',
     )  # fmt: skip
     launcher: Any = option(
-        "local",
+        "local", accepts="str | Launcher",
         doc='where workers run: ``"local"`` (processes on this machine), ``"ray"`` (one Ray actor each), '
         '``"submitit"`` (one submitit job each), or a launcher instance such as ``RayLauncher(remote_configs=...)`` '
         "(see ``acollect.launchers``); checked together with ``start_method``.",
@@ -508,7 +489,7 @@ class ProcessSettings(RolloutSettings):
         "them to join. Needs ``address`` and ``keys``.",
     )  # fmt: skip
     keys: ServerKeys | None = option(
-        None, check=_keys, accepts="ServerKeys | str | os.PathLike[str] | None",
+        None, check=_keys, accepts="Keys | None",
         doc="a key directory written by ``acollect keys`` (or a ``ServerKeys``): the endpoint then encrypts every "
         "connection with CURVE and accepts only the workers whose public key is in its ``authorized/`` directory; "
         "others are refused and counted in ``rejected_peers``.",
@@ -593,79 +574,81 @@ def _checks() -> dict[str, Check]:
 
 
 S = TypeVar("S", bound=RolloutSettings)
+P = ParamSpec("P")
 
 
-def accepted(settings: type[RolloutSettings]) -> list[Field[Any]]:
-    """The fields of ``settings`` its collector takes as keywords: every one but those it refuses."""
-    refused = {name for name, how in settings.OVERRIDES.items() if how.refused is not None}
-    return [f for f in fields(settings) if f.name not in refused]
-
-
-def default_of(settings: type[RolloutSettings], f: Field[Any]) -> Any:
-    """What ``settings`` holds for ``f`` where the keyword is not given (``MISSING``: it is required)."""
-    override = settings.OVERRIDES.get(f.name)
-    if override is not None and override.default is not MISSING:
-        return override.default
-    if f.default_factory is not MISSING:
-        return f.default_factory()
-    return f.default
-
-
-def parse(options: Mapping[str, Any], settings: type[S], *, owner: Callable[..., Any] | None = None) -> S:
-    """Checks ``options`` once and returns them as ``settings`` (a frozen dataclass, defaults filled in).
+def settings_from(settings: type[S], values: Mapping[str, Any], **fixed: Any) -> S:
+    """``settings`` built from a constructor's arguments (its ``locals()``): each field checked once.
 
     Args:
-        options: the keyword options given to a collector.
-        settings: the collector's settings class (:class:`RolloutSettings` or a subclass).
-        owner: the collector class (or function) they were given to: its error messages name it, and its own
-            keyword arguments are among the names suggested for a misspelt one.
+        settings: the collector's settings class.
+        values: the constructor's arguments by name; those that are no field of ``settings`` (``self``,
+            ``create_env_fn``, ``policy``) are left out.
+        fixed: fields the collector's class fixes (``sync=True``), which its signature does not take.
 
-    Raises:
-        ConfigurationError: an unknown or refused option (named, with the closest known one or the reason), a
-            missing ``frames_per_batch``, an option of another mode (``credits`` with ``sync=True``), or a bad
-            value (named).
+    Examples:
+        >>> def build(frames_per_batch: int, total_frames: int = -1):
+        ...     return settings_from(RolloutSettings, locals())
+        >>> build(8).total_frames
+        -1
     """
-    taken = {f.name: f for f in accepted(settings)}
-    who = f"{owner.__name__}() " if owner is not None else ""
-    for name, value in options.items():
-        override = settings.OVERRIDES.get(name)
-        if override is not None and override.refused is not None:
-            raise ConfigurationError.bad_value(name, value, f"no value: {override.refused}")
-        if name not in taken:
-            takes = [*taken, *_keywords_of(owner)]
-            close = difflib.get_close_matches(name, takes, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(sorted(set(takes)))}"
-            raise ConfigurationError(f"{who}{'got an ' if who else ''}unexpected keyword argument {name!r}{hint}")
-    if "frames_per_batch" not in options:
-        raise ConfigurationError(f"{who}missing keyword argument 'frames_per_batch' (frames per batch, an int >= 1)")
-    declared = {f.name: f for f in fields(settings)}
-    for name, value in options.items():
-        condition = taken[name].metadata.get("only_with")
-        if condition is None or condition[0] not in declared:
-            continue  # where the other option is none of this collector's, its class allows this one
-        key, wanted = condition
-        mode = declared[key]
-        given = mode.metadata["check"](key, options[key]) if key in options else default_of(settings, mode)
-        if given != wanted:
-            raise ConfigurationError.bad_value(name, value, f"no value with {key}={given!r}")
-    # A collector's own defaults, refused keywords' included (a class that fixes its mode holds it).
-    defaults = {
-        name: how.default for name, how in settings.OVERRIDES.items() if how.default is not MISSING and name in declared
-    }
-    return settings(**{**defaults, **options})
+    names = {f.name for f in fields(settings)}
+    return settings(**{name: value for name, value in values.items() if name in names}, **fixed)
 
 
-def _keywords_of(owner: Callable[..., Any] | None) -> list[str]:
-    if owner is None:
-        return []
-    function: Callable[..., Any] = owner
-    if isinstance(owner, type):
-        # A class's own keywords are its __init__'s (inspect.signature(cls) would show a __new__ instead).
-        function = next(vars(c)["__init__"] for c in owner.__mro__ if "__init__" in vars(c))
-    try:
-        params = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    if isinstance(owner, type):
-        params = params[1:]  # self
-    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+def keyword_errors(
+    refused: Mapping[str, str] | None = None,
+) -> Callable[[Callable[P, None]], Callable[P, None]]:
+    """Wraps a collector's ``__init__``: a keyword it does not take, or no ``frames_per_batch``, is a
+    :class:`ConfigurationError` naming it, with the closest keyword it takes (or the reason it refuses it).
+
+    The wrapped ``__init__`` keeps its signature (``functools.wraps``): IDEs, ``help()`` and mypy read it.
+
+    Args:
+        refused: keyword -> why this collector refuses it (another collector takes it).
+
+    Examples:
+        >>> class Demo:
+        ...     @keyword_errors(refused={"num_workers": "a Demo has one worker"})
+        ...     def __init__(self, *, frames_per_batch: int, credits: int = 2) -> None:
+        ...         pass
+        >>> Demo(frames_per_batch=8, credit=3)
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: Demo() got an unexpected keyword argument 'credit'; did you mean 'credits'?
+        >>> Demo(frames_per_batch=8, num_workers=2)
+        Traceback (most recent call last):
+        ...
+        acollect.errors.ConfigurationError: num_workers=2 is invalid: expected no value: a Demo has one worker.
+    """
+    reasons = dict(refused or {})
+
+    def decorate(init: Callable[P, None]) -> Callable[P, None]:
+        signature = inspect.signature(init)
+        owner = init.__qualname__.split(".")[0]
+        takes = [p.name for p in signature.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+        @functools.wraps(init)
+        def checked(*args: P.args, **kwargs: P.kwargs) -> None:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError:
+                for name, value in kwargs.items():
+                    if name in reasons:
+                        raise ConfigurationError.bad_value(name, value, f"no value: {reasons[name]}") from None
+                    if name not in takes:
+                        close = difflib.get_close_matches(name, takes[1:], n=1)  # (not self)
+                        hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(takes[1:])}"
+                        raise ConfigurationError(
+                            f"{owner}() got an unexpected keyword argument {name!r}{hint}"
+                        ) from None
+                if "frames_per_batch" in takes and "frames_per_batch" not in kwargs:
+                    raise ConfigurationError(
+                        f"{owner}() missing keyword argument 'frames_per_batch' (frames per batch, an int >= 1)"
+                    ) from None
+                raise  # another mistake (too many positional arguments): Python's message says it
+            init(*args, **kwargs)
+
+        return checked
+
+    return decorate

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from typing_extensions import Unpack
+from tensordict import TensorDictBase
+from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
 from acollect._runtime.lifecycle import CloseReason
@@ -34,12 +35,18 @@ from acollect.collectors._collector import Collector
 from acollect.collectors._collector_settings import RaySettings
 from acollect.collectors._multi import MultiAsyncCollector, MultiSyncCollector
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import DEVICE_OPTIONS, parse
+from acollect.collectors._options import (
+    DEFAULT_START_METHOD,
+    DEVICE_OPTIONS,
+    HEARTBEAT_TIMEOUT,
+    Devices,
+    Keys,
+    keyword_errors,
+    settings_from,
+)
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.launchers._ray import RayLauncher, RayWorker, check_remote_configs
-
-if TYPE_CHECKING:  # generated from the declarations, and only for mypy: regenerating it needs no import of it
-    from acollect.collectors._generated_options import RayOptions
+from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["RayCollector"]
 
@@ -64,6 +71,18 @@ def _per_collector(name: str, value: Any, n_collectors: int) -> list[Any]:
     return [value] * n_collectors
 
 
+_RAY_ACTORS = (
+    "a RayCollector's workers are Ray actors, set by create_env_fn, num_collectors and num_workers_per_collector"
+)
+#: What RayCollector refuses, and why.
+_RAY_REFUSES = {
+    "launcher": _RAY_ACTORS,
+    "num_workers": _RAY_ACTORS,
+    "worker_affinity": "a RayCollector's workers are Ray actors, placed by Ray on any node of its cluster: ask Ray "
+    "for their CPUs with remote_configs ({'num_cpus': ...})",
+}
+
+
 class RayCollector(MultiCollectorBase):
     """Collects with remote collectors running as Ray actors (TorchRL's ``RayCollector`` arguments).
 
@@ -79,8 +98,9 @@ class RayCollector(MultiCollectorBase):
         policy: the policy sent to every actor (or ``None`` for random actions).
 
     Keyword Args:
-        The options declared by :class:`~acollect.collectors._collector_settings.RaySettings`, each with its type, doc
-        and default: generated into ``_generated_keyword_args.py`` and put here on import.
+        frames_per_batch: frames in each batch handed out (required). The signature lists every other
+            keyword with its default; each is described once, in the options reference (``docs/options.md``),
+            as :class:`~acollect.collectors._collector_settings.RaySettings` declares it.
 
     Raises:
         ConfigurationError: a bad argument (named in the message).
@@ -100,12 +120,69 @@ class RayCollector(MultiCollectorBase):
     settings_class: ClassVar[type[RaySettings]] = RaySettings
     settings: RaySettings
 
-    def __init__(self, create_env_fn: Any, policy: PolicyLike = None, **options: Unpack[RayOptions]) -> None:
-        opts: dict[str, Any] = dict(options)
+    @keyword_errors(refused=_RAY_REFUSES)
+    def __init__(
+        self,
+        create_env_fn: Any,
+        policy: PolicyLike = None,
+        *,
+        frames_per_batch: int,
+        total_frames: int = -1,
+        policy_factory: Callable[[], PolicyLike] | str | None = None,
+        device: Devices | None = None,
+        env_device: Devices | None = None,
+        policy_device: Devices | None = None,
+        storing_device: Devices | None = None,
+        max_frames_per_traj: int | None = None,
+        init_random_frames: int | None = 0,
+        reset_at_each_iter: bool = False,
+        env_errors: str = "raise",
+        postproc: Callable[[TensorDictBase], TensorDictBase] | None = None,
+        split_trajs: bool = False,
+        trajs_per_batch: int | None = None,
+        exploration_type: InteractionType | str | None = InteractionType.RANDOM,
+        env_kwargs: Mapping[str, Any] | None = None,
+        progress: bool | str = False,
+        collector_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        update_after_each_batch: bool = False,
+        max_weight_update_interval: int | None = None,
+        weight_sync_schemes: Mapping[str, WeightSyncScheme] | None = None,
+        max_worker_restarts: int = 0,
+        on_worker_loss: str = "raise",
+        heartbeat_timeout: float = HEARTBEAT_TIMEOUT,
+        startup_timeout: float = 120.0,
+        shutdown_timeout: float = 5.0,
+        address: str | None = None,
+        start_method: str = DEFAULT_START_METHOD,
+        num_threads: int = 1,
+        use_shared_memory: bool | None = None,
+        remote_workers: int = 0,
+        keys: Keys | None = None,
+        copy_batches: bool = False,
+        max_lent_bytes: int | None = None,
+        cuda_dma: bool = False,
+        filter_worker_warnings: bool = True,
+        credits: int | None = None,
+        max_policy_lag: int | None = None,
+        cat_results: str | int | None = None,
+        sync: bool = False,
+        collector_class: Any = "single",
+        num_workers_per_collector: int = 1,
+        num_collectors: int | None = None,
+        ray_init_config: Mapping[str, Any] | None = None,
+        remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        replay_buffer: Any | None = None,
+        shutdown_ray: bool = False,
+        trust_policy: bool | None = None,
+        use_env_creator: bool | None = None,
+        no_cuda_sync: bool | None = None,
+        weight_updater: None = None,
+        weight_recv_schemes: None = None,
+    ) -> None:
+        values = dict(locals())
         for name in ("max_frames_per_traj", "init_random_frames", "max_weight_update_interval"):
-            if name in opts:
-                opts[name] = _none_if_negative(opts[name])
-        settings = parse(opts, self.settings_class, owner=type(self))
+            values[name] = _none_if_negative(values[name])
+        settings = settings_from(RaySettings, values)
         self._check_class(settings.collector_class)
         #: whether shutting the collector down also shuts Ray down (``shutdown_ray``, or :meth:`shutdown`'s)
         self.shutdown_ray = settings.shutdown_ray
