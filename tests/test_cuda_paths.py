@@ -472,11 +472,13 @@ def test_central_inference_defaults_are_the_same_however_the_device_is_given(dev
 
 def test_workers_that_would_each_make_a_cuda_context_are_told_of_the_cost() -> None:
     # The fault it catches: N workers each building a CUDA context (GPU memory apiece) without a word.
+    from acollect._rollout.spec import RolloutSpec
     from acollect._worker.protocol import WorkerConfig
     from acollect.collectors._multi_base import cuda_contexts_warning
 
     def configs(n: int, **devices: str) -> list[WorkerConfig]:
-        return [WorkerConfig(i, 0, n, "", 0, None, devices=dict(devices)) for i in range(n)]
+        spec = RolloutSpec(create_env_fn="CartPole-v1", frames_per_batch=8, devices=dict(devices))
+        return [WorkerConfig(i, 0, n, "", 0, spec) for i in range(n)]
 
     message = cuda_contexts_warning(configs(3, policy_device="cuda:0"), None)
     assert message is not None

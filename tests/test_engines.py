@@ -18,11 +18,12 @@ import pytest
 from acollect._devices import resolve_devices
 from acollect._policy import RandomPolicy
 from acollect._rollout.blocking import RolloutEngine
-from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.build import build_engine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
+from acollect._rollout.spec import RolloutSpec
 from acollect._runtime.tasks import TaskOwner
 from acollect.envs import AsyncEnvPool
 from acollect.errors import ConfigurationError, PolicyError
@@ -144,8 +145,8 @@ class ClosingProbe(SplitProbe):
         self.closed = True
 
 
-def spec(create_env_fn: Any, **kwargs: Any) -> EngineSpec:
-    return EngineSpec(create_env_fn=create_env_fn, **{"frames_per_batch": 8, **kwargs})
+def spec(create_env_fn: Any, **kwargs: Any) -> RolloutSpec:
+    return RolloutSpec(create_env_fn=create_env_fn, **{"frames_per_batch": 8, **kwargs})
 
 
 def test_the_builder_picks_the_engine_for_the_env_and_the_caller() -> None:

@@ -20,8 +20,9 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect import Collector, MultiAsyncCollector
-from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.build import build_engine
 from acollect._rollout.env_faults import MAX_REBUILDS_IN_A_ROW
+from acollect._rollout.spec import RolloutSpec
 from acollect.envs import AsyncEnvPool, GymEnv
 from acollect.errors import ConfigurationError, EnvError
 from acollect.testing import (
@@ -53,7 +54,7 @@ def assert_pieces_count(batch: TensorDictBase, starts: list[int]) -> None:
 
 def test_the_engine_ends_the_episodes_in_flight_truncated_and_goes_on_from_a_rebuilt_env() -> None:
     # crash at step 7 of each life; 5-step episodes; 2 envs; 10 steps per batch
-    spec = EngineSpec(
+    spec = RolloutSpec(
         create_env_fn=CrashingEnv, env_kwargs={"crash_at_step": 7, "num_envs": 2, "episode_length": 5},
         frames_per_batch=20, env_errors="restart",
     )  # fmt: skip
@@ -96,7 +97,7 @@ class ResetFailsEnv(CountingEnv):
 
 
 def test_a_failed_reset_keeps_the_step_it_followed_and_rebuilds_the_env() -> None:
-    spec = EngineSpec(
+    spec = RolloutSpec(
         create_env_fn=ResetFailsEnv, env_kwargs={"num_envs": 2, "episode_length": 100}, frames_per_batch=16,
         max_frames_per_traj=3, env_errors="restart",
     )  # fmt: skip

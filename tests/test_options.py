@@ -163,7 +163,7 @@ async def test_filter_worker_warnings_false_lets_a_worker_warning_through(
 def test_every_multi_process_collector_has_one_mode(name: str) -> None:
     collector = BUILDERS[name](frames_per_batch=8)
     assert collector.sync is SYNC[name]
-    frames = [c.frames_per_batch for c in collector.worker_configs]
+    frames = [c.rollout.frames_per_batch for c in collector.worker_configs]
     assert frames == ([8 // len(frames)] * len(frames) if SYNC[name] else [8] * len(frames))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from acollect._pickling import cloudpickle_dumps
+from acollect._rollout.spec import RolloutSpec
 from acollect._spawn import pickle_payload
 from acollect._worker.config_codec import decode_config, encode_config
 from acollect._worker.protocol import WorkerConfig
@@ -81,8 +82,9 @@ def unpickle_joined(config: WorkerConfig) -> WorkerConfig:
     ids=["local workers and the inference process", "Ray and submitit", "workers started by hand"],
 )
 def test_every_way_a_worker_config_travels_keeps_the_file_name(unpickle: Any) -> None:
-    config = WorkerConfig(index=0, generation=0, n_workers=1, address="tcp://127.0.0.1:1", parent_pid=0,
-                          create_env_fn=lambda: CountingEnv(num_envs=2))  # fmt: skip
-    received = unpickle(config)
+    rollout = RolloutSpec(create_env_fn=lambda: CountingEnv(num_envs=2), frames_per_batch=2)
+    address = "tcp://127.0.0.1:1"
+    config = WorkerConfig(index=0, generation=0, n_workers=1, address=address, parent_pid=0, rollout=rollout)
+    received = unpickle(config).rollout
     assert received.create_env_fn.__code__.co_filename == __file__
     assert received.create_env_fn().num_envs == 2

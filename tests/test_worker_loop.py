@@ -8,6 +8,7 @@ socket has identity ``w<index>.<gen>``; its runner sends batches from a second s
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import stat
@@ -22,6 +23,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._rollout.spec import RolloutSpec
 from acollect._worker import protocol as P
 from acollect._worker.main import run_worker
 from acollect._worker.process import WorkerProcess, start_worker
@@ -44,21 +46,25 @@ def _no_leaks() -> Iterator[None]:
 
 
 def config_for(address: str, **overrides: Any) -> P.WorkerConfig:
+    rollout: dict[str, Any] = {
+        "create_env_fn": functools.partial(CountingEnv, num_envs=2, episode_length=5),
+        "policy": WeightProbe(0.0),
+        "frames_per_batch": 8,
+    }
     fields: dict[str, Any] = {
         "index": 0,
         "generation": 0,
         "n_workers": 1,
         "address": address,
         "parent_pid": 0,  # no parent to watch: the worker runs in this process
-        "create_env_fn": functools.partial(CountingEnv, num_envs=2, episode_length=5),
-        "policy": WeightProbe(0.0),
-        "frames_per_batch": 8,
         "heartbeat_interval": 0.05,
         "filter_warnings": False,  # a thread must not change this process's warning filters
         "num_threads": torch.get_num_threads(),
     }
-    fields.update(overrides)
-    return P.WorkerConfig(**fields)
+    spec_fields = {f.name for f in dataclasses.fields(RolloutSpec)}
+    for name, value in overrides.items():
+        (rollout if name in spec_fields else fields)[name] = value
+    return P.WorkerConfig(**fields, rollout=RolloutSpec(**rollout))
 
 
 class Collector:

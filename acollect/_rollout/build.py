@@ -17,12 +17,10 @@ one place, and whatever was built is closed if anything after it fails.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal, TypeVar, overload
-
-from tensordict.nn import InteractionType
 
 from acollect._devices import Devices
 from acollect._policy import PolicyAdapter, build_policy
@@ -33,67 +31,29 @@ from acollect._rollout.env_faults import EnvFaults, check_env_errors, env_faults
 from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
+from acollect._rollout.spec import RolloutSpec
 from acollect._weights import PolicyWeights
 from acollect.envs._async_pool import AsyncEnvPool
 from acollect.envs._base import EnvBase
 from acollect.envs._factory import make_env
 from acollect.errors import ConfigurationError
 
-__all__ = ["EngineSpec", "build_engine"]
+__all__ = ["build_engine"]
 
 _E = TypeVar("_E")
 #: builds the engine that owns an env and a policy adapter, once both are built
 _Make = Callable[[EnvBase, PolicyAdapter, Devices], _E]
 
 
-@dataclass(frozen=True, kw_only=True)
-class EngineSpec:
-    """What an engine is built from: the env, its policy, and how batches are collected.
-
-    Attributes:
-        create_env_fn: an env, a gymnasium id, or a callable returning an env (:func:`~acollect.envs.make_env`).
-        frames_per_batch: the frames asked of the engine per batch (a worker's share): its envs take
-            :meth:`BatchPlan(frames_per_batch).time_steps(n_envs) <acollect._rollout.batch_plan.BatchPlan.time_steps>`
-            steps each, asked once the env is built.
-        env_kwargs: keyword arguments for building the env.
-        policy: the policy (:func:`~acollect._policy.wrap_policy`); ``None``: random actions.
-        policy_factory: a zero-argument callable building the policy where the engine runs, instead of ``policy``.
-        devices: the devices given (``device``, ``env_device``, ``policy_device``, ``storing_device``).
-        max_frames_per_traj: truncate (and reset) trajectories longer than this.
-        init_random_frames: act randomly until this many frames were collected.
-        reset_at_each_iter: reset every env at the start of each batch (refused for coroutine envs).
-        exploration_type: the tensordict interaction type set while the policy runs.
-        traj_id_offset: the first trajectory id; with ``traj_id_stride`` it keeps the ids of workers apart.
-        traj_id_stride: the step between consecutive trajectory ids.
-        env_errors: ``"raise"``: an exception of the env breaks the engine; ``"restart"``: the env is rebuilt from
-            ``create_env_fn`` and collection goes on (:mod:`acollect._rollout.env_faults`; coroutine envs one by one, by
-            their pool).
-    """
-
-    create_env_fn: Any
-    frames_per_batch: int
-    env_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    policy: Any = None
-    policy_factory: Callable[[], Any] | None = None
-    devices: Mapping[str, Any] = field(default_factory=dict)
-    max_frames_per_traj: int | None = None
-    init_random_frames: int = 0
-    reset_at_each_iter: bool = False
-    exploration_type: InteractionType | None = InteractionType.RANDOM
-    traj_id_offset: int = 0
-    traj_id_stride: int = 1
-    env_errors: str = "raise"
-
-
 @overload
 def build_engine(
-    spec: EngineSpec, *, blocking: Literal[False], weights: PolicyWeights | None = None
+    spec: RolloutSpec, *, blocking: Literal[False], weights: PolicyWeights | None = None
 ) -> RolloutEngine | AsyncRollout: ...
 
 
 @overload
 def build_engine(
-    spec: EngineSpec,
+    spec: RolloutSpec,
     *,
     blocking: Literal[True],
     remote_policy: Callable[[int], PolicyAdapter] | None = None,
@@ -103,7 +63,7 @@ def build_engine(
 
 
 def build_engine(
-    spec: EngineSpec,
+    spec: RolloutSpec,
     *,
     blocking: bool,
     weights: PolicyWeights | None = None,
@@ -139,7 +99,8 @@ def build_engine(
 
     Examples:
         >>> from acollect.testing import CountingEnv
-        >>> spec = EngineSpec(create_env_fn=CountingEnv, env_kwargs={"num_envs": 2}, frames_per_batch=8)
+        >>> from acollect._rollout.spec import RolloutSpec
+        >>> spec = RolloutSpec(create_env_fn=CountingEnv, env_kwargs={"num_envs": 2}, frames_per_batch=8)
         >>> engine = build_engine(spec, blocking=True)
         >>> type(engine).__name__, engine.collect().batch_size
         ('RolloutEngine', torch.Size([2, 4]))
@@ -151,7 +112,7 @@ def build_engine(
 
 
 def _blocking_engine(
-    spec: EngineSpec, remote_policy: Callable[[int], PolicyAdapter] | None, env_groups: int, require_groups: bool
+    spec: RolloutSpec, remote_policy: Callable[[int], PolicyAdapter] | None, env_groups: int, require_groups: bool
 ) -> BlockingEngine:
     if remote_policy is None:
         return _owning(spec, None, lambda: spec.policy, functools.partial(_on_own_loop, spec))
@@ -170,7 +131,7 @@ def _blocking_engine(
     return _owning(spec, None, functools.partial(remote_policy, 0), functools.partial(_on_own_loop, spec))
 
 
-def _group_sizes(spec: EngineSpec, wanted: int) -> list[int] | None:
+def _group_sizes(spec: RolloutSpec, wanted: int) -> list[int] | None:
     """The sizes of the env groups, as even as can be (``None``: one group)."""
     n_envs = spec.env_kwargs.get("num_envs")
     if type(wanted) is not int or wanted < 2 or spec.init_random_frames:
@@ -182,7 +143,7 @@ def _group_sizes(spec: EngineSpec, wanted: int) -> list[int] | None:
 
 
 def _groups(
-    spec: EngineSpec, sizes: list[int], first: EnvBase, remote_policy: Callable[[int], PolicyAdapter]
+    spec: RolloutSpec, sizes: list[int], first: EnvBase, remote_policy: Callable[[int], PolicyAdapter]
 ) -> EngineGroups:
     # Each group takes as many steps per batch as one env of num_envs would: the batch is theirs side by side.
     steps = BatchPlan(spec.frames_per_batch).time_steps(sum(sizes))
@@ -210,7 +171,7 @@ def _groups(
     return groups
 
 
-def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any], make: _Make[_E]) -> _E:
+def _owning(spec: RolloutSpec, env: EnvBase | None, make_policy: Callable[[], Any], make: _Make[_E]) -> _E:
     """Builds the env (unless given), the policy and, with ``make``, the engine that owns both.
 
     Whatever was built (or given) is closed if anything fails.
@@ -227,6 +188,8 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
         policy = make_policy()
         if isinstance(policy, PolicyAdapter):  # a central inference client holds a connection
             undo.callback(policy.close)
+        if isinstance(spec.policy_factory, str):  # resolved by a worker before it builds; refused in-process
+            raise ConfigurationError.bad_value("policy_factory", spec.policy_factory, "a callable, here")
         adapter, devices = build_policy(env, policy=policy, policy_factory=spec.policy_factory, devices=spec.devices)
         if adapter is not policy:
             undo.callback(adapter.close)
@@ -236,7 +199,7 @@ def _owning(spec: EngineSpec, env: EnvBase | None, make_policy: Callable[[], Any
 
 
 def _rollout_engine(
-    spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices, *, time_steps: int | None = None
+    spec: RolloutSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices, *, time_steps: int | None = None
 ) -> RolloutEngine:
     """``time_steps``: settled already (a group of a worker's envs); ``None``: asked of the plan, now that the env
     says its number of envs."""
@@ -256,7 +219,7 @@ def _rollout_engine(
 
 
 def _async_rollout(
-    spec: EngineSpec, pool: AsyncEnvPool, adapter: PolicyAdapter, devices: Devices, weights: PolicyWeights | None
+    spec: RolloutSpec, pool: AsyncEnvPool, adapter: PolicyAdapter, devices: Devices, weights: PolicyWeights | None
 ) -> AsyncRollout:
     return AsyncRollout(
         pool,
@@ -275,7 +238,7 @@ def _async_rollout(
 
 
 def _on_loop(
-    spec: EngineSpec, weights: PolicyWeights | None, env: EnvBase, adapter: PolicyAdapter, devices: Devices
+    spec: RolloutSpec, weights: PolicyWeights | None, env: EnvBase, adapter: PolicyAdapter, devices: Devices
 ) -> RolloutEngine | AsyncRollout:
     """The engine for a caller with an event loop: coroutine envs step on it."""
     if isinstance(env, AsyncEnvPool):
@@ -283,7 +246,7 @@ def _on_loop(
     return _rollout_engine(spec, env, adapter, devices)
 
 
-def _on_own_loop(spec: EngineSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices) -> BlockingEngine:
+def _on_own_loop(spec: RolloutSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices) -> BlockingEngine:
     """The engine for blocking code: coroutine envs step on an event loop of the engine's own."""
     if isinstance(env, AsyncEnvPool):
         return LoopRollout(_async_rollout(spec, env, adapter, devices, None))

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import functools
 import threading
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from acollect._policy import parse_exploration_type
 from acollect._rollout.blocking import RolloutInterrupted
-from acollect._rollout.build import EngineSpec
 from acollect._rollout.build import build_engine as build_any_engine
 from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._worker import protocol as P
 from acollect._worker.config_codec import resolve_import_path
+from acollect.errors import ConfigurationError
 from acollect.inference.client import RemotePolicy
 
 __all__ = ["build_engine", "resolve_model"]
@@ -35,22 +35,13 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
     as that many groups (at most one per env), each stepping while the others wait for their actions
     (:class:`~acollect._rollout.groups.EngineGroups`).
     """
+    if config.rollout is None:
+        raise ConfigurationError(f"worker {config.index}'s config holds no rollout spec: nothing to build")
     # resolve_import_path: a worker started by hand gets its factories as "pkg.module:make_env".
-    spec = EngineSpec(
-        create_env_fn=resolve_import_path(config.create_env_fn),
-        env_kwargs=config.env_kwargs,
-        policy=config.policy,
-        policy_factory=resolve_import_path(config.policy_factory),
-        devices=config.devices,
-        frames_per_batch=config.frames_per_batch,
-        max_frames_per_traj=config.max_frames_per_traj,
-        init_random_frames=config.init_random_frames,
-        reset_at_each_iter=config.reset_at_each_iter,
-        env_errors=config.env_errors,
-        exploration_type=parse_exploration_type(config.exploration_type),
-        # Trajectory ids: worker k of n takes k, k + n, k + 2n, ...
-        traj_id_offset=config.index,
-        traj_id_stride=config.n_workers,
+    spec = replace(
+        config.rollout,
+        create_env_fn=resolve_import_path(config.rollout.create_env_fn),
+        policy_factory=resolve_import_path(config.rollout.policy_factory),
     )
     if config.inference is None:
         engine = build_any_engine(spec, blocking=True)

@@ -24,6 +24,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._pickling import cloudpickle_dumps
+from acollect._policy import parse_exploration_type
+from acollect._rollout.spec import RolloutSpec
 from acollect._worker import protocol as P
 from acollect.errors import ConfigurationError, ProtocolError
 from acollect.transport.auth import ClientKeys
@@ -77,7 +79,13 @@ def encode_config(config: P.WorkerConfig, *, allow_pickle: bool) -> tuple[dict[s
         # No secret key on the wire: a worker started by hand uses its own keys for the inference server too.
         config = dataclasses.replace(config, inference={k: v for k, v in config.inference.items() if k != "keys"})
     plain = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _LOCAL_FIELDS}
-    plain["devices"] = {k: (None if v is None else str(v)) for k, v in plain["devices"].items()}
+    if config.rollout is not None:  # its fields, as msgpack carries them (devices and the interaction type by name)
+        rollout = {f.name: getattr(config.rollout, f.name) for f in dataclasses.fields(config.rollout)}
+        rollout["devices"] = {k: (None if v is None else str(v)) for k, v in rollout["devices"].items()}
+        rollout["env_kwargs"] = dict(rollout["env_kwargs"])
+        exploration = rollout["exploration_type"]
+        rollout["exploration_type"] = exploration.name if exploration is not None else None
+        plain["rollout"] = rollout
     try:
         msgpack.packb(plain)
     except (TypeError, ValueError, OverflowError):
@@ -111,7 +119,12 @@ def decode_config(
     if "refused" in fields:
         raise ConfigurationError(f"the collector at {address} refused this worker: {fields['refused']}")
     if "plain" in fields:
-        config = P.WorkerConfig(address=address, parent_pid=0, **fields["plain"])
+        plain = dict(fields["plain"])
+        if plain.get("rollout") is not None:
+            rollout = dict(plain["rollout"])
+            rollout["exploration_type"] = parse_exploration_type(rollout["exploration_type"])
+            plain["rollout"] = RolloutSpec(**rollout)
+        config = P.WorkerConfig(address=address, parent_pid=0, **plain)
     elif fields.get("pickled"):
         if not (allow_pickle and authenticated):
             why = "--no-pickle was given" if authenticated else "the collector is not authenticated"

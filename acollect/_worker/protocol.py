@@ -66,8 +66,10 @@ message from a dead incarnation is recognised and dropped).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from acollect._rollout.spec import RolloutSpec
 
 __all__ = [
     "ACK",
@@ -184,18 +186,9 @@ class WorkerConfig:
     n_workers: int
     address: str
     parent_pid: int
-    create_env_fn: Any
-    policy: Any = None
-    policy_factory: Any = None
-    frames_per_batch: int = 1
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    devices: dict[str, Any] = field(default_factory=dict)
-    max_frames_per_traj: int | None = None
-    init_random_frames: int = 0
-    reset_at_each_iter: bool = False
-    #: ``"raise"`` or ``"restart"``: what an exception of the env does (see :mod:`acollect._rollout.env_faults`)
-    env_errors: str = "raise"
-    exploration_type: str | None = "RANDOM"
+    #: what its engine is built from, as the collector made it (its share of each batch, its trajectory ids);
+    #: ``None`` only for a slot's bookkeeping in tests
+    rollout: RolloutSpec | None = None
     num_threads: int = 1
     #: the cores this worker pins itself to at its start, before it builds its env (``None``: not pinned);
     #: a list, so that the config stays plain msgpack (see :mod:`acollect._worker.config_codec`)

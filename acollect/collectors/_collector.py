@@ -30,7 +30,7 @@ from tensordict.nn import InteractionType
 from acollect._policy import PolicyLike
 from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine
-from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.build import build_engine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import check_env_errors
 from acollect._rollout.protocol import Engine
@@ -41,7 +41,6 @@ from acollect._weights import PolicyWeights, WeightUpdate, structure_of, weights
 from acollect.collectors._base import CollectorBase
 from acollect.collectors._drivers import Driver, LoopDriver, ThreadDriver
 from acollect.collectors._options import (
-    DEVICE_OPTIONS,
     Devices,
     InProcessSettings,
     check_policy_args,
@@ -129,6 +128,8 @@ class Collector(CollectorBase):
         self.settings = settings
         self.create_env_fn = create_env_fn
         self._policy_arg = policy
+        # What the engine is built from: made once, here, and carried whole to the one engine builder.
+        self._rollout = settings.rollout_spec(create_env_fn, policy, frames_per_batch=batch.per_worker)
         # How the engine runs (a thread per batch, or coroutine envs on the loop): picked once, when it is built.
         self._driver: Driver | None = None
         self._policy_version = 0
@@ -147,23 +148,8 @@ class Collector(CollectorBase):
 
     # -- building --------------------------------------------------------------------
     def _build_engine(self) -> RolloutEngine | AsyncRollout:
-        settings = self.settings
-        assert not isinstance(settings.policy_factory, str)  # refused at construction: no import paths in-process
-        spec = EngineSpec(
-            create_env_fn=self.create_env_fn,
-            env_kwargs=settings.env_kwargs,
-            policy=self._policy_arg,
-            policy_factory=settings.policy_factory,
-            devices={name: getattr(settings, name) for name in DEVICE_OPTIONS},
-            frames_per_batch=self._batch.per_worker,  # all of it: the in-process collector is one worker
-            max_frames_per_traj=settings.max_frames_per_traj,
-            init_random_frames=settings.init_random_frames,
-            reset_at_each_iter=settings.reset_at_each_iter,
-            env_errors=settings.env_errors,
-            exploration_type=settings.exploration_type,
-        )
         # Coroutine envs step on the event loop (see _setup), applying staged weights between policy passes.
-        return build_engine(spec, blocking=False, weights=self._weights)
+        return build_engine(self._rollout, blocking=False, weights=self._weights)
 
     def _build_and_keep(self, torch_threads: int) -> None:
         torch.set_num_threads(torch_threads)  # the policy's probe call runs here (see _collect_in_thread)

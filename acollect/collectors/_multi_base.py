@@ -61,8 +61,10 @@ def cuda_contexts_warning(configs: Sequence[WorkerConfig], policy: object) -> st
     turns on the GPU. One server batching every worker's observations (``AsyncBatchedCollector``) is the usual answer.
 
     Examples:
+        >>> from acollect._rollout.spec import RolloutSpec
         >>> from acollect._worker.protocol import WorkerConfig
-        >>> on_gpu = [WorkerConfig(i, 0, 2, "", 0, None, devices={"device": "cuda"}) for i in range(2)]
+        >>> spec = RolloutSpec(create_env_fn="CartPole-v1", frames_per_batch=8, devices={"device": "cuda"})
+        >>> on_gpu = [WorkerConfig(i, 0, 2, "", 0, spec) for i in range(2)]
         >>> cuda_contexts_warning(on_gpu, None).split(":")[0]
         '2 workers would each run on CUDA (cuda)'
         >>> cuda_contexts_warning(on_gpu[:1], None) is None
@@ -72,7 +74,7 @@ def cuda_contexts_warning(configs: Sequence[WorkerConfig], policy: object) -> st
     found: set[str] = set()
     n = 0
     for config in configs:
-        devices = config.devices
+        devices = config.rollout.devices if config.rollout is not None else {}
         wanted = [devices.get(name) or devices.get("device") for name in ("policy_device", "env_device")]
         if wanted[0] is None and params is not None:
             wanted[0] = params  # a worker's policy runs where its parameters are, unless told otherwise
@@ -182,7 +184,7 @@ class MultiCollectorBase(CollectorBase):
             >>> from acollect import MultiSyncCollector
             >>> from acollect.testing import CountingEnv
             >>> collector = MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8)
-            >>> [config.frames_per_batch for config in collector.worker_configs]  # lockstep: a part each
+            >>> [config.rollout.frames_per_batch for config in collector.worker_configs]  # lockstep: a part each
             [4, 4]
         """
         return tuple(self._configs)

@@ -45,6 +45,7 @@ from acollect._devices import DeviceLike, check_device
 from acollect._policy import PolicyLike, parse_exploration_type
 from acollect._progress import check_progress
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
+from acollect._rollout.spec import RolloutSpec
 from acollect._validate import (
     check_bool,
     check_callable,
@@ -369,6 +370,25 @@ class RolloutSettings:
         "``False`` (nothing shown). Workers count their episodes and send them with each batch.",
     )  # fmt: skip
 
+    def rollout_spec(self, create_env_fn: Any, policy: Any, *, frames_per_batch: int, **per_worker: Any) -> RolloutSpec:
+        """What an engine is built from: these options (a worker's own ``per_worker`` ones in their place), the env
+        factory, the policy and the frames asked of the engine per batch; ``per_worker`` may also set
+        ``traj_id_offset`` and ``traj_id_stride``.
+
+        Examples:
+            >>> RolloutSettings(frames_per_batch=8, max_frames_per_traj=5).rollout_spec(
+            ...     "CartPole-v1", None, frames_per_batch=4, init_random_frames=2
+            ... ).max_frames_per_traj
+            5
+        """
+        given = {**{name: getattr(self, name) for name in _SPEC_OPTIONS}, **per_worker}
+        devices = {name: given.pop(name) for name in DEVICE_OPTIONS}
+        given["env_kwargs"] = dict(given["env_kwargs"])
+        return RolloutSpec(
+            create_env_fn=create_env_fn, policy=policy, policy_factory=self.policy_factory,
+            frames_per_batch=frames_per_batch, devices=devices, **given,
+        )  # fmt: skip
+
     def __post_init__(self) -> None:
         for f in fields(self):
             check = f.metadata.get("check")
@@ -380,6 +400,17 @@ class RolloutSettings:
                 "False with trajs_per_batch (batches of whole episodes are padded trajectories with a mask already; "
                 "split_trajs would cut them again)",
             )  # fmt: skip
+
+
+#: The options a rollout spec holds as they are, under the same names (the devices besides, as one mapping).
+_SPEC_OPTIONS = (
+    *DEVICE_OPTIONS,
+    *sorted(
+        {f.name for f in fields(RolloutSpec)}
+        & {f.name for f in fields(RolloutSettings)}
+        - {"policy_factory", "frames_per_batch"}  # (the collector's own; a spec holds a worker's share of a batch)
+    ),
+)
 
 
 def _handover_interval(name: str, value: Any) -> float | None:

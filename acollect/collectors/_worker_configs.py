@@ -94,11 +94,9 @@ def collector_storing_device(settings: WorkerSettings) -> torch.device | None:
 
 
 def _worker_options(settings: WorkerSettings, i: int, n: int) -> dict[str, Any]:
-    opts: dict[str, Any] = {
-        name: getattr(settings, name) for name in (*DEVICE_OPTIONS, "max_frames_per_traj", "init_random_frames",
-                                                   "reset_at_each_iter", "exploration_type", "env_kwargs",
-                                                   "num_threads", "env_errors")
-    }  # fmt: skip
+    """Worker ``i``'s own options where they differ from the collector's: its device where a list names one per
+    worker, its CPU storing device, and its ``collector_kwargs`` (checked)."""
+    opts: dict[str, Any] = {name: getattr(settings, name) for name in DEVICE_OPTIONS}
     for name in DEVICE_OPTIONS:
         value = opts[name]
         if isinstance(value, list):
@@ -135,7 +133,7 @@ def build_worker_configs(
     configs = []
     for i, fn in enumerate(fns):
         opts = _worker_options(settings, i, n)
-        exploration = opts["exploration_type"]
+        num_threads = opts.pop("num_threads", settings.num_threads)
         pinned = cores[i]
         configs.append(
             P.WorkerConfig(
@@ -144,18 +142,11 @@ def build_worker_configs(
                 n_workers=n,
                 address="",
                 parent_pid=os.getpid(),
-                create_env_fn=fn,
-                policy=policy,
-                policy_factory=settings.policy_factory,
-                frames_per_batch=frames_per_batch,
-                env_kwargs=dict(opts["env_kwargs"]),
-                devices={k: opts[k] for k in DEVICE_OPTIONS},
-                max_frames_per_traj=opts["max_frames_per_traj"],
-                init_random_frames=opts["init_random_frames"],
-                reset_at_each_iter=opts["reset_at_each_iter"],
-                env_errors=opts["env_errors"],
-                exploration_type=exploration.name if exploration is not None else None,
-                num_threads=opts["num_threads"] if pinned is None else len(pinned),
+                # Trajectory ids: worker i of n takes i, i + n, i + 2n, ...
+                rollout=settings.rollout_spec(
+                    fn, policy, frames_per_batch=frames_per_batch, traj_id_offset=i, traj_id_stride=n, **opts
+                ),
+                num_threads=num_threads if pinned is None else len(pinned),
                 affinity=None if pinned is None else list(pinned),
                 filter_warnings=settings.filter_worker_warnings,
                 heartbeat_interval=min(1.0, settings.heartbeat_timeout / 4),
@@ -228,6 +219,7 @@ def plan_workers(
     affinity = plan_affinity(settings.worker_affinity, len(fns))
     configs = build_worker_configs(fns, policy, settings, batch.per_worker, affinity)
     for config in configs:  # an env given built cannot be rebuilt: said now, not by the worker
-        check_env_errors(config.create_env_fn, config.env_errors)
+        assert config.rollout is not None
+        check_env_errors(config.rollout.create_env_fn, config.rollout.env_errors)
     batch.settle(configured_num_envs(fns, settings))  # where the arguments say it; else once the workers said
     return WorkerPlan(fns, configs, batch, affinity)

@@ -110,9 +110,9 @@ async def test_distributed_sync_collector_is_the_sync_mode_with_cat_results() ->
 
 def test_the_mode_takes_its_own_option_only() -> None:
     free = DistributedCollector([CountingEnv] * 2, frames_per_batch=8, credits=3)
-    assert (free.sync, [c.frames_per_batch for c in free.worker_configs]) == (False, [8, 8])
+    assert (free.sync, [c.rollout.frames_per_batch for c in free.worker_configs]) == (False, [8, 8])
     lockstep = DistributedCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, cat_results=-1)
-    assert (lockstep.sync, [c.frames_per_batch for c in lockstep.worker_configs]) == (True, [4, 4])
+    assert (lockstep.sync, [c.rollout.frames_per_batch for c in lockstep.worker_configs]) == (True, [4, 4])
     with pytest.raises(ConfigurationError, match=r"cat_results.*sync=False"):
         DistributedCollector([CountingEnv], frames_per_batch=4, cat_results=0)
     with pytest.raises(ConfigurationError, match=r"credits.*sync=True"):

@@ -12,6 +12,7 @@ import torch
 from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, CollectorState
+from acollect._rollout.spec import RolloutSpec
 from acollect.errors import PolicyError
 from acollect.testing import CountingEnv, wait_until
 from acollect.transport._worker_socket import WorkerSocket
@@ -84,7 +85,7 @@ def test_no_secret_key_for_the_inference_server_is_sent_to_a_worker_started_by_h
     public, secret = zmq.curve_keypair()
     config = P.WorkerConfig(
         index=0, generation=1, n_workers=1, address="tcp://127.0.0.1:1", parent_pid=0,
-        create_env_fn="acollect.testing:CountingEnv",
+        rollout=RolloutSpec(create_env_fn="acollect.testing:CountingEnv", frames_per_batch=1),
         inference={"address": "tcp://127.0.0.1:2", "keys": ClientKeys(public, secret, public)},
     )  # fmt: skip
     fields, payload = encode_config(config, allow_pickle=False)

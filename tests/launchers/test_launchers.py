@@ -133,15 +133,15 @@ def test_ray_collector_maps_torchrl_arguments_without_starting_ray() -> None:
 def test_ray_collector_mode_sets_frames_per_worker_and_survives_add_collectors() -> None:
     # Lockstep splits a batch between the workers; first ready gives each worker a whole batch.
     sync = RayCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, cat_results=0)
-    assert [c.frames_per_batch for c in sync.worker_configs] == [4, 4]
+    assert [c.rollout.frames_per_batch for c in sync.worker_configs] == [4, 4]
     sync.add_collectors(CountingEnv, num_envs=2)  # rebuilds the configs, never reruns __init__
-    assert [c.frames_per_batch for c in sync.worker_configs] == [2, 2, 2, 2]
+    assert [c.rollout.frames_per_batch for c in sync.worker_configs] == [2, 2, 2, 2]
     assert (sync.sync, sync.num_collectors) == (True, 4)
     unsync = RayCollector([CountingEnv] * 2, frames_per_batch=8, credits=3)
-    assert [c.frames_per_batch for c in unsync.worker_configs] == [8, 8]
+    assert [c.rollout.frames_per_batch for c in unsync.worker_configs] == [8, 8]
     assert unsync.credits == 3
     unsync.add_collectors(CountingEnv)
-    assert [c.frames_per_batch for c in unsync.worker_configs] == [8, 8, 8]
+    assert [c.rollout.frames_per_batch for c in unsync.worker_configs] == [8, 8, 8]
     with pytest.raises(ConfigurationError, match="credits"):
         RayCollector([CountingEnv] * 2, frames_per_batch=8, sync=True, credits=3)
     with pytest.raises(ConfigurationError, match="sync"):

@@ -40,7 +40,7 @@ DEADLINE = 30.0  # only a hang reaches it
 
 
 def config(index: int = 0, **fields: Any) -> P.WorkerConfig:
-    return P.WorkerConfig(index=index, generation=0, n_workers=2, address="", parent_pid=0, create_env_fn=None,
+    return P.WorkerConfig(index=index, generation=0, n_workers=2, address="", parent_pid=0,
                           **fields)  # fmt: skip
 
 

@@ -22,7 +22,8 @@ from acollect._pool.events import PoolEvents
 from acollect._pool.handles import WorkerHandle
 from acollect._pool.weight_push import WeightPusher
 from acollect._rollout.blocking import RolloutInterrupted
-from acollect._rollout.build import EngineSpec, build_engine
+from acollect._rollout.build import build_engine
+from acollect._rollout.spec import RolloutSpec
 from acollect._weights import (
     PolicyWeights,
     WeightUpdate,
@@ -326,7 +327,7 @@ def test_a_snapshot_of_weights_is_a_copy_and_the_policy_itself_is_none() -> None
 # -- the in-process collector: staged weights, applied between batches -----------------------------------------
 def engine(value: float = 0.0, **spec: Any) -> Any:
     return build_engine(
-        EngineSpec(create_env_fn=functools.partial(CountingEnv, 2), frames_per_batch=4, policy=WeightProbe(value),
+        RolloutSpec(create_env_fn=functools.partial(CountingEnv, 2), frames_per_batch=4, policy=WeightProbe(value),
                    **spec),
         blocking=True,
     )  # fmt: skip
@@ -371,7 +372,7 @@ def test_nothing_applies_while_a_batch_is_half_way() -> None:
 
 
 def test_weights_for_a_policy_without_a_module_are_refused() -> None:
-    eng = build_engine(EngineSpec(create_env_fn=functools.partial(CountingEnv, 2), frames_per_batch=4), blocking=True)
+    eng = build_engine(RolloutSpec(create_env_fn=functools.partial(CountingEnv, 2), frames_per_batch=4), blocking=True)
     staged = PolicyWeights()
     staged.stage({"w": torch.ones(1)})
     with pytest.raises(ConfigurationError, match=r"^policy_or_weights='dict' is invalid: expected a collector whose "
@@ -793,7 +794,7 @@ def test_a_reseed_applied_at_once_leaves_a_push_for_a_later_request_waiting() ->
 def ready_handles(n: int) -> list[WorkerHandle]:
     handles = []
     for index in range(n):
-        config = P.WorkerConfig(index=index, generation=0, n_workers=n, address="", parent_pid=0, create_env_fn=None)
+        config = P.WorkerConfig(index=index, generation=0, n_workers=n, address="", parent_pid=0)
         handle = WorkerHandle(index, config)
         handle.on_launch(now=0.0)
         handle.on_hello({"n_envs": 1, "layout": {"leaves": []}})
