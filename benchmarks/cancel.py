@@ -33,8 +33,8 @@ import anyio
 from _common import CategoricalMLPPolicy, machine_info, median, write_json
 
 from acollect import AsyncBatchedCollector, MultiAsyncCollector, MultiSyncCollector
+from acollect._runtime.endpoint import Endpoint, WorkerSocket
 from acollect.envs import GymEnv
-from acollect.transport._endpoint import Endpoint, WorkerSocket
 
 #: The timeout of each send to a full queue (seconds).
 SEND_TIMEOUT = 0.2

@@ -146,8 +146,8 @@ _SENDER = """
 import sys, torch
 from tensordict import TensorDict
 from acollect.transport.auth import ClientKeys
-from acollect.transport._endpoint import WorkerSocket
-from acollect.transport._wire import pack_message
+from acollect._runtime.endpoint import WorkerSocket
+from acollect._runtime.wire import pack_message
 address, nbytes, count, keys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 td = TensorDict({"x": torch.zeros(nbytes // 4)}, batch_size=[])
 msg = pack_message("batch", {"worker": 0, "gen": 1}, td)
@@ -159,8 +159,8 @@ with WorkerSocket(address, b"s", keys=ClientKeys.load(keys, "w0") if keys != "-"
 
 
 async def _fanin(road: str, keys: Path, nbytes: int, count: int) -> float:
-    from acollect.transport._endpoint import Endpoint
-    from acollect.transport._wire import unpack_message
+    from acollect._runtime.endpoint import Endpoint
+    from acollect._runtime.wire import unpack_message
     from acollect.transport.auth import ServerKeys
 
     address = None if road == "ipc" else "tcp://127.0.0.1:0"

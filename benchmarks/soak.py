@@ -65,7 +65,7 @@ from _soak_ledger import (
 )
 
 from acollect import MultiAsyncCollector, MultiSyncCollector
-from acollect._pool import WorkerState
+from acollect._workers.handles import WorkerState
 
 
 def _ledger_dir() -> Path:

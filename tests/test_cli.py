@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import zmq
 
+from acollect._batches.shm import shm_available
 from acollect.cli._info import collect_info, format_info
 from acollect.cli.main import COMMANDS, build_parser, main
-from acollect.transport._shm import shm_available
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -318,8 +318,8 @@ async def test_pixel_batches_keep_their_values_on_the_storing_device(device: str
 def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_are_mapped() -> None:
     # The fault it catches: (cuda_dma) heap memory registered, or a
     # segment left registered after it was unmapped.
-    from acollect.transport._cuda_dma import DeviceCopier
-    from acollect.transport._shm import ShmSegment
+    from acollect._batches.cuda_dma import DeviceCopier
+    from acollect._batches.shm import ShmSegment
 
     copier = DeviceCopier(torch.device("cuda"))
     try:
@@ -353,8 +353,8 @@ def test_the_copier_registers_only_segments_the_pool_owns_and_only_while_they_ar
 def test_a_copy_in_flight_holds_its_source_until_copied() -> None:
     # The fault it catches: (cuda_dma) the source memory given back (and written) before the DMA
     # copy queued behind GPU work read it.
-    from acollect.transport._cuda_dma import DeviceCopier
-    from acollect.transport._shm import ShmSegment
+    from acollect._batches.cuda_dma import DeviceCopier
+    from acollect._batches.shm import ShmSegment
 
     copier = DeviceCopier(torch.device("cuda"))
     segment = ShmSegment.create(1 << 20)
@@ -378,9 +378,9 @@ def test_a_copy_in_flight_holds_its_source_until_copied() -> None:
 @pytest.mark.gpu
 def test_a_refused_registration_is_a_clear_error_naming_the_default() -> None:
     # The fault it catches: a refusal carried on from silently, its CUDA error left for the next launch to report.
+    from acollect._batches.cuda_dma import DeviceCopier
+    from acollect._batches.shm import ShmSegment
     from acollect.errors import ConfigurationError
-    from acollect.transport._cuda_dma import DeviceCopier
-    from acollect.transport._shm import ShmSegment
 
     copier = DeviceCopier(torch.device("cuda"))
     segment = ShmSegment.create(1 << 20)
@@ -404,7 +404,7 @@ def test_the_segment_map_is_safe_to_read_while_other_threads_map_and_close() -> 
     # mapping and closing segments while the copier looks one up.
     import threading
 
-    from acollect.transport._shm import ShmSegment
+    from acollect._batches.shm import ShmSegment
 
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -473,7 +473,7 @@ def test_central_inference_defaults_are_the_same_however_the_device_is_given(dev
 def test_workers_that_would_each_make_a_cuda_context_are_told_of_the_cost() -> None:
     # The fault it catches: N workers each building a CUDA context (GPU memory apiece) without a word.
     from acollect._rollout.spec import RolloutSpec
-    from acollect._worker.protocol import WorkerConfig
+    from acollect._workers.protocol import WorkerConfig
     from acollect.collectors._multi_base import cuda_contexts_warning
 
     def configs(n: int, **devices: str) -> list[WorkerConfig]:

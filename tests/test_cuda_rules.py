@@ -33,13 +33,13 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
         "wait_for_stream(self.stream)",
         "the lane's stream is synchronised before the function returns the host buffers",
     ),
-    ("transport/_cuda_dma.py", "DeviceCopier.copy"): (
+    ("_batches/cuda_dma.py", "DeviceCopier.copy"): (
         "host to device by DMA, from the pool's registered shared memory only",
         "event.record(self.stream)",
         "the consumer's stream waits for the event (hand_over) and the memory goes back to its worker only after "
         "copied() waited for it; any other memory takes the waited-for copy",
     ),
-    ("transport/_cuda_dma.py", "DeviceCopier._registered_segment"): (
+    ("_batches/cuda_dma.py", "DeviceCopier._registered_segment"): (
         "cudaHostRegister of a segment this process created, while it is mapped",
         "segment.before_unmap(self._unregister)",
         "the segment's own close unregisters it (after the copies in flight, on the device it was registered on) "
@@ -51,7 +51,7 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
         "the trainer's streams' work on the weights (recorded as events when it pushed them) is waited for before "
         "the copy, and the copy is synchronised (synchronize_devices) before the next pass runs on a lane's stream",
     ),
-    ("_weights.py", "load_weights"): (
+    ("_weights/updates.py", "load_weights"): (
         "weights copied into an in-process collector's policy, from a snapshot the caller's thread made",
         "wait_ready(ready)",
         "the snapshot's copy (recorded as events when it was staged) is waited for before it is read, and the "

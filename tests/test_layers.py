@@ -112,7 +112,7 @@ def _imported_modules(name: str, tree: ast.AST) -> Iterator[str]:
             if base.split(".")[0] != "acollect":
                 continue
             for alias in node.names:
-                # `from acollect._worker import protocol`: the submodule;
+                # `from acollect._workers import protocol`: the submodule;
                 # `from acollect.envs import make_env`: the package.
                 submodule = f"{base}.{alias.name}"
                 yield submodule if submodule in MODULES else base
@@ -207,9 +207,9 @@ def test_every_module_has_a_layer() -> None:
 
 def test_the_graph_sees_known_imports() -> None:
     # Guards the parser: a broken resolution would make the other tests pass vacuously.
-    assert "acollect._worker.protocol" in GRAPH["acollect._worker.main"]  # `from acollect._worker import protocol`
+    assert "acollect._workers.protocol" in GRAPH["acollect._workers.main"]  # `from acollect._workers import protocol`
     assert "acollect.envs._factory" in GRAPH["acollect._rollout.build"]  # `from acollect.envs._factory import make_env`
-    assert "acollect.errors" in GRAPH["acollect.transport._wire"]
+    assert "acollect.errors" in GRAPH["acollect._runtime.wire"]
 
 
 def test_no_import_cycles() -> None:
@@ -354,14 +354,14 @@ def test_only_the_transport_imports_zmq() -> None:
         for name, path in MODULES.items()
         if any(m.split(".")[0] == "zmq" for _, m in _imports_of(ast.parse(path.read_text(encoding="utf-8"))))
     }
-    assert "acollect.transport._endpoint" in transport  # the parser sees `import zmq`
+    assert "acollect._runtime.endpoint" in transport  # the parser sees `import zmq`
 
 
 # Classes besides CollectorBase that may define update_policy_weights_: class name -> why.
 WEIGHT_UPDATERS_ALLOWED: dict[str, str] = {
     "InferenceServer": (
         "not a collector: it holds one policy, so it takes the base's first three parameters only (checked below), "
-        "and refuses more than one of them through the same acollect._weights.one_source"
+        "and refuses more than one of them through the same acollect._weights.updates.one_source"
     ),
 }
 
@@ -388,7 +388,7 @@ def _parameters(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str,
 
 def test_only_the_base_defines_update_policy_weights() -> None:
     # One signature, every keyword documented once, and the arguments checked once in CollectorBase; a collector
-    # puts the weights in place in its _update_policy_weights hook (given an acollect._weights.WeightUpdate).
+    # puts the weights in place in its _update_policy_weights hook (given an acollect._weights.updates.WeightUpdate).
     definers = {node.name: node for _, node in _classes() if _defines(node, "update_policy_weights_")}
     assert "CollectorBase" in definers, "CollectorBase.update_policy_weights_ is gone: the test looks at nothing"
     found = sorted(set(definers) - {"CollectorBase", *WEIGHT_UPDATERS_ALLOWED})
@@ -412,5 +412,7 @@ def test_one_source_of_weights_is_checked_in_one_place() -> None:
         for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if phrase in line
     )
-    assert len(found) == 1, f"{phrase!r} should appear once in acollect/ (acollect._weights.one_source), found {found}"
-    assert found[0].startswith("acollect._weights:")
+    assert len(found) == 1, (
+        f"{phrase!r} should appear once in acollect/ (acollect._weights.updates.one_source), found {found}"
+    )
+    assert found[0].startswith("acollect._weights.updates:")

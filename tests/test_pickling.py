@@ -10,9 +10,9 @@ import pytest
 
 from acollect._pickling import cloudpickle_dumps
 from acollect._rollout.spec import RolloutSpec
-from acollect._spawn import pickle_payload
-from acollect._worker.config_codec import decode_config, encode_config
-from acollect._worker.protocol import WorkerConfig
+from acollect._runtime.spawn import pickle_payload
+from acollect._workers.config_codec import decode_config, encode_config
+from acollect._workers.protocol import WorkerConfig
 from acollect.launchers.base import pack_config
 from acollect.testing import CountingEnv
 from acollect.transport.auth import ClientKeys

@@ -147,8 +147,8 @@ def _first_private(names: Iterable[str]) -> str:
 def test_the_private_names_are_acollects_own() -> None:
     # Read from the source; an object's real fields are among them, or the check would see nothing.
     from acollect import Collector, InferenceServer, MultiSyncCollector
-    from acollect._pool.handles import WorkerHandle
-    from acollect._worker.protocol import WorkerConfig
+    from acollect._workers.handles import WorkerHandle
+    from acollect._workers.protocol import WorkerConfig
     from acollect.testing import CountingEnv, WeightProbe
 
     objects = [
@@ -166,7 +166,7 @@ def test_the_private_names_are_acollects_own() -> None:
 def test_planted_reaches_are_found() -> None:
     import acollect._runtime.threads as threads_module
     from acollect import MultiSyncCollector
-    from acollect._pool.handles import WorkerHandle
+    from acollect._workers.handles import WorkerHandle
     from acollect.testing import CountingEnv
 
     field = _first_private(vars(MultiSyncCollector([CountingEnv] * 2, frames_per_batch=8)))

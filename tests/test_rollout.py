@@ -17,9 +17,9 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._batches.plan import BatchPlan
 from acollect._devices import resolve_devices
 from acollect._policy import wrap_policy
-from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError

@@ -30,8 +30,8 @@ import pytest
 from test_ctrl_c import group_left
 
 from acollect import ConfigurationError, MultiSyncCollector
-from acollect._worker import forkserver
-from acollect._worker.process import DEFAULT_START_METHOD
+from acollect._workers import forkserver
+from acollect._workers.process import DEFAULT_START_METHOD
 from acollect.launchers import LocalLauncher
 from acollect.testing import CountingEnv
 
@@ -140,7 +140,7 @@ for name in ("_lazy_init", "init", "is_available", "device_count", "current_devi
 for name in ("_cuda_init", "_cuda_getDeviceCount"):  # what those call, in a torch built with CUDA
     if hasattr(torch._C, name):
         setattr(torch._C, name, recording(f"torch._C.{name}", getattr(torch._C, name)))
-from acollect._worker import forkserver  # what multiprocessing is told to preload: it imports the rest
+from acollect._workers import forkserver  # what multiprocessing is told to preload: it imports the rest
 for module in forkserver.PRELOADED_MODULES:
     importlib.import_module(module)
 print(json.dumps({"calls": calls, "initialized": torch.cuda.is_initialized()}))
@@ -148,8 +148,8 @@ print(json.dumps({"calls": calls, "initialized": torch.cuda.is_initialized()}))
 
 
 def test_what_the_fork_server_preloads_never_touches_cuda() -> None:
-    assert forkserver.PRELOAD == ["acollect._worker.forkserver"]
-    assert forkserver.PRELOADED_MODULES == ("torch", "tensordict", "gymnasium", "acollect._worker.main")
+    assert forkserver.PRELOAD == ["acollect._workers.forkserver"]
+    assert forkserver.PRELOADED_MODULES == ("torch", "tensordict", "gymnasium", "acollect._workers.main")
     done = subprocess.run([sys.executable, "-c", CUDA_PROBE], capture_output=True, text=True, timeout=RUN, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"calls": [], "initialized": False}

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from acollect._pool.events import POOL, PoolEvents, PoolState
-from acollect._pool.handles import WORKER, WorkerHandle, WorkerState
 from acollect._runtime.lifecycle import LIFECYCLE
 from acollect._runtime.machine import IllegalTransition, StateTable
-from acollect._worker.protocol import WorkerConfig
-from acollect._worker.state import WORKER_PROCESS, LoopState, WorkerLoopState
+from acollect._workers.handles import WORKER, WorkerHandle, WorkerState
+from acollect._workers.pool_events import POOL, PoolEvents, PoolState
+from acollect._workers.protocol import WorkerConfig
+from acollect._workers.state import WORKER_PROCESS, LoopState, WorkerLoopState
 
 ROOT = Path(__file__).resolve().parents[1]
 #: marker name -> its table and the page that shows it (the collector lifecycle keeps its own markers:

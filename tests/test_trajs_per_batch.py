@@ -27,7 +27,7 @@ from acollect import (
     MultiAsyncCollector,
     MultiSyncCollector,
 )
-from acollect._trajectory_batches import TrajectoryAssembler
+from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect.envs import AsyncEnvPool
 from acollect.testing import ENV_STRIDE, RESET_JUMP, AsyncCountingEnv, CountingEnv, no_leaks, wait_until
 

@@ -1,8 +1,8 @@
 """The worker main loop driven for real over ZeroMQ, with no collector in between.
 
-The test plays the collector: it binds a real :class:`~acollect.transport._endpoint.Endpoint`, runs
-:func:`~acollect._worker.main.run_worker` (in a thread, and once in a spawned process the way
-:mod:`acollect._worker.process` starts it), and exchanges wire messages with it. The worker's control
+The test plays the collector: it binds a real :class:`~acollect._runtime.endpoint.Endpoint`, runs
+:func:`~acollect._workers.main.run_worker` (in a thread, and once in a spawned process the way
+:mod:`acollect._workers.process` starts it), and exchanges wire messages with it. The worker's control
 socket has identity ``w<index>.<gen>``; its runner sends batches from a second socket, ``w<index>.<gen>d``.
 """
 
@@ -23,16 +23,16 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._batches.doorbell import DoorbellWriter, doorbell_path
 from acollect._rollout.spec import RolloutSpec
-from acollect._worker import protocol as P
-from acollect._worker.main import run_worker
-from acollect._worker.process import WorkerProcess, start_worker
+from acollect._runtime.endpoint import Endpoint
+from acollect._runtime.wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
+from acollect._weights.sync import flatten_params
+from acollect._workers import protocol as P
+from acollect._workers.main import run_worker
+from acollect._workers.process import WorkerProcess, start_worker
 from acollect.errors import ProtocolError
 from acollect.testing import CountingEnv, SlowEnv, WeightProbe, assert_counting_batch, no_leaks
-from acollect.transport._doorbell import DoorbellWriter, doorbell_path
-from acollect.transport._endpoint import Endpoint
-from acollect.transport._weight_sync import flatten_params
-from acollect.transport._wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
 
 CONTROL, DATA = P.worker_identity(0, 0), P.worker_identity(0, 0) + b"d"
 WAIT = 10.0  # bounds a hang; no test comes close

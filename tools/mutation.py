@@ -58,14 +58,14 @@ class Group:
 GROUPS: dict[str, Group] = {
     "weights": Group(
         modules=(
-            "acollect/_weights.py",
-            "acollect/_pool/weight_push.py",
-            "acollect/transport/_weight_sync.py",
-            "acollect/_worker/staging.py",
+            "acollect/_weights/updates.py",
+            "acollect/_workers/weight_push.py",
+            "acollect/_weights/sync.py",
+            "acollect/_workers/staging.py",
         ),
         tests=(
-            "acollect/_weights.py",
-            "acollect/transport/_weight_sync.py",
+            "acollect/_weights/updates.py",
+            "acollect/_weights/sync.py",
             "tests/transport/test_wire.py::test_weights_roundtrip_between_two_mlps",
             "tests/transport/test_wire.py::test_weights_from_tensordict_into_tensordict_with_preallocated_out",
             "tests/transport/test_wire.py::test_unflatten_rejects_mismatches_before_touching_the_target",
@@ -81,20 +81,20 @@ GROUPS: dict[str, Group] = {
         about="versions, staging, the order queued pushes apply in, the structure check",
     ),
     "batch_plan": Group(
-        modules=("acollect/_rollout/batch_plan.py", "acollect/collectors/_tally.py"),
+        modules=("acollect/_batches/plan.py", "acollect/_batches/tally.py"),
         tests=(
-            "acollect/_rollout/batch_plan.py",
-            "acollect/collectors/_tally.py",
+            "acollect/_batches/plan.py",
+            "acollect/_batches/tally.py",
             "tests/test_rollout.py",
             "tests/mutation/test_batch_plan.py",
         ),
         about="frames per batch, each worker's share, the frames and batches counted",
     ),
     "trajectories": Group(
-        modules=("acollect/_trajectories.py", "acollect/_trajectory_batches.py"),
+        modules=("acollect/_batches/trajectories.py", "acollect/_batches/trajectory_batches.py"),
         tests=(
-            "acollect/_trajectories.py",
-            "acollect/_trajectory_batches.py",
+            "acollect/_batches/trajectories.py",
+            "acollect/_batches/trajectory_batches.py",
             "tests/test_trajs_per_batch.py::test_in_process_collector_hands_out_whole_episodes",
             "tests/test_trajs_per_batch.py::test_an_episode_longer_than_total_frames_reaches_the_caller_cut",
             "tests/test_trajs_per_batch.py::test_episodes_given_up_by_a_reset_at_each_batch_are_handed_out_truncated",
@@ -106,18 +106,18 @@ GROUPS: dict[str, Group] = {
         about="trajectory ids, split trajectories, batches of whole episodes",
     ),
     "lending": Group(
-        modules=("acollect/transport/_lending.py",),
+        modules=("acollect/_batches/lending.py",),
         tests=(
-            "acollect/transport/_lending.py",
+            "acollect/_batches/lending.py",
             "tests/transport/test_lender.py",
             "tests/mutation/test_lending.py",
         ),
         about="shared memory lent to the caller, given back when its last tensor is gone; the budget",
     ),
     "liveness": Group(
-        modules=("acollect/_pool/liveness.py", "acollect/_pool/handles.py"),
+        modules=("acollect/_workers/liveness.py", "acollect/_workers/handles.py"),
         tests=(
-            "acollect/_pool/handles.py",
+            "acollect/_workers/handles.py",
             "tests/test_state_tables.py::test_a_worker_slot_lives_through_a_restart_and_a_stop",
             "tests/test_state_tables.py::test_moves_the_tables_do_not_list_raise",
             "tests/test_state_tables.py::test_docs_show_every_table_as_it_is",

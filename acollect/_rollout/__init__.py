@@ -14,6 +14,6 @@ Internal: the collectors and the workers build them through :func:`acollect._rol
 * :mod:`~acollect._rollout.own_loop`: ``LoopRollout``, an ``AsyncRollout`` on an event loop of its own behind a
   blocking surface (a worker's coroutine envs);
 * :mod:`~acollect._rollout.build`: the one builder of all of them, which asks
-  :mod:`~acollect._rollout.batch_plan` (``BatchPlan``, the batch-size plan the collectors keep too) how many steps
+  :mod:`~acollect._batches.plan` (``BatchPlan``, the batch-size plan the collectors keep too) how many steps
   each env takes per batch.
 """

@@ -84,7 +84,7 @@ class RolloutEngine:
         env: the batched env (it belongs to the engine from now on).
         policy: the policy adapter (see :func:`acollect._policy.wrap_policy`).
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
-            (:meth:`~acollect._rollout.batch_plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
+            (:meth:`~acollect._batches.plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
         max_frames_per_traj: truncate (and reset) trajectories longer than this.
         init_random_frames: act randomly until this many frames were collected.

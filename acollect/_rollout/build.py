@@ -22,9 +22,9 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, Literal, TypeVar, overload
 
+from acollect._batches.plan import BatchPlan
 from acollect._devices import Devices
 from acollect._policy import PolicyAdapter, build_policy
-from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import EnvFaults, check_env_errors, env_faults_for
@@ -32,7 +32,7 @@ from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._rollout.spec import RolloutSpec
-from acollect._weights import PolicyWeights
+from acollect._weights.updates import PolicyWeights
 from acollect.envs._async_pool import AsyncEnvPool
 from acollect.envs._base import EnvBase
 from acollect.envs._factory import make_env

@@ -54,7 +54,7 @@ from acollect._rollout.env_steps import EnvSteps, Trajectories
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._rollout.row_ring import RowRing
-from acollect._weights import PolicyWeights
+from acollect._weights.updates import PolicyWeights
 from acollect.envs._async_pool import AsyncEnvPool
 
 __all__ = ["INLINE_POLICY_SECONDS", "AsyncRollout", "TaskCrew"]
@@ -149,7 +149,7 @@ class AsyncRollout:
         env: the pool (it belongs to the engine from now on).
         policy: the policy adapter (see :func:`acollect._policy.wrap_policy`).
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
-            (:meth:`~acollect._rollout.batch_plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
+            (:meth:`~acollect._batches.plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
         max_frames_per_traj: truncate (and reset) trajectories longer than this.
         init_random_frames: act randomly until this many frames were stepped.

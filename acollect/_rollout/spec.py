@@ -24,12 +24,12 @@ class RolloutSpec:
 
     The collector makes it once from its checked options (``RolloutSettings.rollout_spec``), one per worker,
     and it travels whole to where the engine is built: in this process, in a worker process (inside its
-    :class:`~acollect._worker.protocol.WorkerConfig`) or on another host.
+    :class:`~acollect._workers.protocol.WorkerConfig`) or on another host.
 
     Attributes:
         create_env_fn: an env, a gymnasium id, or a callable returning an env (:func:`~acollect.envs.make_env`).
         frames_per_batch: the frames asked of the engine per batch (a worker's share): its envs take
-            :meth:`BatchPlan(frames_per_batch).time_steps(n_envs) <acollect._rollout.batch_plan.BatchPlan.time_steps>`
+            :meth:`BatchPlan(frames_per_batch).time_steps(n_envs) <acollect._batches.plan.BatchPlan.time_steps>`
             steps each, asked once the env is built.
         env_kwargs: keyword arguments for building the env.
         policy: the policy (:func:`~acollect._policy.wrap_policy`); ``None``: random actions.

@@ -143,8 +143,8 @@ def _cuda() -> dict[str, Any]:
 
 
 def _transports() -> dict[str, Any]:
-    from acollect.transport._shm import SHM_DIR, shm_available
-    from acollect.transport._sockets import features
+    from acollect._batches.shm import SHM_DIR, shm_available
+    from acollect._runtime.sockets import features
 
     shm: dict[str, Any] = {"available": shm_available(), "path": SHM_DIR}
     if shm["available"]:
@@ -154,7 +154,7 @@ def _transports() -> dict[str, Any]:
 
 
 def _multiprocessing() -> dict[str, Any]:
-    from acollect._worker.process import DEFAULT_START_METHOD, START_METHODS
+    from acollect._workers.process import DEFAULT_START_METHOD, START_METHODS
 
     available = multiprocessing.get_all_start_methods()
     return {

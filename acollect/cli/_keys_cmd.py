@@ -41,7 +41,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Writes the keys and lists the files."""
-    from acollect.transport.auth import create_keys
+    from acollect._runtime.auth import create_keys
 
     written = create_keys(args.directory, workers=tuple(args.worker or ["worker"]))
     for path in written:

@@ -1,7 +1,7 @@
 """``acollect worker --connect tcp://HOST:PORT --keys DIR``: a worker started by hand, on any machine.
 
 It joins a collector built with ``remote_workers=`` and ``keys=`` (see
-:mod:`acollect._worker.remote`), collects until the collector stops it, and exits
+:mod:`acollect._workers.remote`), collects until the collector stops it, and exits
 0. The machine needs acollect, the env's packages, and the modules named by
 import path in the collector's config.
 
@@ -52,9 +52,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Joins, collects, and exits with the worker's exit code."""
-    from acollect._worker.remote import run_remote_worker
+    from acollect._runtime.auth import ClientKeys
+    from acollect._workers.remote import run_remote_worker
     from acollect.errors import ConfigurationError
-    from acollect.transport.auth import ClientKeys
 
     if not args.join_timeout > 0:
         raise ConfigurationError.bad_value("--join-timeout", args.join_timeout, "a positive number of seconds")

@@ -9,6 +9,9 @@ its doc, in :mod:`acollect.collectors._options` and :mod:`acollect.collectors._c
 options reference, ``docs/options.md``, is rendered from them).
 """
 
+from acollect._weights.sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
+from acollect._weights.sync import WeightSyncScheme as WeightSyncScheme
+from acollect._weights.sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme
 from acollect.collectors._async_collector import AsyncCollector as AsyncCollector
 from acollect.collectors._base import CollectorBase as CollectorBase
 from acollect.collectors._base import CollectorState as CollectorState
@@ -19,6 +22,3 @@ from acollect.collectors._distributed import DistributedSyncCollector as Distrib
 from acollect.collectors._multi import MultiAsyncCollector as MultiAsyncCollector
 from acollect.collectors._multi import MultiSyncCollector as MultiSyncCollector
 from acollect.collectors._ray_collector import RayCollector as RayCollector
-from acollect.transport._weight_sync import SharedMemWeightSyncScheme as SharedMemWeightSyncScheme
-from acollect.transport._weight_sync import WeightSyncScheme as WeightSyncScheme
-from acollect.transport._weight_sync import ZmqWeightSyncScheme as ZmqWeightSyncScheme

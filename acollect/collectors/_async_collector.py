@@ -15,6 +15,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
+from acollect._weights.sync import WeightSyncScheme
+from acollect._workers.launcher import Launcher
 from acollect.collectors._collector_settings import MultiAsyncSettings
 from acollect.collectors._multi import MultiAsyncCollector
 from acollect.collectors._multi_base import MultiCollectorBase
@@ -27,8 +29,6 @@ from acollect.collectors._options import (
     settings_from,
 )
 from acollect.errors import ConfigurationError
-from acollect.launchers.base import Launcher
-from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["AsyncCollector"]
 

@@ -50,17 +50,17 @@ import torch
 from tensordict import TensorDictBase
 from typing_extensions import Never
 
-from acollect._rollout.batch_plan import BatchPlan
+from acollect._batches.plan import BatchPlan
+from acollect._batches.tally import Tally
+from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.loops import current_backend
 from acollect._runtime.notify import Notifier
 from acollect._runtime.tasks import CallScope, TaskOwner
-from acollect._trajectory_batches import TrajectoryAssembler
 from acollect._validate import check_int, check_seconds, check_total_frames
 from acollect._warnings import warn_unclosed
-from acollect._weights import WeightUpdate
+from acollect._weights.updates import WeightUpdate
 from acollect.collectors._background import BackgroundRun, ReplayRatio, Started
-from acollect.collectors._tally import Tally
 from acollect.errors import (
     BackgroundCollectionError,
     ClosedCollectorError,
@@ -71,7 +71,7 @@ from acollect.replay_buffer import SupportsExtend, extend_from_loop
 from acollect.stats import CollectorStats
 
 if TYPE_CHECKING:
-    from acollect._weights import Weights
+    from acollect._weights.updates import Weights
     from acollect.collectors._options import RolloutSettings
 
 __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
@@ -94,7 +94,7 @@ class CollectorBase:
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
     Subclasses name the class of their options (``settings_class``), call ``super().__init__(batch=...,
-    total_frames=..., progress=...)`` with their :class:`~acollect._rollout.batch_plan.BatchPlan` and implement
+    total_frames=..., progress=...)`` with their :class:`~acollect._batches.plan.BatchPlan` and implement
     ``_setup``, ``_collect_batch`` and ``_teardown``.
     """
 
@@ -544,7 +544,7 @@ class CollectorBase:
 
     async def _next_episodes(self) -> TensorDictBase | None:
         """The next batch of ``trajs_per_batch`` whole episodes, from as many batches as it takes (see
-        :mod:`acollect._trajectory_batches`); at ``total_frames``, the episodes in progress, cut; ``None`` once
+        :mod:`acollect._batches.trajectory_batches`); at ``total_frames``, the episodes in progress, cut; ``None`` once
         every frame collected was handed out."""
         assembler = self._episode_assembler()
         while assembler.complete < (self.settings.trajs_per_batch or 1) and not self._collected_all():

@@ -37,8 +37,10 @@ from tensordict.nn import InteractionType
 from acollect._affinity import pin_process
 from acollect._devices import check_device, module_device, with_index
 from acollect._policy import PolicyLike
-from acollect._pool import Received
-from acollect._weights import WeightUpdate
+from acollect._weights.sync import WeightSyncScheme
+from acollect._weights.updates import WeightUpdate
+from acollect._workers.handles import Received
+from acollect._workers.launcher import Launcher
 from acollect.collectors._collector_settings import BatchedSettings
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors._options import (
@@ -53,9 +55,7 @@ from acollect.collectors._options import (
 from acollect.errors import CollectorStateError, ConfigurationError, WorkerError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY
-from acollect.launchers.base import Launcher
 from acollect.stats import CollectorStats
-from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["GPU_ENV_GROUPS", "AsyncBatchedCollector"]
 

@@ -27,17 +27,17 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
+from acollect._batches.plan import BatchPlan
+from acollect._batches.trajectories import split_trajectories
 from acollect._policy import PolicyLike
-from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import build_engine
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._rollout.env_faults import check_env_errors
 from acollect._rollout.protocol import Engine
 from acollect._runtime.threads import run_in_thread
-from acollect._trajectories import split_trajectories
 from acollect._validate import check_int
-from acollect._weights import PolicyWeights, WeightUpdate, structure_of, weights_of
+from acollect._weights.updates import PolicyWeights, WeightUpdate, structure_of, weights_of
 from acollect.collectors._base import CollectorBase
 from acollect.collectors._drivers import Driver, LoopDriver, ThreadDriver
 from acollect.collectors._options import (

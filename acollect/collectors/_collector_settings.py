@@ -28,12 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from acollect._runtime.torch_dist import check_backend
 from acollect._validate import check_bool, check_choice, check_int, check_seconds
+from acollect._workers.ray_launcher import check_ray_init_config, check_remote_configs
 from acollect.collectors._options import WorkerSettings, option
 from acollect.errors import ConfigurationError
 from acollect.inference._server import MODES
-from acollect.launchers._ray import check_ray_init_config, check_remote_configs
-from acollect.transport._torch_dist import check_backend
 
 __all__ = [
     "CAT_RESULTS",

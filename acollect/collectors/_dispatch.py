@@ -28,13 +28,14 @@ import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect._pool import Received, Request, WorkerHandle, WorkerPool
-from acollect._pool.shared import SharedBatches
-from acollect._worker import protocol as P
+from acollect._batches.handout_buffers import HandOutBuffers
+from acollect._batches.lending import LendingBooks
+from acollect._batches.shared_batches import SharedBatches
+from acollect._workers import protocol as P
+from acollect._workers.handles import Received, Request, WorkerHandle
+from acollect._workers.pool import WorkerPool
 from acollect.collectors._collector_settings import ModeSettings, MultiAsyncSettings, MultiSyncSettings
-from acollect.collectors._handout_buffers import HandOutBuffers
 from acollect.errors import ConfigurationError
-from acollect.transport._lending import LendingBooks
 
 __all__ = ["Dispatch", "FirstReady", "Lockstep", "dispatch_for"]
 
@@ -70,7 +71,7 @@ class Dispatch:
     #: Shared-memory slots per worker, where batches go through them (``None``: one per credit).
     slots: int | None = None
     #: ``"stack"`` or ``"cat"``: every batch one shared segment the workers write their rows of (see
-    #: :class:`~acollect._pool.shared.SharedBatches`); ``None``: a ring of slots per worker.
+    #: :class:`~acollect._batches.shared_batches.SharedBatches`); ``None``: a ring of slots per worker.
     shared_batches: str | None = None
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
@@ -103,7 +104,7 @@ class Dispatch:
 
     async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
         """The caller dropped the last tensor of a lent batch: its memory is given back (see
-        :meth:`~acollect.transport._lending.LendingBooks.lend`)."""
+        :meth:`~acollect._batches.lending.LendingBooks.lend`)."""
 
     def give_back(self, item: Received) -> bool:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
@@ -144,7 +145,7 @@ class Lockstep(Dispatch):
 
     Where batches go through shared memory and the parts stack (or concatenate along envs), they are not
     combined at all: every worker writes its rows of one segment per batch in flight (the pool's
-    :class:`~acollect._pool.shared.SharedBatches`), each ``collect`` names the segment, and a segment is free
+    :class:`~acollect._batches.shared_batches.SharedBatches`), each ``collect`` names the segment, and a segment is free
     again once every part of its batch was given back (a lent batch: at the next iteration).
 
     Args:

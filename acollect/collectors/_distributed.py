@@ -7,8 +7,8 @@ heartbeats, batch headers, acknowledgements) stays on ZeroMQ, while the batch
 tensors go worker -> collector with point-to-point sends and weight pushes go
 collector -> workers with one broadcast, both through a torch.distributed process
 group in which the collector is rank 0 and worker ``i`` is rank ``i + 1``
-(:mod:`acollect.transport._torch_dist`; the pool that moves them is
-:class:`acollect._pool.distributed.DistPool`). With ``backend="nccl"`` and CUDA batches,
+(:mod:`acollect._runtime.torch_dist`; the pool that moves them is
+:class:`acollect._workers.distributed_pool.DistPool`). With ``backend="nccl"`` and CUDA batches,
 a batch goes GPU to GPU without a host copy. Workers run wherever the launcher
 puts them; every rank must reach ``init_method``.
 
@@ -40,10 +40,12 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
-from acollect._pool import WorkerPool
-from acollect._pool.distributed import DistPool
-from acollect._pool.settings import PoolSettings
-from acollect._weights import WeightUpdate
+from acollect._weights.sync import WeightSyncScheme, ZmqWeightSyncScheme
+from acollect._weights.updates import WeightUpdate
+from acollect._workers.distributed_pool import DistPool
+from acollect._workers.launcher import Launcher
+from acollect._workers.pool import WorkerPool
+from acollect._workers.pool_settings import PoolSettings
 from acollect.collectors._collector_settings import DistributedSettings
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors._options import (
@@ -55,8 +57,6 @@ from acollect.collectors._options import (
     settings_from,
 )
 from acollect.errors import ConfigurationError
-from acollect.launchers.base import Launcher
-from acollect.transport._weight_sync import WeightSyncScheme, ZmqWeightSyncScheme
 
 __all__ = ["DistributedCollector", "DistributedSyncCollector"]
 

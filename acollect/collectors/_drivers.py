@@ -26,7 +26,7 @@ from acollect._rollout.coroutines import AsyncRollout, Spawn
 from acollect._rollout.protocol import Engine
 from acollect._runtime.threads import GilHandover, run_in_thread
 from acollect._time_split import OTHER, TRAINER
-from acollect._weights import PolicyWeights
+from acollect._weights.updates import PolicyWeights
 
 __all__ = ["Driver", "LoopDriver", "ThreadDriver"]
 

@@ -3,7 +3,7 @@
 :class:`HandOut` is one of a worker collector's parts, behind a small interface: :meth:`HandOut.hand_out` makes the
 batch of the items the dispatch strategy took (lent: the workers' shared memory itself, given back once the caller
 drops it; copied: into memory of a batch the caller dropped, see
-:class:`~acollect.collectors._handout_buffers.HandOutBuffers`; or moved to an accelerator ``storing_device``),
+:class:`~acollect._batches.handout_buffers.HandOutBuffers`; or moved to an accelerator ``storing_device``),
 :meth:`HandOut.take_back` gives back at each batch boundary what came back since, and
 :meth:`HandOut.give_back` returns a batch never handed out.
 
@@ -11,9 +11,9 @@ A batch goes to an accelerator the way PyTorch guarantees: ``.to(device, non_blo
 memory where it lies, on the consumer's thread (the event loop's) and its current stream, so the consumer's kernels
 queue behind the copy by stream order alone. The source is pageable memory, which CUDA has read (into its own staging
 buffer) when the call returns, so the workers get their memory back at once. ``cuda_dma=True`` opts into
-:class:`~acollect.transport._cuda_dma.DeviceCopier` instead (the pool's pages registered with CUDA, copied by DMA on a
+:class:`~acollect._batches.cuda_dma.DeviceCopier` instead (the pool's pages registered with CUDA, copied by DMA on a
 side stream): not yet run on a GPU.
-:class:`~acollect.transport._lending.LendingBooks` keeps the books of what is lent and the budget
+:class:`~acollect._batches.lending.LendingBooks` keeps the books of what is lent and the budget
 (``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors._dispatch`) says which memory
 a batch is and how its worker gets it back.
 """
@@ -27,10 +27,11 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
+from acollect._batches.cuda_dma import Copy, DeviceCopier
+from acollect._batches.lending import LendingBooks
 from acollect._devices import cuda_ready, move_to, order_after
-from acollect._pool import Received, WorkerPool
-from acollect.transport._cuda_dma import Copy, DeviceCopier
-from acollect.transport._lending import LendingBooks
+from acollect._workers.handles import Received
+from acollect._workers.pool import WorkerPool
 
 if TYPE_CHECKING:
     from acollect.collectors._dispatch import Dispatch

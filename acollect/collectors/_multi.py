@@ -2,7 +2,7 @@
 
 Each worker is a process running the same rollout engine as the in-process
 :class:`~acollect.Collector`; the event loop only moves messages (see
-:mod:`acollect._pool`). Batches arrive as raw tensor frames or through
+:mod:`acollect._workers`). Batches arrive as raw tensor frames or through
 shared-memory slots. By default every batch handed out is the caller's own memory
 and stays valid after the next iteration; ``copy_batches=False`` trades that for
 speed: the batch is lent, and valid only until the next iteration (see
@@ -28,6 +28,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
+from acollect._weights.sync import WeightSyncScheme
+from acollect._workers.launcher import Launcher
 from acollect.collectors._collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors._options import (
@@ -38,8 +40,6 @@ from acollect.collectors._options import (
     keyword_errors,
     settings_from,
 )
-from acollect.launchers.base import Launcher
-from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
 

@@ -17,17 +17,21 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
+from acollect._batches.lending import default_budget
+from acollect._batches.shm import shm_available
+from acollect._batches.trajectories import split_trajectories
+from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._devices import cuda_ready, module_device, with_index
 from acollect._policy import PolicyLike
-from acollect._pool import Received, WorkerPool, WorkerState
-from acollect._pool.settings import PoolSettings
-from acollect._trajectories import split_trajectories
-from acollect._trajectory_batches import TrajectoryAssembler
 from acollect._validate import check_int
 from acollect._warnings import warn
-from acollect._weights import WeightUpdate, as_weights, check_push
-from acollect._worker import protocol as P
-from acollect._worker.protocol import WorkerConfig
+from acollect._weights.sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
+from acollect._weights.updates import WeightUpdate, as_weights, check_push
+from acollect._workers import protocol as P
+from acollect._workers.handles import Received, WorkerState
+from acollect._workers.pool import WorkerPool
+from acollect._workers.pool_settings import PoolSettings
+from acollect._workers.protocol import WorkerConfig
 from acollect.collectors._base import CollectorBase
 from acollect.collectors._collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors._dispatch import Dispatch, dispatch_for
@@ -38,9 +42,6 @@ from acollect.collectors._worker_configs import WorkerPlan, collector_storing_de
 from acollect.envs._envpool import reseed_error, shared_seeds_warning
 from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.stats import EpisodeSummary
-from acollect.transport._lending import default_budget
-from acollect.transport._shm import shm_available
-from acollect.transport._weight_sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
 
 __all__ = ["MultiCollectorBase"]
 
@@ -62,7 +63,7 @@ def cuda_contexts_warning(configs: Sequence[WorkerConfig], policy: object) -> st
 
     Examples:
         >>> from acollect._rollout.spec import RolloutSpec
-        >>> from acollect._worker.protocol import WorkerConfig
+        >>> from acollect._workers.protocol import WorkerConfig
         >>> spec = RolloutSpec(create_env_fn="CartPole-v1", frames_per_batch=8, devices={"device": "cuda"})
         >>> on_gpu = [WorkerConfig(i, 0, 2, "", 0, spec) for i in range(2)]
         >>> cuda_contexts_warning(on_gpu, None).split(":")[0]
@@ -153,7 +154,7 @@ class MultiCollectorBase(CollectorBase):
         return self._policy_arg, self.settings
 
     def _trajectory_id_stride(self) -> int:
-        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect._worker.build)
+        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect._workers.build)
 
     @property
     def num_workers(self) -> int:
@@ -194,7 +195,7 @@ class MultiCollectorBase(CollectorBase):
         """The worker pool behind the collector: ``None`` until it starts; after shutdown, the closed pool.
 
         For looking at the workers: ``pool.handles[i]`` is what the collector knows of worker ``i`` (its
-        :class:`~acollect._pool.WorkerState`, ``pid``, ``where`` it runs, its launched ``process``, restarts, the
+        :class:`~acollect._workers.WorkerState`, ``pid``, ``where`` it runs, its launched ``process``, restarts, the
         parts it holds), ``pool.launcher`` starts them and ``pool.failure`` is what broke the pool. Commands sent
         through the pool itself (``send``, ``push_weights``) skip the collector's own checks: use the collector's
         methods to change its workers.
@@ -306,7 +307,7 @@ class MultiCollectorBase(CollectorBase):
 
     @property
     def worker_states(self) -> list[WorkerState | None]:
-        """Each worker's :class:`~acollect._pool.WorkerState` as the collector sees it (``None`` before start).
+        """Each worker's :class:`~acollect._workers.WorkerState` as the collector sees it (``None`` before start).
 
         A worker lost for good under ``on_worker_loss="continue"`` stays ``LOST`` until shutdown. The table of
         states and moves is in ``docs/concepts.md`` ("Workers and the pool: their states").

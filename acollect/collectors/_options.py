@@ -46,6 +46,7 @@ from acollect._policy import PolicyLike, parse_exploration_type
 from acollect._progress import check_progress
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect._rollout.spec import RolloutSpec
+from acollect._runtime.auth import ServerKeys, as_server_keys
 from acollect._validate import (
     check_bool,
     check_callable,
@@ -54,12 +55,11 @@ from acollect._validate import (
     check_seconds,
     check_total_frames,
 )
-from acollect._worker.process import DEFAULT_START_METHOD, START_METHODS
-from acollect._worker.protocol import HEARTBEAT_TIMEOUT
+from acollect._weights.sync import WeightSyncScheme
+from acollect._workers.launcher_names import resolve_launcher
+from acollect._workers.process import DEFAULT_START_METHOD, START_METHODS
+from acollect._workers.protocol import HEARTBEAT_TIMEOUT
 from acollect.errors import ConfigurationError
-from acollect.launchers._registry import resolve_launcher
-from acollect.transport._weight_sync import WeightSyncScheme
-from acollect.transport.auth import ServerKeys, as_server_keys
 
 __all__ = [
     "DEFAULT_START_METHOD",

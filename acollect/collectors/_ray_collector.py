@@ -29,6 +29,8 @@ from tensordict.nn import InteractionType
 from acollect._policy import PolicyLike
 from acollect._runtime.lifecycle import CloseReason
 from acollect._validate import check_bool, check_int
+from acollect._weights.sync import WeightSyncScheme
+from acollect._workers.ray_launcher import RayLauncher, RayWorker, check_remote_configs
 from acollect.collectors._background import Started
 from acollect.collectors._base import CollectorState
 from acollect.collectors._collector import Collector
@@ -45,8 +47,6 @@ from acollect.collectors._options import (
     settings_from,
 )
 from acollect.errors import CollectorStateError, ConfigurationError
-from acollect.launchers._ray import RayLauncher, RayWorker, check_remote_configs
-from acollect.transport._weight_sync import WeightSyncScheme
 
 __all__ = ["RayCollector"]
 

@@ -1,4 +1,5 @@
-"""From a multi-process collector's checked settings to one :class:`~acollect._worker.protocol.WorkerConfig` per worker.
+"""From a multi-process collector's checked settings to one :class:`~acollect._workers.protocol.WorkerConfig` per
+worker.
 
 The settings (:class:`~acollect.collectors._options.WorkerSettings`) hold one value
 per option; here they become one config per worker: a device list is split, one per
@@ -17,13 +18,13 @@ from typing import Any
 import torch
 
 from acollect._affinity import AffinityPlan, plan_affinity, usable_cores
+from acollect._batches.plan import BatchPlan
 from acollect._devices import check_device
 from acollect._policy import PolicyLike
-from acollect._rollout.batch_plan import BatchPlan
 from acollect._rollout.env_faults import check_env_errors
 from acollect._validate import check_int
-from acollect._worker import protocol as P
-from acollect._worker.config_codec import is_import_path
+from acollect._workers import protocol as P
+from acollect._workers.config_codec import is_import_path
 from acollect.collectors._options import DEVICE_OPTIONS, WorkerSettings, check_option
 from acollect.envs._factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError

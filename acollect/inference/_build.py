@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from tensordict.nn import InteractionType
 
+from acollect._batches.shm import shm_available
 from acollect._devices import wait_for_stream
+from acollect._runtime.auth import ServerKeys
+from acollect._runtime.server_socket import ServerSocket
 from acollect.inference._slot_hub import SlotHub
-from acollect.transport._server_socket import ServerSocket
-from acollect.transport._shm import shm_available
-from acollect.transport.auth import ServerKeys
 
 __all__ = ["ServerSpec", "bind", "build_policy", "device_of", "weights_device"]
 

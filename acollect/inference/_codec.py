@@ -4,7 +4,7 @@ A step's request (observations) and reply (actions) are small and go out hundred
 per worker, always with the same keys, shapes and dtypes. So a message is three parts:
 
 * a tiny msgpack head: ``[protocol version, kind, seq, policy version]``;
-* the **layout** (what :func:`acollect.transport._wire.encode_tensordict` describes: keys, dtypes,
+* the **layout** (what :func:`acollect._runtime.wire.encode_tensordict` describes: keys, dtypes,
   shapes), as msgpack bytes that the sender packs once and the receiver validates once, then finds
   again by its bytes;
 * one raw frame per tensor, never pickled.
@@ -23,9 +23,9 @@ import msgpack
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._runtime.layout import LeafLayout, TensorDictLayout, validate_layout
+from acollect._runtime.wire import PROTOCOL_VERSION, byte_view, encode_tensordict
 from acollect.errors import ProtocolError
-from acollect.transport._layout import LeafLayout, TensorDictLayout, validate_layout
-from acollect.transport._wire import PROTOCOL_VERSION, byte_view, encode_tensordict
 
 __all__ = ["Decoded", "LayoutCache", "encode", "leaves_of"]
 

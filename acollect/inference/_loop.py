@@ -3,8 +3,8 @@
 Plain blocking code. It shares a :class:`Mailbox` with the event loop's side
 (:class:`~acollect.inference._server.InferenceServer`): deques, whose appends and pops are atomic, and
 two socket pairs, one byte on which wakes the other side (this thread waits on its end together with
-the ROUTER socket worker processes send to, a :class:`~acollect.transport._server_socket.ServerSocket`
-polled by a :class:`~acollect.transport._server_socket.Waiter`; the event loop awaits the other with
+the ROUTER socket worker processes send to, a :class:`~acollect._runtime.server_socket.ServerSocket`
+polled by a :class:`~acollect._runtime.server_socket.Waiter`; the event loop awaits the other with
 :func:`anyio.wait_readable`).
 """
 
@@ -23,13 +23,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._devices import synchronize_devices, wait_ready
+from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
 from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import _protocol as P
 from acollect.inference._batching import Batcher, Forward, Lane, Request, StatsRecorder
 from acollect.inference._codec import Encoder, LayoutCache
 from acollect.inference._passes import PassRunner
 from acollect.inference._slot_hub import SlotHub
-from acollect.transport._server_socket import Ready, ServerSocket, Waiter
 
 __all__ = ["DropReport", "Mail", "Mailbox", "ServerLoop", "Ticket"]
 

@@ -26,11 +26,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from acollect._batches.shm import ShmSegment, ShmTensorDictSlot
 from acollect._devices import wait_ready
+from acollect._runtime.auth import ClientKeys
+from acollect._runtime.spawn import pickle_payload, reap_later, spawn_python
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
-from acollect._spawn import pickle_payload, reap_later, spawn_python
-from acollect._weights import WeightStructure, decode_structure
+from acollect._runtime.wire import encode_tensordict
+from acollect._weights.updates import WeightStructure, decode_structure
 from acollect.errors import (
     CollectorStateError,
     InferencePolicyError,
@@ -44,9 +47,6 @@ from acollect.inference._batching import BOARD_SIZE, Request, StatsRecorder
 from acollect.inference._build import ServerSpec
 from acollect.inference._loop import Ticket
 from acollect.inference._process_main import BOOTSTRAP, ProcessConfig
-from acollect.transport._shm import ShmSegment, ShmTensorDictSlot
-from acollect.transport._wire import encode_tensordict
-from acollect.transport.auth import ClientKeys
 
 __all__ = ["LoopProcess"]
 

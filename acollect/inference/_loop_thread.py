@@ -14,15 +14,15 @@ from collections.abc import Callable
 import anyio
 import torch
 
+from acollect._runtime.auth import ClientKeys
+from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
-from acollect._weights import WeightStructure, structure_of
+from acollect._weights.updates import WeightStructure, structure_of
 from acollect.inference._batching import Batcher, Forward, Request, StatsRecorder
 from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import Mailbox, ServerLoop, Ticket
 from acollect.inference._slot_hub import SlotHub
-from acollect.transport._server_socket import ServerSocket
-from acollect.transport.auth import ClientKeys
 
 __all__ = ["LoopThread"]
 

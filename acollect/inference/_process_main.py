@@ -30,15 +30,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from acollect._spawn import bootstrap, exit_now
-from acollect._weights import encode_structure
+from acollect._batches.shm import ShmSegment, ShmTensorDictSlot
+from acollect._runtime.server_socket import ServerSocket
+from acollect._runtime.spawn import bootstrap, exit_now
+from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
 from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, Request, StatsRecorder
 from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import ServerLoop, Ticket
-from acollect.transport._server_socket import ServerSocket
-from acollect.transport._shm import ShmSegment, ShmTensorDictSlot
 
 __all__ = ["BOOTSTRAP", "ProcessConfig", "run_server_process"]
 

@@ -1,6 +1,6 @@
 """The messages between inference clients (env workers) and an inference server.
 
-A request carries a client's observations as raw tensor frames (:mod:`acollect.transport._wire`) and a
+A request carries a client's observations as raw tensor frames (:mod:`acollect._runtime.wire`) and a
 sequence number; the reply carries the policy's outputs, the same number, and the version of the
 weights that produced them. A client that gave up on a request (paused mid-step) recognises the late
 reply by its number and drops it.

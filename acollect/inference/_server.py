@@ -38,12 +38,13 @@ from tensordict.nn import InteractionType
 
 from acollect._devices import DeviceLike, cuda_ready, move_to, wait_ready, with_index
 from acollect._policy import PolicyLike, parse_exploration_type
+from acollect._runtime.auth import ClientKeys, ServerKeys, as_server_keys
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.loops import current_backend
 from acollect._runtime.tasks import TaskOwner
 from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
-from acollect._weights import as_weights, check_weights, one_source
+from acollect._weights.updates import as_weights, check_weights, one_source
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
 from acollect.inference._batching import InferenceStats, Request, StatsRecorder
 from acollect.inference._build import ServerSpec
@@ -51,7 +52,6 @@ from acollect.inference._codec import leaves_of
 from acollect.inference._loop import Ticket
 from acollect.inference._loop_process import LoopProcess
 from acollect.inference._loop_thread import LoopThread
-from acollect.transport.auth import ClientKeys, ServerKeys, as_server_keys
 
 __all__ = ["InferenceServer"]
 

@@ -21,10 +21,10 @@ from collections.abc import Callable, Collection
 
 import msgpack
 
+from acollect._batches.shm import ShmTensorDictSlot
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference._batching import Batcher, Request
 from acollect.inference._slots import MAX_HELLO, READY, REPLY, slot_leaves
-from acollect.transport._shm import ShmTensorDictSlot
 
 __all__ = ["SlotHub"]
 

@@ -2,7 +2,7 @@
 
 A worker on the server's host does not encode its observations at every step. Once its first request went
 the message way (:mod:`acollect.inference._codec`), and so both layouts are known, it creates one
-shared-memory segment (:class:`~acollect.transport._shm.ShmTensorDictSlot`) holding an ``obs`` and an ``act``
+shared-memory segment (:class:`~acollect._batches.shm.ShmTensorDictSlot`) holding an ``obs`` and an ``act``
 area of its ``rows`` rows, connects a Unix ``SOCK_SEQPACKET`` socket to the server's slot listener
 (:class:`~acollect.inference._slot_hub.SlotHub`), says hello (the segment's name and layout, msgpack) and,
 once the server has attached, unlinks the segment: nothing of it can outlive both processes.
@@ -27,10 +27,10 @@ import msgpack
 import torch
 from tensordict import TensorDict
 
+from acollect._batches.shm import ShmTensorDictSlot, shm_available
+from acollect._runtime.wire import encode_tensordict
 from acollect.errors import TransportError
 from acollect.inference._codec import Key, leaves_of
-from acollect.transport._shm import ShmTensorDictSlot, shm_available
-from acollect.transport._wire import encode_tensordict
 
 __all__ = ["READY", "REPLY", "SlotLink", "slot_layout", "slot_leaves"]
 

@@ -17,12 +17,12 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._policy import NestedKey, PolicyAdapter
+from acollect._runtime.auth import ClientKeys
+from acollect._runtime.worker_socket import WorkerSocket
 from acollect.errors import TransportError
 from acollect.inference import _protocol as P
 from acollect.inference._codec import Encoder, LayoutCache, encode, leaves_of
 from acollect.inference._slots import SlotLink
-from acollect.transport._worker_socket import WorkerSocket
-from acollect.transport.auth import ClientKeys
 
 __all__ = ["VERSION_KEY", "RemotePolicy"]
 

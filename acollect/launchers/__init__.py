@@ -7,14 +7,14 @@
 Ray and submitit are optional: ``pip install 'acollect[ray]'`` / ``'acollect[submitit]'``.
 """
 
-from acollect.launchers._local import LocalLauncher as LocalLauncher
-from acollect.launchers._ray import RayLauncher as RayLauncher
-from acollect.launchers._registry import LAUNCHERS as LAUNCHERS
-from acollect.launchers._registry import resolve_launcher as resolve_launcher
-from acollect.launchers._submitit import SubmititLauncher as SubmititLauncher
-from acollect.launchers._submitit import submitit_delayed_launcher as submitit_delayed_launcher
-from acollect.launchers.base import LaunchedWorker as LaunchedWorker
-from acollect.launchers.base import Launcher as Launcher
+from acollect._workers.launcher import LaunchedWorker as LaunchedWorker
+from acollect._workers.launcher import Launcher as Launcher
+from acollect._workers.launcher_names import LAUNCHERS as LAUNCHERS
+from acollect._workers.launcher_names import resolve_launcher as resolve_launcher
+from acollect._workers.local_launcher import LocalLauncher as LocalLauncher
+from acollect._workers.ray_launcher import RayLauncher as RayLauncher
+from acollect._workers.submitit_launcher import SubmititLauncher as SubmititLauncher
+from acollect._workers.submitit_launcher import submitit_delayed_launcher as submitit_delayed_launcher
 
 __all__ = [
     "LAUNCHERS",

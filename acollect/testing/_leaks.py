@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from acollect._batches.shm import SHM_DIR, SHM_PREFIX
 from acollect._runtime.threads import THREAD_NAME_PREFIX
-from acollect.transport._shm import SHM_DIR, SHM_PREFIX
 
 __all__ = [
     "ResourceSnapshot",
@@ -104,7 +104,7 @@ def our_segments(owner: int | None = None) -> frozenset[str]:
             that was killed can be looked for too.
 
     Examples:
-        >>> from acollect.transport._shm import ShmSegment
+        >>> from acollect._batches.shm import ShmSegment
         >>> segment = ShmSegment.create(64)
         >>> segment.name in our_segments()
         True

@@ -215,7 +215,7 @@ async def test_a_seed_or_state_while_a_worker_restarts_does_not_restart_its_succ
     # A successor that has not said hello is not connected: a seed or state sent to it then would fail, and a
     # failed send reads as the worker's death, restarting a healthy process a second later.
     from acollect import MultiAsyncCollector
-    from acollect._pool.liveness import UNREACHABLE_GRACE
+    from acollect._workers.liveness import UNREACHABLE_GRACE
 
     collector = MultiAsyncCollector(
         [ledger_env(ledger, 0.0002)] * N_WORKERS,

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from acollect import MultiSyncCollector
-from acollect._worker import protocol as P
+from acollect._runtime.wire import DEFAULT_MAX_HEADER_BYTES, PROTOCOL_VERSION, pack_message
+from acollect._workers import protocol as P
 from acollect.testing import wait_until
-from acollect.transport._wire import DEFAULT_MAX_HEADER_BYTES, PROTOCOL_VERSION, pack_message
 
 EXAMPLES = env_int("ACOLLECT_CHAOS_EXAMPLES", 60)
 N_WORKERS, N_ENVS, T = 2, 2, 10

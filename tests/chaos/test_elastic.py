@@ -27,7 +27,7 @@ from acollect import (
     MultiSyncCollector,
     WorkerCrashedError,
 )
-from acollect._pool import WorkerState
+from acollect._workers.handles import WorkerState
 from acollect.testing import SlowEnv, WeightProbe, assert_counting_batch, wait_until
 
 #: Deadlines that bound a hang; they do not measure speed.

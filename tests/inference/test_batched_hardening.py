@@ -13,9 +13,9 @@ from tensordict.nn import TensorDictModule
 
 from acollect import AsyncBatchedCollector, CollectorState
 from acollect._rollout.spec import RolloutSpec
+from acollect._runtime.worker_socket import WorkerSocket
 from acollect.errors import PolicyError
 from acollect.testing import CountingEnv, wait_until
-from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import create_keys, curve_available
 
 ENVS = [functools.partial(CountingEnv, num_envs=2, episode_length=5)] * 2
@@ -78,8 +78,8 @@ async def test_a_forward_pass_that_hangs_breaks_the_collector_naming_the_server(
 def test_no_secret_key_for_the_inference_server_is_sent_to_a_worker_started_by_hand() -> None:
     import zmq
 
-    from acollect._worker import protocol as P
-    from acollect._worker.config_codec import encode_config
+    from acollect._workers import protocol as P
+    from acollect._workers.config_codec import encode_config
     from acollect.transport.auth import ClientKeys
 
     public, secret = zmq.curve_keypair()

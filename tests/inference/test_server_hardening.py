@@ -14,10 +14,10 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from acollect import ConfigurationError, InferenceServer
+from acollect._runtime.worker_socket import WorkerSocket
 from acollect.errors import CollectorStateError, PolicyError
 from acollect.inference.client import RemotePolicy
 from acollect.testing import wait_until
-from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
 
 needs_curve = pytest.mark.skipif(not curve_available(), reason="libzmq without CURVE")

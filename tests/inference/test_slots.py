@@ -16,8 +16,8 @@ from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
 
 from acollect import InferenceServer
+from acollect._batches.shm import SHM_DIR, SHM_PREFIX, shm_available
 from acollect.inference.client import VERSION_KEY, RemotePolicy
-from acollect.transport._shm import SHM_DIR, SHM_PREFIX, shm_available
 
 pytestmark = pytest.mark.skipif(not shm_available(), reason="needs /dev/shm")
 

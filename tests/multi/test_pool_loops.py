@@ -16,9 +16,9 @@ import pytest
 from tensordict import TensorDictBase
 
 from acollect import CollectorState, MultiAsyncCollector, MultiSyncCollector
-from acollect._worker.process import WorkerProcess
-from acollect._worker.protocol import WorkerConfig
-from acollect.launchers._local import LocalLauncher
+from acollect._workers.local_launcher import LocalLauncher
+from acollect._workers.process import WorkerProcess
+from acollect._workers.protocol import WorkerConfig
 from acollect.testing import CountingEnv, SlowEnv
 
 NOTICE = 10.0

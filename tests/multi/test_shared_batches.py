@@ -11,11 +11,11 @@ import torch
 from tensordict import TensorDict
 
 from acollect import MultiSyncCollector
-from acollect._pool.shared import SharedBatches
+from acollect._batches.shared_batches import SharedBatches
+from acollect._runtime.layout import combined_layout, part_of
+from acollect._runtime.wire import encode_tensordict
 from acollect.errors import ProtocolError
 from acollect.testing import CountingEnv, assert_counting_batch, wait_until
-from acollect.transport._layout import combined_layout, part_of
-from acollect.transport._wire import encode_tensordict
 
 
 def counting(num_envs: int = 2, episode_length: int = 1000):

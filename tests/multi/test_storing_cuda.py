@@ -10,10 +10,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect import MultiAsyncCollector, MultiSyncCollector
+from acollect._batches.cuda_dma import DeviceCopier
+from acollect._batches.shm import ShmTensorDictSlot
+from acollect._runtime.wire import encode_tensordict
 from acollect.testing import CountingEnv, PixelEnv, assert_counting_batch
-from acollect.transport._cuda_dma import DeviceCopier
-from acollect.transport._shm import ShmTensorDictSlot
-from acollect.transport._wire import encode_tensordict
 
 pytestmark = pytest.mark.gpu
 

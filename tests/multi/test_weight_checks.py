@@ -26,7 +26,7 @@ from acollect import (
     WeightSyncError,
     ZmqWeightSyncScheme,
 )
-from acollect._worker import protocol as P
+from acollect._workers import protocol as P
 from acollect.testing import CountingEnv, wait_until
 
 

@@ -1,5 +1,5 @@
-"""What a batch holds and what a collector counts: :class:`~acollect._rollout.batch_plan.BatchPlan` and
-:class:`~acollect.collectors._tally.Tally`, value by value.
+"""What a batch holds and what a collector counts: :class:`~acollect._batches.plan.BatchPlan` and
+:class:`~acollect._batches.tally.Tally`, value by value.
 
 Each test kills mutants that ``tools/mutation.py batch_plan`` found alive: a plan settled from half the workers, a
 rounding that sums where it should take the largest, a warning that names the wrong sizes, a count restored or
@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 
-from acollect._rollout.batch_plan import BatchPlan
-from acollect.collectors._tally import Tally
+from acollect._batches.plan import BatchPlan
+from acollect._batches.tally import Tally
 from acollect.stats import EpisodeSummary
 
 

@@ -1,4 +1,4 @@
-"""Lent shared memory (:mod:`acollect.transport._lending`): the books, byte for byte and loan for loan.
+"""Lent shared memory (:mod:`acollect._batches.lending`): the books, byte for byte and loan for loan.
 
 Each test kills mutants that ``tools/mutation.py lending`` found alive: a loan given back while a region of it is
 still held, bytes counted twice or not at all, a budget off by one, a wake-up that breaks the return.
@@ -13,8 +13,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect.transport._lending import DEFAULT_LENT_BYTES, Lender, LendingBooks, default_budget
-from acollect.transport._shm import SHM_DIR
+from acollect._batches.lending import DEFAULT_LENT_BYTES, Lender, LendingBooks, default_budget
+from acollect._batches.shm import SHM_DIR
 
 
 def two_storages() -> tuple[TensorDict, torch.Tensor, torch.Tensor]:

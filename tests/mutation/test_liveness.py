@@ -1,5 +1,5 @@
-"""Worker restarts and liveness (:mod:`acollect._pool.handles`, :mod:`acollect._pool.liveness`): what a worker slot
-counts at each event, and what the liveness loop does with a dead, silent, hung or never-started worker.
+"""Worker restarts and liveness (:mod:`acollect._workers.handles`, :mod:`acollect._workers.liveness`): what a worker
+slot counts at each event, and what the liveness loop does with a dead, silent, hung or never-started worker.
 
 Each test kills mutants that ``tools/mutation.py liveness`` found alive: a restart not counted, a batch dropped
 with a dead worker counted twice or not at all, a replayed batch taken, a heartbeat that hides a hang, a death
@@ -23,18 +23,18 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect._pool.events import Counters, PoolEvents
-from acollect._pool.handles import Orders, Rejected, Request, WorkerHandle, WorkerState, parse_identity
-from acollect._pool.liveness import Monitor
-from acollect._pool.settings import PoolSettings
-from acollect._worker import protocol as P
+from acollect._batches.slot_ring import ShmSlotRing
+from acollect._runtime.endpoint import Endpoint
+from acollect._runtime.wire import encode_tensordict, unpack_message
+from acollect._runtime.worker_socket import WorkerSocket
+from acollect._workers import protocol as P
+from acollect._workers.handles import Orders, Rejected, Request, WorkerHandle, WorkerState, parse_identity
+from acollect._workers.liveness import Monitor
+from acollect._workers.pool_events import Counters, PoolEvents
+from acollect._workers.pool_settings import PoolSettings
 from acollect.errors import ProtocolError, WorkerCrashedError, WorkerTimeoutError
 from acollect.launchers import LocalLauncher
 from acollect.testing import our_segments
-from acollect.transport._endpoint import Endpoint
-from acollect.transport._shm_ring import ShmSlotRing
-from acollect.transport._wire import encode_tensordict, unpack_message
-from acollect.transport._worker_socket import WorkerSocket
 
 DEADLINE = 30.0  # only a hang reaches it
 

@@ -1,5 +1,5 @@
-"""Trajectories (:mod:`acollect._trajectories`, :mod:`acollect._trajectory_batches`): which frames go where, frame by
-frame, and which trajectories end how.
+"""Trajectories (:mod:`acollect._batches.trajectories`, :mod:`acollect._batches.trajectory_batches`): which frames go
+where, frame by frame, and which trajectories end how.
 
 Each test kills mutants that ``tools/mutation.py trajectories`` found alive: a piece joined to the wrong
 trajectory, a trajectory given up that was not (or the other way round), a flag set on the wrong frame, padding
@@ -12,8 +12,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect._trajectories import split_trajectories
-from acollect._trajectory_batches import TrajectoryAssembler
+from acollect._batches.trajectories import split_trajectories
+from acollect._batches.trajectory_batches import TrajectoryAssembler
 
 
 def batch(ids: list[list[int]], done: list[list[bool]], *, first_obs: int = 0) -> TensorDict:

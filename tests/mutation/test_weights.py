@@ -1,5 +1,5 @@
-"""Weights (:mod:`acollect._weights`, :mod:`acollect.transport._weight_sync`, :mod:`acollect._worker.staging`,
-:mod:`acollect._pool.weight_push`): versions, what is staged and when it applies, in which order, and the checks.
+"""Weights (:mod:`acollect._weights.updates`, :mod:`acollect._weights.sync`, :mod:`acollect._workers.staging`,
+:mod:`acollect._workers.weight_push`): versions, what is staged and when it applies, in which order, and the checks.
 
 Each test kills mutants that ``tools/mutation.py weights`` found alive: queued pushes applied out of order (an older
 push overwriting a newer one), a version stamped that is not the one the weights came with, a staged copy that a
@@ -18,13 +18,20 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect._pool.events import PoolEvents
-from acollect._pool.handles import WorkerHandle
-from acollect._pool.weight_push import WeightPusher
+from acollect._batches.shm import ShmSegment
 from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.build import build_engine
 from acollect._rollout.spec import RolloutSpec
-from acollect._weights import (
+from acollect._weights.sync import (
+    SharedMemWeightSyncScheme,
+    ZmqWeightSyncScheme,
+    copy_planned,
+    flatten_params,
+    plan_unflatten,
+    read_weights,
+    unflatten_into,
+)
+from acollect._weights.updates import (
     PolicyWeights,
     WeightUpdate,
     as_weights,
@@ -37,20 +44,13 @@ from acollect._weights import (
     structure_of,
     weights_of,
 )
-from acollect._worker import protocol as P
-from acollect._worker.staging import Staging
+from acollect._workers import protocol as P
+from acollect._workers.handles import WorkerHandle
+from acollect._workers.pool_events import PoolEvents
+from acollect._workers.staging import Staging
+from acollect._workers.weight_push import WeightPusher
 from acollect.errors import ConfigurationError, ProtocolError, WeightSyncError, WorkerCrashedError
 from acollect.testing import CountingEnv, TwoPartProbe, WeightProbe
-from acollect.transport._shm import ShmSegment
-from acollect.transport._weight_sync import (
-    SharedMemWeightSyncScheme,
-    ZmqWeightSyncScheme,
-    copy_planned,
-    flatten_params,
-    plan_unflatten,
-    read_weights,
-    unflatten_into,
-)
 
 
 def leaf_keys(td: TensorDict) -> list[tuple[str, ...]]:

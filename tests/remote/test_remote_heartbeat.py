@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from acollect import MultiAsyncCollector
-from acollect._weights import encode_structure
-from acollect._worker import protocol as P
-from acollect._worker.remote import join
+from acollect._runtime.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
+from acollect._runtime.worker_socket import WorkerSocket
+from acollect._weights.updates import encode_structure
+from acollect._workers import protocol as P
+from acollect._workers.remote import join
 from acollect.testing import wait_until
-from acollect.transport._wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
-from acollect.transport._worker_socket import WorkerSocket
 from acollect.transport.auth import ClientKeys, create_keys, curve_available
 
 pytestmark = [
@@ -198,7 +198,7 @@ class _FakeWorker(threading.Thread):
             self.done.set()
 
     def _run(self) -> None:
-        from acollect._worker.build import build_engine
+        from acollect._workers.build import build_engine
         from acollect.stats import EpisodeTracker
 
         config = join(self.address, self.keys, timeout=30)

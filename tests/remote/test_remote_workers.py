@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from acollect import ConfigurationError, MultiAsyncCollector, MultiSyncCollector
-from acollect._pool import WorkerState
-from acollect._worker.remote import join
+from acollect._workers.handles import WorkerState
+from acollect._workers.remote import join
 from acollect.testing import assert_counting_batch, wait_until
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
 

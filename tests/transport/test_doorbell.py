@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from acollect.transport._doorbell import CREDIT, FREE, WAKE, Doorbell, DoorbellWriter, doorbell_path, remove_doorbell
+from acollect._batches.doorbell import CREDIT, FREE, WAKE, Doorbell, DoorbellWriter, doorbell_path, remove_doorbell
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and poll() on pipes are POSIX")
 
@@ -110,7 +110,7 @@ def test_a_trainer_that_dies_of_sigpipe_survives_its_workers_death(tmp_path) -> 
     # reader; the collector's end reads too, so its doorbell writes never raise it.
     script = f"""
 import os, signal
-from acollect.transport._doorbell import Doorbell, DoorbellWriter
+from acollect._batches.doorbell import Doorbell, DoorbellWriter
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 bell = Doorbell.create({str(tmp_path / "bell")!r})
 writer = DoorbellWriter.open(bell.path)

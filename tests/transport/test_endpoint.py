@@ -23,9 +23,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from acollect._runtime.endpoint import Endpoint, WorkerSocket
+from acollect._runtime.wire import pack_message, unpack_message
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport._endpoint import Endpoint, WorkerSocket
-from acollect.transport._wire import pack_message, unpack_message
 
 DEADLINE = 60.0
 

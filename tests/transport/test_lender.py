@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect.transport._lending import Lender, _plain_leaves
+from acollect._batches.lending import Lender, _plain_leaves
 
 
 def _slot_like() -> TensorDict:
@@ -118,7 +118,7 @@ def test_a_storage_seen_as_several_dtypes(dtype: torch.dtype, fixed: bool) -> No
 
 
 def test_the_generic_road_stands_in_where_tensordict_internals_are_not_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
-    from acollect.transport import _lending
+    from acollect._batches import lending as _lending
 
     source = _slot_like()
     monkeypatch.setattr(_lending, "FAST_ASSEMBLY", False)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from acollect._runtime.server_socket import ServerSocket, Waiter
+from acollect._runtime.worker_socket import WorkerSocket
 from acollect.errors import ConfigurationError, TransportError
-from acollect.transport._server_socket import ServerSocket, Waiter
-from acollect.transport._worker_socket import WorkerSocket
 
 
 def test_a_private_ipc_path_is_removed_on_close() -> None:

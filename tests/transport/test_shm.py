@@ -12,17 +12,17 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect.errors import ConfigurationError, TransportError
-from acollect.testing import our_segments
-from acollect.transport._shm import (
+from acollect._batches.shm import (
     SHM_DIR,
     ShmSegment,
     ShmTensorDictSlot,
     cleanup_stale,
     shm_available,
 )
-from acollect.transport._shm_ring import ShmSlotRing
-from acollect.transport._wire import encode_tensordict
+from acollect._batches.slot_ring import ShmSlotRing
+from acollect._runtime.wire import encode_tensordict
+from acollect.errors import ConfigurationError, TransportError
+from acollect.testing import our_segments
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="shared memory slots need /dev/shm")
 

@@ -11,9 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from tensordict import NonTensorData, TensorDict
 
-from acollect.errors import ConfigurationError, ProtocolError
-from acollect.transport._weight_sync import flatten_params, unflatten_into
-from acollect.transport._wire import (
+from acollect._runtime.wire import (
     PROTOCOL_VERSION,
     decode_tensordict,
     encode_tensordict,
@@ -21,6 +19,8 @@ from acollect.transport._wire import (
     unpack_message,
     validate_layout,
 )
+from acollect._weights.sync import flatten_params, unflatten_into
+from acollect.errors import ConfigurationError, ProtocolError
 
 WIRE_DTYPES = [
     torch.bool,

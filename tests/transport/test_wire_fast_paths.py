@@ -15,9 +15,9 @@ import torch
 import zmq
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._runtime.sockets import has_message, recv_frames
+from acollect._runtime.wire import decode_tensordict, encode_tensordict, validate_layout
 from acollect.errors import ProtocolError
-from acollect.transport._sockets import has_message, recv_frames
-from acollect.transport._wire import decode_tensordict, encode_tensordict, validate_layout
 
 
 def sample(names: list[str | None] | None) -> TensorDict:
@@ -132,7 +132,7 @@ def test_decoding_matches_the_checked_constructor(names: list[str | None] | None
 def test_the_checked_constructor_stands_in_where_the_private_one_is_not_trusted(
     names: list[str | None] | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from acollect.transport import _layout
+    from acollect._runtime import layout as _layout
 
     assert _layout.FAST_ASSEMBLY  # this tensordict passed the check made at import
     td = sample(names)
