@@ -1,16 +1,17 @@
-"""Moving messages and tensors between a collector and its worker processes.
+"""Moving messages and tensors between a collector and its worker processes: the public names.
 
-Three layers, none of which knows about envs:
+The code lives with the flow it serves; this package re-exports what code outside acollect may use.
+None of it knows about envs:
 
-* :mod:`~acollect._runtime.wire`: the versioned wire format (msgpack header and
-  raw tensor frames; flat weight buffers). Never pickle. The tensor layout it carries,
-  and its validation, is :mod:`~acollect._runtime.layout`.
-* :mod:`~acollect._batches.shm`: shared-memory slots for large same-host payloads;
-  :mod:`~acollect._batches.slot_ring` groups one worker's slots into a ring of credits.
-* :mod:`~acollect._runtime.endpoint`: ZeroMQ sockets, anyio (asyncio or trio) on the collector's
-  side and blocking in workers; :mod:`~acollect._runtime.server_socket`: the blocking ROUTER of a
-  server thread (the inference server's). This package is acollect's one ZeroMQ boundary: nothing
-  outside it imports ``zmq``, and ZeroMQ's errors become :class:`~acollect.errors.TransportError` here.
+* the wire format (:mod:`acollect._runtime.wire`: a msgpack header and raw tensor frames, never pickle) and the
+  ZeroMQ sockets (:mod:`acollect._runtime.endpoint`, :mod:`acollect._runtime.worker_socket`,
+  :mod:`acollect._runtime.server_socket`) are the process boundary, in :mod:`acollect._runtime`, acollect's one
+  ZeroMQ boundary: nothing outside it imports ``zmq``, and ZeroMQ's errors become
+  :class:`~acollect.errors.TransportError` there; CURVE keys are :mod:`acollect.transport.auth`;
+* shared-memory slots (:mod:`acollect._batches.shm`) and one worker's ring of them
+  (:mod:`acollect._batches.slot_ring`) are a batch's memory, in :mod:`acollect._batches`;
+* flat weight buffers (:func:`flatten_params`, :func:`unflatten_into`) are how a weight push travels, in
+  :mod:`acollect._weights.sync`.
 """
 
 from acollect._batches.shm import ShmSegment as ShmSegment
