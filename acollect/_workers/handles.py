@@ -11,7 +11,7 @@ strategies call the methods that are the events (:meth:`~WorkerHandle.on_launch`
 
 Examples:
     >>> from acollect._workers.protocol import WorkerConfig
-    >>> config = WorkerConfig(index=0, generation=0, n_workers=1, address="", parent_pid=0, create_env_fn=None)
+    >>> config = WorkerConfig(index=0, generation=0, n_workers=1, address="", parent_pid=0)
     >>> handle = WorkerHandle(0, config)
     >>> handle.state
     <WorkerState.NEW: 'new'>
