@@ -42,16 +42,9 @@ from acollect._weights.updates import WeightUpdate
 from acollect._workers.handles import Received
 from acollect._workers.launcher import Launcher
 from acollect.collectors._collector_settings import BatchedSettings
+from acollect.collectors._keywords import keyword_errors, settings_from
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import (
-    DEFAULT_START_METHOD,
-    HEARTBEAT_TIMEOUT,
-    Devices,
-    Keys,
-    WorkerSettings,
-    keyword_errors,
-    settings_from,
-)
+from acollect.collectors._options import DEFAULT_START_METHOD, HEARTBEAT_TIMEOUT, Devices, Keys, WorkerSettings
 from acollect.errors import CollectorStateError, ConfigurationError, WorkerError, WorkerTimeoutError
 from acollect.inference import InferenceServer
 from acollect.inference.client import VERSION_KEY

@@ -40,13 +40,9 @@ from acollect._validate import check_int
 from acollect._weights.updates import PolicyWeights, WeightUpdate, structure_of, weights_of
 from acollect.collectors._base import CollectorBase
 from acollect.collectors._drivers import Driver, LoopDriver, ThreadDriver
-from acollect.collectors._options import (
-    Devices,
-    InProcessSettings,
-    check_policy_args,
-    keyword_errors,
-    settings_from,
-)
+from acollect.collectors._keywords import keyword_errors, settings_from
+from acollect.collectors._option_checks import check_policy_args
+from acollect.collectors._options import Devices, InProcessSettings
 from acollect.envs._envpool import reseed_error
 from acollect.envs._factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError

@@ -10,7 +10,7 @@ The classes mirror what the collectors share:
 * :class:`ModeSettings`: both modes' options and ``sync`` to pick one (each mode's option is refused in the
   other mode); :class:`DistributedSettings` and :class:`RaySettings` on top.
 
-A keyword a collector refuses is simply not in its signature (:func:`~acollect.collectors._options.keyword_errors`
+A keyword a collector refuses is simply not in its signature (:func:`~acollect.collectors._keywords.keyword_errors`
 says why); a field its class fixes (``sync`` of ``DistributedSyncCollector``) is given by the class.
 
 Examples:

@@ -47,15 +47,9 @@ from acollect._workers.launcher import Launcher
 from acollect._workers.pool import WorkerPool
 from acollect._workers.pool_settings import PoolSettings
 from acollect.collectors._collector_settings import DistributedSettings
+from acollect.collectors._keywords import keyword_errors, settings_from
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import (
-    DEFAULT_START_METHOD,
-    HEARTBEAT_TIMEOUT,
-    Devices,
-    Keys,
-    keyword_errors,
-    settings_from,
-)
+from acollect.collectors._options import DEFAULT_START_METHOD, HEARTBEAT_TIMEOUT, Devices, Keys
 from acollect.errors import ConfigurationError
 
 __all__ = ["DistributedCollector", "DistributedSyncCollector"]

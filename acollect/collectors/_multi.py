@@ -31,15 +31,9 @@ from acollect._policy import PolicyLike
 from acollect._weights.sync import WeightSyncScheme
 from acollect._workers.launcher import Launcher
 from acollect.collectors._collector_settings import MultiAsyncSettings, MultiSyncSettings
+from acollect.collectors._keywords import keyword_errors, settings_from
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import (
-    DEFAULT_START_METHOD,
-    HEARTBEAT_TIMEOUT,
-    Devices,
-    Keys,
-    keyword_errors,
-    settings_from,
-)
+from acollect.collectors._options import DEFAULT_START_METHOD, HEARTBEAT_TIMEOUT, Devices, Keys
 
 __all__ = ["MultiAsyncCollector", "MultiSyncCollector"]
 

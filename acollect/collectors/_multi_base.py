@@ -36,7 +36,8 @@ from acollect.collectors._base import CollectorBase
 from acollect.collectors._collector_settings import MultiAsyncSettings, MultiSyncSettings
 from acollect.collectors._dispatch import Dispatch, dispatch_for
 from acollect.collectors._handout import HandOut
-from acollect.collectors._options import WorkerSettings, check_policy_args
+from acollect.collectors._option_checks import check_policy_args
+from acollect.collectors._options import WorkerSettings
 from acollect.collectors._pending import PendingChanges
 from acollect.collectors._worker_configs import WorkerPlan, collector_storing_device, plan_workers
 from acollect.envs._envpool import reseed_error, shared_seeds_warning

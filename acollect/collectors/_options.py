@@ -7,13 +7,11 @@ more than is kept), its default, its check (from :mod:`acollect._validate`) and 
 multi-process collector's own options are declared the same way, in its settings class
 (:mod:`acollect.collectors._collector_settings`).
 
-A collector's constructor names every keyword it takes in its signature (what IDEs, ``help()`` and
-mypy read), builds its settings from them with :func:`settings_from` (each field checked once, in the
-settings' ``__post_init__``), keeps them (``collector.settings``) and copies no field out of them.
-:func:`keyword_errors` makes a keyword the constructor does not take a :class:`ConfigurationError`
-naming the closest one it takes, or why it refuses it. ``tests/test_options.py`` holds each
-signature to its settings class; the options reference (``docs/options.md``) is rendered from the
-declarations when the docs are built.
+Each option's check is in :mod:`acollect.collectors._option_checks`. A collector's constructor names every
+keyword it takes in its signature (what IDEs, ``help()`` and mypy read), builds its settings from them
+(:mod:`acollect.collectors._keywords`), keeps them (``collector.settings``) and copies no field out of
+them. ``tests/test_options.py`` holds each signature to its settings class; the options reference
+(``docs/options.md``) is rendered from the declarations when the docs are built.
 
 Examples:
     >>> settings = WorkerSettings(frames_per_batch=64, heartbeat_timeout=5)
@@ -27,38 +25,46 @@ Examples:
 
 from __future__ import annotations
 
-import difflib
-import functools
-import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._affinity import check_worker_affinity
-from acollect._devices import DeviceLike, check_device
-from acollect._policy import PolicyLike, parse_exploration_type
-from acollect._progress import check_progress
+from acollect._devices import DeviceLike
+from acollect._policy import PolicyLike
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect._rollout.spec import RolloutSpec
-from acollect._runtime.auth import ServerKeys, as_server_keys
+from acollect._runtime.auth import ServerKeys
 from acollect._validate import (
     check_bool,
-    check_callable,
-    check_choice,
-    check_int,
     check_seconds,
-    check_total_frames,
 )
 from acollect._weights.sync import WeightSyncScheme
 from acollect._workers.launcher_names import resolve_launcher
 from acollect._workers.process import DEFAULT_START_METHOD, START_METHODS
 from acollect._workers.protocol import HEARTBEAT_TIMEOUT
+from acollect.collectors._option_checks import (
+    PER_WORKER_OPTIONS,
+    _address,
+    _callable,
+    _choice,
+    _devices,
+    _env_kwargs,
+    _exploration,
+    _handover_interval,
+    _init_random_frames,
+    _int,
+    _keys,
+    _policy_factory,
+    _progress,
+    _schemes,
+    _total_frames,
+)
 from acollect.errors import ConfigurationError
 
 __all__ = [
@@ -73,17 +79,9 @@ __all__ = [
     "RolloutSettings",
     "WorkerSettings",
     "check_option",
-    "check_policy_args",
-    "keyword_errors",
     "option",
-    "settings_from",
 ]
 
-#: Options ``collector_kwargs`` may set per worker.
-PER_WORKER_OPTIONS = frozenset({
-    "device", "env_device", "policy_device", "storing_device", "max_frames_per_traj", "init_random_frames",
-    "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads", "env_errors",
-})  # fmt: skip
 #: One device, or (multi-process collectors) a list with one per worker.
 Devices = DeviceLike | Sequence[DeviceLike]
 #: A key directory (written by ``acollect keys``) or the keys read from one.
@@ -91,59 +89,6 @@ Keys = ServerKeys | str | os.PathLike[str]
 DEVICE_OPTIONS = ("device", "env_device", "policy_device", "storing_device")
 #: The values ``on_worker_loss`` takes: break the collector, or collect on with the workers left.
 ON_WORKER_LOSS = ("raise", "continue")
-
-
-# -- one check per option --------------------------------------------------------------------
-def _devices(name: str, value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            check_device(f"{name}[{i}]", item)
-        return list(value)
-    check_device(name, value)
-    return value
-
-
-def _policy_factory(name: str, value: Any) -> Any:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, torch.nn.Module):
-        # Callable, so it would pass for a factory, and fail only where it runs: `Linear.forward() missing ...`.
-        kind = type(value).__name__
-        raise ConfigurationError(
-            f"{name}={kind}(...) (an nn.Module instance) is invalid: expected a zero-argument callable that returns "
-            f"the policy, not the policy itself. Pass the instance as policy=..., or build it where it runs with "
-            f"{name}=lambda: {kind}(...)."
-        )
-    if callable(value):
-        missing = _required_parameters(value)
-        if missing:
-            raise ConfigurationError(
-                f"{name}={getattr(value, '__qualname__', value)!r} is invalid: expected a zero-argument callable "
-                f"that returns the policy, and it requires {', '.join(missing)}. Give them with "
-                f"{name}=functools.partial(..., {missing[0]}=...) or a lambda, or pass an instance as policy=...."
-            )
-        return value
-    raise ConfigurationError.bad_value(name, value, "None, a zero-argument callable, or an import path 'module:name'")
-
-
-def _required_parameters(fn: Callable[..., Any]) -> list[str]:
-    """The parameters a call of ``fn`` with no argument would miss (none where its signature cannot be read)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin or an extension type: found out when it is called
-        return []
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in variadic]
-
-
-def _exploration(name: str, value: Any) -> InteractionType | None:
-    return parse_exploration_type(value)
-
-
-def _env_kwargs(name: str, value: Any) -> dict[str, Any]:
-    if value is not None and not isinstance(value, Mapping):
-        raise ConfigurationError.bad_value(name, value, "None or a dict")
-    return dict(value or {})
 
 
 def _collector_kwargs(name: str, value: Any) -> Any:
@@ -160,42 +105,6 @@ def _collector_kwargs(name: str, value: Any) -> Any:
     return value
 
 
-def _schemes(name: str, value: Any) -> dict[str, WeightSyncScheme]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigurationError.bad_value(name, value, "a dict of model id -> scheme")
-    for key, scheme in value.items():
-        if not isinstance(key, str) or not isinstance(scheme, WeightSyncScheme):
-            raise ConfigurationError.bad_value(
-                f"{name}[{key!r}]", scheme,
-                "a WeightSyncScheme (ZmqWeightSyncScheme() or SharedMemWeightSyncScheme()) under a str model id",
-            )  # fmt: skip
-    return dict(value)
-
-
-def _address(name: str, value: Any) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError.bad_value(name, value, "None, 'ipc://<path>' or 'tcp://<host>:<port>'")
-    return value
-
-
-def _keys(name: str, value: Any) -> ServerKeys | None:
-    return as_server_keys(name, value)
-
-
-def _int(minimum: int, *, optional: bool = False) -> Callable[[str, Any], Any]:
-    return lambda name, value: check_int(name, value, minimum=minimum, optional=optional)
-
-
-def _callable(expected: str) -> Callable[[str, Any], Any]:
-    return lambda name, value: check_callable(name, value, expected)
-
-
-def _choice(*choices: Any) -> Callable[[str, Any], Any]:
-    return lambda name, value: check_choice(name, value, choices)
-
-
 def check_option(name: str, value: Any, *, label: str | None = None) -> Any:
     """Checks one option's value and returns the value kept.
 
@@ -204,30 +113,6 @@ def check_option(name: str, value: Any, *, label: str | None = None) -> Any:
     """
     check = _checks().get(name)
     return check(label or name, value) if check is not None else value
-
-
-def check_policy_args(policy: object, policy_factory: object) -> None:
-    """A collector takes a policy instance or a factory building it where it runs, not both.
-
-    Examples:
-        >>> check_policy_args(torch.nn.Linear, None)
-        Traceback (most recent call last):
-        ...
-        acollect.errors.ConfigurationError: policy=<class '...Linear'> is invalid: expected a policy instance, not ...
-    """
-    if isinstance(policy, type):
-        # Callable, so it would pass for a policy called on TensorDicts: `Linear.__init__() missing ...` at the first
-        # step, naming neither the argument nor the mistake.
-        name = policy.__name__
-        factory = f"lambda: {name}(...)" if _required_parameters(policy) else name
-        raise ConfigurationError.bad_value(
-            "policy", policy, f"a policy instance, not a class: pass policy={name}(...), or "
-            f"policy_factory={factory} to build it where it runs (policy_factory takes a zero-argument callable)",
-        )  # fmt: skip
-    if policy is not None and policy_factory is not None:
-        raise ConfigurationError(
-            "policy and policy_factory were both given: pass one (policy_factory builds the policy where it runs)."
-        )
 
 
 # -- the declarations --------------------------------------------------------------------------
@@ -260,20 +145,6 @@ def option(
     if default is MISSING:
         return field(metadata=metadata)
     return field(default=default, metadata=metadata)
-
-
-def _total_frames(name: str, value: Any) -> int:
-    # Whether it is a multiple of frames_per_batch is told (a warning) once each batch's size is known.
-    return check_total_frames(value, 1)
-
-
-def _progress(name: str, value: Any) -> bool | str:
-    check_progress(value)
-    return value  # (the collector's progress display reads it again: True picks tqdm where installed)
-
-
-def _init_random_frames(name: str, value: Any) -> int:
-    return check_int(name, value, minimum=0, optional=True) or 0
 
 
 # Said of each device option: what the multi-process collectors take besides one device.
@@ -411,10 +282,6 @@ _SPEC_OPTIONS = (
         - {"policy_factory", "frames_per_batch"}  # (the collector's own; a spec holds a worker's share of a batch)
     ),
 )
-
-
-def _handover_interval(name: str, value: Any) -> float | None:
-    return check_seconds(name, value, allow_zero=True, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -602,84 +469,3 @@ def _checks() -> dict[str, Check]:
     """Each option's check, read from the declarations (collector_kwargs checks per-worker options with it)."""
     declared = (*fields(WorkerSettings), *fields(InProcessSettings))
     return {f.name: f.metadata["check"] for f in declared if f.metadata.get("check") is not None}
-
-
-S = TypeVar("S", bound=RolloutSettings)
-P = ParamSpec("P")
-
-
-def settings_from(settings: type[S], values: Mapping[str, Any], **fixed: Any) -> S:
-    """``settings`` built from a constructor's arguments (its ``locals()``): each field checked once.
-
-    Args:
-        settings: the collector's settings class.
-        values: the constructor's arguments by name; those that are no field of ``settings`` (``self``,
-            ``create_env_fn``, ``policy``) are left out.
-        fixed: fields the collector's class fixes (``sync=True``), which its signature does not take.
-
-    Examples:
-        >>> def build(frames_per_batch: int, total_frames: int = -1):
-        ...     return settings_from(RolloutSettings, locals())
-        >>> build(8).total_frames
-        -1
-    """
-    names = {f.name for f in fields(settings)}
-    return settings(**{name: value for name, value in values.items() if name in names}, **fixed)
-
-
-def keyword_errors(
-    refused: Mapping[str, str] | None = None,
-) -> Callable[[Callable[P, None]], Callable[P, None]]:
-    """Wraps a collector's ``__init__``: a keyword it does not take, or no ``frames_per_batch``, is a
-    :class:`ConfigurationError` naming it, with the closest keyword it takes (or the reason it refuses it).
-
-    The wrapped ``__init__`` keeps its signature (``functools.wraps``): IDEs, ``help()`` and mypy read it.
-
-    Args:
-        refused: keyword -> why this collector refuses it (another collector takes it).
-
-    Examples:
-        >>> class Demo:
-        ...     @keyword_errors(refused={"num_workers": "a Demo has one worker"})
-        ...     def __init__(self, *, frames_per_batch: int, credits: int = 2) -> None:
-        ...         pass
-        >>> Demo(frames_per_batch=8, credit=3)
-        Traceback (most recent call last):
-        ...
-        acollect.errors.ConfigurationError: Demo() got an unexpected keyword argument 'credit'; did you mean 'credits'?
-        >>> Demo(frames_per_batch=8, num_workers=2)
-        Traceback (most recent call last):
-        ...
-        acollect.errors.ConfigurationError: num_workers=2 is invalid: expected no value: a Demo has one worker.
-    """
-    reasons = dict(refused or {})
-
-    def decorate(init: Callable[P, None]) -> Callable[P, None]:
-        signature = inspect.signature(init)
-        owner = init.__qualname__.split(".")[0]
-        takes = [p.name for p in signature.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-        @functools.wraps(init)
-        def checked(*args: P.args, **kwargs: P.kwargs) -> None:
-            try:
-                signature.bind(*args, **kwargs)
-            except TypeError:
-                for name, value in kwargs.items():
-                    if name in reasons:
-                        raise ConfigurationError.bad_value(name, value, f"no value: {reasons[name]}") from None
-                    if name not in takes:
-                        close = difflib.get_close_matches(name, takes[1:], n=1)  # (not self)
-                        hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(takes[1:])}"
-                        raise ConfigurationError(
-                            f"{owner}() got an unexpected keyword argument {name!r}{hint}"
-                        ) from None
-                if "frames_per_batch" in takes and "frames_per_batch" not in kwargs:
-                    raise ConfigurationError(
-                        f"{owner}() missing keyword argument 'frames_per_batch' (frames per batch, an int >= 1)"
-                    ) from None
-                raise  # another mistake (too many positional arguments): Python's message says it
-            init(*args, **kwargs)
-
-        return checked
-
-    return decorate

@@ -35,17 +35,10 @@ from acollect.collectors._background import Started
 from acollect.collectors._base import CollectorState
 from acollect.collectors._collector import Collector
 from acollect.collectors._collector_settings import RaySettings
+from acollect.collectors._keywords import keyword_errors, settings_from
 from acollect.collectors._multi import MultiAsyncCollector, MultiSyncCollector
 from acollect.collectors._multi_base import MultiCollectorBase
-from acollect.collectors._options import (
-    DEFAULT_START_METHOD,
-    DEVICE_OPTIONS,
-    HEARTBEAT_TIMEOUT,
-    Devices,
-    Keys,
-    keyword_errors,
-    settings_from,
-)
+from acollect.collectors._options import DEFAULT_START_METHOD, DEVICE_OPTIONS, HEARTBEAT_TIMEOUT, Devices, Keys
 from acollect.errors import CollectorStateError, ConfigurationError
 
 __all__ = ["RayCollector"]
