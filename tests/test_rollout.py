@@ -21,6 +21,7 @@ from acollect._batches.plan import BatchPlan
 from acollect._devices import resolve_devices
 from acollect._policy import wrap_policy
 from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted
+from acollect._rollout.spec import RolloutSpec
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.testing import (
@@ -53,7 +54,8 @@ def make_engine() -> Iterator[Callable[..., RolloutEngine]]:
         devices = resolve_devices(env_default=env.device, policy=policy)
         # As the engine builder does: the steps of each env are the plan's, asked once the env says its size.
         time_steps = BatchPlan(frames_per_batch).time_steps(env.num_envs)
-        engine = RolloutEngine(env, adapter, time_steps=time_steps, devices=devices, **kwargs)
+        spec = RolloutSpec(create_env_fn=env, frames_per_batch=frames_per_batch, **kwargs)
+        engine = RolloutEngine(env, adapter, time_steps=time_steps, devices=devices, spec=spec)
         engines.append(engine)
         return engine
 

@@ -39,6 +39,7 @@ from acollect._policy import (
     check_policy_outputs,
 )
 from acollect._rollout.env_faults import EnvFaults
+from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 from acollect.envs._base import EnvBase
@@ -86,12 +87,9 @@ class RolloutEngine:
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
             (:meth:`~acollect._batches.plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
-        max_frames_per_traj: truncate (and reset) trajectories longer than this.
-        init_random_frames: act randomly until this many frames were collected.
-        reset_at_each_iter: reset every env at the start of each batch.
-        exploration_type: tensordict interaction type set (per thread) while collecting.
-        traj_id_offset: first trajectory id; with ``traj_id_stride`` it makes ids unique across workers.
-        traj_id_stride: step between consecutive trajectory ids.
+        spec: the rollout options this engine reads (``max_frames_per_traj``, ``init_random_frames``,
+            ``reset_at_each_iter``, ``exploration_type``, its trajectory ids), as the collector made them
+            (:class:`~acollect._rollout.spec.RolloutSpec`); ``None``: every default.
         env_faults: where an exception of the env's ``step`` or ``reset`` goes (``env_errors="restart"``): the env
             is rebuilt, the episodes in flight end as truncated at their last step recorded, and the batch goes
             on from the new env's reset (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
@@ -117,12 +115,7 @@ class RolloutEngine:
         *,
         time_steps: int,
         devices: Devices,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int = 0,
-        reset_at_each_iter: bool = False,
-        exploration_type: InteractionType | None = InteractionType.RANDOM,
-        traj_id_offset: int = 0,
-        traj_id_stride: int = 1,
+        spec: RolloutSpec | None = None,
         env_faults: EnvFaults | None = None,
     ) -> None:
         self.env = env
@@ -132,12 +125,8 @@ class RolloutEngine:
         self.n_envs = env.num_envs
         self.time_steps = time_steps
         self.frames_per_batch = self.n_envs * time_steps
-        self.max_frames_per_traj = max_frames_per_traj
-        self.init_random_frames = init_random_frames
-        self.reset_at_each_iter = reset_at_each_iter
-        self.exploration_type = exploration_type
-        self.traj_id_offset = traj_id_offset
-        self.traj_id_stride = traj_id_stride
+        #: the rollout options, read where they apply
+        self.spec = spec if spec is not None else RolloutSpec(create_env_fn=env, frames_per_batch=self.frames_per_batch)
         #: frames collected in completed batches (a resumed engine continues from it)
         self.frames = 0
         #: stamped on every frame of the next batches
@@ -182,7 +171,7 @@ class RolloutEngine:
     def _probe_policy(self) -> None:
         """Runs the policy once on a fresh reset to learn its outputs and check ``"action"``."""
         self.env.reset_into(self._root)
-        with torch.inference_mode(), exploration(self.exploration_type):
+        with torch.inference_mode(), exploration(self.spec.exploration_type):
             outputs = self.policy(self._policy_input())
         check_policy_outputs(outputs, self.n_envs, self.env.action_spec)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
@@ -247,7 +236,7 @@ class RolloutEngine:
     def _new_traj_ids_np(self, count: int) -> np.ndarray:
         start = self._next_traj_counter
         self._next_traj_counter += count
-        return self.traj_id_offset + self.traj_id_stride * np.arange(start, start + count, dtype=np.int64)
+        return self.spec.traj_id_offset + self.spec.traj_id_stride * np.arange(start, start + count, dtype=np.int64)
 
     def _reset_all(self) -> None:
         try:
@@ -332,7 +321,7 @@ class RolloutEngine:
             A fresh TensorDict ``[n_envs, T]`` that the caller owns, or ``out``.
         """
         steps = self.stepper(stop, out=out, between_steps=between_steps)
-        with torch.inference_mode(), exploration(self.exploration_type):
+        with torch.inference_mode(), exploration(self.spec.exploration_type):
             try:
                 while True:
                     next(steps)
@@ -373,7 +362,7 @@ class RolloutEngine:
         root, nxt, env = self._root, self._next, self.env
         switch = self.stopwatch.switch
         if start == 0:
-            if self._next_reset is not None or self.reset_at_each_iter:
+            if self._next_reset is not None or self.spec.reset_at_each_iter:
                 switch(ENV)
                 self._reset_all()
                 switch(OTHER)
@@ -390,9 +379,9 @@ class RolloutEngine:
         out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
         policy, split = self.policy, self._split
         remote = policy if split is None and isinstance(policy, SplitPolicy) else None
-        random_until = self.init_random_frames
+        random_until = self.spec.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
-        max_traj = self.max_frames_per_traj
+        max_traj = self.spec.max_frames_per_traj
         done_np, count_nonzero = self._done_np, np.count_nonzero
         traj_np, steps_np = self._traj_ids_np, self._traj_steps_np
         n = self.n_envs

@@ -208,12 +208,7 @@ def _rollout_engine(
         adapter,
         time_steps=time_steps if time_steps is not None else BatchPlan(spec.frames_per_batch).time_steps(env.num_envs),
         devices=devices,
-        max_frames_per_traj=spec.max_frames_per_traj,
-        init_random_frames=spec.init_random_frames,
-        reset_at_each_iter=spec.reset_at_each_iter,
-        exploration_type=spec.exploration_type,
-        traj_id_offset=spec.traj_id_offset,
-        traj_id_stride=spec.traj_id_stride,
+        spec=spec,
         env_faults=env_faults_for(spec.create_env_fn, dict(spec.env_kwargs), spec.env_errors),
     )
 
@@ -226,12 +221,8 @@ def _async_rollout(
         adapter,
         time_steps=BatchPlan(spec.frames_per_batch).time_steps(pool.num_envs),
         devices=devices,
-        max_frames_per_traj=spec.max_frames_per_traj,
-        init_random_frames=spec.init_random_frames,
-        exploration_type=spec.exploration_type,
+        spec=spec,
         weights=weights,
-        traj_id_offset=spec.traj_id_offset,
-        traj_id_stride=spec.traj_id_stride,
         # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
         env_faults=EnvFaults() if spec.env_errors == "restart" else None,
     )

@@ -44,7 +44,6 @@ from typing import Any
 
 import anyio
 from tensordict import TensorDict
-from tensordict.nn import InteractionType
 
 from acollect._devices import Devices
 from acollect._policy import PolicyAdapter
@@ -54,6 +53,7 @@ from acollect._rollout.env_steps import EnvSteps, Trajectories
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._rollout.row_ring import RowRing
+from acollect._rollout.spec import RolloutSpec
 from acollect._weights.updates import PolicyWeights
 from acollect.envs._async_pool import AsyncEnvPool
 
@@ -151,12 +151,9 @@ class AsyncRollout:
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
             (:meth:`~acollect._batches.plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
-        max_frames_per_traj: truncate (and reset) trajectories longer than this.
-        init_random_frames: act randomly until this many frames were stepped.
-        exploration_type: tensordict interaction type set while the policy runs.
+        spec: the rollout options this engine reads (its env steps and policy passes read theirs), as the collector
+            made them (:class:`~acollect._rollout.spec.RolloutSpec`); ``None``: every default.
         weights: staged weights, applied between passes.
-        traj_id_offset: first trajectory id; with ``traj_id_stride`` it makes ids unique across workers.
-        traj_id_stride: step between consecutive trajectory ids.
         env_faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env
             alone is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step
             recorded (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
@@ -190,12 +187,8 @@ class AsyncRollout:
         *,
         time_steps: int,
         devices: Devices,
-        max_frames_per_traj: int | None = None,
-        init_random_frames: int = 0,
-        exploration_type: InteractionType | None = InteractionType.RANDOM,
+        spec: RolloutSpec | None = None,
         weights: PolicyWeights | None = None,
-        traj_id_offset: int = 0,
-        traj_id_stride: int = 1,
         env_faults: EnvFaults | None = None,
     ) -> None:
         self.env, self.policy, self.devices, self.weights = env, policy, devices, weights
@@ -210,13 +203,13 @@ class AsyncRollout:
         self._next_reset: Reset | None = Reset(seed=None)
         self._ring = RowRing(self.n_envs, self.time_steps)
         self._turns = EnvTurns(self.n_envs)
-        self._trajectories = Trajectories(self.n_envs, traj_id_offset, traj_id_stride)
+        spec = spec if spec is not None else RolloutSpec(create_env_fn=env, frames_per_batch=self.frames_per_batch)
+        self._trajectories = Trajectories(self.n_envs, spec.traj_id_offset, spec.traj_id_stride)
         self._faults = env_faults
-        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, max_frames_per_traj, env_faults)
+        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, spec, env_faults)
         self._passes = PolicyPasses(
-            self._envs, self._ring, self._turns, policy, devices=devices, exploration_type=exploration_type,
-            init_random_frames=init_random_frames, before_pass=self._before_pass,
-        )  # fmt: skip
+            self._envs, self._ring, self._turns, policy, devices=devices, spec=spec, before_pass=self._before_pass
+        )
         self._crew = TaskCrew()
 
     # -- counters and state (the Engine protocol) ------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
+from acollect._rollout.spec import RolloutSpec
 from acollect.envs._async_pool import AsyncEnvPool
 
 __all__ = ["EnvSteps", "Trajectories"]
@@ -65,7 +66,7 @@ class EnvSteps:
         ring: the rows the steps are written into.
         turns: where each env's actions come from.
         trajectories: the envs' trajectories.
-        max_frames_per_traj: truncate (and reset) trajectories longer than this.
+        spec: the rollout options: its ``max_frames_per_traj`` truncates (and resets) trajectories longer than it.
         faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env alone
             is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step recorded
             (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
@@ -82,13 +83,13 @@ class EnvSteps:
         ring: RowRing,
         turns: EnvTurns,
         trajectories: Trajectories,
-        max_frames_per_traj: int | None,
+        spec: RolloutSpec,
         faults: EnvFaults | None = None,
     ) -> None:
         self.pool, self.ring, self.turns, self.trajectories = pool, ring, turns, trajectories
         self.faults = faults
         self.lives = np.zeros(pool.num_envs, dtype=np.int64)  # each env's steps: a fault after one is not in a row
-        self.max_frames_per_traj = max_frames_per_traj
+        self.max_frames_per_traj = spec.max_frames_per_traj
         self.obs_keys: list[tuple[str, ...]] = [leaf.key for leaf in pool.leaves]
         self.root = pool.make_root()  # the tensors root_np views
         self.root_np = [self.root.get(key).numpy() for key in self.obs_keys]

@@ -60,7 +60,7 @@ class EngineGroups:
         self.n_envs = sum(engine.n_envs for engine in self.engines)
         self.time_steps = first.time_steps
         self.frames_per_batch = self.n_envs * self.time_steps
-        self.exploration_type = first.exploration_type
+        self.exploration_type = first.spec.exploration_type
         #: frames collected in completed batches
         self.frames = 0
         self._discarded = 0

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from tensordict import TensorDict
-from tensordict.nn import InteractionType
 
 from acollect._devices import Devices
 from acollect._policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, unseeded_generator
@@ -25,6 +24,7 @@ from acollect._rollout.blocking import exploration
 from acollect._rollout.env_steps import EnvSteps
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
+from acollect._rollout.spec import RolloutSpec
 from acollect._runtime.threads import run_in_thread
 from acollect.errors import PolicyError
 
@@ -49,8 +49,8 @@ class PolicyPasses:
         turns: where the envs waiting are taken from and their actions handed to.
         policy: the policy adapter.
         devices: env, policy and storing devices.
-        exploration_type: tensordict interaction type set while the policy runs.
-        init_random_frames: act randomly until this many env steps were taken.
+        spec: the rollout options: its ``exploration_type`` is set while the policy runs, and it acts randomly
+            until ``init_random_frames`` env steps were taken.
         before_pass: called before each pass (it applies staged weights); returns the version of the weights the
             pass runs with.
 
@@ -68,14 +68,13 @@ class PolicyPasses:
         policy: PolicyAdapter,
         *,
         devices: Devices,
-        exploration_type: InteractionType | None,
-        init_random_frames: int,
+        spec: RolloutSpec,
         before_pass: Callable[[], int],
     ) -> None:
         self.envs, self.ring, self.turns, self.policy = envs, ring, turns, policy
         self.devices = devices
-        self.exploration_type = exploration_type
-        self.init_random_frames = init_random_frames
+        self.exploration_type = spec.exploration_type
+        self.init_random_frames = spec.init_random_frames
         self._before_pass = before_pass
         self.generator = unseeded_generator()  # a fixed default seed would repeat in every worker
         self.in_thread = False
