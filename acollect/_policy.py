@@ -38,7 +38,7 @@ from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import TensorSpec
 
 if TYPE_CHECKING:
-    from acollect.envs._base import EnvBase
+    from acollect.envs import EnvBase
 
 __all__ = [
     "CallablePolicy",

@@ -42,7 +42,7 @@ from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
-from acollect.envs._base import EnvBase
+from acollect.envs import EnvBase
 from acollect.errors import ConfigurationError
 
 __all__ = ["Reset", "RolloutEngine", "RolloutInterrupted", "exploration"]

@@ -33,9 +33,7 @@ from acollect._rollout.own_loop import LoopRollout
 from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._rollout.spec import RolloutSpec
 from acollect._weights.updates import PolicyWeights
-from acollect.envs._async_pool import AsyncEnvPool
-from acollect.envs._base import EnvBase
-from acollect.envs._factory import make_env
+from acollect.envs import AsyncEnvPool, EnvBase, make_env
 from acollect.errors import ConfigurationError
 
 __all__ = ["build_engine"]

@@ -55,7 +55,7 @@ from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._rollout.row_ring import RowRing
 from acollect._rollout.spec import RolloutSpec
 from acollect._weights.updates import PolicyWeights
-from acollect.envs._async_pool import AsyncEnvPool
+from acollect.envs import AsyncEnvPool
 
 __all__ = ["INLINE_POLICY_SECONDS", "AsyncRollout", "TaskCrew"]
 

@@ -36,8 +36,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from acollect.envs._base import EnvBase
-from acollect.envs._factory import make_env
+from acollect.envs import EnvBase, make_env
 from acollect.errors import ConfigurationError, EnvError
 
 __all__ = ["ENV_ERRORS", "MAX_REBUILDS_IN_A_ROW", "EnvFaults", "check_env_errors", "env_faults_for"]

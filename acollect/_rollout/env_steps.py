@@ -18,7 +18,7 @@ from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
 from acollect._rollout.spec import RolloutSpec
-from acollect.envs._async_pool import AsyncEnvPool
+from acollect.envs import AsyncEnvPool
 
 __all__ = ["EnvSteps", "Trajectories"]
 

@@ -25,7 +25,7 @@ from tensordict import TensorDict
 
 from acollect._rollout.blocking import RolloutEngine, exploration
 from acollect._time_split import ACTIONS
-from acollect.envs._base import EnvBase
+from acollect.envs import EnvBase
 
 __all__ = ["EngineGroups"]
 

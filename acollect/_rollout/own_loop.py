@@ -23,7 +23,7 @@ from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.coroutines import AsyncRollout
 from acollect._runtime.tasks import TaskOwner
 from acollect._time_split import Stopwatch
-from acollect.envs._async_pool import AsyncEnvPool
+from acollect.envs import AsyncEnvPool
 
 __all__ = ["LoopRollout"]
 

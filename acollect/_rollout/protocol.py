@@ -38,7 +38,7 @@ from tensordict import TensorDict
 
 from acollect._policy import PolicyAdapter
 from acollect._time_split import Stopwatch
-from acollect.envs._base import EnvBase
+from acollect.envs import EnvBase
 
 __all__ = ["BlockingEngine", "Engine"]
 

@@ -41,11 +41,15 @@ from __future__ import annotations
 from typing import Any
 
 from acollect._policy import PolicyLike
-from acollect.collectors._async_collector import AsyncCollector
-from acollect.collectors._base import CollectorBase
-from acollect.collectors._collector import Collector
-from acollect.collectors._distributed import DistributedCollector, DistributedSyncCollector
-from acollect.collectors._multi import MultiAsyncCollector, MultiSyncCollector
+from acollect.collectors import (
+    AsyncCollector,
+    Collector,
+    CollectorBase,
+    DistributedCollector,
+    DistributedSyncCollector,
+    MultiAsyncCollector,
+    MultiSyncCollector,
+)
 from acollect.errors import ConfigurationError
 
 __all__ = [

@@ -11,7 +11,7 @@ import anyio
 import gymnasium as gym
 import numpy as np
 
-from acollect.envs._async_env import AsyncEnv
+from acollect.envs import AsyncEnv
 
 __all__ = ["AsyncCountingEnv"]
 
