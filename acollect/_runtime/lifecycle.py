@@ -10,6 +10,20 @@ move the table does not list. What the state depends on lives here too, nowhere 
   derived from the count, never set beside it), and whether whatever collects was told so;
 * background mode (``start()`` was called).
 
+A collector's states and their moves (as the table below lists them)::
+
+                 ┌──────── set-up cancelled or failed: torn down, usable again ─────────┐
+                 ▼                                                                      │
+                NEW ──(async with / first batch / start() / a weight push)──▶ STARTING ─┤
+                                                                                        │ set-up done:
+                            ┌─── pause count > 0 ───┐                                   │ a pause held?
+                 RUNNING ◀──┘                       └──▶ PAUSED  ◀──── yes ─────────────┤
+                    ▲ └──────── pause count 0 ◀─────────────┘                           │
+                    └─────────────────────────────────────────────────────── no ────────┘
+
+    NEW (start()'s set-up failed), STARTING, RUNNING, PAUSED ──(a task, a worker, an env failed)──▶ BROKEN
+    every state but CLOSING and CLOSED ──(async_shutdown())──▶ CLOSING ──(everything released)──▶ CLOSED
+
 The table, rendered by :func:`transition_table_markdown`, is the one in ``docs/concepts.md``
 (a test regenerates it and fails if the page differs):
 

@@ -324,9 +324,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
     async def _update_policy_weights(self, update: WeightUpdate) -> int:
         """Copies the weights into the server's policy between two forward passes; every action chosen afterwards
         carries the new ``("collector", "policy_version")``."""
-        self._check_usable("update_policy_weights_()")
+        self._calls.check_usable("update_policy_weights_()")
         source: Any = update.policy_only(self._policy_arg, "the policy runs in the collector's inference server")
-        with self._call("update_policy_weights_()"):
+        with self._calls.call("update_policy_weights_()"):
             await self._ensure_setup()
             return await self.server.update_policy_weights_(source)
 

@@ -267,10 +267,10 @@ class Collector(CollectorBase):
             >>> anyio.run(main)
             [1]
         """
-        self._check_usable("update_policy_weights_()")
+        self._calls.check_usable("update_policy_weights_()")
         source = update.policy_only(self._policy_arg, "an in-process collector runs one policy, in no worker process")
         if self._engine is None and self.settings.policy_factory is not None:
-            with self._call("update_policy_weights_()"):
+            with self._calls.call("update_policy_weights_()"):
                 await self._ensure_setup()  # only the factory's policy says what the weights must fit
         target = self._engine.policy.weights_module if self._engine is not None else None
         staged = weights_of(source, target, structure_of(target if self._engine is not None else self._policy_arg))
@@ -298,7 +298,7 @@ class Collector(CollectorBase):
                 it is (entering the collector, or its first batch).
         """
         check_int("seed", seed)
-        self._check_usable("set_seed()")
+        self._calls.check_usable("set_seed()")
         self._refuse_seed_of_built_env(seed)
         self._seed = seed
         n_envs = self._engine.n_envs if self._engine is not None else 1

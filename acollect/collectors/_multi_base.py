@@ -119,14 +119,18 @@ class MultiCollectorBase(CollectorBase):
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = self._plan(create_env_fn_list)
-        super().__init__(batch=plan.batch, total_frames=settings.total_frames, progress=settings.progress)
+        super().__init__(
+            batch=plan.batch,
+            total_frames=settings.total_frames,
+            progress=settings.progress,
+            shutdown_timeout=settings.shutdown_timeout,
+        )
         self._configs = plan.configs
         many_contexts = cuda_contexts_warning(plan.configs, self._worker_policy()[0])
         if many_contexts is not None:
             warn(many_contexts)
         # worker_affinity="auto": the trainer's threads on the cores the workers left, while the workers run.
         self._trainer_pin = TrainerPin(plan.affinity.trainer)
-        self._shutdown_limit = settings.shutdown_timeout
         # A bare "cuda" is the device current here and now (each thread has its own current device).
         self._storing_device = with_index(collector_storing_device(self._worker_policy()[1]))
         # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
@@ -255,7 +259,7 @@ class MultiCollectorBase(CollectorBase):
         pool = self._pool
         try:
             if pool is not None:
-                await pool.close(self._shutdown_limit)
+                await pool.close(self._lifetime.limit)
         finally:
             self._trainer_pin.restore()
         self._dispatch.reset()
@@ -372,7 +376,7 @@ class MultiCollectorBase(CollectorBase):
                 started, else when they have (entering the collector, or its next batch).
         """
         check_int("seed", seed)
-        self._check_usable("set_seed()")
+        self._calls.check_usable("set_seed()")
         self._refuse_seed_of_built_envs(seed)
         self._pending.stage_seed(seed)
         if self._pool is not None and all(h.n_envs for h in self._pool.handles):
@@ -436,7 +440,7 @@ class MultiCollectorBase(CollectorBase):
             raise ConfigurationError.bad_value(
                 "state_dict['workers']", workers, f"a list of {self.num_workers} worker states (one per worker)"
             )
-        self._check_usable("load_state_dict()")
+        self._calls.check_usable("load_state_dict()")
         self._tally.restore(int(state_dict["frames"]), int(state_dict["batches"]))
         version = int(state_dict["policy_version"])
         if self._pool is not None:
@@ -597,14 +601,14 @@ class MultiCollectorBase(CollectorBase):
         one_worker = isinstance(getattr(self._lifecycle.failure, "worker_id", None), int) and not (
             self._lifecycle.background
         )
-        self._check_usable("update_policy_weights_()", allow_broken=one_worker)
+        self._calls.check_usable("update_policy_weights_()", allow_broken=one_worker)
         sources = update.models(self._policy_arg)
         models = {model_id: _params_of(arg, source) for model_id, (arg, source) in sources.items()}
         ready = _ready(models)  # now, before anything awaits: what the caller queued on its streams up to the call
         ids = list(range(self.num_workers)) if update.worker_ids is None else list(update.worker_ids)
         for wid in ids:
             check_int("worker_ids", wid, maximum=self.num_workers - 1)
-        with self._call("update_policy_weights_()", interrupt_on_failure=False):
+        with self._calls.call("update_policy_weights_()", interrupt_on_failure=False):
             await self._ensure_setup()
             return await self._push(models, ids, update.timeout, ready)
 

@@ -352,7 +352,7 @@ class RayCollector(MultiCollectorBase):
             elif owner.ended:
                 # Its loop is gone (and with it every task; its end released the workers already, unless it was
                 # only stopped): nothing left to await.
-                self._abandon(CloseReason.SHUTDOWN, warn=False)
+                self._lifetime.abandon(CloseReason.SHUTDOWN, warn=False)
             else:
                 limit = (timeout if timeout is not None else self.settings.shutdown_timeout) + 10.0
                 owner.submit(lambda: self.async_shutdown(timeout))(limit)
