@@ -8,16 +8,22 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from acollect._runtime.lifecycle import LIFECYCLE
 from acollect._runtime.machine import IllegalTransition, StateTable
+from acollect._workers.batch_sequence import BatchSequence
 from acollect._workers.handles import WORKER, WorkerHandle, WorkerState
+from acollect._workers.heartbeats import Heartbeats
+from acollect._workers.lockstep_requests import LockstepRequests
 from acollect._workers.pool_events import POOL, PoolEvents, PoolState
 from acollect._workers.protocol import WorkerConfig
 from acollect._workers.state import WORKER_PROCESS, LoopState, WorkerLoopState
+from acollect._workers.worker_commands import WorkerCommands
+from acollect._workers.worker_memory import WorkerMemory
 
 ROOT = Path(__file__).resolve().parents[1]
 #: marker name -> its table and the page that shows it (the collector lifecycle keeps its own markers:
@@ -157,12 +163,24 @@ def test_no_module_writes_another_objects_private_fields() -> None:
     assert not found, "an object's fields are written by its own methods only:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("owner", [WorkerHandle, LoopState])
+#: Each stateful object (a worker handle's parts too), and how to make one.
+STATEFUL: dict[type, Callable[[], object]] = {
+    WorkerHandle: lambda: WorkerHandle(0, WorkerConfig(0, 0, 1, "", 0, None)),
+    LoopState: LoopState,
+    Heartbeats: lambda: Heartbeats(0),
+    BatchSequence: lambda: BatchSequence(0),
+    LockstepRequests: lambda: LockstepRequests(0),
+    WorkerMemory: WorkerMemory,
+    WorkerCommands: WorkerCommands,
+}
+
+
+@pytest.mark.parametrize("owner", list(STATEFUL), ids=lambda owner: owner.__name__)
 def test_a_stateful_objects_fields_are_private_and_its_public_names_read_only(owner: type) -> None:
     # With every field private (no module writes another object's private field: the test above) and every public
     # name a read-only property or a method, only the object's own methods can change it.
     assert all(name.startswith("_") for name in owner.__slots__), owner.__slots__
-    instance = WorkerHandle(0, WorkerConfig(0, 0, 1, "", 0, None)) if owner is WorkerHandle else LoopState()
+    instance = STATEFUL[owner]()
     for name in dir(owner):
         if name.startswith("_") or callable(getattr(owner, name)):
             continue

@@ -85,9 +85,10 @@ class DistPool(WorkerPool):
         return torch.device("cuda") if self.dist_options["backend"] == "nccl" else torch.device("cpu")
 
     def _recv_batch(self, handle: WorkerHandle, stop: threading.Event) -> TensorDictBase:
-        assert handle.layout is not None
-        leaves = handle.layout["leaves"]
-        td: TensorDictBase = decode_tensordict(handle.layout, [bytearray(int(leaf["nbytes"])) for leaf in leaves])
+        layout = handle.hello.layout
+        assert layout is not None
+        leaves = layout["leaves"]
+        td: TensorDictBase = decode_tensordict(layout, [bytearray(int(leaf["nbytes"])) for leaf in leaves])
         if self.device.type != "cpu":
             td = td.to(self.device)
         tensors = [td.get(tuple(leaf["key"])) for leaf in leaves]

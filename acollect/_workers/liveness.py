@@ -115,6 +115,7 @@ class Monitor:
                 if self.events.failure is not None:
                     continue
                 code = handle.process.exitcode if handle.process is not None else None
+                beats, batches = handle.heartbeats, handle.batches
                 if code is not None:
                     await self._on_death(handle, WorkerCrashedError(
                         f"worker {handle.index} ({handle.where}) died: {describe_exit(code)}",
@@ -135,23 +136,23 @@ class Monitor:
                             + f" within startup_timeout={startup_timeout}s",
                             worker_id=handle.index,
                         ))  # fmt: skip
-                elif handle.missing_since is not None and now - handle.missing_since > heartbeat_timeout:
+                elif batches.missing_since is not None and now - batches.missing_since > heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} ({handle.where}) sent batch {handle.next_seq} more than "
+                        f"worker {handle.index} ({handle.where}) sent batch {batches.next_seq} more than "
                         f"heartbeat_timeout={heartbeat_timeout}s ago and it never arrived: its connection "
                         "to the collector dropped it",
                         worker_id=handle.index,
                     ))  # fmt: skip
-                elif now - handle.last_beat > heartbeat_timeout:
+                elif now - beats.last_beat > heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} ({handle.where}) sent no heartbeat for {now - handle.last_beat:.1f}s "
+                        f"worker {handle.index} ({handle.where}) sent no heartbeat for {now - beats.last_beat:.1f}s "
                         f"(heartbeat_timeout={heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip
-                elif handle.busy and now - handle.last_progress > heartbeat_timeout:
+                elif beats.busy and now - beats.last_progress > heartbeat_timeout:
                     await self._on_death(handle, WorkerTimeoutError(
                         f"worker {handle.index} ({handle.where}) is hung: no env step for "
-                        f"{now - handle.last_progress:.1f}s while collecting "
+                        f"{now - beats.last_progress:.1f}s while collecting "
                         f"(heartbeat_timeout={heartbeat_timeout}s)",
                         worker_id=handle.index,
                     ))  # fmt: skip

@@ -42,9 +42,10 @@ from acollect._runtime.threads import run_in_thread
 from acollect._runtime.wire import pack_message
 from acollect._weights.sync import WeightSyncScheme
 from acollect._workers import protocol as P
-from acollect._workers.handles import Orders, Received, WorkerHandle
+from acollect._workers.handles import Orders, WorkerHandle
 from acollect._workers.launcher import LaunchedWorker, Launcher
 from acollect._workers.liveness import Monitor
+from acollect._workers.lockstep_requests import Received
 from acollect._workers.pool_events import Counters, PoolEvents, PoolState
 from acollect._workers.pool_settings import PoolSettings
 from acollect._workers.receive import Receiver
@@ -256,13 +257,13 @@ class WorkerPool:
 
     def _maps_shm(self, handle: WorkerHandle) -> bool:
         # A remote worker cannot map this host's memory.
-        return not handle.config.remote and self._wants_shm(handle.batch_nbytes)
+        return not handle.config.remote and self._wants_shm(handle.hello.batch_nbytes)
 
     async def _lay_out_slots(self) -> None:
         """Once every worker said hello: one segment per batch in flight, if every part can be written in place."""
         self._slots = _Slots.PER_WORKER
         if all(self._maps_shm(h) for h in self.handles):
-            layouts = [h.layout for h in self.handles if h.layout is not None]
+            layouts = [h.hello.layout for h in self.handles if h.hello.layout is not None]
             stack = self.settings.shared_batches == "stack"
             self.shared = SharedBatches.create(layouts, stack=stack, n_slots=self.settings.slots or 1)
             self._slots = _Slots.SHARED
@@ -270,16 +271,16 @@ class WorkerPool:
         # Every ring is in place before the first message goes: a worker restarted meanwhile is greeted with it.
         for handle in self.handles:
             if shared is not None:
-                handle.use_ring(shared.part_ring(handle.index))
+                handle.memory.use_ring(shared.part_ring(handle.index))
             elif self._maps_shm(handle):
-                handle.use_ring(ShmSlotRing.create(handle.layout or {}, self.settings.ring_slots))
+                handle.memory.use_ring(ShmSlotRing.create(handle.hello.layout or {}, self.settings.ring_slots))
         for handle in self.handles:
             await self._send_slots(handle)
 
     async def grow_ring(self, handle: WorkerHandle, count: int) -> bool:
         """``count`` more slots for a worker whose slots are lent to the caller; ``False`` where none could be had
         (no ring, a worker not ready, ``/dev/shm`` full)."""
-        ring = handle.ring
+        ring = handle.memory.ring
         if ring is None or not handle.ready or self.shared is not None:
             return False
         try:
@@ -304,45 +305,45 @@ class WorkerPool:
             return False
         # The workers' part rings are views of the collector's: new views carry the new segments.
         for handle in self.handles:
-            handle.use_ring(shared.part_ring(handle.index))
+            handle.memory.use_ring(shared.part_ring(handle.index))
             if handle.ready:
                 message = shared.slots_message(handle.index)
                 await self.send(handle, P.SLOTS, {**message, "names": names, "add": True})
         return True
 
     async def _send_slots(self, handle: WorkerHandle) -> None:
-        if handle.ring is None:
+        if handle.memory.ring is None:
             return
         if self.shared is not None:
             await self.send(handle, P.SLOTS, self.shared.slots_message(handle.index))
         else:
-            await self.send(handle, P.SLOTS, {"names": handle.ring.names, "layout": handle.layout})
+            await self.send(handle, P.SLOTS, {"names": handle.memory.ring.names, "layout": handle.hello.layout})
 
     async def _greet(self, handle: WorkerHandle) -> None:
         """What a worker is told at its hello: its slots, the last weights, the orders, its outstanding request."""
-        assert handle.layout is not None
-        if handle.bell_path is not None:
+        assert handle.hello.layout is not None
+        if handle.memory.bell_path is not None:
             try:
-                handle.use_doorbell(DoorbellWriter.open(handle.bell_path))
+                handle.memory.use_doorbell(DoorbellWriter.open(handle.memory.bell_path))
             except OSError as exc:  # not there (another mount namespace): its credits go as messages
                 logger.debug("worker %d's doorbell could not be opened (%s): its credits go as messages",
                              handle.index, exc)  # fmt: skip
         if self.shared is not None:
-            if not self.shared.fits(handle.index, handle.layout):
+            if not self.shared.fits(handle.index, handle.hello.layout):
                 raise ProtocolError(
                     f"worker {handle.index} came back with another batch layout than its predecessor's: its "
                     "batches no longer fit the rows it writes"
                 )
-            handle.use_ring(self.shared.part_ring(handle.index))
+            handle.memory.use_ring(self.shared.part_ring(handle.index))
         elif self._maps_shm(handle) and self._slots is _Slots.PER_WORKER:
-            handle.use_ring(ShmSlotRing.create(handle.layout, self.settings.ring_slots))
+            handle.memory.use_ring(ShmSlotRing.create(handle.hello.layout, self.settings.ring_slots))
         await self._send_slots(handle)  # shared batches not laid out yet: start() sends them
         if self.weights.last is not None:
             fields, td = self.weights.last
             await self.send(handle, P.WEIGHTS, fields, td)
         if self.orders.paused:  # before anything that sets it collecting
             await self.send(handle, P.PAUSE)
-        for request in handle.requests:  # those its predecessor died on, each into the same rows
+        for request in handle.lockstep.requests:  # those its predecessor died on, each into the same rows
             await self.send(handle, P.COLLECT, request.fields())
         if self.orders.running:
             await self.send(handle, P.RUN, {"credits": self.credits or 1})
@@ -369,8 +370,8 @@ class WorkerPool:
             generation=handle.generation,
             address=self.launcher.connect_address(self.endpoint.address),
             parent_pid=os.getpid(),
-            next_traj_counter=handle.traj_counter,
-            frames=handle.frames,
+            next_traj_counter=handle.batches.traj_counter,
+            frames=handle.batches.frames,
             doorbell=self._doorbell_path(handle),
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
             keys=self.endpoint.local_client_keys() if self.endpoint.secure else None,
@@ -381,7 +382,7 @@ class WorkerPool:
     def _doorbell_path(self, handle: WorkerHandle) -> str | None:
         """Where a worker being launched makes its doorbell: on this host only (``None``: credits go as messages)."""
         path = doorbell_path() if self.launcher.same_host and not handle.config.remote else None
-        handle.make_doorbell(path)
+        handle.memory.make_doorbell(path)
         return path
 
     def _wants_shm(self, nbytes: int) -> bool:
@@ -410,7 +411,7 @@ class WorkerPool:
             raise TransportError("the collector's endpoint is closed")
         if handle.lost:
             return  # gone for good: what it would be told concerns nobody
-        handle.on_send(kind)
+        handle.commands.on_send(kind)
         if kind in P.BOUNDARY:  # counted before it goes: the worker counts it on arrival
             self.changes_sent += 1
         generation = handle.generation
@@ -428,14 +429,14 @@ class WorkerPool:
     async def credit(self, handle: WorkerHandle, slot: int | None = None) -> None:
         """A credit to a worker, giving back ``slot`` if not ``None``: down its doorbell where it has one (no message,
         no thread woken while it collects: see :mod:`acollect._batches.doorbell`), else as a ``credit`` message."""
-        bell = handle.doorbell
+        bell = handle.memory.doorbell
         if bell is not None and bell.credit(slot):
             return
         await self.send(handle, P.CREDIT, {"slot": slot})
 
     async def free(self, handle: WorkerHandle, slot: int) -> None:
         """Gives a worker its ``slot`` back, as :meth:`credit` does (without the credit)."""
-        bell = handle.doorbell
+        bell = handle.memory.doorbell
         if bell is not None and bell.free(slot):
             return
         await self.send(handle, P.FREE, {"slot": slot})

@@ -66,6 +66,7 @@ message from a dead incarnation is recognised and dropped).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +99,9 @@ __all__ = [
     "TO_COLLECTOR",
     "TO_WORKER",
     "WEIGHTS",
+    "Rejected",
     "WorkerConfig",
+    "parse_identity",
     "worker_identity",
 ]
 
@@ -161,6 +164,10 @@ JOIN = "join"
 TO_COLLECTOR = frozenset({HELLO, BATCH, ACK, REPLY, HEARTBEAT, ERROR, JOIN})
 
 
+class Rejected(Exception):
+    """A message the collector drops and counts, not a failure: it did not come from a live worker (or replays one)."""
+
+
 def worker_identity(index: int, generation: int) -> bytes:
     """The ZeroMQ identity of one incarnation of worker ``index``.
 
@@ -169,6 +176,18 @@ def worker_identity(index: int, generation: int) -> bytes:
         b'w3.1'
     """
     return f"w{index}.{generation}".encode()
+
+
+# ``w<index>.<generation>`` (control socket) or the same plus ``d`` (data socket): see worker_identity.
+_IDENTITY = re.compile(rb"w(\d{1,9})\.(\d{1,9})d?")
+
+
+def parse_identity(identity: bytes) -> tuple[int, int] | None:
+    """``(worker index, generation)`` from a ZeroMQ identity, or ``None`` if it names no worker."""
+    match = _IDENTITY.fullmatch(identity)
+    if match is None:
+        return None
+    return int(match[1]), int(match[2])
 
 
 @dataclass

@@ -24,7 +24,8 @@ from tensordict import TensorDictBase
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import PROTOCOL_VERSION, pack_message, unpack_message
 from acollect._workers import protocol as P
-from acollect._workers.handles import Received, Rejected, WorkerHandle, WorkerState, parse_identity
+from acollect._workers.handles import WorkerHandle, WorkerState
+from acollect._workers.lockstep_requests import Received
 from acollect._workers.pool_events import Counters, PoolEvents
 from acollect._workers.pool_settings import PoolSettings
 from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
@@ -99,8 +100,8 @@ class Receiver:
                 generation=handle.generation,
                 address=self.endpoint.address,
                 parent_pid=0,
-                next_traj_counter=handle.traj_counter,
-                frames=handle.frames,
+                next_traj_counter=handle.batches.traj_counter,
+                frames=handle.batches.frames,
             )
             fields, payload = encode_config(config, allow_pickle=bool(header.get("pickle")))
             reply = {"index": handle.index, "generation": handle.generation, **fields}
@@ -121,7 +122,7 @@ class Receiver:
 
     def _sender(self, identity: bytes) -> tuple[WorkerHandle, int] | None:
         """The worker and generation an identity names (``None``: no worker of this pool)."""
-        parsed = parse_identity(identity)
+        parsed = P.parse_identity(identity)
         if parsed is None or parsed[0] >= len(self.handles):
             return None
         return self.handles[parsed[0]], parsed[1]
@@ -132,7 +133,7 @@ class Receiver:
             header, _ = unpack_message(frames, kinds=P.TO_COLLECTOR)
         except ProtocolError:
             return
-        if handle.on_late(generation, header):
+        if handle.batches.on_late(generation, header):
             self.counters.dropped_batches += 1
             logger.info("dropped batch %s of worker %d's previous process: it arrived after its death",
                         header.get("seq"), handle.index)  # fmt: skip
@@ -166,7 +167,7 @@ class Receiver:
                     await self._on_join(identity, header)
                     continue
                 if sender is None or not live:
-                    raise Rejected(f"{header['kind']!r} message from {identity!r:.60}, which is no live worker")
+                    raise P.Rejected(f"{header['kind']!r} message from {identity!r:.60}, which is no live worker")
                 handle = sender[0]
                 if header.get("worker") != handle.index or header.get("gen") != handle.generation:
                     raise ProtocolError(
@@ -178,7 +179,7 @@ class Receiver:
                 except (KeyError, TypeError, ValueError) as exc:
                     what = f"{header['kind']!r} message: {type(exc).__name__}: {exc}"
                     raise ProtocolError(f"worker {handle.index} sent a malformed {what}") from exc
-            except Rejected as exc:
+            except P.Rejected as exc:
                 self._reject(identity, exc)
             except ProtocolError as exc:
                 if live:
@@ -194,10 +195,10 @@ class Receiver:
         if kind == P.BATCH and self._batch_data is not None:  # before anything else: its tensors are on their way
             td = await self._batch_data(handle, header, td)
         now = time.monotonic()
-        handle.on_message(now)
+        handle.heartbeats.on_message(now)
         if kind in (P.HEARTBEAT, P.BATCH):
             # Both carry the worker's count: a batch whose frames show a restart comes with it counted.
-            restarted = handle.on_env_restarts(header.get("env_restarts", 0))
+            restarted = handle.heartbeats.on_env_restarts(header.get("env_restarts", 0))
             if restarted:
                 self.counters.env_restarts += restarted
                 logger.warning(
@@ -215,7 +216,7 @@ class Receiver:
         elif kind == P.HELLO:
             await self._on_hello(handle, header)
         elif kind == P.ACK:
-            refused = handle.on_ack(header)
+            refused = handle.commands.on_ack(header)
             if refused is not None:  # it keeps its weights (see push_weights)
                 logger.warning("worker %d refused weights version %s: %s", handle.index, *refused)
         elif kind == P.ERROR:

@@ -146,7 +146,7 @@ class WeightPusher:
                         await self._send(handle, P.WEIGHTS, sent, td)
 
             def missing() -> list[int]:
-                return [h.index for h in targets if h.acked_version < version and not h.lost]
+                return [h.index for h in targets if h.commands.acked_version < version and not h.lost]
 
             def dead() -> list[int]:
                 gone = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
@@ -157,8 +157,8 @@ class WeightPusher:
 
             deadline = time.monotonic() + limit
             while missing():
-                refused = {h.index: h.weights_refused[1] for h in targets
-                           if h.weights_refused is not None and h.weights_refused[0] == version}  # fmt: skip
+                refusals = {h.index: h.commands.weights_refused for h in targets}
+                refused = {i: r[1] for i, r in refusals.items() if r is not None and r[0] == version}
                 if refused and set(missing()) <= set(refused):  # every worker answered: no need to wait
                     why = "; ".join(f"worker {i}: {reason}" for i, reason in sorted(refused.items()))
                     raise WeightSyncError(
