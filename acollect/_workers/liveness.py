@@ -27,7 +27,7 @@ import anyio
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import pack_message
 from acollect._workers import protocol as P
-from acollect._workers.handles import Orders, WorkerHandle
+from acollect._workers.handles import Orders, WorkerHandle, WorkerState
 from acollect._workers.pool_events import Counters, PoolEvents, PoolState
 from acollect._workers.pool_settings import PoolSettings
 from acollect._workers.process import describe_exit
@@ -112,6 +112,8 @@ class Monitor:
                 remote = handle.config.remote  # started by hand: no process handle, liveness from heartbeats only
                 if (handle.process is None and not remote) or handle.stopping or handle.lost:
                     continue
+                if handle.state is WorkerState.NEW:
+                    continue  # neither launched nor waiting for a hand-started worker yet: no start to time out
                 if self.events.failure is not None:
                     continue
                 code = handle.process.exitcode if handle.process is not None else None

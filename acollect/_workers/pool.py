@@ -245,10 +245,13 @@ class WorkerPool:
         for name, loop in (("receiver", receiver), ("monitor", monitor)):
             scope = owner.spawn(loop.run, name=f"pool-{name}", on_failure=self.events.fail)
             self._loops.append((scope, loop.stopped))
+        # Slots for workers started by hand open first, before any launch awaits: a worker that connects while the
+        # local ones start finds its slot waiting (see Receiver._on_join), not "every remote slot taken".
         for handle in self.handles:
             if handle.config.remote:
-                self._vacate(handle)  # started by hand: it joins (see Receiver._on_join)
-            else:
+                self._vacate(handle)
+        for handle in self.handles:
+            if not handle.config.remote:
                 await self._spawn(handle)
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
         if self.settings.shared_batches is not None:
