@@ -19,9 +19,10 @@ temporary directory, never in the tree itself: mutmut writes its mutants under `
 the group's modules, and runs only the group's tests (a table below), each mutant against the tests that ran its
 function. Worker processes (forked from multiprocessing's fork server, which each mutant's test run starts anew)
 import the same mutated copy, and get the mutant to run from the environment. The jobs run at low priority
-(``nice``), two mutants at a time by default. The table printed at the end says, per group, how many mutants were
-killed, timed out (a hang that only a deadline ends: caught too), survived or ran no test, and the kill rate
-(killed and timed out over all). The exit status is 1 when a group's kill rate is under ``--fail-under``.
+(``nice``), two mutants at a time by default. The table printed at the end says, per group and per module of a
+group of several, how many mutants were killed, timed out (a hang that only a deadline ends: caught too),
+survived or ran no test, and the kill rate (killed and timed out over all). The exit status is 1 when a group's
+kill rate is under ``--fail-under``.
 
 The common mutmut settings are in ``pyproject.toml`` (``[tool.mutmut]``); this script adds the group's modules
 (``only_mutate``) and tests (``pytest_add_cli_args_test_selection``) in the copy.
