@@ -19,9 +19,10 @@ temporary directory, never in the tree itself: mutmut writes its mutants under `
 the group's modules, and runs only the group's tests (a table below), each mutant against the tests that ran its
 function. Worker processes (forked from multiprocessing's fork server, which each mutant's test run starts anew)
 import the same mutated copy, and get the mutant to run from the environment. The jobs run at low priority
-(``nice``), two mutants at a time by default. The table printed at the end says, per group, how many mutants were
-killed, timed out (a hang that only a deadline ends: caught too), survived or ran no test, and the kill rate
-(killed and timed out over all). The exit status is 1 when a group's kill rate is under ``--fail-under``.
+(``nice``), two mutants at a time by default. The table printed at the end says, per group and per module of a
+group of several, how many mutants were killed, timed out (a hang that only a deadline ends: caught too),
+survived or ran no test, and the kill rate (killed and timed out over all). The exit status is 1 when a group's
+kill rate is under ``--fail-under``.
 
 The common mutmut settings are in ``pyproject.toml`` (``[tool.mutmut]``); this script adds the group's modules
 (``only_mutate``) and tests (``pytest_add_cli_args_test_selection``) in the copy.
@@ -240,10 +241,31 @@ def run_group(name: str, group: Group, work: Path, *, max_children: int, survivo
     return verdicts
 
 
+def per_module(verdicts: dict[str, list[str]], group: Group) -> dict[str, dict[str, list[str]]]:
+    """The verdicts split by module: mutmut names each mutant after its module's dotted path
+    (``acollect._workers.liveness.x_f__mutmut_3``)."""
+    dotted = {module: module.removesuffix(".py").replace("/", ".") + "." for module in group.modules}
+    out: dict[str, dict[str, list[str]]] = {module: {kind: [] for kind in verdicts} for module in group.modules}
+    for kind, names in verdicts.items():
+        for name in names:
+            module = max((m for m, prefix in dotted.items() if name.startswith(prefix)), key=len, default=None)
+            if module is not None:
+                out[module][kind].append(name)
+    return out
+
+
 def rate(verdicts: dict[str, list[str]]) -> float:
     """Killed and timed out, over every mutant."""
     total = sum(len(v) for v in verdicts.values())
     return 100.0 * (len(verdicts["killed"]) + len(verdicts["timeout"])) / total if total else 100.0
+
+
+def print_row(label: str, verdicts: dict[str, list[str]], tail: str) -> None:
+    """One line of the table: the mutants by verdict and the kill rate, then ``tail`` (the minutes, or nothing)."""
+    total = sum(len(v) for v in verdicts.values())
+    counts = [len(verdicts[k]) for k in ("killed", "timeout", "survived", "no tests", "other")]
+    print(f"{label:<14}{total:>8}{counts[0]:>8}{counts[1]:>8}{counts[2]:>9}{counts[3]:>9}{counts[4]:>6}"
+          f"{rate(verdicts):>9.1f}%{tail}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,10 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'group':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
           f"{'other':>6}{'kill rate':>10}{'minutes':>8}")  # fmt: skip
     for name, (verdicts, seconds) in results.items():
-        total = sum(len(v) for v in verdicts.values())
-        counts = [len(verdicts[k]) for k in ("killed", "timeout", "survived", "no tests", "other")]
-        print(f"{name:<14}{total:>8}{counts[0]:>8}{counts[1]:>8}{counts[2]:>9}{counts[3]:>9}{counts[4]:>6}"
-              f"{rate(verdicts):>9.1f}%{seconds / 60:>8.1f}")  # fmt: skip
+        print_row(name, verdicts, f"{seconds / 60:>8.1f}")
+        modules = per_module(verdicts, GROUPS[name])
+        if len(modules) > 1:  # each module's own rate: a well tested one can hide a poorly tested one
+            for module, counts in modules.items():
+                print_row(f"  {Path(module).name}", counts, "")
         if rate(verdicts) < args.fail_under:
             failed.append(name)
     if failed:

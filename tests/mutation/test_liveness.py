@@ -13,9 +13,10 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -33,7 +34,7 @@ from acollect._workers.liveness import Monitor
 from acollect._workers.pool_events import Counters, PoolEvents
 from acollect._workers.pool_settings import PoolSettings
 from acollect.errors import ProtocolError, WorkerCrashedError, WorkerTimeoutError
-from acollect.launchers import LocalLauncher
+from acollect.launchers import Launcher, LocalLauncher
 from acollect.testing import our_segments
 
 DEADLINE = 30.0  # only a hang reaches it
@@ -301,11 +302,22 @@ def test_a_slot_for_a_hand_started_worker_waits_joins_and_fails_to_join() -> Non
 
 
 # -- the liveness loop over real processes --------------------------------------------------------------------------
-class OsProcess:
-    """A worker process as a launcher reports it: here a real ``sleep`` the test kills or leaves running."""
+#: A process that holds memory, as a worker does (torch, its envs): killed, it takes a few milliseconds to exit.
+HEAVY = (sys.executable, "-c", "import time; held = bytearray(64 << 20); print(flush=True); time.sleep(60)")
 
-    def __init__(self) -> None:
-        self.popen = subprocess.Popen(["sleep", "60"])
+
+class OsProcess:
+    """A worker process as a launcher reports it: here a real ``sleep`` the test kills or leaves running (or a
+    :data:`HEAVY` one, returned once it holds its memory)."""
+
+    def __init__(self, heavy: bool = False) -> None:
+        if heavy:
+            self.popen = subprocess.Popen(HEAVY, stdout=subprocess.PIPE)
+            assert self.popen.stdout is not None
+            self.popen.stdout.readline()
+            self.popen.stdout.close()
+        else:
+            self.popen = subprocess.Popen(["sleep", "60"])
 
     @property
     def pid(self) -> int | None:
@@ -329,7 +341,7 @@ class OsProcess:
         self.popen.kill()
 
     def close(self) -> None:
-        self.popen.wait()
+        pass  # as the launcher's own: a process killed a moment ago is reaped once it exited, never waited for here
 
     def describe(self) -> str:
         return f"pid {self.popen.pid}"
@@ -340,8 +352,10 @@ class Pool:
     a worker again (a new process, greeted at once)."""
 
     def __init__(self, n: int, *, max_restarts: int, on_worker_loss: str = "raise", heartbeat_timeout: float = 60.0,
-                 startup_timeout: float = 60.0, credits: int | None = 2) -> None:  # fmt: skip
-        self.handles = [WorkerHandle(i, config(i)) for i in range(n)]
+                 startup_timeout: float = 60.0, credits: int | None = 2, launcher: Launcher | None = None,
+                 running: bool = True, heartbeat_interval: float = 1.0, heavy: bool = False) -> None:  # fmt: skip
+        self.heavy = heavy
+        self.handles = [WorkerHandle(i, config(i, heartbeat_interval=heartbeat_interval)) for i in range(n)]
         self.processes: list[OsProcess] = []
         now = time.monotonic()
         for handle in self.handles:
@@ -351,24 +365,29 @@ class Pool:
             handle.on_greeted(now=now)
         self.events = PoolEvents()
         self.events.starting()
-        self.events.running()
+        if running:  # else every worker is still to say hello: the pool starts
+            self.events.running()
         self.counters = Counters()
         self.orders = Orders(running=True)
         self.settings = PoolSettings(
-            launcher=LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=credits, slots=None,
-            shared_batches=None, heartbeat_timeout=heartbeat_timeout, startup_timeout=startup_timeout,
+            launcher=launcher or LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=credits,
+            slots=None, shared_batches=None, heartbeat_timeout=heartbeat_timeout, startup_timeout=startup_timeout,
             max_restarts=max_restarts, on_worker_loss=on_worker_loss,
         )  # fmt: skip
         self.spawned: list[int] = []
+        self.exited_before_spawn: list[int | None] = []  # the exit code of the process replaced, as seen by then
         self.vacated: list[int] = []
         self.lost_calls = 0
 
     def process(self) -> OsProcess:
-        self.processes.append(OsProcess())
+        self.processes.append(OsProcess(self.heavy))
         return self.processes[-1]
 
     async def spawn(self, handle: WorkerHandle) -> None:
         self.spawned.append(handle.index)
+        previous = handle.process
+        assert isinstance(previous, OsProcess)
+        self.exited_before_spawn.append(previous.popen.returncode)  # set once something saw it exit: no new poll
         handle.on_launch(now=time.monotonic())
         handle.on_process(self.process())
         handle.on_hello(hello())
@@ -384,7 +403,7 @@ class Pool:
     def close(self) -> None:
         for process in self.processes:
             process.kill()
-            process.close()
+            process.popen.wait()
 
 
 @asynccontextmanager
@@ -457,17 +476,29 @@ async def test_elastic_a_worker_dead_with_its_restarts_spent_is_lost_and_the_oth
     assert (pool.lost_calls, pool.counters.lost_workers) == (1, 1)
 
 
+def seconds_said(pattern: str, message: str) -> float:
+    """The seconds a message says, where ``pattern`` (the message, its number as ``(\\d+\\.\\d)``) matches it whole."""
+    match = re.match(pattern, message)
+    assert match is not None, message
+    return float(match.group(1))
+
+
 async def test_a_silent_worker_is_timed_out_by_its_heartbeats() -> None:
+    begun = time.monotonic()
     pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
     async with monitoring(pool):
         await until(pool, lambda: pool.events.failure)
         assert pool.processes[0].popen.wait(timeout=DEADLINE) == -9  # the silent process is ended
     failure = pool.events.failure
     assert isinstance(failure, WorkerTimeoutError)
-    assert re.match(r"^worker 0 \(pid \d+\) sent no heartbeat for \d+\.\ds \(heartbeat_timeout=0\.3s\)$", str(failure))
+    assert failure.worker_id == 0
+    silent = seconds_said(r"^worker 0 \(pid \d+\) sent no heartbeat for (\d+\.\d)s \(heartbeat_timeout=0\.3s\)$",
+                          str(failure))  # fmt: skip
+    assert 0.3 <= silent <= time.monotonic() - begun + 0.05  # its last word came after the test began
 
 
 async def test_a_worker_that_steps_no_env_while_collecting_is_hung() -> None:
+    begun = time.monotonic()
     pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
     handle = pool.handles[0]
     handle.on_beat({"steps": 3, "busy": True}, now=time.monotonic())
@@ -477,8 +508,12 @@ async def test_a_worker_that_steps_no_env_while_collecting_is_hung() -> None:
                 handle.on_message(now=time.monotonic())  # alive, but no step
                 handle.on_beat({"steps": 3, "busy": True}, now=time.monotonic())
                 await anyio.sleep(0.05)
-    assert re.match(r"^worker 0 \(pid \d+\) is hung: no env step for \d+\.\ds while collecting "
-                    r"\(heartbeat_timeout=0\.3s\)$", str(pool.events.failure))  # fmt: skip
+    failure = pool.events.failure
+    assert isinstance(failure, WorkerTimeoutError)
+    assert failure.worker_id == 0
+    stuck = seconds_said(r"^worker 0 \(pid \d+\) is hung: no env step for (\d+\.\d)s while collecting "
+                         r"\(heartbeat_timeout=0\.3s\)$", str(failure))  # fmt: skip
+    assert 0.3 <= stuck <= time.monotonic() - begun + 0.05  # its last step came after the test began
 
 
 async def test_a_batch_announced_and_never_received_times_the_worker_out() -> None:
@@ -490,10 +525,11 @@ async def test_a_batch_announced_and_never_received_times_the_worker_out() -> No
                 handle.on_message(now=time.monotonic())
                 handle.on_beat({"steps": 3, "busy": False, "sent": 1}, now=time.monotonic())
                 await anyio.sleep(0.05)
-    assert str(pool.events.failure).endswith(
-        "sent batch 0 more than heartbeat_timeout=0.3s ago and it never arrived: its connection to the collector "
-        "dropped it"
-    )
+    failure = pool.events.failure
+    assert isinstance(failure, WorkerTimeoutError)
+    assert failure.worker_id == 0
+    assert re.match(r"^worker 0 \(pid \d+\) sent batch 0 more than heartbeat_timeout=0\.3s ago and it never arrived: "
+                    "its connection to the collector dropped it$", str(failure))  # fmt: skip
 
 
 async def test_a_worker_that_never_says_hello_did_not_start() -> None:
@@ -686,3 +722,195 @@ async def test_a_hand_started_worker_gets_the_collectors_heartbeats_and_its_slot
         await until(pool, lambda: pool.vacated)
     assert (pool.vacated, pool.spawned, remote.restarts) == ([0], [], 1)
     assert any("waiting for a worker to join in its place (1/1)" in r.getMessage() for r in caplog.records)
+
+
+class OtherHosts(Launcher):
+    """A launcher whose workers may run on other hosts (as Ray's, submitit's): it is never asked to start one here."""
+
+    name = "other-hosts"
+    same_host = False
+
+    def start(self, config: P.WorkerConfig) -> Any:
+        raise AssertionError("the liveness loop never starts a worker itself: the pool's spawn does")
+
+
+async def test_a_killed_worker_is_restarted_once_its_exit_shows() -> None:
+    pool = Pool(1, max_restarts=1, heartbeat_timeout=0.3, heavy=True)  # silent: the loop kills it, then restarts it
+    async with monitoring(pool):
+        await until(pool, lambda: pool.spawned)
+    assert pool.exited_before_spawn == [-9]  # waited for: the successor never overlaps a live predecessor
+    assert pool.events.failure is None
+
+
+async def test_workers_launching_closing_or_lost_are_left_alone() -> None:
+    pool = Pool(4, max_restarts=1, startup_timeout=0.3, heartbeat_timeout=0.3)
+    launching, closing, lost = pool.handles[1:]
+    launching.on_launch(now=time.monotonic() - 3600)  # its process is not there yet, and the deadline long past
+    closing.on_stopping()
+    lost.on_lost(lockstep=False, running=True)
+    pool.processes[2].kill()
+    pool.processes[3].kill()
+    beating = pool.handles[0]
+    async with monitoring(pool):
+        with anyio.fail_after(DEADLINE):
+            start = time.monotonic()
+            while time.monotonic() < start + 1.0:  # every deadline passed, more than once
+                beating.on_message(now=time.monotonic())
+                await pool.events.wait(0.05)
+        await loops(pool, 2)
+    assert (pool.spawned, pool.vacated, pool.lost_calls, pool.events.failure) == ([], [], 0, None)
+    assert [h.state for h in pool.handles] == [WorkerState.READY, WorkerState.STARTING, WorkerState.STOPPING,
+                                               WorkerState.LOST]  # fmt: skip
+    assert (launching.restarts, closing.restarts, lost.restarts, pool.counters.dropped_batches) == (0, 0, 0, 0)
+
+
+async def test_a_worker_dead_while_the_pool_closes_is_not_restarted() -> None:
+    pool = Pool(2, max_restarts=2)
+    handle = pool.handles[0]
+    assert pool.events.closing()
+    async with monitoring(pool):
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.spawned or handle.state is WorkerState.DEAD)
+        handle.on_stopping()  # what the pool's close does next
+    assert (pool.spawned, handle.restarts, pool.events.failure) == ([], 0, None)
+
+
+async def test_elastic_a_worker_dead_before_the_pool_runs_fails_its_start() -> None:
+    pool = Pool(2, max_restarts=0, on_worker_loss="continue", running=False)
+    async with monitoring(pool):
+        pool.processes[0].kill()
+        await until(pool, lambda: pool.events.failure or pool.lost_calls)
+    assert isinstance(pool.events.failure, WorkerCrashedError)
+    assert (pool.lost_calls, pool.counters.lost_workers, pool.handles[0].state) == (0, 0, WorkerState.DEAD)
+
+
+@pytest.mark.parametrize("joined", [False, True])
+async def test_a_slot_for_a_hand_started_worker_times_out_naming_what_did_not_happen(joined: bool) -> None:
+    pool = Pool(0, max_restarts=0, startup_timeout=0.3)
+    remote = WorkerHandle(0, config(0, remote=True))
+    remote.on_vacate(now=time.monotonic())
+    if joined:  # joined, and never said hello
+        remote.on_join(now=time.monotonic())
+    pool.handles.append(remote)
+    async with monitoring(pool):
+        await until(pool, lambda: pool.events.failure)
+    failure = pool.events.failure
+    assert isinstance(failure, WorkerTimeoutError)
+    assert failure.worker_id == 0
+    expected = r"worker 0 \(pid None\) did not start" if joined else "no remote worker joined as worker 0"
+    assert re.match(rf"^{expected} within startup_timeout=0\.3s$", str(failure)), str(failure)
+
+
+@pytest.mark.parametrize(("heartbeat_timeout", "grace"), [(60.0, 60.0), (0.5, 1.0)])
+async def test_a_worker_on_another_host_gets_its_heartbeat_timeout_to_show_its_exit(
+    heartbeat_timeout: float, grace: float
+) -> None:
+    pool = Pool(1, max_restarts=0, heartbeat_timeout=heartbeat_timeout, launcher=OtherHosts())
+    handle = pool.handles[0]
+    async with monitoring(pool) as monitor:
+        assert monitor.unreachable_grace == grace
+        handle.on_unreachable(now=time.monotonic() - 1.5)  # past a local worker's grace, within a remote one's
+        for _ in range(3):
+            handle.on_message(now=time.monotonic())
+            await loops(pool, 1)
+        if grace > 1.5:
+            assert (handle.state, pool.events.failure) == (WorkerState.UNREACHABLE, None)
+        else:
+            assert isinstance(pool.events.failure, WorkerCrashedError)
+            assert "cannot be reached" in str(pool.events.failure)
+
+
+async def test_an_idle_worker_that_beats_is_not_hung_however_long_it_makes_no_step() -> None:
+    pool = Pool(1, max_restarts=0, heartbeat_timeout=0.3)
+    handle = pool.handles[0]
+    handle.on_beat({"steps": 3, "busy": False}, now=time.monotonic())
+    async with monitoring(pool):
+        with anyio.fail_after(DEADLINE):
+            start = time.monotonic()
+            while time.monotonic() < start + 1.0:  # heartbeat_timeout passed three times over
+                handle.on_message(now=time.monotonic())
+                handle.on_beat({"steps": 3, "busy": False}, now=time.monotonic())
+                await pool.events.wait(0.05)
+        handle.on_message(now=time.monotonic())
+        await loops(pool, 1)
+    assert (pool.events.failure, handle.state) == (None, WorkerState.READY)
+
+
+def received(worker: WorkerSocket, wait: float) -> list[str]:
+    """The kinds of the messages ``worker`` got, waiting up to ``wait`` seconds for the first."""
+    kinds = []
+    while (frames := worker.recv(wait)) is not None:
+        header, _ = unpack_message([f.bytes for f in frames], kinds=P.TO_WORKER)
+        kinds.append(header["kind"])
+        wait = 0.0
+    return kinds
+
+
+@pytest.mark.parametrize("same_host", [True, False])
+async def test_the_collectors_heartbeats_go_to_ready_workers_with_no_parent_here(same_host: bool) -> None:
+    pool = Pool(1, max_restarts=0, heartbeat_interval=0.05, launcher=None if same_host else OtherHosts())
+    joined = WorkerHandle(1, config(1, remote=True, heartbeat_interval=0.05))  # joined, no hello yet
+    joined.on_vacate(now=time.monotonic())
+    joined.on_join(now=time.monotonic())
+    closing = WorkerHandle(2, config(2, remote=True, heartbeat_interval=0.05))
+    closing.on_vacate(now=time.monotonic())
+    closing.on_join(now=time.monotonic())
+    closing.on_hello(hello())
+    closing.on_greeted(now=time.monotonic())
+    closing.on_stopping()
+    remote = WorkerHandle(3, config(3, remote=True, heartbeat_interval=0.05))
+    remote.on_vacate(now=time.monotonic())
+    remote.on_join(now=time.monotonic())
+    remote.on_hello(hello())
+    remote.on_greeted(now=time.monotonic())
+    pool.handles += [joined, closing, remote]
+    names = ["local", "joined", "closing", "remote"]  # local: a process started here, which watches its parent
+    async with monitoring(pool) as monitor, AsyncExitStack() as stack:
+        sockets = {name: stack.enter_context(WorkerSocket(monitor.endpoint.address, handle.identity))
+                   for name, handle in zip(names, pool.handles, strict=True)}  # fmt: skip
+        for _ in range(3):  # each socket connected by now: the next beats reach whoever they are sent to
+            await anyio.to_thread.run_sync(sockets["remote"].recv, DEADLINE)
+        for handle in pool.handles:
+            handle.on_message(now=time.monotonic())
+        beats = {name: await anyio.to_thread.run_sync(received, sockets[name], 0.5) for name in names}
+    assert beats["remote"]
+    assert set(beats["remote"]) == {P.HEARTBEAT}
+    assert (beats["joined"], beats["closing"]) == ([], [])
+    assert bool(beats["local"]) is not same_host
+
+
+async def test_with_no_worker_yet_the_loop_goes_round() -> None:
+    pool = Pool(0, max_restarts=0)
+    async with monitoring(pool) as monitor:
+        await loops(pool, 3)
+        assert not monitor.stopped.is_set()
+    assert pool.events.failure is None
+
+
+async def test_the_collectors_heartbeat_goes_once_per_interval() -> None:
+    pool = Pool(0, max_restarts=0)
+    remote = WorkerHandle(0, config(0, remote=True, heartbeat_interval=3600.0))  # the next one in an hour
+    remote.on_vacate(now=time.monotonic())
+    remote.on_join(now=time.monotonic())
+    remote.on_hello(hello())
+    remote.on_greeted(now=time.monotonic())
+    pool.handles.append(remote)
+    async with monitoring(pool) as monitor:
+        with WorkerSocket(monitor.endpoint.address, remote.identity) as worker:
+            await loops(pool, 1)  # the first beat went, before or after the socket connected: one at most
+            remote.on_message(now=time.monotonic())
+            await loops(pool, 3)
+            beats = await anyio.to_thread.run_sync(received, worker, 0.5)
+    assert beats in ([], [P.HEARTBEAT])
+
+
+async def test_a_batch_announced_a_moment_ago_is_waited_for() -> None:
+    pool = Pool(1, max_restarts=0)  # heartbeat_timeout: a minute
+    handle = pool.handles[0]
+    async with monitoring(pool):
+        handle.on_beat({"steps": 3, "busy": False, "sent": 1}, now=time.monotonic())
+        await loops(pool, 3)
+        assert (pool.events.failure, handle.missing_since is not None) == (None, True)
+        handle.on_batch(batch(0), DATA, lockstep=False)
+        await loops(pool, 1)
+    assert (pool.events.failure, handle.state) == (None, WorkerState.READY)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
 import threading
 from typing import Any
 
@@ -47,6 +48,7 @@ from acollect._weights.updates import (
 from acollect._workers import protocol as P
 from acollect._workers.handles import WorkerHandle
 from acollect._workers.pool_events import PoolEvents
+from acollect._workers.process import WorkerProcess
 from acollect._workers.staging import Staging
 from acollect._workers.weight_push import WeightPusher
 from acollect.errors import ConfigurationError, ProtocolError, WeightSyncError, WorkerCrashedError
@@ -952,3 +954,52 @@ def test_a_part_of_the_policy_is_checked_against_that_part_only() -> None:
     ]
     with pytest.raises(ConfigurationError, match=r"^policy_or_weights='list' is invalid"):
         check_push({"policy": [1]}, [structure])
+
+
+def dead_process() -> WorkerProcess:
+    """A worker process that exited (a real one, killed and reaped)."""
+    popen = subprocess.Popen(["sleep", "60"])
+    popen.kill()
+    popen.wait()
+    return WorkerProcess(popen, None)
+
+
+@pytest.mark.parametrize("restarts", ["max_restarts", "elastic"])
+async def test_a_push_waits_for_a_dead_worker_to_be_restarted_or_lost(restarts: str) -> None:
+    weights, send, handles = pusher(
+        2, {0: None}, **({"max_restarts": 1} if restarts == "max_restarts" else {"elastic": True})
+    )
+    handles[0].on_process(dead_process())  # dead, and the liveness loop has not acted on it yet
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+
+            async def liveness_acts() -> None:
+                while not send.sent:  # the push went out, and waits: nothing yields between the two
+                    await weights.events.wait(1.0)
+                dead = handles[0]
+                if restarts == "elastic":
+                    dead.on_lost(lockstep=False, running=True)
+                else:  # a successor, greeted with the last weights, acknowledges them
+                    dead.on_death(lockstep=False, running=True)
+                    dead.on_launch(now=0.0)
+                    dead.on_hello({"n_envs": 1, "layout": {"leaves": []}})
+                    dead.on_greeted(now=0.0)
+                    dead.on_ack({"version": weights.last[0]["version"]})  # type: ignore[index]
+                weights.events.notify()
+
+            tg.start_soon(liveness_acts)
+            assert await push(weights, 1.0, [0, 1], limit=600.0) == 1
+    weights.close()
+
+
+async def test_without_restarts_a_push_waits_for_no_dead_worker() -> None:
+    weights, _, handles = pusher(2, {0: None})
+    handles[0].on_process(dead_process())
+    # Raised at once, not after the limit: a dead worker is never restarted here, nor answers.
+    with anyio.fail_after(30), pytest.raises(WeightSyncError) as info:
+        await push(weights, 1.0, [0, 1], limit=600.0)
+    assert (
+        str(info.value) == "weights version 1 were not acknowledged by workers [0] within 600.0s; workers [0] are dead"
+    )
+    assert list(info.value.worker_ids) == [0]
+    weights.close()
