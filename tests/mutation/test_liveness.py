@@ -801,6 +801,21 @@ async def test_a_slot_for_a_hand_started_worker_times_out_naming_what_did_not_ha
     assert re.match(rf"^{expected} within startup_timeout=0\.3s$", str(failure)), str(failure)
 
 
+async def test_a_slot_for_a_hand_started_worker_not_open_yet_is_not_timed_out() -> None:
+    # While the pool still launches its local workers, a slot for a hand-started worker may be NEW: it has no
+    # start time to time out from (timing it from 0 made it "die" at once: an illegal move from NEW to DEAD).
+    pool = Pool(1, max_restarts=0, startup_timeout=0.3)
+    remote = WorkerHandle(1, config(1, remote=True))
+    pool.handles.append(remote)
+    async with monitoring(pool):
+        await loops(pool, 3)
+        assert pool.events.failure is None
+        assert remote.state is WorkerState.NEW
+        remote.on_vacate(now=time.monotonic())  # open now: its startup_timeout runs from here
+        await until(pool, lambda: pool.events.failure)
+    assert re.match(r"^no remote worker joined as worker 1 within startup_timeout=0\.3s$", str(pool.events.failure))
+
+
 @pytest.mark.parametrize(("heartbeat_timeout", "grace"), [(60.0, 60.0), (0.5, 1.0)])
 async def test_a_worker_on_another_host_gets_its_heartbeat_timeout_to_show_its_exit(
     heartbeat_timeout: float, grace: float
