@@ -12,7 +12,7 @@ worker's control thread rings the same pipe (:meth:`Doorbell.wake`) whenever a c
 do, so the runner waits on one descriptor.
 
 A collector that cannot open it (another host, another mount namespace, no FIFOs) sends the same words as ``credit``
-and ``free`` messages, which the control thread applies: the two roads carry the same words, whose effects commute
+and ``free`` messages, which the control thread applies: both ways carry the same words, whose effects commute
 (a credit adds one, a slot goes back to the free list), so a collector may mix them.
 
 Records are 8 bytes, written whole (a pipe never splits a write of at most ``PIPE_BUF`` bytes), so a reader reading

@@ -59,7 +59,7 @@ class DistPool(WorkerPool):
         self._broadcast_version = -1
 
     def _wants_shm(self, nbytes: int) -> bool:
-        return False  # the tensors take the process group's road
+        return False  # the tensors come through the process group
 
     async def start(self, owner: TaskOwner) -> None:
         if dist.is_initialized():

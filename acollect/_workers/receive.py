@@ -34,7 +34,7 @@ __all__ = ["Receiver"]
 
 logger = logging.getLogger("acollect")
 
-#: How a batch's tensors are had: from its message (``td``), or by another road (see
+#: How a batch's tensors are had: from its message (``td``), or another way (see
 # acollect._workers.distributed_pool).
 BatchData = Callable[[WorkerHandle, dict[str, Any], "TensorDictBase | None"], Awaitable["TensorDictBase | None"]]
 

@@ -9,7 +9,7 @@ it. A batch a pause left half-way is finished before anything else applies, exce
 state restore, which give it up (its frames counted in the heartbeat's ``discarded``).
 
 A weight push arrives as frames, as a shared-memory segment written once for every local worker, or
-(``DistributedCollector``) as a torch.distributed broadcast; whatever the road,
+(``DistributedCollector``) as a torch.distributed broadcast; whichever way it came,
 :func:`~acollect._weights.sync.read_weights` finds its buffers and :func:`plan_weights` checks
 every model against this worker's own policy before anything is kept, so a push that does not fit
 changes nothing: the worker refuses it and goes on collecting.

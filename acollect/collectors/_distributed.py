@@ -2,7 +2,7 @@
 (``sync=False``: first ready, first served; ``sync=True``: lockstep) and :class:`DistributedSyncCollector`
 (the same class with ``sync=True`` fixed).
 
-They are the multi-process collectors with one change of road: control (commands,
+They are the multi-process collectors with one change of transport: control (commands,
 heartbeats, batch headers, acknowledgements) stays on ZeroMQ, while the batch
 tensors go worker -> collector with point-to-point sends and weight pushes go
 collector -> workers with one broadcast, both through a torch.distributed process

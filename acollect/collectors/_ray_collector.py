@@ -305,7 +305,7 @@ class RayCollector(MultiCollectorBase):
     async def _setup(self) -> None:
         try:
             asyncio.get_running_loop()
-        except RuntimeError as exc:  # trio: Ray's asyncio API (ObjectRef awaits) has no trio road
+        except RuntimeError as exc:  # trio: Ray's asyncio API (ObjectRef awaits) has no trio counterpart
             raise CollectorStateError(
                 "RayCollector runs under asyncio only (it awaits Ray's asyncio API): start it from "
                 "asyncio.run() or anyio.run(..., backend='asyncio')"
