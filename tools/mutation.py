@@ -264,7 +264,7 @@ def print_row(label: str, verdicts: dict[str, list[str]], tail: str) -> None:
     """One line of the table: the mutants by verdict and the kill rate, then ``tail`` (the minutes, or nothing)."""
     total = sum(len(v) for v in verdicts.values())
     counts = [len(verdicts[k]) for k in ("killed", "timeout", "survived", "no tests", "other")]
-    print(f"{label:<14}{total:>8}{counts[0]:>8}{counts[1]:>8}{counts[2]:>9}{counts[3]:>9}{counts[4]:>6}"
+    print(f"{label:<18}{total:>8}{counts[0]:>8}{counts[1]:>8}{counts[2]:>9}{counts[3]:>9}{counts[4]:>6}"
           f"{rate(verdicts):>9.1f}%{tail}")  # fmt: skip
 
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{'group':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
+    print(f"\n{'group':<18}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'no tests':>9}"
           f"{'other':>6}{'kill rate':>10}{'minutes':>8}")  # fmt: skip
     for name, (verdicts, seconds) in results.items():
         print_row(name, verdicts, f"{seconds / 60:>8.1f}")
