@@ -24,6 +24,7 @@ from acollect._batches.lending import default_budget
 from acollect._batches.trajectories import split_trajectories
 from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._devices import with_index
+from acollect._episodes import EpisodeSummary
 from acollect._policy import PolicyLike
 from acollect._time_split import reported_split
 from acollect._validate import check_int
@@ -47,7 +48,6 @@ from acollect.collectors._worker_configs import (
     plan_workers,
 )
 from acollect.errors import CollectorStateError
-from acollect.stats import EpisodeSummary
 
 __all__ = ["MultiCollectorBase"]
 
