@@ -6,7 +6,7 @@ Three pieces:
   code that does a thing says so as it starts it (``stopwatch.switch(ENV)``), and the time since the last switch
   is charged to what was going on before: one clock read per switch, three per step, no allocation.
   :meth:`Stopwatch.take` hands out the seconds spent in each part since the last take; a worker sends them in
-  each batch's header.
+  each batch's header, where the collector reads them (:func:`reported_split`).
 * :func:`read_schedstat` reads what the kernel counted for the calling thread: its time on a core and its time
   runnable but waiting for one (Linux's ``/proc/thread-self/schedstat``). :meth:`Stopwatch.take` reads it once per
   batch, never per step, and moves the wait out of the parts it happened in into ``"cpu_wait"``: a policy that
@@ -49,6 +49,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "ACTIONS",
@@ -67,6 +68,7 @@ __all__ = [
     "collecting_cpu_s",
     "fractions",
     "read_schedstat",
+    "reported_split",
 ]
 
 #: The parts a collecting thread's time is split into, in the order of a report.
@@ -196,6 +198,20 @@ def _charge_wait(spent: list[float], wait: float) -> None:
         for p in parts:
             spent[p] -= taken * spent[p] / pool
         wait -= taken
+
+
+def reported_split(header: Mapping[str, Any]) -> list[float] | None:
+    """The seconds per part a batch's header reports (what :meth:`Stopwatch.take` gave its worker); ``None`` if it
+    has none.
+
+    Examples:
+        >>> reported_split({"time": [1, 0.5]}), reported_split({"time": "soon"}), reported_split({})
+        ([1.0, 0.5], None, None)
+    """
+    spent = header.get("time")
+    if not isinstance(spent, list) or not all(isinstance(s, (int, float)) for s in spent):
+        return None  # a peer that does not report it (or reports nonsense): nothing learnt, nothing broken
+    return [float(s) for s in spent]
 
 
 def fractions(spent: Sequence[float]) -> dict[str, float]:

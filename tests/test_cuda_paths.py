@@ -474,7 +474,7 @@ def test_workers_that_would_each_make_a_cuda_context_are_told_of_the_cost() -> N
     # The fault it catches: N workers each building a CUDA context (GPU memory apiece) without a word.
     from acollect._rollout.spec import RolloutSpec
     from acollect._workers.protocol import WorkerConfig
-    from acollect.collectors._multi_base import cuda_contexts_warning
+    from acollect.collectors._worker_configs import cuda_contexts_warning
 
     def configs(n: int, **devices: str) -> list[WorkerConfig]:
         spec = RolloutSpec(create_env_fn="CartPole-v1", frames_per_batch=8, devices=dict(devices))

@@ -8,7 +8,7 @@ The layers, bottom to top, as ``LAYERS`` lists them (a module may import its own
 below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the same)::
 
     errors, _validate, _warnings, _runtime, _pickling, specs, _devices, _affinity, _time_split
-    envs, _policy, stats, _progress, replay_buffer
+    envs, _policy, _episodes, stats, _progress, replay_buffer
     _batches
     _weights
     _rollout
@@ -51,7 +51,7 @@ PACKAGE = ROOT / "acollect"
 
 LAYERS: list[set[str]] = [
     {"errors", "_validate", "_warnings", "_runtime", "_pickling", "specs", "_devices", "_affinity", "_time_split"},
-    {"envs", "_policy", "stats", "_progress", "replay_buffer"},
+    {"envs", "_policy", "_episodes", "stats", "_progress", "replay_buffer"},
     {"_batches"},
     {"_weights"},
     {"_rollout"},

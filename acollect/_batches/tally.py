@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from acollect._episodes import EpisodeSummary
 from acollect._progress import ProgressReporter, check_progress, make_progress
-from acollect.stats import CollectorStats, EpisodeSummary, StatsRecorder
+from acollect.stats import CollectorStats, StatsRecorder
 
 __all__ = ["Tally"]
 

@@ -43,6 +43,7 @@ from tensordict import TensorDictBase
 from acollect._affinity import pin_process
 from acollect._batches.doorbell import CREDIT, WAKE, Doorbell
 from acollect._batches.slot_ring import ShmSlotRing
+from acollect._episodes import EpisodeTracker
 from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.protocol import BlockingEngine
 from acollect._runtime.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
@@ -54,7 +55,6 @@ from acollect._workers.build import build_engine
 from acollect._workers.orphans import parent_alive, remove_orphans
 from acollect._workers.staging import Staging
 from acollect._workers.state import LoopState
-from acollect.stats import EpisodeTracker
 
 __all__ = ["run_worker"]
 

@@ -6,8 +6,9 @@ what it knows of each worker (:class:`~acollect._workers.handles.WorkerHandle`),
 orders every worker is under (:class:`~acollect._workers.handles.Orders`), its failure,
 wake-ups and counts (:mod:`~acollect._workers.pool_events`), the receive loop
 (:class:`~acollect._workers.receive.Receiver`), the liveness loop and restarts
-(:class:`~acollect._workers.liveness.Monitor`) and weight pushes
-(:class:`~acollect._workers.weight_push.WeightPusher`). The two loops run in the collector's
+(:class:`~acollect._workers.liveness.Monitor`), weight pushes
+(:class:`~acollect._workers.weight_push.WeightPusher`) and the shared memory the workers write their batches
+into (:class:`~acollect._workers.pool_slots.PoolSlots`). The two loops run in the collector's
 own task owner (:class:`~acollect._runtime.tasks.TaskOwner`), each in a cancel scope the
 pool stops at :meth:`WorkerPool.close`; a loop that raises fails the pool, which
 reports to the collector (``on_failure``).
@@ -20,7 +21,6 @@ waiting. A failure is sticky: the pool is broken until it is closed.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import os
 import time
@@ -35,7 +35,6 @@ from tensordict import TensorDictBase
 from acollect._batches.doorbell import DoorbellWriter, doorbell_path
 from acollect._batches.shared_batches import SharedBatches
 from acollect._batches.shm import shm_available
-from acollect._batches.slot_ring import ShmSlotRing
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
@@ -48,9 +47,10 @@ from acollect._workers.liveness import Monitor
 from acollect._workers.lockstep_requests import Received
 from acollect._workers.pool_events import Counters, PoolEvents, PoolState
 from acollect._workers.pool_settings import PoolSettings
+from acollect._workers.pool_slots import PoolSlots
 from acollect._workers.receive import Receiver
 from acollect._workers.weight_push import WeightPusher
-from acollect.errors import ProtocolError, TransportError
+from acollect.errors import TransportError
 
 __all__ = ["SHM_THRESHOLD", "WorkerPool"]
 
@@ -61,15 +61,6 @@ T = TypeVar("T")
 #: collector no decoding and no allocation per batch (its TensorDict of views is built once), where a
 #: message's frames are checked and wrapped anew each time; only tiny batches are cheaper as frames.
 SHM_THRESHOLD = 1 << 15
-
-
-class _Slots(enum.Enum):
-    """Where the workers' batches go: decided at once without ``shared_batches``, else once every worker said
-    hello (a worker greeted before then gets its slots from ``start()``)."""
-
-    UNDECIDED = "undecided"  # shared_batches: not every worker said hello yet
-    SHARED = "shared"  # one segment per lockstep batch in flight, each worker its rows
-    PER_WORKER = "per worker"  # each worker a ring of its own (where its batches go through shared memory at all)
 
 
 def _launch(launcher: Launcher, config: P.WorkerConfig, handle: WorkerHandle, _stop: object) -> LaunchedWorker:
@@ -104,9 +95,6 @@ class WorkerPool:
         self.handles = [WorkerHandle(i, cfg) for i, cfg in enumerate(configs)]
         self._on_lost = on_lost
         self.settings = settings
-        #: the segments lockstep batches are written into in place, once every worker said hello (else None)
-        self.shared: SharedBatches | None = None
-        self._slots = _Slots.PER_WORKER if settings.shared_batches is None else _Slots.UNDECIDED
         self.changes_sent = 0  # P.BOUNDARY messages sent to any worker, ever
         self._batches_asked = 0  # the last lockstep batch asked of any worker (its number; 0: none yet)
         self.endpoint: Endpoint | None = None
@@ -120,6 +108,8 @@ class WorkerPool:
             first_unasked=lambda: self._batches_asked + 1,
         )  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
+        #: where the workers write their batches: a ring each, or the segments of lockstep batches
+        self.slots = PoolSlots(self.handles, settings, self.send, self._wants_shm)
 
     # -- what its parts hold -----------------------------------------------------------
     @property
@@ -136,6 +126,11 @@ class WorkerPool:
     def failure(self) -> BaseException | None:
         """The pool's failure (sticky until it is closed), or ``None``."""
         return self.events.failure
+
+    @property
+    def shared(self) -> SharedBatches | None:
+        """The segments lockstep batches are written into in place, once every worker said hello (else ``None``)."""
+        return self.slots.shared
 
     @property
     def dropped_batches(self) -> int:
@@ -255,72 +250,8 @@ class WorkerPool:
                 await self._spawn(handle)
         await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
         if self.settings.shared_batches is not None:
-            await self._lay_out_slots()
+            await self.slots.lay_out()
         self.events.running()
-
-    def _maps_shm(self, handle: WorkerHandle) -> bool:
-        # A remote worker cannot map this host's memory.
-        return not handle.config.remote and self._wants_shm(handle.hello.batch_nbytes)
-
-    async def _lay_out_slots(self) -> None:
-        """Once every worker said hello: one segment per batch in flight, if every part can be written in place."""
-        self._slots = _Slots.PER_WORKER
-        if all(self._maps_shm(h) for h in self.handles):
-            layouts = [h.hello.layout for h in self.handles if h.hello.layout is not None]
-            stack = self.settings.shared_batches == "stack"
-            self.shared = SharedBatches.create(layouts, stack=stack, n_slots=self.settings.slots or 1)
-            self._slots = _Slots.SHARED
-        shared = self.shared
-        # Every ring is in place before the first message goes: a worker restarted meanwhile is greeted with it.
-        for handle in self.handles:
-            if shared is not None:
-                handle.memory.use_ring(shared.part_ring(handle.index))
-            elif self._maps_shm(handle):
-                handle.memory.use_ring(ShmSlotRing.create(handle.hello.layout or {}, self.settings.ring_slots))
-        for handle in self.handles:
-            await self._send_slots(handle)
-
-    async def grow_ring(self, handle: WorkerHandle, count: int) -> bool:
-        """``count`` more slots for a worker whose slots are lent to the caller; ``False`` where none could be had
-        (no ring, a worker not ready, ``/dev/shm`` full)."""
-        ring = handle.memory.ring
-        if ring is None or not handle.ready or self.shared is not None:
-            return False
-        try:
-            names = ring.grow(count)
-        except TransportError as exc:
-            logger.debug("no more shared memory for worker %d's slots (%s): its batch is handed out as a copy",
-                         handle.index, exc)  # fmt: skip
-            return False
-        await self.send(handle, P.SLOTS, {"names": names, "layout": ring.layout, "add": True})
-        return True
-
-    async def grow_shared(self, count: int) -> bool:
-        """``count`` more lockstep segments (each worker told of its rows of them); ``False`` where none could be
-        had."""
-        shared = self.shared
-        if shared is None:
-            return False
-        try:
-            names = shared.grow(count)
-        except TransportError as exc:
-            logger.debug("no more shared memory for lockstep batches (%s): this one is handed out as a copy", exc)
-            return False
-        # The workers' part rings are views of the collector's: new views carry the new segments.
-        for handle in self.handles:
-            handle.memory.use_ring(shared.part_ring(handle.index))
-            if handle.ready:
-                message = shared.slots_message(handle.index)
-                await self.send(handle, P.SLOTS, {**message, "names": names, "add": True})
-        return True
-
-    async def _send_slots(self, handle: WorkerHandle) -> None:
-        if handle.memory.ring is None:
-            return
-        if self.shared is not None:
-            await self.send(handle, P.SLOTS, self.shared.slots_message(handle.index))
-        else:
-            await self.send(handle, P.SLOTS, {"names": handle.memory.ring.names, "layout": handle.hello.layout})
 
     async def _greet(self, handle: WorkerHandle) -> None:
         """What a worker is told at its hello: its slots, the last weights, the orders, its outstanding request."""
@@ -331,16 +262,7 @@ class WorkerPool:
             except OSError as exc:  # not there (another mount namespace): its credits go as messages
                 logger.debug("worker %d's doorbell could not be opened (%s): its credits go as messages",
                              handle.index, exc)  # fmt: skip
-        if self.shared is not None:
-            if not self.shared.fits(handle.index, handle.hello.layout):
-                raise ProtocolError(
-                    f"worker {handle.index} came back with another batch layout than its predecessor's: its "
-                    "batches no longer fit the rows it writes"
-                )
-            handle.memory.use_ring(self.shared.part_ring(handle.index))
-        elif self._maps_shm(handle) and self._slots is _Slots.PER_WORKER:
-            handle.memory.use_ring(ShmSlotRing.create(handle.hello.layout, self.settings.ring_slots))
-        await self._send_slots(handle)  # shared batches not laid out yet: start() sends them
+        await self.slots.on_hello(handle)
         if self.weights.last is not None:
             fields, td = self.weights.last
             await self.send(handle, P.WEIGHTS, fields, td)
@@ -538,9 +460,7 @@ class WorkerPool:
         """Frees what the pool holds once its workers ended (or were killed): segments, weights, the endpoint."""
         for handle in self.handles:
             handle.release()
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
+        self.slots.close()
         self.ready_queue.clear()
         self.weights.close()
         if self.endpoint is not None:

@@ -196,7 +196,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             num_threads=self._server_threads(),
             passes_in_flight=self.passes_in_flight,
         )
-        server.version = self._initial_version
+        server.version = self._worker_changes.initial_version
         self._server = server  # recorded first: a start cancelled half-way is closed by _teardown
         await server.start(self._tasks)
         for config in self._configs:
@@ -275,7 +275,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         finally:
             server, self._server = self._server, None
             if server is not None:
-                self._initial_version = server.version
+                self._worker_changes.keep_version(server.version)
                 # A broken collector's server has nothing to finish (it may be the hung part): no grace.
                 await server.async_shutdown(0.0 if self._lifecycle.failure is not None else 10.0)
                 self._server_rejected += server.rejected_peers
@@ -319,7 +319,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
     @property
     def policy_version(self) -> int:
         """Version of the weights the server's next forward pass runs with."""
-        return self._server.version if self._server is not None else self._initial_version
+        return self._server.version if self._server is not None else self._worker_changes.initial_version
 
     async def _update_policy_weights(self, update: WeightUpdate) -> int:
         """Copies the weights into the server's policy between two forward passes; every action chosen afterwards
@@ -334,7 +334,9 @@ class AsyncBatchedCollector(MultiCollectorBase):
         """Restores what :meth:`state_dict` saved; the server's policy gets the saved weights before the next batch."""
         super().load_state_dict(state_dict)
         if self._server is not None:
-            self._server.version = self._initial_version  # the restoring push brings it to the saved version
+            self._server.version = (
+                self._worker_changes.initial_version
+            )  # the restoring push brings it to the saved version
 
     async def _push(
         self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float, ready: tuple[Any, ...] = ()
@@ -344,7 +346,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if set(models) != {"policy"}:
             raise ConfigurationError.bad_value("model_id", sorted(models), "'policy' (the server's only model)")
         version = await self.server.update_policy_weights_(models["policy"])
-        self._last_push = self._tally.batches
+        self._worker_changes.pushed(self._tally.batches)
         return version
 
     # -- stats ---------------------------------------------------------------------------------

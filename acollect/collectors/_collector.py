@@ -29,6 +29,7 @@ from tensordict.nn import InteractionType
 
 from acollect._batches.plan import BatchPlan
 from acollect._batches.trajectories import split_trajectories
+from acollect._episodes import EpisodeSummary, EpisodeTracker
 from acollect._policy import PolicyLike
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import build_engine
@@ -46,7 +47,6 @@ from acollect.collectors._options import Devices, InProcessSettings
 from acollect.envs._envpool import reseed_error
 from acollect.envs._factory import check_env_arg, known_num_envs
 from acollect.errors import ConfigurationError
-from acollect.stats import EpisodeSummary, EpisodeTracker
 
 __all__ = ["Collector"]
 

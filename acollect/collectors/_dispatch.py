@@ -277,7 +277,7 @@ class Lockstep(Dispatch):
             return False
         # Lent segments, this one, and two more: the next batch's and the one asked for ahead.
         missing = books.held(_SHARED) + 3 - len(self._shared)
-        return missing <= 0 or await pool.grow_shared(missing)
+        return missing <= 0 or await pool.slots.grow_shared(missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:
         whole = self._in_place(items)
@@ -381,7 +381,7 @@ class FirstReady(Dispatch):
             return False
         # Its worker collects on its credits, each into a slot of its ring: slots enough for those and every one lent.
         missing = self.credits + books.held((item.worker, item.generation)) + 1 - len(handle.ring)
-        return missing <= 0 or await pool.grow_ring(handle, missing)
+        return missing <= 0 or await pool.slots.grow_ring(handle, missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:
         (item,) = items

@@ -1,4 +1,7 @@
-"""What the multi-process collectors share: the worker pool, weights, seeds, state and the batch loop.
+"""What the multi-process collectors share: the worker pool, its lifecycle, what it says, and the batch loop.
+
+What the trainer changes in the workers between batches (a seed, saved counters, weights) is one of its parts,
+:class:`~acollect.collectors._worker_changes.WorkerChanges`.
 
 Each public class checks its options once into its settings class (:mod:`acollect.collectors._collector_settings`),
 which are turned into per-worker configs in :mod:`acollect.collectors._worker_configs`. What differs between
@@ -18,16 +21,16 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
 from acollect._batches.lending import default_budget
-from acollect._batches.shm import shm_available
 from acollect._batches.trajectories import split_trajectories
 from acollect._batches.trajectory_batches import TrajectoryAssembler
-from acollect._devices import cuda_ready, module_device, with_index
+from acollect._devices import with_index
+from acollect._episodes import EpisodeSummary
 from acollect._policy import PolicyLike
+from acollect._time_split import reported_split
 from acollect._validate import check_int
 from acollect._warnings import warn
-from acollect._weights.sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
-from acollect._weights.updates import WeightUpdate, as_weights, check_push
-from acollect._workers import protocol as P
+from acollect._weights.sync import WeightSyncScheme
+from acollect._weights.updates import WeightUpdate
 from acollect._workers.handles import Received, WorkerState
 from acollect._workers.pool import WorkerPool
 from acollect._workers.pool_settings import PoolSettings
@@ -38,67 +41,16 @@ from acollect.collectors._dispatch import Dispatch, dispatch_for
 from acollect.collectors._handout import HandOut
 from acollect.collectors._option_checks import check_policy_args
 from acollect.collectors._options import WorkerSettings
-from acollect.collectors._pending import PendingChanges
-from acollect.collectors._worker_configs import WorkerPlan, collector_storing_device, plan_workers
-from acollect.envs._envpool import reseed_error, shared_seeds_warning
-from acollect.errors import CollectorStateError, ConfigurationError
-from acollect.stats import EpisodeSummary
+from acollect.collectors._worker_changes import WorkerChanges, default_scheme, params_of
+from acollect.collectors._worker_configs import (
+    WorkerPlan,
+    collector_storing_device,
+    cuda_contexts_warning,
+    plan_workers,
+)
+from acollect.errors import CollectorStateError
 
 __all__ = ["MultiCollectorBase"]
-
-
-def _params_of(name: str, source: object) -> TensorDictBase:
-    if source is None:  # nothing given, and no policy given at construction to take the weights of
-        raise ConfigurationError.bad_value(
-            name, None, "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
-            "policy holding weights: pass one)",
-        )  # fmt: skip
-    return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
-
-
-def cuda_contexts_warning(configs: Sequence[WorkerConfig], policy: object) -> str | None:
-    """What to tell a user whose workers would each run the policy or env on CUDA (``None``: at most one would).
-
-    Each such worker creates a CUDA context of its own: GPU memory apiece before any weights, and passes that take
-    turns on the GPU. One server batching every worker's observations (``AsyncBatchedCollector``) is the usual answer.
-
-    Examples:
-        >>> from acollect._rollout.spec import RolloutSpec
-        >>> from acollect._workers.protocol import WorkerConfig
-        >>> spec = RolloutSpec(create_env_fn="CartPole-v1", frames_per_batch=8, devices={"device": "cuda"})
-        >>> on_gpu = [WorkerConfig(i, 0, 2, "", 0, spec) for i in range(2)]
-        >>> cuda_contexts_warning(on_gpu, None).split(":")[0]
-        '2 workers would each run on CUDA (cuda)'
-        >>> cuda_contexts_warning(on_gpu[:1], None) is None
-        True
-    """
-    params = module_device(policy)
-    found: set[str] = set()
-    n = 0
-    for config in configs:
-        devices = config.rollout.devices if config.rollout is not None else {}
-        wanted = [devices.get(name) or devices.get("device") for name in ("policy_device", "env_device")]
-        if wanted[0] is None and params is not None:
-            wanted[0] = params  # a worker's policy runs where its parameters are, unless told otherwise
-        cuda = {str(device) for device in wanted if device is not None and torch.device(device).type == "cuda"}
-        if cuda:
-            n += 1
-            found |= cuda
-    if n < 2:
-        return None
-    return (
-        f"{n} workers would each run on CUDA ({', '.join(sorted(found))}): each creates a CUDA context of its own, "
-        "several hundred MB of GPU memory apiece before the policy's weights (not yet measured on a GPU by acollect), "
-        "and their forward passes take turns on the GPU. AsyncBatchedCollector runs one copy of the policy on the GPU "
-        "for every worker and batches their observations into one pass; or run the workers' policy on the CPU "
-        "(policy_device='cpu')."
-    )
-
-
-def _ready(models: Mapping[str, TensorDictBase]) -> tuple[Any, ...]:
-    """What the calling thread queued on its CUDA streams before a push (a trainer's optimizer step on a side stream):
-    the weights are copied to the host on another thread, whose streams nothing orders after the caller's."""
-    return cuda_ready(leaf for td in models.values() for leaf in td.values(include_nested=True, leaves_only=True))
 
 
 class MultiCollectorBase(CollectorBase):
@@ -141,18 +93,15 @@ class MultiCollectorBase(CollectorBase):
         )  # fmt: skip
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
-        # set_seed and load_state_dict return at once: what they ask waits here for the next batch boundary.
-        self._pending = PendingChanges()
-        self._initial_version = 0
-        self._last_push = 0
+        # A seed, saved counters and weights, staged for the next batch boundary; the version workers start from.
+        self._worker_changes = WorkerChanges()
         self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
         self._episodes_to_end: set[int] = set()  # lost workers whose episodes in progress are still to be cut
 
     def _plan(self, create_env_fn_list: Any) -> WorkerPlan:
         """The workers' configs and what each batch holds, from the env factories and the settings."""
         policy, settings = self._worker_policy()
-        return plan_workers(create_env_fn_list, policy, settings,
-                            stacked=self._dispatch.sync)  # fmt: skip
+        return plan_workers(create_env_fn_list, policy, settings, stacked=self._dispatch.sync)
 
     def _worker_policy(self) -> tuple[PolicyLike, WorkerSettings]:
         """What the workers run, and the settings their configs are built from (central inference: none)."""
@@ -236,7 +185,7 @@ class MultiCollectorBase(CollectorBase):
 
     async def _setup(self) -> None:
         pool = self._new_pool(self._pool_settings())
-        pool.version = self._initial_version
+        pool.version = self._worker_changes.initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
         self._handout.open()
@@ -247,7 +196,7 @@ class MultiCollectorBase(CollectorBase):
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
         self._settle_batch([h.n_envs for h in pool.handles])
-        self._check_env_seeds()
+        self._worker_changes.check_env_seeds(pool, type(self).__name__)
         await self._apply_pending()
         paused = self._lifecycle.pauses > 0
         await self._dispatch.start(pool, paused=paused)
@@ -377,45 +326,11 @@ class MultiCollectorBase(CollectorBase):
         """
         check_int("seed", seed)
         self._calls.check_usable("set_seed()")
-        self._refuse_seed_of_built_envs(seed)
-        self._pending.stage_seed(seed)
-        if self._pool is not None and all(h.n_envs for h in self._pool.handles):
-            return seed + sum(h.n_envs for h in self._pool.handles)
-        return seed + self.num_workers
-
-    def _refuse_seed_of_built_envs(self, seed: int) -> None:
-        """Raises where a worker's env was seeded when built (EnvPool): its reset takes no seed."""
-        seeds = [h.env_seed for h in self._pool.handles] if self._pool is not None else []
-        if any(s is not None for s in seeds):
-            raise reseed_error(seed, seeds)
-
-    def _check_env_seeds(self) -> None:
-        """Once every worker said hello: refuses a seed staged before, and warns of workers whose envs share seeds.
-
-        Only the workers know what their envs were built with (an EnvPool env's seed); said here, on the event
-        loop, the error and the warning point at the user's ``async with`` / ``async for``, and a reseed never
-        reaches a worker to fail there at the next batch.
-        """
-        pool = self._pool
-        assert pool is not None
-        if self._pending.seed is not None:
-            try:
-                self._refuse_seed_of_built_envs(self._pending.seed)
-            except ConfigurationError:
-                self._pending.take_seed()  # refused: entering again starts without it
-                raise
-        message = shared_seeds_warning([(h.env_seed, h.n_envs) for h in pool.handles])
-        if message is not None:
-            warn(f"{type(self).__name__}: {message}")
+        return self._worker_changes.stage_seed(seed, self._pool, num_workers=self.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
         """Counters of the collector and of every worker, the policy version and this process's policy weights."""
-        if self._pool is not None:
-            workers = [{"next_traj_counter": h.traj_counter, "frames": h.frames} for h in self._pool.handles]
-        elif self._pending.state is not None:
-            workers = [dict(w) for w in self._pending.state]
-        else:
-            workers = [{"next_traj_counter": 0, "frames": 0} for _ in self._configs]
+        workers = self._worker_changes.workers_state(self._pool, self.num_workers)
         module = self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None
         return {
             "frames": self._tally.frames,
@@ -430,30 +345,12 @@ class MultiCollectorBase(CollectorBase):
 
         Worker counters and weights reach the workers before the next batch.
         """
-        missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
-        if missing:
-            raise ConfigurationError.bad_value(
-                "state_dict", sorted(state_dict), f"a multi-process collector state dict (missing {sorted(missing)})"
-            )
-        workers = state_dict["workers"]
-        if not isinstance(workers, Sequence) or len(workers) != self.num_workers:
-            raise ConfigurationError.bad_value(
-                "state_dict['workers']", workers, f"a list of {self.num_workers} worker states (one per worker)"
-            )
+        workers = WorkerChanges.check_saved(state_dict, self.num_workers)
         self._calls.check_usable("load_state_dict()")
         self._tally.restore(int(state_dict["frames"]), int(state_dict["batches"]))
-        version = int(state_dict["policy_version"])
-        if self._pool is not None:
-            self._pool.version = version
-        self._initial_version = version
-        self._pending.stage_state(workers)
-        weights = state_dict.get("policy_state_dict")
-        if weights is not None:
-            self._pending.stage_weights(weights)
-            # The push bumps the version: start one below so the restored version is what batches carry.
-            if self._pool is not None:
-                self._pool.version = version - 1
-            self._initial_version = version - 1
+        self._worker_changes.restore(
+            int(state_dict["policy_version"]), workers, state_dict.get("policy_state_dict"), self._pool
+        )
 
     # -- per batch -------------------------------------------------------------------------
     async def _collect_batch(self) -> TensorDictBase:
@@ -491,10 +388,7 @@ class MultiCollectorBase(CollectorBase):
             return False
         if self.settings.update_after_each_batch:
             return False
-        interval = self.settings.max_weight_update_interval
-        if interval is None or not isinstance(self._policy_arg, torch.nn.Module):
-            return True  # no push is due before the next batch
-        return self._tally.batches + 1 - self._last_push < interval
+        return not self._push_due(self._tally.batches + 1)
 
     def _reshapes(self) -> bool:
         """Whether :meth:`_reshape` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with
@@ -505,12 +399,18 @@ class MultiCollectorBase(CollectorBase):
     async def _before_batch(self) -> None:
         await self._handout.take_back(self._require_pool())
         await self._apply_pending()
-        if self._policy_arg is None or not isinstance(self._policy_arg, torch.nn.Module):
-            return
-        due = self.settings.update_after_each_batch and self._tally.batches > 0
-        interval = self.settings.max_weight_update_interval
-        if due or (interval is not None and self._tally.batches - self._last_push >= interval):
-            await self._push({"policy": _params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
+        if self._push_due(self._tally.batches):
+            await self._push({"policy": params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
+
+    def _push_due(self, batches: int) -> bool:
+        """Whether weights are pushed before the batch that follows ``batches`` batches."""
+        settings = self.settings
+        return self._worker_changes.push_due(
+            batches,
+            each_batch=settings.update_after_each_batch,
+            interval=settings.max_weight_update_interval,
+            policy=self._policy_arg,
+        )
 
     def _lost(self, live: int) -> None:
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
@@ -536,31 +436,15 @@ class MultiCollectorBase(CollectorBase):
         subclass adjusts to them at once: the trainer may be waiting for a batch)."""
 
     async def _apply_pending(self) -> None:
-        pool = self._require_pool()
-        state = self._pending.take_state()
-        if state is not None:
-            for handle, counters in zip(pool.handles, state, strict=True):
-                handle.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
-                fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
-                # A worker restarting now is not connected yet (a message to it would fail, and read as its
-                # death): its successor starts from these counters, passed with its config.
-                if handle.ready:
-                    await pool.send(handle, P.LOAD_STATE, fields)
-        seed = self._pending.take_seed()
-        if seed is not None:
-            for handle in pool.handles:
-                if handle.ready:  # a successor not connected yet starts from a fresh reset of its own
-                    await pool.send(handle, P.SEED, {"seed": seed})
-                seed += handle.n_envs
-        weights = self._pending.take_weights()
-        if weights is not None:
-            await self._push({"policy": _params_of("state_dict", weights)}, range(self.num_workers), 30.0)
+        await self._worker_changes.apply(self._require_pool(), self._push, self.num_workers)
 
     def _record(self, item: Received) -> None:
         """Counts ``item``: the worker counted its episodes and timed its parts, statistics cost no message."""
         header = item.header
-        self._tally.record_worker(item.worker, item.data.numel(), self._batch_version(item),
-                                  EpisodeSummary.from_header(header.get("episodes")), _time_of(header))  # fmt: skip
+        episodes = EpisodeSummary.from_header(header.get("episodes"))
+        self._tally.record_worker(
+            item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
+        )
 
     def _batch_version(self, item: Received) -> int:
         """The oldest policy version that chose an action in ``item`` (what its policy lag is measured from).
@@ -588,7 +472,7 @@ class MultiCollectorBase(CollectorBase):
     @property
     def policy_version(self) -> int:
         """Version of the last weights pushed (every batch carries the version it was collected with)."""
-        return self._pool.version if self._pool is not None else self._initial_version
+        return self._worker_changes.version(self._pool)
 
     async def _update_policy_weights(self, update: WeightUpdate) -> int:
         """Checks the weights against every targeted worker's policy, pushes them and waits for each acknowledgement.
@@ -602,12 +486,7 @@ class MultiCollectorBase(CollectorBase):
             self._lifecycle.background
         )
         self._calls.check_usable("update_policy_weights_()", allow_broken=one_worker)
-        sources = update.models(self._policy_arg)
-        models = {model_id: _params_of(arg, source) for model_id, (arg, source) in sources.items()}
-        ready = _ready(models)  # now, before anything awaits: what the caller queued on its streams up to the call
-        ids = list(range(self.num_workers)) if update.worker_ids is None else list(update.worker_ids)
-        for wid in ids:
-            check_int("worker_ids", wid, maximum=self.num_workers - 1)
+        models, ids, ready = self._worker_changes.checked_update(update, self._policy_arg, self.num_workers)
         with self._calls.call("update_policy_weights_()", interrupt_on_failure=False):
             await self._ensure_setup()
             return await self._push(models, ids, update.timeout, ready)
@@ -615,26 +494,11 @@ class MultiCollectorBase(CollectorBase):
     async def _push(
         self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float, ready: tuple[Any, ...] = ()
     ) -> int:
-        pool = self._require_pool()
-        ready = ready or _ready(models)
-        # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
-        models = check_push(models, [pool.handles[i].weights_structure for i in ids])
-        version = await pool.push_weights(
-            models, self.settings.weight_sync_schemes, self._default_scheme, ids, limit, ready
+        pool, settings = self._require_pool(), self.settings
+        schemes, batches = settings.weight_sync_schemes, self._tally.batches
+        return await self._worker_changes.push(
+            pool, models, ids, limit, ready, schemes=schemes, default_scheme=self._default_scheme, batches=batches
         )
-        self._last_push = self._tally.batches
-        return version
 
     def _default_scheme(self) -> WeightSyncScheme:
-        local = self.settings.launcher.same_host and (
-            self.settings.address is None or self.settings.address.startswith("ipc://")
-        )
-        return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
-
-
-def _time_of(header: Mapping[str, Any]) -> list[float] | None:
-    """The seconds per part a batch's header reports (:mod:`acollect._time_split`); ``None`` if it has none."""
-    spent = header.get("time")
-    if not isinstance(spent, list) or not all(isinstance(s, (int, float)) for s in spent):
-        return None  # a peer that does not report it (or reports nonsense): nothing learnt, nothing broken
-    return [float(s) for s in spent]
+        return default_scheme(self.settings.launcher.same_host, self.settings.address)

@@ -5,7 +5,8 @@ The settings (:class:`~acollect.collectors._options.WorkerSettings`) hold one va
 per option; here they become one config per worker: a device list is split, one per
 worker; ``collector_kwargs`` overrides options per worker; ``worker_affinity`` gives each
 worker its cores (:mod:`acollect._affinity`); and the storing device is moved to the
-collector's side of the wire (see :func:`collector_storing_device`).
+collector's side of the wire (see :func:`collector_storing_device`). A plan that would give several workers a
+CUDA context each is warned of (:func:`cuda_contexts_warning`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from acollect._affinity import AffinityPlan, plan_affinity, usable_cores
 from acollect._batches.plan import BatchPlan
-from acollect._devices import check_device
+from acollect._devices import check_device, module_device
 from acollect._policy import PolicyLike
 from acollect._rollout.env_faults import check_env_errors
 from acollect._validate import check_int
@@ -35,6 +36,7 @@ __all__ = [
     "check_env_args",
     "collector_storing_device",
     "configured_num_envs",
+    "cuda_contexts_warning",
     "default_num_workers",
     "env_fns",
     "plan_workers",
@@ -224,3 +226,42 @@ def plan_workers(
         check_env_errors(config.rollout.create_env_fn, config.rollout.env_errors)
     batch.settle(configured_num_envs(fns, settings))  # where the arguments say it; else once the workers said
     return WorkerPlan(fns, configs, batch, affinity)
+
+
+def cuda_contexts_warning(configs: Sequence[P.WorkerConfig], policy: object) -> str | None:
+    """What to tell a user whose workers would each run the policy or env on CUDA (``None``: at most one would).
+
+    Each such worker creates a CUDA context of its own: GPU memory apiece before any weights, and passes that take
+    turns on the GPU. One server batching every worker's observations (``AsyncBatchedCollector``) is the usual answer.
+
+    Examples:
+        >>> from acollect._rollout.spec import RolloutSpec
+        >>> from acollect._workers.protocol import WorkerConfig
+        >>> spec = RolloutSpec(create_env_fn="CartPole-v1", frames_per_batch=8, devices={"device": "cuda"})
+        >>> on_gpu = [WorkerConfig(i, 0, 2, "", 0, spec) for i in range(2)]
+        >>> cuda_contexts_warning(on_gpu, None).split(":")[0]
+        '2 workers would each run on CUDA (cuda)'
+        >>> cuda_contexts_warning(on_gpu[:1], None) is None
+        True
+    """
+    params = module_device(policy)
+    found: set[str] = set()
+    n = 0
+    for config in configs:
+        devices = config.rollout.devices if config.rollout is not None else {}
+        wanted = [devices.get(name) or devices.get("device") for name in ("policy_device", "env_device")]
+        if wanted[0] is None and params is not None:
+            wanted[0] = params  # a worker's policy runs where its parameters are, unless told otherwise
+        cuda = {str(device) for device in wanted if device is not None and torch.device(device).type == "cuda"}
+        if cuda:
+            n += 1
+            found |= cuda
+    if n < 2:
+        return None
+    return (
+        f"{n} workers would each run on CUDA ({', '.join(sorted(found))}): each creates a CUDA context of its own, "
+        "several hundred MB of GPU memory apiece before the policy's weights (not yet measured on a GPU by acollect), "
+        "and their forward passes take turns on the GPU. AsyncBatchedCollector runs one copy of the policy on the GPU "
+        "for every worker and batches their observations into one pass; or run the workers' policy on the CPU "
+        "(policy_device='cpu')."
+    )

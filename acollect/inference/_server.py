@@ -36,7 +36,7 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
-from acollect._devices import DeviceLike, cuda_ready, move_to, wait_ready, with_index
+from acollect._devices import DeviceLike, with_index
 from acollect._policy import PolicyLike, parse_exploration_type
 from acollect._runtime.auth import ClientKeys, ServerKeys, as_server_keys
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
@@ -46,10 +46,9 @@ from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
 from acollect._weights.updates import as_weights, check_weights, one_source
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
-from acollect.inference._batching import InferenceStats, Request, StatsRecorder
+from acollect.inference._batching import InferenceStats, StatsRecorder
 from acollect.inference._build import ServerSpec
-from acollect.inference._codec import leaves_of
-from acollect.inference._loop import Ticket
+from acollect.inference._local_calls import LocalCalls
 from acollect.inference._loop_process import LoopProcess
 from acollect.inference._loop_thread import LoopThread
 
@@ -161,8 +160,7 @@ class InferenceServer:
         self._initial_version = 0
         self._sources: int | None = None
         self._host: LoopThread | LoopProcess | None = None
-        self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
-        self._weights_lock = anyio.Lock()  # one update at a time: versions in call order, one staging area
+        self._calls = LocalCalls()  # this process's infer() and weight updates, each waiting for its answer
         self._tasks: TaskOwner | None = None
         self._own_tasks = False
         self._scopes: list[anyio.CancelScope] = []
@@ -301,7 +299,7 @@ class InferenceServer:
             await tasks.started()
         self._tasks = tasks
         try:
-            self._scopes = await host.start(tasks, self._answered)
+            self._scopes = await host.start(tasks, self._calls.answered)
         except BaseException:
             # Nothing half-built is kept: no process, socket, slot listener or segment (a failed policy build or a
             # cancelled start); async_shutdown() is still the way out of STARTING.
@@ -313,11 +311,6 @@ class InferenceServer:
         self._lifecycle.setup_finished()
         if self.hang_timeout is not None:
             self._scopes.append(tasks.spawn(self._watch, self.hang_timeout, name="inference-liveness"))
-
-    def _answered(self, item: Request | Ticket) -> None:
-        event = self._events.get(item)
-        if event is not None:
-            event.set()
 
     async def async_shutdown(self, timeout: float = _CLOSE_TIMEOUT) -> None:
         """Stops serving, answers every waiting caller with an error and frees the sockets (and the server process:
@@ -344,8 +337,7 @@ class InferenceServer:
                     await self._host.close(grace if isinstance(self._host, LoopProcess) else timeout)
                 if self._own_tasks and self._tasks is not None:
                     await self._tasks.aclose(timeout)
-                for event in self._events.values():
-                    event.set()  # their requests have no outputs: the callers raise that the server closed
+                self._calls.wake_all()  # their requests have no outputs: the callers raise that the server closed
         finally:
             lifecycle.move(CollectorState.CLOSED)
 
@@ -380,8 +372,7 @@ class InferenceServer:
     def _fail(self, exc: BaseException) -> None:
         if self._lifecycle.failure is None and not self._lifecycle.closing:
             self._lifecycle.move(CollectorState.BROKEN, failure=exc)
-        for event in self._events.values():
-            event.set()
+        self._calls.wake_all()
 
     def _check_running(self, what: str) -> None:
         tasks = self._tasks
@@ -417,37 +408,8 @@ class InferenceServer:
         gather every request in host memory), and the outputs set on the device they came from.
         """
         self._check_running("infer()")
-        if not isinstance(td, TensorDictBase):
-            raise ConfigurationError.bad_value("td", td, "a TensorDict of observations")
-        single = td.batch_dims == 0
-        batched = td.unsqueeze(0) if single else td
-        leaves = leaves_of(batched)
-        devices = {value.device for value in leaves.values() if not value.is_cpu}
-        if devices:
-            # The passes gather requests in host memory (one transfer per pass for all of them): observations on a
-            # GPU come to the host first, waited for off the event loop, and the outputs go back to their device.
-            leaves = await _to_host(leaves)
-        request = Request(leaves, int(batched.batch_size[0]))
         assert self._host is not None
-        event = self._events[request] = anyio.Event()
-        self._host.submit(request)
-        try:
-            await event.wait()
-        except BaseException:
-            request.abandoned = True
-            raise
-        finally:
-            del self._events[request]
-        if request.error is not None:
-            raise request.error
-        if request.outputs is None:
-            self._check_running("infer()")
-            raise CollectorStateError("infer(): the inference server closed before answering")
-        home = next(iter(devices)) if len(devices) == 1 else None
-        for key, value in request.outputs.items():
-            value = value.squeeze(0) if single else value
-            td.set(key, move_to(value, home) if home is not None else value)
-        return td
+        return await self._calls.infer(self._host, td, self._check_running)
 
     async def update_policy_weights_(
         self,
@@ -475,24 +437,7 @@ class InferenceServer:
         host = self._host
         assert host is not None
         checked = check_weights(as_weights(source), host.structure, what="the server's policy")
-        async with self._weights_lock:
-            self._check_running("update_policy_weights_()")
-            ticket = Ticket(checked, cuda_ready(checked.values(include_nested=True, leaves_only=True)))
-            event = self._events[ticket] = anyio.Event()
-            try:
-                await host.submit_weights(ticket)
-                await event.wait()
-            except BaseException:
-                ticket.abandoned = True
-                raise
-            finally:
-                del self._events[ticket]
-        if ticket.error is not None:
-            raise ticket.error
-        if not ticket.version:
-            self._check_running("update_policy_weights_()")
-            raise CollectorStateError("update_policy_weights_(): the inference server closed before applying them")
-        return ticket.version
+        return await self._calls.update_weights(host, checked, self._check_running)
 
     def stats(self) -> InferenceStats:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
@@ -510,14 +455,3 @@ class InferenceServer:
             error = self.hung_error()
             if error is not None:
                 raise error
-
-
-async def _to_host(leaves: dict[Any, torch.Tensor]) -> dict[Any, torch.Tensor]:
-    """``leaves`` on the CPU, copied in a thread once the work the caller queued on their streams is done."""
-    ready = cuda_ready(leaves.values())  # the caller's streams: where these tensors were made
-
-    def copy() -> dict[Any, torch.Tensor]:
-        wait_ready(ready)
-        return {key: value.to("cpu") for key, value in leaves.items()}  # waited for: the host reads them next
-
-    return await anyio.to_thread.run_sync(copy)

@@ -4,10 +4,10 @@
 * envs (:mod:`acollect.testing._envs`): :class:`CountingEnv` (a counter as
   observation, so gaps, repeats and transitions that did not happen show),
   :class:`CrashingEnv`, :class:`SlowEnv`, :class:`Gate` (an env held mid-batch until the test opens it),
-  :class:`PixelEnv`,
-  :class:`CountingGymEnv`, :class:`CrashingGymEnv`, :class:`EchoGymEnv` (its next observation echoes the
-  action it received), the stream check :func:`assert_counting_batch` and
+  :class:`PixelEnv`, the stream check :func:`assert_counting_batch` and
   :func:`wait_until`;
+* gymnasium envs (:mod:`acollect.testing._gym_envs`): :class:`CountingGymEnv`, :class:`CrashingGymEnv`,
+  :class:`EchoGymEnv` (its next observation echoes the action it received);
 * leak checks (:mod:`acollect.testing._leaks`): :class:`ResourceSnapshot`,
   :func:`leaked_resources`, :func:`assert_no_leaks`, the context manager
   :func:`no_leaks`, and :func:`our_children`, :func:`our_segments`,
@@ -36,16 +36,16 @@ from acollect.testing._async_envs import AsyncCountingEnv as AsyncCountingEnv
 from acollect.testing._envs import ENV_STRIDE as ENV_STRIDE
 from acollect.testing._envs import RESET_JUMP as RESET_JUMP
 from acollect.testing._envs import CountingEnv as CountingEnv
-from acollect.testing._envs import CountingGymEnv as CountingGymEnv
 from acollect.testing._envs import CrashingEnv as CrashingEnv
-from acollect.testing._envs import CrashingGymEnv as CrashingGymEnv
-from acollect.testing._envs import EchoGymEnv as EchoGymEnv
 from acollect.testing._envs import Gate as Gate
 from acollect.testing._envs import GatedEnv as GatedEnv
 from acollect.testing._envs import PixelEnv as PixelEnv
 from acollect.testing._envs import SlowEnv as SlowEnv
 from acollect.testing._envs import assert_counting_batch as assert_counting_batch
 from acollect.testing._envs import wait_until as wait_until
+from acollect.testing._gym_envs import CountingGymEnv as CountingGymEnv
+from acollect.testing._gym_envs import CrashingGymEnv as CrashingGymEnv
+from acollect.testing._gym_envs import EchoGymEnv as EchoGymEnv
 from acollect.testing._leaks import ResourceSnapshot as ResourceSnapshot
 from acollect.testing._leaks import assert_no_leaks as assert_no_leaks
 from acollect.testing._leaks import leaked_resources as leaked_resources

@@ -1,0 +1,234 @@
+"""What the trainer changes in a multi-process collector's workers between batches: a seed, saved counters, weights.
+
+``set_seed`` and ``load_state_dict`` return at once, and a collector may owe its workers a push every few batches:
+:class:`WorkerChanges`, one of the collector's parts, holds what waits for the next batch boundary
+(:class:`~acollect.collectors._pending.PendingChanges`), the policy version the workers start from and the batch
+of the last push, and sends what waits at the boundary (:meth:`WorkerChanges.apply`). The push itself is the
+collector's (``_push``: an ``AsyncBatchedCollector`` pushes to its inference server instead of its workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from acollect._batches.shm import shm_available
+from acollect._devices import cuda_ready
+from acollect._validate import check_int
+from acollect._warnings import warn
+from acollect._weights.sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
+from acollect._weights.updates import WeightUpdate, as_weights, check_push
+from acollect._workers import protocol as P
+from acollect._workers.pool import WorkerPool
+from acollect.collectors._pending import PendingChanges
+from acollect.envs._envpool import reseed_error, shared_seeds_warning
+from acollect.errors import ConfigurationError
+
+__all__ = ["Push", "WorkerChanges", "default_scheme", "params_of", "streams_ready"]
+
+#: The collector's push: ``(models, worker ids, timeout)`` -> the version the workers acknowledged.
+Push = Callable[[Mapping[str, TensorDictBase], Sequence[int], float], Awaitable[int]]
+
+
+def params_of(name: str, source: object) -> TensorDictBase:
+    """The weights ``source`` holds (argument ``name``), checked; refused where there are none to take."""
+    if source is None:  # nothing given, and no policy given at construction to take the weights of
+        raise ConfigurationError.bad_value(
+            name, None, "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
+            "policy holding weights: pass one)",
+        )  # fmt: skip
+    return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
+
+
+def streams_ready(models: Mapping[str, TensorDictBase]) -> tuple[Any, ...]:
+    """What the calling thread queued on its CUDA streams before a push (a trainer's optimizer step on a side stream):
+    the weights are copied to the host on another thread, whose streams nothing orders after the caller's."""
+    return cuda_ready(leaf for td in models.values() for leaf in td.values(include_nested=True, leaves_only=True))
+
+
+def default_scheme(same_host: bool, address: str | None) -> WeightSyncScheme:
+    """How weights reach workers where no scheme was named: through shared memory for workers on this host reached
+    by ``ipc://`` (where the system has it), else in the push's message."""
+    local = same_host and (address is None or address.startswith("ipc://"))
+    return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
+
+
+class WorkerChanges:
+    """A multi-process collector's changes to its workers: staged, then applied at the next batch boundary.
+
+    Examples:
+        >>> changes = WorkerChanges()
+        >>> changes.stage_seed(7, None, num_workers=2)  # the next free seed: one per worker until they started
+        9
+        >>> changes.version(None), changes.push_due(3, each_batch=False, interval=2, policy=None)
+        (0, False)
+    """
+
+    __slots__ = ("_initial_version", "_last_push", "_pending")
+
+    def __init__(self) -> None:
+        # set_seed and load_state_dict return at once: what they ask waits here for the next batch boundary.
+        self._pending = PendingChanges()
+        self._initial_version = 0
+        self._last_push = 0
+
+    # -- the version ---------------------------------------------------------------------------
+    @property
+    def initial_version(self) -> int:
+        """The policy version a pool (or an inference server) starts from: ``0``, what a restored state says, or
+        the version the last one reached."""
+        return self._initial_version
+
+    def keep_version(self, version: int) -> None:
+        """The version a closed pool (or server) reached: the next one starts from it."""
+        self._initial_version = version
+
+    def version(self, pool: WorkerPool | None) -> int:
+        """The version of the last weights pushed: the pool's while there is one."""
+        return pool.version if pool is not None else self._initial_version
+
+    # -- seeds ---------------------------------------------------------------------------------
+    def stage_seed(self, seed: int, pool: WorkerPool | None, *, num_workers: int) -> int:
+        """Stages ``seed`` for the next batch boundary; returns the next free seed (one per env once the workers
+        started, else one per worker)."""
+        self._refuse_seed_of_built_envs(seed, pool)
+        self._pending.stage_seed(seed)
+        if pool is not None and all(h.n_envs for h in pool.handles):
+            return seed + sum(h.n_envs for h in pool.handles)
+        return seed + num_workers
+
+    @staticmethod
+    def _refuse_seed_of_built_envs(seed: int, pool: WorkerPool | None) -> None:
+        """Raises where a worker's env was seeded when built (EnvPool): its reset takes no seed."""
+        seeds = [h.env_seed for h in pool.handles] if pool is not None else []
+        if any(s is not None for s in seeds):
+            raise reseed_error(seed, seeds)
+
+    def check_env_seeds(self, pool: WorkerPool, owner: str) -> None:
+        """Once every worker said hello: refuses a seed staged before, and warns (naming the collector class
+        ``owner``) of workers whose envs share seeds.
+
+        Only the workers know what their envs were built with (an EnvPool env's seed); said on the event loop, the
+        error and the warning point at the user's ``async with`` / ``async for``, and a reseed never reaches a
+        worker to fail there at the next batch.
+        """
+        if self._pending.seed is not None:
+            try:
+                self._refuse_seed_of_built_envs(self._pending.seed, pool)
+            except ConfigurationError:
+                self._pending.take_seed()  # refused: entering again starts without it
+                raise
+        message = shared_seeds_warning([(h.env_seed, h.n_envs) for h in pool.handles])
+        if message is not None:
+            warn(f"{owner}: {message}")
+
+    # -- saved state ---------------------------------------------------------------------------
+    def workers_state(self, pool: WorkerPool | None, num_workers: int) -> list[dict[str, Any]]:
+        """Each worker's counters, for a state dict: the pool's, else those staged, else fresh ones."""
+        if pool is not None:
+            return [{"next_traj_counter": h.traj_counter, "frames": h.frames} for h in pool.handles]
+        staged = self._pending.state
+        if staged is not None:
+            return [dict(w) for w in staged]
+        return [{"next_traj_counter": 0, "frames": 0} for _ in range(num_workers)]
+
+    def restore(
+        self, version: int, workers: Sequence[Mapping[str, Any]], weights: Any, pool: WorkerPool | None
+    ) -> None:
+        """Stages a saved state: the workers' counters, the weights (if any) and the version batches carry."""
+        if pool is not None:
+            pool.version = version
+        self._initial_version = version
+        self._pending.stage_state(workers)
+        if weights is not None:
+            self._pending.stage_weights(weights)
+            # The push bumps the version: start one below so the restored version is what batches carry.
+            if pool is not None:
+                pool.version = version - 1
+            self._initial_version = version - 1
+
+    @staticmethod
+    def check_saved(state_dict: Mapping[str, Any], num_workers: int) -> Sequence[Mapping[str, Any]]:
+        """Refuses a state dict that is not a multi-process collector's of ``num_workers``; returns its workers'."""
+        missing = {"frames", "batches", "policy_version", "workers"} - set(state_dict)
+        if missing:
+            raise ConfigurationError.bad_value(
+                "state_dict", sorted(state_dict), f"a multi-process collector state dict (missing {sorted(missing)})"
+            )
+        workers = state_dict["workers"]
+        if not isinstance(workers, Sequence) or len(workers) != num_workers:
+            raise ConfigurationError.bad_value(
+                "state_dict['workers']", workers, f"a list of {num_workers} worker states (one per worker)"
+            )
+        return workers
+
+    # -- pushes --------------------------------------------------------------------------------
+    def pushed(self, batches: int) -> None:
+        """A push went out after ``batches`` batches (what ``max_weight_update_interval`` counts from)."""
+        self._last_push = batches
+
+    def push_due(self, batches: int, *, each_batch: bool, interval: int | None, policy: object) -> bool:
+        """Whether the collector pushes its policy's weights before the batch that follows ``batches`` batches
+        (``update_after_each_batch``, ``max_weight_update_interval``; only a policy that is a module has any)."""
+        if not isinstance(policy, torch.nn.Module):
+            return False
+        return (each_batch and batches > 0) or (interval is not None and batches - self._last_push >= interval)
+
+    @staticmethod
+    def checked_update(
+        update: WeightUpdate, policy: object, num_workers: int
+    ) -> tuple[dict[str, TensorDictBase], list[int], tuple[Any, ...]]:
+        """The weights of ``update`` by model id (those of ``policy`` where none were given), the workers they go
+        to, checked, and what the caller queued on its streams up to now (before anything awaits)."""
+        sources = update.models(policy)
+        models = {model_id: params_of(arg, source) for model_id, (arg, source) in sources.items()}
+        ready = streams_ready(models)
+        ids = list(range(num_workers)) if update.worker_ids is None else list(update.worker_ids)
+        for wid in ids:
+            check_int("worker_ids", wid, maximum=num_workers - 1)
+        return models, ids, ready
+
+    async def push(
+        self,
+        pool: WorkerPool,
+        models: Mapping[str, TensorDictBase],
+        ids: Sequence[int],
+        limit: float,
+        ready: tuple[Any, ...],
+        *,
+        schemes: Mapping[str, WeightSyncScheme],
+        default_scheme: Callable[[], WeightSyncScheme],
+        batches: int,
+    ) -> int:
+        """Pushes ``models`` to the workers ``ids`` after ``batches`` batches; returns the version they acknowledged
+        within ``limit`` seconds."""
+        ready = ready or streams_ready(models)
+        # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
+        models = check_push(models, [pool.handles[i].weights_structure for i in ids])
+        version = await pool.push_weights(models, schemes, default_scheme, ids, limit, ready)
+        self._last_push = batches
+        return version
+
+    async def apply(self, pool: WorkerPool, push: Push, num_workers: int) -> None:
+        """Sends what waits to the workers ready for it (counters, seed), and pushes the weights staged."""
+        state = self._pending.take_state()
+        if state is not None:
+            for handle, counters in zip(pool.handles, state, strict=True):
+                handle.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
+                fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
+                # A worker restarting now is not connected yet (a message to it would fail, and read as its
+                # death): its successor starts from these counters, passed with its config.
+                if handle.ready:
+                    await pool.send(handle, P.LOAD_STATE, fields)
+        seed = self._pending.take_seed()
+        if seed is not None:
+            for handle in pool.handles:
+                if handle.ready:  # a successor not connected yet starts from a fresh reset of its own
+                    await pool.send(handle, P.SEED, {"seed": seed})
+                seed += handle.n_envs
+        weights = self._pending.take_weights()
+        if weights is not None:
+            await push({"policy": params_of("state_dict", weights)}, range(num_workers), 30.0)
