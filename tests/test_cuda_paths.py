@@ -200,7 +200,7 @@ async def test_an_in_process_collector_reads_pushed_weights_once_written(device:
 @pytest.mark.parametrize("device", DEVICES)
 async def test_a_worker_collector_pushes_weights_once_the_trainer_wrote_them(kind: type, device: str) -> None:
     # The fault it catches: torn weights, the push copying a trainer's CUDA weights to the host (on a thread of its
-    # own, whose streams nothing orders) before the trainer's write on its side stream landed: the workers would
+    # own, whose streams nothing mode) before the trainer's write on its side stream landed: the workers would
     # then act with the previous value, k - 1.
     trainer = Constant().to(device)
     policy = TensorDictModule(Constant(), in_keys=["observation"], out_keys=["action"])  # the workers run it on CPU

@@ -55,7 +55,7 @@ async def until_waiting(watch: FdWatch) -> None:
 
 
 async def assert_unwatched(fd: int, backend: str) -> None:
-    """Nothing waits on ``fd`` in the event loop's books any more."""
+    """Nothing waits on ``fd`` in the event loop's loans any more."""
     if backend == "asyncio":
         assert asyncio.get_running_loop().remove_reader(fd) is False
     else:  # trio lets one task wait per descriptor: a leftover waiter makes this raise BusyResourceError

@@ -22,7 +22,7 @@ below it; ``test_docstring_lists_the_layers`` keeps this list and ``LAYERS`` the
 The private packages are flows, each owning both ends of the process boundary: ``_runtime`` what every
 long-lived object runs on (tasks, threads, state machines, process start) and the process boundary itself
 (ZeroMQ sockets, the wire format and its tensor layout, torch.distributed); ``_batches`` a batch's memory
-(its plan, shared memory, slot rings, doorbells, lending, hand-out buffers, tally, trajectories); ``_weights``
+(its plan, shared memory, slot rings, credit pipes, lending, hand-out buffers, counts, trajectories); ``_weights``
 a weight push's content (versions, structure check) and how it travels (the sync schemes); ``_rollout`` the
 engines; ``inference`` the inference server, whose clients run inside workers; ``_workers`` a worker's life,
 the collector's side (pool, handles, liveness, the weight pusher) and the worker's (main loop, protocol,

@@ -23,7 +23,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect._batches.doorbell import DoorbellWriter, doorbell_path
+from acollect._batches.credit_pipe import CreditPipeWriter, credit_pipe_path
 from acollect._rollout.spec import RolloutSpec
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout
@@ -213,15 +213,15 @@ async def test_run_collects_while_credits_last() -> None:
 
 
 async def test_credits_down_the_doorbell_run_the_runner_as_credit_messages_do() -> None:
-    path = doorbell_path()
-    async with worker(doorbell=path) as (collector, _, hello):
-        assert hello["doorbell"] == path
+    path = credit_pipe_path()
+    async with worker(pipe=path) as (collector, _, hello):
+        assert hello["pipe"] == path
         assert stat.S_ISFIFO(os.stat(path).st_mode)
-        bell = DoorbellWriter.open(path)
+        bell = CreditPipeWriter.open(path)
         try:
             await collector.send(P.RUN, {"credits": 1})
             assert (await collector.recv(P.BATCH))[1]["seq"] == 0
-            await collector.nothing_but_heartbeats(0.3)  # no credit left: the runner waits on its doorbell
+            await collector.nothing_but_heartbeats(0.3)  # no credit left: the runner waits on its pipe
             assert bell.credit()
             assert (await collector.recv(P.BATCH))[1]["seq"] == 1
             await collector.send(P.CREDIT, {"slot": None})  # the other road, for the same word
@@ -244,13 +244,13 @@ async def test_credits_down_the_doorbell_run_the_runner_as_credit_messages_do() 
 
 
 async def test_a_doorbell_is_removed_with_its_worker_if_never_opened() -> None:
-    path = doorbell_path()
-    async with worker(doorbell=path) as (_, _, hello):
-        assert hello["doorbell"] == path
+    path = credit_pipe_path()
+    async with worker(pipe=path) as (_, _, hello):
+        assert hello["pipe"] == path
         assert os.access(path, os.F_OK)
     assert not os.access(path, os.F_OK)
     async with worker() as (collector, _, hello):  # none named: an anonymous pipe, and credits as messages
-        assert hello["doorbell"] is None
+        assert hello["pipe"] is None
         await collector.send(P.RUN, {"credits": 1})
         await collector.recv(P.BATCH)
         await collector.send(P.CREDIT, {"slot": None})

@@ -82,10 +82,10 @@ GROUPS: dict[str, Group] = {
         about="versions, staging, the order queued pushes apply in, the structure check",
     ),
     "batch_plan": Group(
-        modules=("acollect/_batches/plan.py", "acollect/_batches/tally.py"),
+        modules=("acollect/_batches/plan.py", "acollect/_batches/counts.py"),
         tests=(
             "acollect/_batches/plan.py",
-            "acollect/_batches/tally.py",
+            "acollect/_batches/counts.py",
             "tests/test_rollout.py",
             "tests/mutation/test_batch_plan.py",
         ),
@@ -193,7 +193,7 @@ def configure(tree: Path, group: Group) -> None:
     pyproject.write_text(text.replace(header, header + lines, 1))
 
 
-def tally(tree: Path, group: Group) -> dict[str, list[str]]:
+def counts(tree: Path, group: Group) -> dict[str, list[str]]:
     """Mutant names by verdict (killed, timeout, survived, no tests, other), from mutmut's result files."""
     out: dict[str, list[str]] = {"killed": [], "timeout": [], "survived": [], "no tests": [], "other": []}
     for module in group.modules:
@@ -228,7 +228,7 @@ def run_group(name: str, group: Group, work: Path, *, max_children: int, survivo
     command = ["nice", "-n", "15", sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
     with log.open("w") as out:
         done = subprocess.run(command, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False)
-    verdicts = tally(tree, group)
+    verdicts = counts(tree, group)
     if done.returncode != 0 or not any(verdicts.values()):
         tail = log.read_text(errors="replace").replace("\r", "\n").splitlines()[-40:]
         print("\n".join(line for line in tail if line.strip()))

@@ -43,7 +43,7 @@ from tensordict import TensorDict, TensorDictBase
 from acollect._batches.shm import SHM_DIR
 from acollect._runtime.layout import FAST_ASSEMBLY, unchecked_node
 
-__all__ = ["DEFAULT_LENT_BYTES", "Lender", "LendingBooks", "default_budget"]
+__all__ = ["DEFAULT_LENT_BYTES", "Lender", "Loans", "default_budget"]
 
 
 class _Loan:
@@ -165,7 +165,7 @@ class Lender:
 
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.wake = wake
-        #: guards the books (taken by a loan's finalizer, from any thread)
+        #: guards the loans (taken by a loan's finalizer, from any thread)
         self.lock = threading.Lock()
         self._back: deque[Hashable] = deque()
         self._lent_bytes = 0
@@ -309,19 +309,19 @@ def default_budget() -> int:
     return max(1, min(DEFAULT_LENT_BYTES, total // 4))
 
 
-class LendingBooks:
-    """The books of a collector's lent batches: how many each memory owner has out, and the budget.
+class Loans:
+    """The loans of a collector's lent batches: how many each memory owner has out, and the budget.
 
     Examples:
         >>> from tensordict import TensorDict
-        >>> books = LendingBooks(budget=1 << 20)
-        >>> batch = books.lend(TensorDict({"x": torch.zeros(8)}, batch_size=[8]), key=("w", 0), token=3)
-        >>> books.held(("w", 0)), books.lent_bytes
+        >>> loans = Loans(budget=1 << 20)
+        >>> batch = loans.lend(TensorDict({"x": torch.zeros(8)}, batch_size=[8]), key=("w", 0), token=3)
+        >>> loans.held(("w", 0)), loans.lent_bytes
         (1, 32)
         >>> del batch
-        >>> books.returned()
+        >>> loans.returned()
         [(('w', 0), 3)]
-        >>> books.held(("w", 0))
+        >>> loans.held(("w", 0))
         0
 
     Args:

@@ -34,7 +34,7 @@ __all__ = ["decode_config", "encode_config", "is_import_path", "resolve_import_p
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # Filled in by the worker itself, never taken from the collector.
-_LOCAL_FIELDS = ("address", "parent_pid", "remote", "keys", "doorbell")
+_LOCAL_FIELDS = ("address", "parent_pid", "remote", "keys", "pipe")
 
 
 def is_import_path(value: Any) -> bool:

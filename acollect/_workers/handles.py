@@ -35,7 +35,7 @@ from typing import Any, Generic, NoReturn, TypeVar, overload
 
 from tensordict import TensorDictBase
 
-from acollect._batches.doorbell import DoorbellWriter
+from acollect._batches.credit_pipe import CreditPipeWriter
 from acollect._batches.slot_ring import ShmSlotRing
 from acollect._runtime.machine import StateTable
 from acollect._weights.updates import WeightStructure
@@ -52,18 +52,18 @@ from acollect.errors import ProtocolError
 
 __all__ = [
     "WORKER",
-    "Orders",
     "Received",
     "Rejected",
     "Request",
     "WorkerHandle",
+    "WorkerMode",
     "WorkerState",
     "parse_identity",
 ]
 
 
 @dataclass
-class Orders:
+class WorkerMode:
     """What every worker is under, set by the collector's dispatch strategy and told again at each hello."""
 
     paused: bool = False
@@ -92,7 +92,7 @@ WORKER: StateTable[WorkerState] = StateTable(
         _W.STARTING: "a process of a new generation was launched (or a worker started by hand joined) and has not "
         "said hello yet: it is sent nothing",
         _W.VACANT: "a slot for a worker started by hand (`acollect worker`): waiting for one to join",
-        _W.READY: "it said hello and was greeted (its slots, the last weights, the orders, its requests): it takes "
+        _W.READY: "it said hello and was greeted (its slots, the last weights, the mode, its requests): it takes "
         "commands and sends batches",
         _W.UNREACHABLE: "a message to it failed: its connection is gone (it died, or is dying); nothing more is "
         "sent to it, and the liveness loop decides",
@@ -290,7 +290,7 @@ class WorkerHandle:
 
     @property
     def memory(self) -> WorkerMemory:
-        """The shared memory it owns: the slots its batches are written into, its doorbell."""
+        """The shared memory it owns: the slots its batches are written into, its pipe."""
         return self._memory
 
     @property
@@ -321,7 +321,7 @@ class WorkerHandle:
     env_seed: _Via[int | None] = _Via("hello")
     ring: _Via[ShmSlotRing | None] = _Via("memory")
     bell_path: _Via[str | None] = _Via("memory")
-    doorbell: _Via[DoorbellWriter | None] = _Via("memory")
+    pipe: _Via[CreditPipeWriter | None] = _Via("memory")
     make_doorbell: _Via[Callable[[str | None], None]] = _Via("memory")
     use_ring: _Via[Callable[[ShmSlotRing], None]] = _Via("memory")
     last_beat: _Via[float] = _Via("heartbeats")
@@ -363,7 +363,7 @@ class WorkerHandle:
         self._batches.on_new_incarnation()
         self._unreachable_since = None
         self._started_at = now
-        self._memory.drop_doorbell()
+        self._memory.drop_credit_pipe()
 
     def on_launch(self, now: float) -> None:
         """A process of a new generation is being launched into the slot (:meth:`on_process` follows)."""
@@ -392,10 +392,10 @@ class WorkerHandle:
     def on_hello(self, header: dict[str, Any]) -> None:
         """It said hello: what it built (the pool greets it next, then :meth:`on_greeted`)."""
         self._hello = WorkerHello.parse(header)
-        self._memory.on_hello(self._hello.doorbell)
+        self._memory.on_hello(self._hello.pipe)
 
     def on_greeted(self, now: float) -> None:
-        """The pool told it what it needs (slots, the last weights, the orders, its requests): it is ``READY``."""
+        """The pool told it what it needs (slots, the last weights, the mode, its requests): it is ``READY``."""
         self._state = WORKER.move(self._state, WorkerState.READY)
         self._heartbeats.on_greeted(now)
 
@@ -453,14 +453,14 @@ class WorkerHandle:
         heartbeat, counted here.
         """
         self._restarts += 1
-        self._memory.drop_doorbell()
+        self._memory.drop_credit_pipe()
         return self._retire(lockstep=lockstep, running=running)
 
     def on_lost(self, *, lockstep: bool, running: bool) -> int:
         """It died (or left) with its restarts spent and others are left: it is dropped for good. Returns the batches
         it held, which are lost; those of its batches that arrive after this are dropped as they come, as for a
         worker replaced (:meth:`on_death`, here with no restart counted)."""
-        self._memory.drop_doorbell()
+        self._memory.drop_credit_pipe()
         self._state = WORKER.move(self._state, WorkerState.LOST)
         lost = self._retire(lockstep=lockstep, running=running)
         if lockstep:
@@ -477,7 +477,7 @@ class WorkerHandle:
 
     def on_dead(self) -> None:
         """It died and will not be replaced (its restarts are spent, or the pool is closing)."""
-        self._memory.drop_doorbell()
+        self._memory.drop_credit_pipe()
         if self._state is not WorkerState.STOPPING:
             self._state = WORKER.move(self._state, WorkerState.DEAD)
 

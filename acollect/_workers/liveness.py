@@ -27,7 +27,7 @@ import anyio
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import pack_message
 from acollect._workers import protocol as P
-from acollect._workers.handles import Orders, WorkerHandle, WorkerState
+from acollect._workers.handles import WorkerHandle, WorkerMode, WorkerState
 from acollect._workers.pool_events import Counters, PoolEvents, PoolState
 from acollect._workers.pool_settings import PoolSettings
 from acollect._workers.process import describe_exit
@@ -52,7 +52,7 @@ class Monitor:
         handles: the pool's workers, by index.
         events: where a failure goes and every check is told.
         counters: where the batches a dead worker held are counted.
-        orders: the workers' orders (a running worker's batch in progress dies with it).
+        mode: what every worker is under (paused, running: a running worker's batch in progress dies with it).
         settings: the pool's settings (:class:`~acollect._workers.pool_settings.PoolSettings`): its deadlines
             (``heartbeat_timeout``, ``startup_timeout``), ``max_restarts``, whether workers hold credits (then late
             batches are counted as they come) and the launcher, whose workers on this host each watch their parent
@@ -68,7 +68,7 @@ class Monitor:
         handles: Sequence[WorkerHandle],
         events: PoolEvents,
         counters: Counters,
-        orders: Orders,
+        mode: WorkerMode,
         settings: PoolSettings,
         *,
         spawn: Callable[[WorkerHandle], Awaitable[None]],
@@ -79,7 +79,7 @@ class Monitor:
         self.handles = handles
         self.events = events
         self.counters = counters
-        self.orders = orders
+        self.mode = mode
         self.settings = settings
         self._spawn = spawn
         self._vacate = vacate
@@ -186,7 +186,7 @@ class Monitor:
             handle.on_dead()
             self.events.fail(error)
             return
-        lost = handle.on_death(lockstep=self.settings.lockstep, running=self.orders.running)
+        lost = handle.on_death(lockstep=self.settings.lockstep, running=self.mode.running)
         self.counters.dropped_batches += lost
         if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
             logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
@@ -212,7 +212,7 @@ class Monitor:
 
     def _lose(self, handle: WorkerHandle, error: WorkerError) -> None:
         """Drops ``handle`` for good: what it held is counted, whoever waits on it wakes, the loss is told once."""
-        self.counters.dropped_batches += handle.on_lost(lockstep=self.settings.lockstep, running=self.orders.running)
+        self.counters.dropped_batches += handle.on_lost(lockstep=self.settings.lockstep, running=self.mode.running)
         self.counters.lost_workers += 1
         left = sum(not h.lost for h in self.handles)
         logger.warning(

@@ -12,7 +12,7 @@ are not thread-safe):
   requested (``collect``) or credits are left (``run``), applies staged weights,
   seeds and state at the batch boundary, and sends the batch on its own socket,
   either as raw tensor frames or through a shared-memory slot. Between batches it
-  waits on the worker's doorbell (:mod:`acollect._batches.doorbell`): a collector
+  waits on the worker's pipe (:mod:`acollect._batches.credit_pipe`): a collector
   on the same host writes each credit (and each slot given back) there directly,
   and the control thread rings it whenever a command changes what the runner may do.
 
@@ -41,7 +41,7 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._affinity import pin_process
-from acollect._batches.doorbell import CREDIT, WAKE, Doorbell
+from acollect._batches.credit_pipe import CREDIT, WAKE, CreditPipe
 from acollect._batches.slot_ring import ShmSlotRing
 from acollect._episodes import EpisodeTracker
 from acollect._rollout.blocking import RolloutInterrupted
@@ -85,7 +85,7 @@ class _Worker:
         self.engine: BlockingEngine | None = None
         self.lock = threading.RLock()
         # The runner waits here between batches; its collector's credits come here too where it can open it.
-        self.bell = Doorbell.create(config.doorbell)
+        self.bell = CreditPipe.create(config.pipe)
         # Runner state, guarded by `lock`.
         # One-shot batches asked for (``collect``): each one's number and the shared segment it names (None: any free
         # slot).
@@ -164,7 +164,7 @@ class _Worker:
                 # sharing seeds itself, at once, instead of a reseed failing here at the next batch.
                 "env_seed": self.engine.env.build_seed,
                 # Where a collector on this host writes credits (None: it sends them as messages).
-                "doorbell": self.bell.path,
+                "pipe": self.bell.path,
             },
         )
         self.runner = threading.Thread(target=self.runner_loop, name="acollect-runner", daemon=True)
@@ -291,7 +291,7 @@ class _Worker:
         return self.requested[0][1] if self.requested else None
 
     def _take_bell(self) -> None:
-        """Applies what the doorbell holds: credits, and slots given back (under ``lock``)."""
+        """Applies what the pipe holds: credits, and slots given back (under ``lock``)."""
         for kind, slot in self.bell.read():
             if kind == CREDIT and self.credits is not None:
                 self.credits += 1

@@ -3,7 +3,7 @@
 :class:`WorkerPool` starts workers (through a launcher), sends them commands and
 closes them within a deadline. It is composed of parts, each given what it needs:
 what it knows of each worker (:class:`~acollect._workers.handles.WorkerHandle`), the
-orders every worker is under (:class:`~acollect._workers.handles.Orders`), its failure,
+the mode every worker is under (:class:`~acollect._workers.handles.WorkerMode`), its failure,
 wake-ups and counts (:mod:`~acollect._workers.pool_events`), the receive loop
 (:class:`~acollect._workers.receive.Receiver`), the liveness loop and restarts
 (:class:`~acollect._workers.liveness.Monitor`), weight pushes
@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import anyio
 from tensordict import TensorDictBase
 
-from acollect._batches.doorbell import DoorbellWriter, doorbell_path
+from acollect._batches.credit_pipe import CreditPipeWriter, credit_pipe_path
 from acollect._batches.shared_batches import SharedBatches
 from acollect._batches.shm import shm_available
 from acollect._runtime.endpoint import Endpoint
@@ -41,7 +41,7 @@ from acollect._runtime.threads import run_in_thread
 from acollect._runtime.wire import pack_message
 from acollect._weights.sync import WeightSyncScheme
 from acollect._workers import protocol as P
-from acollect._workers.handles import Orders, WorkerHandle
+from acollect._workers.handles import WorkerHandle, WorkerMode
 from acollect._workers.launcher import LaunchedWorker, Launcher
 from acollect._workers.liveness import Monitor
 from acollect._workers.lockstep_requests import Received
@@ -101,7 +101,7 @@ class WorkerPool:
         self.ready_queue: deque[Received] = deque()
         self.events = PoolEvents(on_failure)
         self.counters = Counters()
-        self.orders = Orders()
+        self.mode = WorkerMode()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
         self.weights = WeightPusher(
             self.handles, self.events, self.send, max_restarts=settings.max_restarts, elastic=settings.elastic,
@@ -169,24 +169,24 @@ class WorkerPool:
 
     @property
     def paused(self) -> bool:
-        return self.orders.paused
+        return self.mode.paused
 
     async def order_pause(self, paused: bool) -> None:
         """Tells every ready worker to stop at its next step (``True``) or go on; a restarted one is told at its
         hello. A worker keeps the batch it was stepping, and continues it."""
-        self.orders.paused = paused
+        self.mode.paused = paused
         if self.endpoint is not None and not self.endpoint.closed:
             await self.broadcast(P.PAUSE if paused else P.RESUME)
 
     @property
     def running(self) -> bool:
         """``run`` was sent (asynchronous collectors)."""
-        return self.orders.running
+        return self.mode.running
 
     async def order_run(self, credits: int) -> None:
         """Sets every worker collecting on its credits (asynchronous collectors); a restarted one is told at its
         hello."""
-        self.orders.running = True
+        self.mode.running = True
         await self.broadcast(P.RUN, {"credits": credits})
 
     @property
@@ -232,7 +232,7 @@ class WorkerPool:
             settings, greet=self._greet, batch_data=self._batch_data,
         )  # fmt: skip
         monitor = Monitor(
-            endpoint, self.handles, self.events, self.counters, self.orders,
+            endpoint, self.handles, self.events, self.counters, self.mode,
             settings, spawn=self._spawn, vacate=self._vacate, lost=self._lost,
         )  # fmt: skip
         # A loop that raises (say an OSError while restarting a worker) must not end silently: dead
@@ -254,23 +254,23 @@ class WorkerPool:
         self.events.running()
 
     async def _greet(self, handle: WorkerHandle) -> None:
-        """What a worker is told at its hello: its slots, the last weights, the orders, its outstanding request."""
+        """What a worker is told at its hello: its slots, the last weights, the mode, its outstanding request."""
         assert handle.hello.layout is not None
         if handle.memory.bell_path is not None:
             try:
-                handle.memory.use_doorbell(DoorbellWriter.open(handle.memory.bell_path))
+                handle.memory.use_credit_pipe(CreditPipeWriter.open(handle.memory.bell_path))
             except OSError as exc:  # not there (another mount namespace): its credits go as messages
-                logger.debug("worker %d's doorbell could not be opened (%s): its credits go as messages",
+                logger.debug("worker %d's pipe could not be opened (%s): its credits go as messages",
                              handle.index, exc)  # fmt: skip
         await self.slots.on_hello(handle)
         if self.weights.last is not None:
             fields, td = self.weights.last
             await self.send(handle, P.WEIGHTS, fields, td)
-        if self.orders.paused:  # before anything that sets it collecting
+        if self.mode.paused:  # before anything that sets it collecting
             await self.send(handle, P.PAUSE)
         for request in handle.lockstep.requests:  # those its predecessor died on, each into the same rows
             await self.send(handle, P.COLLECT, request.fields())
-        if self.orders.running:
+        if self.mode.running:
             await self.send(handle, P.RUN, {"credits": self.credits or 1})
 
     async def _batch_data(
@@ -297,16 +297,16 @@ class WorkerPool:
             parent_pid=os.getpid(),
             next_traj_counter=handle.batches.traj_counter,
             frames=handle.batches.frames,
-            doorbell=self._doorbell_path(handle),
+            pipe=self._credit_pipe_path(handle),
             # Its own key pair, accepted in memory: it reaches the worker with its config, never a file.
             keys=self.endpoint.local_client_keys() if self.endpoint.secure else None,
         )
         # Off the event loop: a local start writes the config down a pipe, an engine may make a network call.
         await run_in_thread(partial(_launch, self.launcher, config, handle), name="worker-launch")
 
-    def _doorbell_path(self, handle: WorkerHandle) -> str | None:
-        """Where a worker being launched makes its doorbell: on this host only (``None``: credits go as messages)."""
-        path = doorbell_path() if self.launcher.same_host and not handle.config.remote else None
+    def _credit_pipe_path(self, handle: WorkerHandle) -> str | None:
+        """Where a worker being launched makes its pipe: on this host only (``None``: credits go as messages)."""
+        path = credit_pipe_path() if self.launcher.same_host and not handle.config.remote else None
         handle.memory.make_doorbell(path)
         return path
 
@@ -352,16 +352,16 @@ class WorkerPool:
             self.events.notify()
 
     async def credit(self, handle: WorkerHandle, slot: int | None = None) -> None:
-        """A credit to a worker, giving back ``slot`` if not ``None``: down its doorbell where it has one (no message,
-        no thread woken while it collects: see :mod:`acollect._batches.doorbell`), else as a ``credit`` message."""
-        bell = handle.memory.doorbell
+        """A credit to a worker, giving back ``slot`` if not ``None``: down its pipe where it has one (no message,
+        no thread woken while it collects: see :mod:`acollect._batches.credit_pipe`), else as a ``credit`` message."""
+        bell = handle.memory.pipe
         if bell is not None and bell.credit(slot):
             return
         await self.send(handle, P.CREDIT, {"slot": slot})
 
     async def free(self, handle: WorkerHandle, slot: int) -> None:
         """Gives a worker its ``slot`` back, as :meth:`credit` does (without the credit)."""
-        bell = handle.memory.doorbell
+        bell = handle.memory.pipe
         if bell is not None and bell.free(slot):
             return
         await self.send(handle, P.FREE, {"slot": slot})

@@ -221,10 +221,10 @@ class WorkerConfig:
     frames: int = 0
     remote: bool = False
     keys: Any = None
-    #: where this worker makes its doorbell, a FIFO its collector (on the same host) writes credits to; the
+    #: where this worker makes its pipe, a FIFO its collector (on the same host) writes credits to; the
     #: collector names it, so that it can remove it even if the worker dies before saying it exists (``None``:
-    #: an anonymous pipe, and credits come as messages; see :mod:`acollect._batches.doorbell`)
-    doorbell: str | None = None
+    #: an anonymous pipe, and credits come as messages; see :mod:`acollect._batches.credit_pipe`)
+    pipe: str | None = None
     #: central inference: ``{"address": ..., "keys": ...}`` of the inference server that chooses this worker's
     #: actions (the worker then gets no policy of its own); ``keys``, a ``ClientKeys`` the server accepts, when
     #: it has keys (never sent to a worker started by hand: that one uses its own ``keys``)

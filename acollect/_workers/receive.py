@@ -49,7 +49,7 @@ class Receiver:
         counters: where dropped batches, discarded frames and rejected messages are counted.
         ready_queue: where batches go first ready, first served (``settings.credits`` set); else each worker's inbox.
         settings: the pool's settings (:class:`~acollect._workers.pool_settings.PoolSettings`).
-        greet: answers a worker's hello (slots, weights, the orders, its outstanding request), once its
+        greet: answers a worker's hello (slots, weights, the mode, its outstanding request), once its
             handle holds what the hello said.
         batch_data: a batch's tensors (default: those of its message).
     """

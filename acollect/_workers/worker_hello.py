@@ -30,7 +30,7 @@ class WorkerHello:
     batch_nbytes: int = 0  # tensor bytes of one of its batches (from its layout)
     weights_structure: WeightStructure | None = None  # its policy's weights (``None``: unknown)
     env_seed: int | None = None  # the seed its env was built with where only building seeds it (EnvPool)
-    doorbell: object = None  # where it says it made its doorbell (opened only where the collector named it)
+    pipe: object = None  # where it says it made its pipe (opened only where the collector named it)
 
     @classmethod
     def parse(cls, header: dict[str, Any]) -> WorkerHello:
@@ -43,5 +43,5 @@ class WorkerHello:
             batch_nbytes=sum(int(leaf["nbytes"]) for leaf in header["layout"]["leaves"]),
             weights_structure=decode_structure(header.get("weights")),
             env_seed=None if seed is None else int(seed),
-            doorbell=header.get("doorbell"),
+            pipe=header.get("pipe"),
         )

@@ -49,8 +49,8 @@ from acollect.errors import CollectorStateError, ConfigurationError
 from acollect.replay_buffer import SupportsExtend, extend_from_loop
 
 if TYPE_CHECKING:
+    from acollect._batches.counts import Counts
     from acollect._batches.plan import BatchPlan
-    from acollect._batches.tally import Tally
     from acollect._runtime.lifecycle import Lifecycle
     from acollect._runtime.notify import Notifier
     from acollect._runtime.tasks import TaskOwner
@@ -195,7 +195,7 @@ class Background:
         tasks: the collector's task group, where the task runs.
         calls: the collector's calls in flight (a report that waits is one: a shutdown wakes it).
         changes: woken when a batch is handed over or the trainer reports; the task waits on it.
-        tally: the collector's counts (frames collected, batches handed out).
+        counts: the collector's counts (frames collected, batches handed out).
         episodes: whole episodes (``trajs_per_batch``), where the task's batches go first when it is set.
         batch: what each batch holds (a replay ratio may run a batch ahead by default).
         settings: the collector's options (asked when the task runs: ``trajs_per_batch``, ``postproc``).
@@ -206,8 +206,19 @@ class Background:
     """
 
     __slots__ = (
-        "_batch", "_calls", "_changes", "_collect", "_count_frames", "_episodes", "_exhausted", "_lifecycle", "_run",
-        "_set_up", "_settings", "_tally", "_tasks",
+        "_batch",
+        "_calls",
+        "_changes",
+        "_collect",
+        "_count_frames",
+        "_counts",
+        "_episodes",
+        "_exhausted",
+        "_lifecycle",
+        "_run",
+        "_set_up",
+        "_settings",
+        "_tasks",
     )  # fmt: skip
 
     def __init__(
@@ -217,7 +228,7 @@ class Background:
         tasks: TaskOwner,
         calls: Calls,
         changes: Notifier,
-        tally: Tally,
+        counts: Counts,
         episodes: EpisodeBatches,
         batch: BatchPlan,
         settings: Callable[[], RolloutSettings],
@@ -230,7 +241,7 @@ class Background:
         self._tasks = tasks
         self._calls = calls
         self._changes = changes
-        self._tally = tally
+        self._counts = counts
         self._episodes = episodes
         self._batch = batch
         self._settings = settings
@@ -324,7 +335,7 @@ class Background:
         ratio.add_updates(more(ratio))
         self._changes.notify()  # a collector waiting for the trainer may go on
         with self._calls.call(call):
-            while not ratio.trainer_may_update(self._tally.frames) and not self._exhausted() and self._run.alive:
+            while not ratio.trainer_may_update(self._counts.frames) and not self._exhausted() and self._run.alive:
                 await self._changes.wait()
 
     async def _fill(self, replay_buffer: SupportsExtend) -> None:
@@ -335,7 +346,7 @@ class Background:
             while not self._exhausted():
                 # Held by a pause, or ahead of the replay ratio: the trainer's pause exit or trained() wakes it.
                 while self._lifecycle.pauses or (
-                    ratio is not None and not ratio.collector_may_collect(self._tally.frames)
+                    ratio is not None and not ratio.collector_may_collect(self._counts.frames)
                 ):
                     await self._changes.wait()
                 self._run.batch_begun()
@@ -351,7 +362,7 @@ class Background:
                     with anyio.CancelScope(shield=True):  # a batch that reached the buffer is in it whole, counted
                         await extend_from_loop(replay_buffer, batch)
                         self._count_frames(batch.numel())
-                        self._tally.count_batch()
+                        self._counts.count_batch()
                 finally:
                     self._run.batch_done()
                     self._changes.notify()

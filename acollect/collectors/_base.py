@@ -22,8 +22,8 @@ import torch
 from tensordict import TensorDictBase
 from typing_extensions import Never
 
+from acollect._batches.counts import Counts
 from acollect._batches.plan import BatchPlan
-from acollect._batches.tally import Tally
 from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.notify import Notifier
@@ -72,7 +72,7 @@ class CollectorBase:
         self.total_frames = check_total_frames(total_frames, batch.frames_per_batch)
         name = type(self).__name__
         # Frames, batches, statistics and the progress display: one part, counted only through its methods.
-        self._tally = Tally(total_frames=self.total_frames, progress=progress, name=name)
+        self._counts = Counts(total_frames=self.total_frames, progress=progress, name=name)
         self._lifecycle = Lifecycle()  # the state, and all it depends on: read it, never keep a copy
         # A task that failed breaks the collector; the end of its event loop releases it without waiting.
         self._tasks = TaskOwner(
@@ -82,22 +82,22 @@ class CollectorBase:
         self._calls = Calls(name, self._lifecycle, self._tasks, self._changes, on_failure=self._fail)
         # trajs_per_batch: whole episodes gathered from the batches collected.
         self._episode_batches = EpisodeBatches(
-            workers=self._trajectory_id_stride, tally=self._tally, count_frames=self._count_frames,
+            workers=self._trajectory_id_stride, counts=self._counts, count_frames=self._count_frames,
             collected_all=self._collected_all, added=self._assembled, checked=self._calls.checked,
         )  # fmt: skip
         self._background = Background(
             lifecycle=self._lifecycle, tasks=self._tasks, calls=self._calls, changes=self._changes,
-            tally=self._tally, episodes=self._episode_batches, batch=self._batch, settings=lambda: self.settings,
+            counts=self._counts, episodes=self._episode_batches, batch=self._batch, settings=lambda: self.settings,
             set_up=self._ensure_setup, collect=self._collect_batch, exhausted=lambda: self.exhausted,
             count_frames=self._count_frames,
         )  # fmt: skip
         self._pauses = Pauses(
             lifecycle=self._lifecycle, calls=self._calls, run=self._background.run, changes=self._changes,
-            tally=self._tally, stats=self.stats, apply=self._apply_pause,
+            counts=self._counts, stats=self.stats, apply=self._apply_pause,
         )  # fmt: skip
         self._lifetime = Lifetime(
             self, lifecycle=self._lifecycle, tasks=self._tasks, calls=self._calls, pauses=self._pauses,
-            tally=self._tally, stats=self.stats, setup=self._setup, teardown=self._teardown,
+            counts=self._counts, stats=self.stats, setup=self._setup, teardown=self._teardown,
             release_now=self._release_now, limit=shutdown_timeout,
         )  # fmt: skip
 
@@ -171,7 +171,7 @@ class CollectorBase:
     def frames(self) -> int:
         """Frames collected so far (a resumed collector continues the count); all handed out, but with
         ``trajs_per_batch``, where those of the episodes in progress are held until the episodes end."""
-        return self._tally.frames
+        return self._counts.frames
 
     def stats(self) -> CollectorStats:
         """Progress so far: frames, frames/s, episodes and their returns, policy lag, restarts, where the time goes.
@@ -193,13 +193,13 @@ class CollectorBase:
             >>> stats.frames, stats.episodes, stats.episode_return_mean, stats.policy_lag
             (40, 8, 5.0, {0: 0})
         """
-        return self._tally.snapshot(policy_version=int(getattr(self, "policy_version", 0)), counters=self._counters())
+        return self._counts.snapshot(policy_version=int(getattr(self, "policy_version", 0)), counters=self._counters())
 
     def _count_frames(self, frames: int) -> None:
         """Counts ``frames`` collected (toward ``total_frames``), and shows them where progress is displayed."""
-        self._tally.count_frames(frames)
-        if self._tally.shows_progress:
-            self._tally.show(self.stats())
+        self._counts.count_frames(frames)
+        if self._counts.shows_progress:
+            self._counts.show(self.stats())
 
     def __len__(self) -> int:
         """Number of batches the collector yields in all; endless collectors, and those handing out whole episodes
@@ -220,7 +220,7 @@ class CollectorBase:
         return self._collected_all() and self._episode_batches.empty
 
     def _collected_all(self) -> bool:
-        return self.total_frames != -1 and self._tally.frames >= self.total_frames
+        return self.total_frames != -1 and self._counts.frames >= self.total_frames
 
     # -- set-up and shutdown (their part: acollect.collectors._lifetime) ---------------------
     async def _ensure_setup(self) -> None:
@@ -310,7 +310,7 @@ class CollectorBase:
                 elif not self.exhausted:
                     batch = await self._collect_checked()
                     self._count_frames(batch.numel())
-                    self._tally.count_batch()
+                    self._counts.count_batch()
             finally:
                 self._calls.end_turn()
         return batch
@@ -493,6 +493,6 @@ class CollectorBase:
     def __repr__(self) -> str:
         total = "endless" if self.total_frames == -1 else self.total_frames
         return (
-            f"{type(self).__name__}(state={self._lifecycle.state.name}, frames={self._tally.frames}/{total}, "
+            f"{type(self).__name__}(state={self._lifecycle.state.name}, frames={self._counts.frames}/{total}, "
             f"frames_per_batch={self.frames_per_batch})"
         )

@@ -346,7 +346,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
         if set(models) != {"policy"}:
             raise ConfigurationError.bad_value("model_id", sorted(models), "'policy' (the server's only model)")
         version = await self.server.update_policy_weights_(models["policy"])
-        self._worker_changes.pushed(self._tally.batches)
+        self._worker_changes.pushed(self._counts.batches)
         return version
 
     # -- stats ---------------------------------------------------------------------------------

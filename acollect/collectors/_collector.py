@@ -217,7 +217,7 @@ class Collector(CollectorBase):
         assert driver is not None
         seed, self._seed = self._seed, None
         (batch, episodes, version, frames), spent = await driver.collect(seed, self._made)
-        self._tally.record_worker(0, frames, version, episodes, spent)
+        self._counts.record_worker(0, frames, version, episodes, spent)
         return batch
 
     async def _apply_pause(self, paused: bool) -> None:
@@ -325,8 +325,8 @@ class Collector(CollectorBase):
             else (self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None)
         )
         return {
-            "frames": self._tally.frames,
-            "batches": self._tally.batches,
+            "frames": self._counts.frames,
+            "batches": self._counts.batches,
             "next_traj_counter": engine.next_traj_counter if engine is not None else 0,
             "policy_version": self._weights.version,
             "policy_state_dict": TensorDict.from_module(module).clone() if module is not None else None,
@@ -339,7 +339,7 @@ class Collector(CollectorBase):
             raise ConfigurationError.bad_value(
                 "state_dict", sorted(state_dict), f"a collector state dict (missing keys: {sorted(missing)})"
             )
-        self._tally.restore(int(state_dict["frames"]), int(state_dict["batches"]))
+        self._counts.restore(int(state_dict["frames"]), int(state_dict["batches"]))
         self._weights.version = int(state_dict["policy_version"])
         weights = state_dict.get("policy_state_dict")
         if weights is not None:

@@ -29,7 +29,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._batches.handout_buffers import HandOutBuffers
-from acollect._batches.lending import LendingBooks
+from acollect._batches.lending import Loans
 from acollect._batches.shared_batches import SharedBatches
 from acollect._workers import protocol as P
 from acollect._workers.handles import Received, Request, WorkerHandle
@@ -84,8 +84,8 @@ class Dispatch:
         """
         raise NotImplementedError
 
-    def combine(self, items: list[Received], *, books: LendingBooks | None = None) -> TensorDictBase:
-        """Makes the batch handed out from ``items``: their shared memory lent through ``books`` (where
+    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
+        """Makes the batch handed out from ``items``: their shared memory lent through ``loans`` (where
         :meth:`can_lend` said so), else a copy (in a thread: copying large batches takes milliseconds)."""
         raise NotImplementedError
 
@@ -94,7 +94,7 @@ class Dispatch:
         once, before the memory is given back: a copy to a GPU)."""
         return self.combine(items)
 
-    async def can_lend(self, pool: WorkerPool, items: list[Received], books: LendingBooks) -> bool:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
         """Whether the batch of ``items`` can be lent (it is one piece of shared memory, the budget has room) and its
         workers can go on collecting meanwhile (getting more slots if they need them)."""
         return False
@@ -104,7 +104,7 @@ class Dispatch:
 
     async def returned(self, pool: WorkerPool, key: Hashable, token: Hashable) -> None:
         """The caller dropped the last tensor of a lent batch: its memory is given back (see
-        :meth:`~acollect._batches.lending.LendingBooks.lend`)."""
+        :meth:`~acollect._batches.lending.Loans.lend`)."""
 
     def give_back(self, item: Received) -> bool:
         """Frees ``item``'s part of a shared segment, if it was one (``False``: its worker is given the slot back)."""
@@ -270,24 +270,24 @@ class Lockstep(Dispatch):
             return None  # a lost worker's rows lie in the segment too: the live parts are gathered
         return self._shared.batch(slot)
 
-    async def can_lend(self, pool: WorkerPool, items: list[Received], books: LendingBooks) -> bool:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
         if self._in_place(items) is None or self._shared is None:
             return False  # gathered from parts: a copy is made anyway
-        if not books.room_for(sum(item.nbytes for item in items)):
+        if not loans.room_for(sum(item.nbytes for item in items)):
             return False
         # Lent segments, this one, and two more: the next batch's and the one asked for ahead.
-        missing = books.held(_SHARED) + 3 - len(self._shared)
+        missing = loans.held(_SHARED) + 3 - len(self._shared)
         return missing <= 0 or await pool.slots.grow_shared(missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:
         whole = self._in_place(items)
         return whole.copy() if whole is not None else self.combine(items)
 
-    def combine(self, items: list[Received], *, books: LendingBooks | None = None) -> TensorDictBase:
+    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
         whole = self._in_place(items)
         if whole is not None:
-            if books is not None:  # the segment itself, given back when the caller drops it
-                return books.lend(whole, key=_SHARED, token=items[0].header["slot"], fixed=True)
+            if loans is not None:  # the segment itself, given back when the caller drops it
+                return loans.lend(whole, key=_SHARED, token=items[0].header["slot"], fixed=True)
             reused = self._buffers.take("shared")  # the memory of a batch the caller dropped: one copy_, no faults
             if reused is not None:
                 return reused.copy_(whole)
@@ -372,15 +372,15 @@ class FirstReady(Dispatch):
         await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         return [pool.ready_queue.popleft()]
 
-    async def can_lend(self, pool: WorkerPool, items: list[Received], books: LendingBooks) -> bool:
+    async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
         (item,) = items
         handle = pool.handles[item.worker]
         if not item.in_slot or item.generation != handle.generation or handle.ring is None:
             return False  # over message frames (the caller's already), or from a worker that died since
-        if not books.room_for(item.nbytes):
+        if not loans.room_for(item.nbytes):
             return False
         # Its worker collects on its credits, each into a slot of its ring: slots enough for those and every one lent.
-        missing = self.credits + books.held((item.worker, item.generation)) + 1 - len(handle.ring)
+        missing = self.credits + loans.held((item.worker, item.generation)) + 1 - len(handle.ring)
         return missing <= 0 or await pool.slots.grow_ring(handle, missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:
@@ -389,12 +389,12 @@ class FirstReady(Dispatch):
         batch.set(("collector", "worker_id"), torch.full(batch.shape, item.worker, dtype=torch.int64))
         return batch
 
-    def combine(self, items: list[Received], *, books: LendingBooks | None = None) -> TensorDictBase:
+    def combine(self, items: list[Received], *, loans: Loans | None = None) -> TensorDictBase:
         (item,) = items
         if not item.in_slot:
             batch = item.data  # over the message's own frames: already the caller's memory
-        elif books is not None:  # the slot itself, given back to its worker when the caller drops the batch
-            batch = books.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"], fixed=True)
+        elif loans is not None:  # the slot itself, given back to its worker when the caller drops the batch
+            batch = loans.lend(item.data, key=(item.worker, item.generation), token=item.header["slot"], fixed=True)
         else:
             buffers = self._buffers.setdefault(item.worker, HandOutBuffers())
             reused = buffers.take(item.generation)

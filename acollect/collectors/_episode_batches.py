@@ -16,7 +16,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect._batches.tally import Tally
+from acollect._batches.counts import Counts
 from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect.replay_buffer import SupportsExtend, extend_from_loop
 
@@ -42,7 +42,7 @@ class EpisodeBatches:
     Args:
         workers: the collector's ``_trajectory_id_stride`` (the step between one worker's trajectory ids), asked
             once, at the first batch.
-        tally: the collector's counts (a batch of episodes handed out is counted there).
+        counts: the collector's counts (a batch of episodes handed out is counted there).
         count_frames: counts the frames of a batch added (toward ``total_frames``).
         collected_all: whether ``total_frames`` were collected (the episodes in progress are ended then).
         added: the collector's ``_assembled`` hook, after each batch added.
@@ -50,20 +50,20 @@ class EpisodeBatches:
             collector's :meth:`Calls.checked <acollect.collectors._calls.Calls.checked>`).
     """
 
-    __slots__ = ("_added", "_assembler", "_checked", "_collected_all", "_count_frames", "_tally", "_workers")
+    __slots__ = ("_added", "_assembler", "_checked", "_collected_all", "_count_frames", "_counts", "_workers")
 
     def __init__(
         self,
         *,
         workers: Callable[[], int],
-        tally: Tally,
+        counts: Counts,
         count_frames: Callable[[int], None],
         collected_all: Callable[[], bool],
         added: Callable[[TrajectoryAssembler], None],
         checked: Callable[[Callable[[], Awaitable[TensorDictBase]]], Awaitable[TensorDictBase]],
     ) -> None:
         self._workers = workers
-        self._tally = tally
+        self._counts = counts
         self._count_frames = count_frames
         self._collected_all = collected_all
         self._checked = checked
@@ -120,7 +120,7 @@ class EpisodeBatches:
         if assembler.complete < (1 if final else n):
             return None
         out = assembler.take(min(n, assembler.complete))
-        self._tally.count_batch()
+        self._counts.count_batch()
         return out
 
     async def extend(

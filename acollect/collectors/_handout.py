@@ -13,7 +13,7 @@ queue behind the copy by stream order alone. The source is pageable memory, whic
 buffer) when the call returns, so the workers get their memory back at once. ``cuda_dma=True`` opts into
 :class:`~acollect._batches.cuda_dma.DeviceCopier` instead (the pool's pages registered with CUDA, copied by DMA on a
 side stream): not yet run on a GPU.
-:class:`~acollect._batches.lending.LendingBooks` keeps the books of what is lent and the budget
+:class:`~acollect._batches.lending.Loans` keeps the record of what is lent and the budget
 (``max_lent_bytes``); the dispatch strategy (:mod:`acollect.collectors._dispatch`) says which memory
 a batch is and how its worker gets it back.
 """
@@ -28,7 +28,7 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._batches.cuda_dma import Copy, DeviceCopier
-from acollect._batches.lending import LendingBooks
+from acollect._batches.lending import Loans
 from acollect._devices import cuda_ready, move_to, order_after
 from acollect._workers.handles import Received
 from acollect._workers.pool import WorkerPool
@@ -67,7 +67,7 @@ class HandOut:
         #: The accelerator batches are moved to (``None``: they stay on the host).
         self._device = storing_device if storing_device is not None and storing_device.type != "cpu" else None
         self._cuda_dma = cuda_dma
-        self.books = LendingBooks(budget)
+        self.loans = Loans(budget)
         # cuda_dma=True: batches go to the GPU by DMA from the workers' registered shared memory (transport.cuda_dma).
         self._copier: DeviceCopier | None = None
         self._copies: list[Copy] = []  # copies whose source memory is read until they finished
@@ -91,9 +91,9 @@ class HandOut:
     @property
     def lent(self) -> dict[str, int]:
         """What the caller holds of the workers' shared memory (see ``MultiCollectorBase.lent``)."""
-        books = self.books
-        return {"batches": books.outstanding, "bytes": books.lent_bytes, "budget": books.budget,
-                "lent_so_far": books.lent_batches, "copies_over_budget": books.over_budget}  # fmt: skip
+        loans = self.loans
+        return {"batches": loans.outstanding, "bytes": loans.lent_bytes, "budget": loans.budget,
+                "lent_so_far": loans.lent_batches, "copies_over_budget": loans.over_budget}  # fmt: skip
 
     @property
     def pinned_bytes(self) -> int:
@@ -108,9 +108,9 @@ class HandOut:
         """The batch of ``items``, lent, copied or on the GPU, ``reshape`` (postproc, ``split_trajs``) applied off
         the event loop; each item's memory is then given back to its worker, at once or once no longer read."""
         copier = self._copier
-        books: LendingBooks | None = None
-        if self._device is None and not self._copy_batches and await self._dispatch.can_lend(pool, items, self.books):
-            books = self.books
+        loans: Loans | None = None
+        if self._device is None and not self._copy_batches and await self._dispatch.can_lend(pool, items, self.loans):
+            loans = self.loans
         try:
             if copier is None and self._device is not None:
                 batch = await self._to_device(self._device, items, reshape)
@@ -124,14 +124,14 @@ class HandOut:
                     # Reshaped in a thread, on that thread's stream: each side orders its own stream after the other.
                     reshaped, done = await anyio.to_thread.run_sync(copier.reshaped, copy, reshape)
                     batch = copier.hand_over_reshaped(reshaped, done)
-            elif self._inline(items, lent=books is not None, reshapes=reshape is not None):
-                batch = self._combine(items, books, reshape)
+            elif self._inline(items, lent=loans is not None, reshapes=reshape is not None):
+                batch = self._combine(items, loans, reshape)
             else:
                 # Off the event loop: combining (and postproc of) pixel batches takes milliseconds.
-                batch = await anyio.to_thread.run_sync(self._combine, items, books, reshape)
+                batch = await anyio.to_thread.run_sync(self._combine, items, loans, reshape)
         finally:
             for item in items:
-                if books is not None:
+                if loans is not None:
                     await self._dispatch.lent(pool, item)
                 elif copier is not None:
                     self._held.append(item)
@@ -148,10 +148,10 @@ class HandOut:
     def _combine(
         self,
         items: list[Received],
-        books: LendingBooks | None,
+        loans: Loans | None,
         reshape: Callable[[TensorDictBase], TensorDictBase] | None,
     ) -> TensorDictBase:
-        batch = self._dispatch.combine(items, books=books)
+        batch = self._dispatch.combine(items, loans=loans)
         return reshape(batch) if reshape is not None else batch
 
     async def _to_device(
@@ -192,7 +192,7 @@ class HandOut:
 
     async def take_back(self, pool: WorkerPool) -> None:
         """Gives back what the caller dropped since the last batch, and what a finished copy to a GPU held."""
-        for key, token in self.books.returned():
+        for key, token in self.loans.returned():
             await self._dispatch.returned(pool, key, token)
         copies, self._copies = self._copies, []
         if copies and self._copier is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from acollect._batches.tally import Tally
+from acollect._batches.counts import Counts
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.tasks import TaskOwner
 from acollect._validate import check_seconds
@@ -45,7 +45,7 @@ class Lifetime:
         tasks: the collector's task group (opened at set-up, closed last).
         calls: the collector's calls in flight.
         pauses: the collector's pauses (one held during set-up is applied after it).
-        tally: the collector's counts (frame rates count from the end of set-up; the progress display is closed
+        counts: the collector's counts (frame rates count from the end of set-up; the progress display is closed
             last).
         stats: the collector's statistics, for that display's last line.
         setup: builds what collects (the collector's ``_setup``).
@@ -55,8 +55,18 @@ class Lifetime:
     """
 
     __slots__ = (
-        "_calls", "_lifecycle", "_limit", "_owner", "_pauses", "_release_now", "_setup", "_setup_lock", "_stats",
-        "_tally", "_tasks", "_teardown",
+        "_calls",
+        "_counts",
+        "_lifecycle",
+        "_limit",
+        "_owner",
+        "_pauses",
+        "_release_now",
+        "_setup",
+        "_setup_lock",
+        "_stats",
+        "_tasks",
+        "_teardown",
     )  # fmt: skip
 
     def __init__(
@@ -67,7 +77,7 @@ class Lifetime:
         tasks: TaskOwner,
         calls: Calls,
         pauses: Pauses,
-        tally: Tally,
+        counts: Counts,
         stats: Callable[[], CollectorStats],
         setup: Callable[[], Awaitable[None]],
         teardown: Callable[[], Awaitable[None]],
@@ -79,7 +89,7 @@ class Lifetime:
         self._tasks = tasks
         self._calls = calls
         self._pauses = pauses
-        self._tally = tally
+        self._counts = counts
         self._stats = stats
         self._setup = setup
         self._setup_lock = anyio.Lock()
@@ -106,7 +116,7 @@ class Lifetime:
                 self._lifecycle.setup_undone()
                 raise
             self._lifecycle.setup_finished()
-            self._tally.start()  # frame rates count from here: building envs and workers is not collecting
+            self._counts.start()  # frame rates count from here: building envs and workers is not collecting
         if self._lifecycle.pauses:
             await self._pauses.sync()
 
@@ -140,7 +150,7 @@ class Lifetime:
                     await self._close()
             finally:
                 lifecycle.move(CollectorState.CLOSED)
-                self._tally.close_progress(self._stats())
+                self._counts.close_progress(self._stats())
         if (
             raise_background_error
             and lifecycle.background
@@ -175,7 +185,7 @@ class Lifetime:
             logger.exception("releasing %s without waiting failed", name)
         finally:
             lifecycle.move(CollectorState.CLOSED)
-            self._tally.close_progress(self._stats())
+            self._counts.close_progress(self._stats())
         if warn and held:
             warn_unclosed(
                 self._owner,

@@ -333,8 +333,8 @@ class MultiCollectorBase(CollectorBase):
         workers = self._worker_changes.workers_state(self._pool, self.num_workers)
         module = self._policy_arg if isinstance(self._policy_arg, torch.nn.Module) else None
         return {
-            "frames": self._tally.frames,
-            "batches": self._tally.batches,
+            "frames": self._counts.frames,
+            "batches": self._counts.batches,
             "policy_version": self.policy_version,
             "workers": workers,
             "policy_state_dict": TensorDict.from_module(module).clone() if module is not None else None,
@@ -347,7 +347,7 @@ class MultiCollectorBase(CollectorBase):
         """
         workers = WorkerChanges.check_saved(state_dict, self.num_workers)
         self._calls.check_usable("load_state_dict()")
-        self._tally.restore(int(state_dict["frames"]), int(state_dict["batches"]))
+        self._counts.restore(int(state_dict["frames"]), int(state_dict["batches"]))
         self._worker_changes.restore(
             int(state_dict["policy_version"]), workers, state_dict.get("policy_state_dict"), self._pool
         )
@@ -384,11 +384,11 @@ class MultiCollectorBase(CollectorBase):
     def _wants_next(self) -> bool:
         """Whether workers may begin the batch after this one now: not when it is the last, nor when the
         collector will push weights before it (a batch begun before a push is not handed out after it)."""
-        if self.total_frames != -1 and self._tally.frames + self.frames_per_batch >= self.total_frames:
+        if self.total_frames != -1 and self._counts.frames + self.frames_per_batch >= self.total_frames:
             return False
         if self.settings.update_after_each_batch:
             return False
-        return not self._push_due(self._tally.batches + 1)
+        return not self._push_due(self._counts.batches + 1)
 
     def _reshapes(self) -> bool:
         """Whether :meth:`_reshape` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with
@@ -399,7 +399,7 @@ class MultiCollectorBase(CollectorBase):
     async def _before_batch(self) -> None:
         await self._handout.take_back(self._require_pool())
         await self._apply_pending()
-        if self._push_due(self._tally.batches):
+        if self._push_due(self._counts.batches):
             await self._push({"policy": params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
 
     def _push_due(self, batches: int) -> bool:
@@ -416,7 +416,7 @@ class MultiCollectorBase(CollectorBase):
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
         lost = [h.index for h in self._require_pool().handles if h.lost]
         for index in lost:
-            self._tally.forget_worker(index)  # its last report would otherwise count on in the time split
+            self._counts.forget_worker(index)  # its last report would otherwise count on in the time split
         if self.settings.trajs_per_batch is not None:
             self._episodes_to_end.update(lost)
         self._workers_lost(live)
@@ -442,7 +442,7 @@ class MultiCollectorBase(CollectorBase):
         """Counts ``item``: the worker counted its episodes and timed its parts, statistics cost no message."""
         header = item.header
         episodes = EpisodeSummary.from_header(header.get("episodes"))
-        self._tally.record_worker(
+        self._counts.record_worker(
             item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
         )
 
@@ -495,7 +495,7 @@ class MultiCollectorBase(CollectorBase):
         self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float, ready: tuple[Any, ...] = ()
     ) -> int:
         pool, settings = self._require_pool(), self.settings
-        schemes, batches = settings.weight_sync_schemes, self._tally.batches
+        schemes, batches = settings.weight_sync_schemes, self._counts.batches
         return await self._worker_changes.push(
             pool, models, ids, limit, ready, schemes=schemes, default_scheme=self._default_scheme, batches=batches
         )

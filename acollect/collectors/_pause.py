@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from acollect._batches.tally import Tally
+from acollect._batches.counts import Counts
 from acollect._runtime.lifecycle import CollectorState, Lifecycle
 from acollect._runtime.notify import Notifier
 from acollect.collectors._background import BackgroundRun
@@ -31,12 +31,12 @@ class Pauses:
         calls: the collector's calls in flight (entering a pause is one: a shutdown wakes it).
         run: the background task, whose batch in flight a pause waits for.
         changes: woken when a pause ends (the background task waits for it), and notified by that task.
-        tally: the collector's counts (the progress display says "paused").
+        counts: the collector's counts (the progress display says "paused").
         stats: the collector's statistics, for that display.
         apply: tells whatever collects to stop (``True``) or go on (``False``): the collector's ``_apply_pause``.
     """
 
-    __slots__ = ("_apply", "_calls", "_changes", "_lifecycle", "_lock", "_run", "_stats", "_tally")
+    __slots__ = ("_apply", "_calls", "_changes", "_counts", "_lifecycle", "_lock", "_run", "_stats")
 
     def __init__(
         self,
@@ -45,7 +45,7 @@ class Pauses:
         calls: Calls,
         run: BackgroundRun,
         changes: Notifier,
-        tally: Tally,
+        counts: Counts,
         stats: Callable[[], CollectorStats],
         apply: Callable[[bool], Awaitable[None]],
     ) -> None:
@@ -53,7 +53,7 @@ class Pauses:
         self._calls = calls
         self._run = run
         self._changes = changes
-        self._tally = tally
+        self._counts = counts
         self._stats = stats
         self._apply = apply
         self._lock = anyio.Lock()
@@ -88,6 +88,6 @@ class Pauses:
             if lifecycle.state in (CollectorState.RUNNING, CollectorState.PAUSED) and wanted != lifecycle.pause_applied:
                 await self._apply(wanted)
                 lifecycle.pause_was_applied(wanted)
-                self._tally.set_paused(wanted)
-                if self._tally.shows_progress:
-                    self._tally.show(self._stats())  # the display says "paused" at once, and when it goes on
+                self._counts.set_paused(wanted)
+                if self._counts.shows_progress:
+                    self._counts.show(self._stats())  # the display says "paused" at once, and when it goes on

@@ -140,14 +140,14 @@ def test_max_lent_bytes_must_be_a_positive_int() -> None:
 
 async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start_method: str) -> None:
     # One word a batch to the workers: the credit, carrying the slot of the worker's batch dropped since. Local workers
-    # get it down their doorbell, so no message goes to them at all while they collect.
+    # get it down their pipe, so no message goes to them at all while they collect.
     async with MultiAsyncCollector(
         [counting()] * 2, frames_per_batch=8, total_frames=-1, credits=2, use_shared_memory=True,
         start_method=start_method,
     ) as collector:  # fmt: skip
         await anext(collector)
         pool = collector.pool
-        assert all(h.doorbell is not None for h in pool.handles)
+        assert all(h.pipe is not None for h in pool.handles)
         sent: list[str] = []  # messages
         words: list[tuple[str, int | None]] = []  # credits and slots back, by whatever road
         real_send, real_credit, real_free = pool.send, pool.credit, pool.free
@@ -174,7 +174,7 @@ async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start
         assert [kind for kind, _ in words].count("credit") == batches
         assert [kind for kind, _ in words].count("free") == 0, "each freed slot rode on a credit"
         assert sum(slot is not None for _, slot in words) >= batches - 4  # each but the first of each worker's
-        # No message per batch: the words went down the doorbells. Only a ring grows, once, at its first lend.
+        # No message per batch: the words went down the credit pipes. Only a ring grows, once, at its first lend.
         assert set(sent) <= {"slots"}, sent
         assert len(sent) <= 2, sent
         # A slot for each credit and one for the batch lent: no more than when the slot went back at once.

@@ -1,5 +1,5 @@
 """What a batch holds and what a collector counts: :class:`~acollect._batches.plan.BatchPlan` and
-:class:`~acollect._batches.tally.Tally`, value by value.
+:class:`~acollect._batches.counts.Counts`, value by value.
 
 Each test kills mutants that ``tools/mutation.py batch_plan`` found alive: a plan settled from half the workers, a
 rounding that sums where it should take the largest, a warning that names the wrong sizes, a count restored or
@@ -14,8 +14,8 @@ import warnings
 
 import pytest
 
+from acollect._batches.counts import Counts
 from acollect._batches.plan import BatchPlan
-from acollect._batches.tally import Tally
 from acollect.stats import EpisodeSummary
 
 
@@ -107,31 +107,31 @@ def test_the_warning_names_the_envs_as_they_are(
 
 
 def test_the_tally_counts_frames_and_batches_and_restores_them() -> None:
-    tally = Tally(total_frames=100, progress=False, name="mine")
-    assert (tally.total_frames, tally.frames, tally.batches, tally.shows_progress) == (100, 0, 0, False)
-    tally.start()
-    tally.count_frames(8)
-    tally.count_frames(5)
-    tally.count_batch()
-    tally.count_batch()
-    tally.count_batch()
-    assert (tally.frames, tally.batches) == (13, 3)
-    stats = tally.snapshot(policy_version=4, counters={"restarts": 2, "dropped_batches": 1})
+    counts = Counts(total_frames=100, progress=False, name="mine")
+    assert (counts.total_frames, counts.frames, counts.batches, counts.shows_progress) == (100, 0, 0, False)
+    counts.start()
+    counts.count_frames(8)
+    counts.count_frames(5)
+    counts.count_batch()
+    counts.count_batch()
+    counts.count_batch()
+    assert (counts.frames, counts.batches) == (13, 3)
+    stats = counts.snapshot(policy_version=4, counters={"restarts": 2, "dropped_batches": 1})
     assert (stats.frames, stats.batches, stats.policy_version) == (13, 3, 4)
     assert (stats.restarts, stats.dropped_batches) == (2, 1)
-    tally.restore(frames=64, batches=7)
-    assert (tally.frames, tally.batches) == (64, 7)
-    tally.count_frames(1)
-    assert tally.snapshot(policy_version=0, counters={}).frames == 65
+    counts.restore(frames=64, batches=7)
+    assert (counts.frames, counts.batches) == (64, 7)
+    counts.count_frames(1)
+    assert counts.snapshot(policy_version=0, counters={}).frames == 65
 
 
 def test_the_tally_reports_each_workers_episodes_and_version() -> None:
-    tally = Tally(total_frames=-1, progress=False)
-    tally.start()
-    tally.record_worker(0, 10, 3, EpisodeSummary(2, [1.0, 3.0], [4, 6]))
-    tally.record_worker(1, 10, 2, EpisodeSummary(1, [5.0], [8]), time_spent=None)
-    tally.record_worker(1, 10, 5)
-    stats = tally.snapshot(policy_version=5, counters={})
+    counts = Counts(total_frames=-1, progress=False)
+    counts.start()
+    counts.record_worker(0, 10, 3, EpisodeSummary(2, [1.0, 3.0], [4, 6]))
+    counts.record_worker(1, 10, 2, EpisodeSummary(1, [5.0], [8]), time_spent=None)
+    counts.record_worker(1, 10, 5)
+    stats = counts.snapshot(policy_version=5, counters={})
     assert stats.episodes == 3
     assert (stats.episode_return_mean, stats.episode_return_last) == (3.0, 5.0)
     assert (stats.episode_length_mean, stats.episode_length_last) == (6.0, 8)
@@ -140,28 +140,28 @@ def test_the_tally_reports_each_workers_episodes_and_version() -> None:
 
 
 def test_a_pause_shows_in_the_stats_until_it_is_lifted() -> None:
-    tally = Tally(total_frames=-1, progress=False)
-    tally.start()
-    tally.set_paused(True)
-    assert tally.snapshot(policy_version=0, counters={}).paused
-    tally.set_paused(False)
-    assert not tally.snapshot(policy_version=0, counters={}).paused
+    counts = Counts(total_frames=-1, progress=False)
+    counts.start()
+    counts.set_paused(True)
+    assert counts.snapshot(policy_version=0, counters={}).paused
+    counts.set_paused(False)
+    assert not counts.snapshot(policy_version=0, counters={}).paused
 
 
 def test_the_log_progress_line_names_the_collector_and_ends_with_the_last_figures(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="acollect.progress")
-    tally = Tally(total_frames=32, progress="log", name="my collector")
-    assert tally.shows_progress
-    tally.start()
-    tally.count_frames(16)
-    tally.count_batch()
-    tally.show(tally.snapshot(policy_version=0, counters={}))
-    tally.count_frames(16)
-    tally.count_batch()
-    tally.close_progress(tally.snapshot(policy_version=0, counters={}))
-    tally.close_progress(tally.snapshot(policy_version=0, counters={}))  # once only
+    counts = Counts(total_frames=32, progress="log", name="my collector")
+    assert counts.shows_progress
+    counts.start()
+    counts.count_frames(16)
+    counts.count_batch()
+    counts.show(counts.snapshot(policy_version=0, counters={}))
+    counts.count_frames(16)
+    counts.count_batch()
+    counts.close_progress(counts.snapshot(policy_version=0, counters={}))
+    counts.close_progress(counts.snapshot(policy_version=0, counters={}))  # once only
     lines = [r.getMessage() for r in caplog.records if r.name == "acollect.progress"]
     assert len(lines) == 2
     assert re.match(r"^my collector: 16/32 frames", lines[0]), lines
@@ -170,23 +170,23 @@ def test_the_log_progress_line_names_the_collector_and_ends_with_the_last_figure
 
 def test_no_progress_shows_nothing_and_closes_quietly(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="acollect.progress")
-    tally = Tally(total_frames=32, progress=None)
-    tally.count_frames(16)
-    tally.show(tally.snapshot(policy_version=0, counters={}))
-    tally.close_progress(tally.snapshot(policy_version=0, counters={}))
+    counts = Counts(total_frames=32, progress=None)
+    counts.count_frames(16)
+    counts.show(counts.snapshot(policy_version=0, counters={}))
+    counts.close_progress(counts.snapshot(policy_version=0, counters={}))
     assert [r for r in caplog.records if r.name == "acollect.progress"] == []
 
 
 def test_the_tally_splits_each_workers_time_and_forgets_a_lost_worker() -> None:
-    tally = Tally(total_frames=-1, progress=False)
-    tally.start()
-    tally.record_worker(0, 10, 1, time_spent=[3.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    tally.record_worker(1, 10, 1, time_spent=[0.0, 4.0, 0.0, 0.0, 0.0, 0.0])
-    split = tally.snapshot(policy_version=1, counters={}).worker_time_split
+    counts = Counts(total_frames=-1, progress=False)
+    counts.start()
+    counts.record_worker(0, 10, 1, time_spent=[3.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    counts.record_worker(1, 10, 1, time_spent=[0.0, 4.0, 0.0, 0.0, 0.0, 0.0])
+    split = counts.snapshot(policy_version=1, counters={}).worker_time_split
     assert set(split) == {0, 1}
     assert (split[0]["env"], split[0]["policy"], split[1]["policy"]) == (0.75, 0.25, 1.0)
-    tally.forget_worker(0)
-    assert set(tally.snapshot(policy_version=1, counters={}).worker_time_split) == {1}
+    counts.forget_worker(0)
+    assert set(counts.snapshot(policy_version=1, counters={}).worker_time_split) == {1}
 
 
 def test_by_default_a_plan_is_one_workers_and_a_tally_is_called_collector(caplog: pytest.LogCaptureFixture) -> None:
@@ -195,8 +195,8 @@ def test_by_default_a_plan_is_one_workers_and_a_tally_is_called_collector(caplog
     assert settle_quietly(plan, [5]) == (False, [])
     assert plan.settled
     caplog.set_level(logging.INFO, logger="acollect.progress")
-    tally = Tally(total_frames=8, progress="log")
-    tally.count_frames(8)
-    tally.count_batch()
-    tally.show(tally.snapshot(policy_version=0, counters={}))
+    counts = Counts(total_frames=8, progress="log")
+    counts.count_frames(8)
+    counts.count_batch()
+    counts.show(counts.snapshot(policy_version=0, counters={}))
     assert [r.getMessage().split(":")[0] for r in caplog.records if r.name == "acollect.progress"] == ["collector"]

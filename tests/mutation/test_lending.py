@@ -1,4 +1,4 @@
-"""Lent shared memory (:mod:`acollect._batches.lending`): the books, byte for byte and loan for loan.
+"""Lent shared memory (:mod:`acollect._batches.lending`): the loans, byte for byte and loan for loan.
 
 Each test kills mutants that ``tools/mutation.py lending`` found alive: a loan given back while a region of it is
 still held, bytes counted twice or not at all, a budget off by one, a wake-up that breaks the return.
@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect._batches.lending import DEFAULT_LENT_BYTES, Lender, LendingBooks, default_budget
+from acollect._batches.lending import DEFAULT_LENT_BYTES, Lender, Loans, default_budget
 from acollect._batches.shm import SHM_DIR
 
 
@@ -169,33 +169,33 @@ def test_the_default_budget_is_a_gib_or_a_quarter_of_dev_shm() -> None:
 
 
 def test_the_books_count_what_each_owner_has_out_and_refuse_past_the_budget() -> None:
-    books = LendingBooks(budget=100)
-    assert (books.budget, books.over_budget, books.lent_batches) == (100, 0, 0)
-    assert (books.lent_bytes, books.outstanding) == (0, 0)
-    assert books.room_for(100)  # up to the budget, included
-    a = books.lend(TensorDict({"x": torch.zeros(15)}, batch_size=[15]), key=("w", 0), token=1)  # 60 bytes
+    loans = Loans(budget=100)
+    assert (loans.budget, loans.over_budget, loans.lent_batches) == (100, 0, 0)
+    assert (loans.lent_bytes, loans.outstanding) == (0, 0)
+    assert loans.room_for(100)  # up to the budget, included
+    a = loans.lend(TensorDict({"x": torch.zeros(15)}, batch_size=[15]), key=("w", 0), token=1)  # 60 bytes
     fixed = TensorDict({"x": torch.zeros(5)}, batch_size=[5])
-    b = books.lend(fixed, key=("w", 0), token=2, fixed=True)
-    assert books.lender.plans_kept == 1
-    c = books.lend(TensorDict({"x": torch.zeros(2)}, batch_size=[2]), key="shared", token=3)
-    assert (books.held(("w", 0)), books.held("shared"), books.held(("w", 1))) == (2, 1, 0)
-    assert (books.lent_batches, books.lent_bytes, books.outstanding) == (3, 88, 3)
-    assert books.room_for(12)
-    assert books.over_budget == 0
-    assert not books.room_for(13)
-    assert not books.room_for(100)
-    assert books.over_budget == 2
+    b = loans.lend(fixed, key=("w", 0), token=2, fixed=True)
+    assert loans.lender.plans_kept == 1
+    c = loans.lend(TensorDict({"x": torch.zeros(2)}, batch_size=[2]), key="shared", token=3)
+    assert (loans.held(("w", 0)), loans.held("shared"), loans.held(("w", 1))) == (2, 1, 0)
+    assert (loans.lent_batches, loans.lent_bytes, loans.outstanding) == (3, 88, 3)
+    assert loans.room_for(12)
+    assert loans.over_budget == 0
+    assert not loans.room_for(13)
+    assert not loans.room_for(100)
+    assert loans.over_budget == 2
     del b
     gc.collect()
-    assert books.returned() == [(("w", 0), 2)]
-    assert (books.held(("w", 0)), books.lent_bytes, books.outstanding) == (1, 68, 2)
+    assert loans.returned() == [(("w", 0), 2)]
+    assert (loans.held(("w", 0)), loans.lent_bytes, loans.outstanding) == (1, 68, 2)
     del a
     gc.collect()
-    assert books.returned() == [(("w", 0), 1)]
+    assert loans.returned() == [(("w", 0), 1)]
     del c
     gc.collect()
-    assert books.returned() == [("shared", 3)]
-    assert (books.held(("w", 0)), books.held("shared"), books.lent_bytes) == (0, 0, 0)
+    assert loans.returned() == [("shared", 3)]
+    assert (loans.held(("w", 0)), loans.held("shared"), loans.lent_bytes) == (0, 0, 0)
 
 
 def test_a_fixed_tensordict_is_lent_by_the_plan_of_its_first_loan() -> None:
@@ -224,10 +224,10 @@ def test_storages_of_odd_lengths_are_lent_whole(fixed: bool) -> None:
 
 
 def test_a_batch_not_said_fixed_keeps_no_plan() -> None:
-    books = LendingBooks(budget=1 << 20)
+    loans = Loans(budget=1 << 20)
     td = TensorDict({"x": torch.zeros(4)}, batch_size=[4])
-    lent = books.lend(td, key="w", token=0)
-    assert books.lender.plans_kept == 0
+    lent = loans.lend(td, key="w", token=0)
+    assert loans.lender.plans_kept == 0
     assert lent["x"].data_ptr() == td["x"].data_ptr()
 
 

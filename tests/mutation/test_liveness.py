@@ -29,7 +29,7 @@ from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import encode_tensordict, unpack_message
 from acollect._runtime.worker_socket import WorkerSocket
 from acollect._workers import protocol as P
-from acollect._workers.handles import Orders, Rejected, Request, WorkerHandle, WorkerState, parse_identity
+from acollect._workers.handles import Rejected, Request, WorkerHandle, WorkerMode, WorkerState, parse_identity
 from acollect._workers.liveness import Monitor
 from acollect._workers.pool_events import Counters, PoolEvents
 from acollect._workers.pool_settings import PoolSettings
@@ -111,7 +111,7 @@ def test_a_hello_says_what_the_worker_built() -> None:
     handle.on_launch(now=0.0)
     handle.make_doorbell("/tmp/acollect-test-bell-that-is-never-made")
     handle.on_hello(hello(n_envs=3, weights=[[["w"], [2], "float32"]], env_seed="7",
-                          doorbell="/tmp/acollect-test-bell-that-is-never-made"))  # fmt: skip
+                          pipe="/tmp/acollect-test-bell-that-is-never-made"))  # fmt: skip
     assert (handle.n_envs, handle.batch_nbytes, handle.env_seed) == (3, 40, 7)
     assert handle.weights_structure == {("w",): ((2,), torch.float32)}
     assert handle.bell_path == "/tmp/acollect-test-bell-that-is-never-made"
@@ -119,7 +119,7 @@ def test_a_hello_says_what_the_worker_built() -> None:
     other = WorkerHandle(1, config(1))
     other.on_launch(now=0.0)
     other.make_doorbell("/tmp/a")
-    other.on_hello(hello(doorbell="/tmp/b"))
+    other.on_hello(hello(pipe="/tmp/b"))
     assert other.bell_path is None  # a worker never makes the collector open a path it did not name
 
 
@@ -368,7 +368,7 @@ class Pool:
         if running:  # else every worker is still to say hello: the pool starts
             self.events.running()
         self.counters = Counters()
-        self.orders = Orders(running=True)
+        self.mode = WorkerMode(running=True)
         self.settings = PoolSettings(
             launcher=launcher or LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=credits,
             slots=None, shared_batches=None, heartbeat_timeout=heartbeat_timeout, startup_timeout=startup_timeout,
@@ -409,7 +409,7 @@ class Pool:
 @asynccontextmanager
 async def monitoring(pool: Pool) -> AsyncIterator[Monitor]:
     async with Endpoint() as endpoint, anyio.create_task_group() as tg:
-        monitor = Monitor(endpoint, pool.handles, pool.events, pool.counters, pool.orders, pool.settings,
+        monitor = Monitor(endpoint, pool.handles, pool.events, pool.counters, pool.mode, pool.settings,
                           spawn=pool.spawn, vacate=pool.vacate, lost=pool.lost)  # fmt: skip
         tg.start_soon(monitor.run)
         try:
@@ -672,7 +672,7 @@ def test_a_new_slot_knows_nothing_yet() -> None:
         None,
         0,
     )
-    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.bell_path, handle.doorbell) == (None,) * 5
+    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.bell_path, handle.pipe) == (None,) * 5
     assert (handle.requests, handle.inbox, handle.changes_sent, handle.resets_sent) == ((), (), 0, 0)
     assert (handle.last_beat, handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (
         0.0, -1, 0.0, False, False

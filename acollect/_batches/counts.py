@@ -1,16 +1,16 @@
 """What a collector counts as it goes: frames and batches, the statistics behind ``stats()``, the progress display.
 
-:class:`Tally` is one of a collector's parts, with one writer: the collector's lifecycle counts what it hands out
-(:meth:`Tally.count_frames`, :meth:`Tally.count_batch`), each collector reports, per batch and per worker, the
-policy version, the episodes that ended and where the worker's time went (:meth:`Tally.record_worker`), and
-``load_state_dict`` restores the counts (:meth:`Tally.restore`). Nobody else writes its fields.
+:class:`Counts` is one of a collector's parts, with one writer: the collector's lifecycle counts what it hands out
+(:meth:`Counts.count_frames`, :meth:`Counts.count_batch`), each collector reports, per batch and per worker, the
+policy version, the episodes that ended and where the worker's time went (:meth:`Counts.record_worker`), and
+``load_state_dict`` restores the counts (:meth:`Counts.restore`). Nobody else writes its fields.
 
 Examples:
-    >>> tally = Tally(total_frames=64, progress=False)
-    >>> tally.count_frames(32); tally.count_batch()
-    >>> tally.frames, tally.batches
+    >>> counts = Counts(total_frames=64, progress=False)
+    >>> counts.count_frames(32); counts.count_batch()
+    >>> counts.frames, counts.batches
     (32, 1)
-    >>> tally.snapshot(policy_version=0, counters={}).frames
+    >>> counts.snapshot(policy_version=0, counters={}).frames
     32
 """
 
@@ -23,12 +23,12 @@ from acollect._episodes import EpisodeSummary
 from acollect._progress import ProgressReporter, check_progress, make_progress
 from acollect.stats import CollectorStats, StatsRecorder
 
-__all__ = ["Tally"]
+__all__ = ["Counts"]
 
 logger = logging.getLogger("acollect")
 
 
-class Tally:
+class Counts:
     """Frames and batches counted, the statistics of :class:`~acollect.CollectorStats`, and the progress display.
 
     Args:

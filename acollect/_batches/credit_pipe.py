@@ -1,14 +1,14 @@
-"""A worker's doorbell: the per-batch word from its collector (a credit, a slot back) without a message.
+"""A worker's credit pipe: the per-batch word from its collector (a credit, a slot back) without a message.
 
 Each batch a first-ready worker sends costs its collector one word back: a credit, often with the slot of a batch
 the trainer dropped. As a ZeroMQ message that word wakes four threads (the collector's I/O thread, the worker's, its
 control thread, then its runner) and costs the trainer's event loop tens of microseconds of CPU, on a machine whose
 cores the envs need. The runner reads it only at its next batch boundary anyway.
 
-A doorbell is a named pipe (a FIFO) the worker makes, where its collector said (:func:`doorbell_path`), and reads; the
+A pipe is a named pipe (a FIFO) the worker makes, where its collector said (:func:`credit_pipe_path`), and reads; the
 collector, on the same host, opens it for writing at the worker's hello and writes each word as one fixed-size record:
 a ``write`` system call, which wakes nobody while the runner collects and wakes the runner itself when it waits. The
-worker's control thread rings the same pipe (:meth:`Doorbell.wake`) whenever a command changes what the runner may
+worker's control thread rings the same pipe (:meth:`CreditPipe.wake`) whenever a command changes what the runner may
 do, so the runner waits on one descriptor.
 
 A collector that cannot open it (another host, another mount namespace, no FIFOs) sends the same words as ``credit``
@@ -18,14 +18,14 @@ and ``free`` messages, which the control thread applies: both ways carry the sam
 Records are 8 bytes, written whole (a pipe never splits a write of at most ``PIPE_BUF`` bytes), so a reader reading
 multiples of 8 never sees half of one.
 
-Named as the collector's shared-memory segments are (``acollect-<collector pid>-<16 hex digits>``), a doorbell is
+Named as the collector's shared-memory segments are (``acollect-<collector pid>-<16 hex digits>``), a pipe is
 removed with them by whoever outlives the other: the collector when the worker dies (it knows the name before the
 worker starts), a worker when its collector died (:mod:`acollect._workers.orphans`), or
 :func:`~acollect._batches.shm.cleanup_stale`.
 
 Examples:
-    >>> bell = Doorbell.create(doorbell_path())
-    >>> writer = DoorbellWriter.open(bell.path)
+    >>> bell = CreditPipe.create(credit_pipe_path())
+    >>> writer = CreditPipeWriter.open(bell.path)
     >>> writer.credit(3), writer.free(5), bell.wake()
     (True, True, None)
     >>> bell.read()
@@ -48,7 +48,7 @@ import tempfile
 
 from acollect._batches.shm import SHM_DIR, SHM_PREFIX
 
-__all__ = ["CREDIT", "FREE", "WAKE", "Doorbell", "DoorbellWriter", "doorbell_path", "remove_doorbell"]
+__all__ = ["CREDIT", "FREE", "WAKE", "CreditPipe", "CreditPipeWriter", "credit_pipe_path", "remove_credit_pipe"]
 
 #: Record kinds: a look at the state (the control thread's), a credit (with the slot it gives back, or -1),
 #: a slot given back.
@@ -58,21 +58,21 @@ _READ = _RECORD.size * 512  # a multiple of the record: a read never ends inside
 NO_SLOT = -1
 
 
-def doorbell_path() -> str:
-    """A new doorbell's path, named for this process (the collector): in the shared-memory tmpfs where there is one
+def credit_pipe_path() -> str:
+    """A new pipe's path, named for this process (the collector): in the shared-memory tmpfs where there is one
     (with the segments), else in the temporary directory."""
     directory = SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
     return os.path.join(directory, f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
 
 
-def remove_doorbell(path: str) -> None:
-    """Removes the doorbell at ``path`` if it is there (the collector's part once its worker is gone)."""
+def remove_credit_pipe(path: str) -> None:
+    """Removes the pipe at ``path`` if it is there (the collector's part once its worker is gone)."""
     with contextlib.suppress(OSError):
         if stat.S_ISFIFO(os.lstat(path).st_mode):  # nothing but a FIFO: the name is the collector's own
             os.unlink(path)
 
 
-class Doorbell:
+class CreditPipe:
     """The worker's end: a FIFO it made, open for reading and writing (so that it never sees an end of file, and
     its control thread rings it through the same descriptor).
 
@@ -91,7 +91,7 @@ class Doorbell:
         self._poll.register(fd, select.POLLIN)
 
     @classmethod
-    def create(cls, path: str | None) -> Doorbell:
+    def create(cls, path: str | None) -> CreditPipe:
         """A new FIFO (mode 0600) at ``path``; an anonymous pipe if ``path`` is ``None`` or no FIFO can be made
         there (its :attr:`path` is then ``None``)."""
         if path is None:
@@ -100,12 +100,12 @@ class Doorbell:
             os.mkfifo(path, 0o600)
             fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except (OSError, AttributeError):  # no FIFOs here (os.mkfifo missing, a filesystem without them)
-            remove_doorbell(path)
+            remove_credit_pipe(path)
             return cls._pipe()
         return cls(fd, path, fd)
 
     @classmethod
-    def _pipe(cls) -> Doorbell:
+    def _pipe(cls) -> CreditPipe:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         os.set_blocking(write_fd, False)
@@ -136,7 +136,7 @@ class Doorbell:
         """Removes the FIFO's name (the collector opened it, or never will); the pipe itself lives on."""
         path, self.path = self.path, None
         if path is not None:
-            remove_doorbell(path)
+            remove_credit_pipe(path)
 
     def close(self) -> None:
         """Closes it and removes its name. Idempotent."""
@@ -148,8 +148,8 @@ class Doorbell:
                 os.close(fd)
 
 
-class DoorbellWriter:
-    """The collector's end of a worker's :class:`Doorbell`: each call writes one record, never waits.
+class CreditPipeWriter:
+    """The collector's end of a worker's :class:`CreditPipe`: each call writes one record, never waits.
 
     It holds the FIFO open for reading too, never reading: a pipe with a reader never raises ``SIGPIPE``, which a
     program that restored its default action (command-line tools often do) would die of once the worker is gone.
@@ -164,7 +164,7 @@ class DoorbellWriter:
         self._fd = fd
 
     @classmethod
-    def open(cls, path: str) -> DoorbellWriter:
+    def open(cls, path: str) -> CreditPipeWriter:
         """Opens the worker's FIFO at ``path`` and removes its name (nothing else needs it).
 
         Raises:
@@ -178,7 +178,7 @@ class DoorbellWriter:
         except OSError:
             os.close(fd)
             raise
-        remove_doorbell(path)
+        remove_credit_pipe(path)
         return cls(fd)
 
     @property

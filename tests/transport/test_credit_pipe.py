@@ -1,4 +1,4 @@
-"""The doorbell: a worker's FIFO its collector writes credits to, one fixed-size record a word, never waiting."""
+"""The pipe: a worker's FIFO its collector writes credits to, one fixed-size record a word, never waiting."""
 
 from __future__ import annotations
 
@@ -11,22 +11,30 @@ import time
 
 import pytest
 
-from acollect._batches.doorbell import CREDIT, FREE, WAKE, Doorbell, DoorbellWriter, doorbell_path, remove_doorbell
+from acollect._batches.credit_pipe import (
+    CREDIT,
+    FREE,
+    WAKE,
+    CreditPipe,
+    CreditPipeWriter,
+    credit_pipe_path,
+    remove_credit_pipe,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and poll() on pipes are POSIX")
 
 
 @pytest.fixture
 def bell():
-    made = Doorbell.create(doorbell_path())
+    made = CreditPipe.create(credit_pipe_path())
     yield made
     made.close()
 
 
-def test_the_worker_reads_every_word_in_order_and_its_own_wakes(bell: Doorbell) -> None:
+def test_the_worker_reads_every_word_in_order_and_its_own_wakes(bell: CreditPipe) -> None:
     assert bell.path is not None
     assert stat.S_ISFIFO(os.stat(bell.path).st_mode)
-    writer = DoorbellWriter.open(bell.path)
+    writer = CreditPipeWriter.open(bell.path)
     try:
         assert not os.path.exists(bell.path), "opened: its name is removed, nothing else needs it"
         assert bell.read() == []
@@ -44,9 +52,9 @@ def test_the_worker_reads_every_word_in_order_and_its_own_wakes(bell: Doorbell) 
         writer.close()
 
 
-def test_wait_ends_at_the_first_word_or_at_its_deadline(bell: Doorbell) -> None:
+def test_wait_ends_at_the_first_word_or_at_its_deadline(bell: CreditPipe) -> None:
     assert bell.path is not None
-    writer = DoorbellWriter.open(bell.path)
+    writer = CreditPipeWriter.open(bell.path)
     try:
         started = time.monotonic()
         assert bell.wait(0.05) is False
@@ -60,9 +68,9 @@ def test_wait_ends_at_the_first_word_or_at_its_deadline(bell: Doorbell) -> None:
         writer.close()
 
 
-def test_a_writer_says_when_its_word_cannot_go_and_never_waits(bell: Doorbell) -> None:
+def test_a_writer_says_when_its_word_cannot_go_and_never_waits(bell: CreditPipe) -> None:
     assert bell.path is not None
-    writer = DoorbellWriter.open(bell.path)
+    writer = CreditPipeWriter.open(bell.path)
     # Full (nobody read 8,192 records): False at once, and the caller sends the word as a message.
     written = 0
     while writer.credit():
@@ -82,24 +90,24 @@ def test_a_writer_says_when_its_word_cannot_go_and_never_waits(bell: Doorbell) -
 
 def test_opening_refuses_what_is_not_a_live_workers_fifo(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
-        DoorbellWriter.open(str(tmp_path / "nothing"))
+        CreditPipeWriter.open(str(tmp_path / "nothing"))
     plain = tmp_path / "plain"
     plain.write_bytes(b"")
     with pytest.raises(OSError, match="no FIFO"):
-        DoorbellWriter.open(str(plain))
-    assert plain.exists(), "a file that is no doorbell is never removed"
+        CreditPipeWriter.open(str(plain))
+    assert plain.exists(), "a file that is no pipe is never removed"
     link = tmp_path / "link"
     link.symlink_to(plain)
     with pytest.raises(OSError, match=r"symbolic links|Too many levels"):  # ELOOP: no link followed
-        DoorbellWriter.open(str(link))
+        CreditPipeWriter.open(str(link))
     orphan = str(tmp_path / "orphan")
     os.mkfifo(orphan)  # made by a worker that died before its hello: nobody reads it
-    DoorbellWriter.open(orphan).close()  # opened all the same (it reads too), and its name removed
+    CreditPipeWriter.open(orphan).close()  # opened all the same (it reads too), and its name removed
     assert not os.path.exists(orphan)
     os.mkfifo(orphan)
-    remove_doorbell(orphan)
-    remove_doorbell(str(plain))
-    remove_doorbell(str(link))
+    remove_credit_pipe(orphan)
+    remove_credit_pipe(str(plain))
+    remove_credit_pipe(str(link))
     assert not os.path.exists(orphan)
     assert plain.exists()
     assert link.exists()
@@ -107,13 +115,13 @@ def test_opening_refuses_what_is_not_a_live_workers_fifo(tmp_path) -> None:
 
 def test_a_trainer_that_dies_of_sigpipe_survives_its_workers_death(tmp_path) -> None:
     # Command-line programs often restore SIGPIPE's default action, which kills a process writing to a pipe with no
-    # reader; the collector's end reads too, so its doorbell writes never raise it.
+    # reader; the collector's end reads too, so its pipe writes never raise it.
     script = f"""
 import os, signal
-from acollect._batches.doorbell import Doorbell, DoorbellWriter
+from acollect._batches.credit_pipe import CreditPipe, CreditPipeWriter
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-bell = Doorbell.create({str(tmp_path / "bell")!r})
-writer = DoorbellWriter.open(bell.path)
+bell = CreditPipe.create({str(tmp_path / "bell")!r})
+writer = CreditPipeWriter.open(bell.path)
 bell.close()
 print(writer.credit(), writer.free(1))
 """
@@ -123,7 +131,7 @@ print(writer.credit(), writer.free(1))
 
 
 def test_without_a_fifo_the_worker_waits_on_a_pipe_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    unnamed = Doorbell.create(None)
+    unnamed = CreditPipe.create(None)
     try:
         assert unnamed.path is None
         unnamed.wake()
@@ -136,8 +144,8 @@ def test_without_a_fifo_the_worker_waits_on_a_pipe_of_its_own(monkeypatch: pytes
         raise OSError(95, "Operation not supported", path)
 
     monkeypatch.setattr(os, "mkfifo", no_fifos)
-    path = doorbell_path()
-    fallback = Doorbell.create(path)
+    path = credit_pipe_path()
+    fallback = CreditPipe.create(path)
     try:
         assert fallback.path is None
         assert not os.path.exists(path)
