@@ -3,12 +3,9 @@
 What the trainer changes in the workers between batches (a seed, saved counters, weights) is one of its parts,
 :class:`~acollect.collectors._worker_changes.WorkerChanges`.
 
-Each public class checks its options once into its settings class (:mod:`acollect.collectors._collector_settings`),
-which are turned into per-worker configs in :mod:`acollect.collectors._worker_configs`. What differs between
-lockstep (sync) and first-ready (async) collection is the collector's dispatch strategy
-(:mod:`acollect.collectors._dispatch`), which follows from the settings: fixed by the class
-(``MultiSyncCollector``, ``MultiAsyncCollector``) or chosen by a ``sync`` option (``DistributedCollector``,
-``RayCollector``).
+Each public class's settings become per-worker configs in :mod:`acollect.collectors._worker_configs`. Lockstep
+(sync) and first-ready (async) collection differ by the dispatch strategy (:mod:`acollect.collectors._dispatch`),
+fixed by the class or chosen by a ``sync`` option (``DistributedCollector``, ``RayCollector``).
 """
 
 from __future__ import annotations
@@ -71,12 +68,8 @@ class MultiCollectorBase(CollectorBase):
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = self._plan(create_env_fn_list)
-        super().__init__(
-            batch=plan.batch,
-            total_frames=settings.total_frames,
-            progress=settings.progress,
-            shutdown_timeout=settings.shutdown_timeout,
-        )
+        super().__init__(batch=plan.batch, total_frames=settings.total_frames, progress=settings.progress,
+                         shutdown_timeout=settings.shutdown_timeout)  # fmt: skip
         self._configs = plan.configs
         many_contexts = cuda_contexts_warning(plan.configs, self._worker_policy()[0])
         if many_contexts is not None:
