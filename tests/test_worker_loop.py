@@ -212,7 +212,7 @@ async def test_run_collects_while_credits_last() -> None:
         assert header["seq"] == 2
 
 
-async def test_credits_down_the_doorbell_run_the_runner_as_credit_messages_do() -> None:
+async def test_credits_down_the_credit_pipe_run_the_runner_as_credit_messages_do() -> None:
     path = credit_pipe_path()
     async with worker(pipe=path) as (collector, _, hello):
         assert hello["pipe"] == path
@@ -243,7 +243,7 @@ async def test_credits_down_the_doorbell_run_the_runner_as_credit_messages_do() 
             bell.close()
 
 
-async def test_a_doorbell_is_removed_with_its_worker_if_never_opened() -> None:
+async def test_a_credit_pipe_is_removed_with_its_worker_if_never_opened() -> None:
     path = credit_pipe_path()
     async with worker(pipe=path) as (_, _, hello):
         assert hello["pipe"] == path

@@ -322,7 +322,7 @@ class WorkerHandle:
     ring: _Via[ShmSlotRing | None] = _Via("memory")
     bell_path: _Via[str | None] = _Via("memory")
     pipe: _Via[CreditPipeWriter | None] = _Via("memory")
-    make_doorbell: _Via[Callable[[str | None], None]] = _Via("memory")
+    make_credit_pipe: _Via[Callable[[str | None], None]] = _Via("memory")
     use_ring: _Via[Callable[[ShmSlotRing], None]] = _Via("memory")
     last_beat: _Via[float] = _Via("heartbeats")
     last_steps: _Via[int] = _Via("heartbeats")

@@ -307,7 +307,7 @@ class WorkerPool:
     def _credit_pipe_path(self, handle: WorkerHandle) -> str | None:
         """Where a worker being launched makes its pipe: on this host only (``None``: credits go as messages)."""
         path = credit_pipe_path() if self.launcher.same_host and not handle.config.remote else None
-        handle.memory.make_doorbell(path)
+        handle.memory.make_credit_pipe(path)
         return path
 
     def _wants_shm(self, nbytes: int) -> bool:

@@ -8,7 +8,7 @@ opens it once the hello says the worker made it there, and removes it when the i
 
 Examples:
     >>> memory = WorkerMemory()
-    >>> memory.make_doorbell("/tmp/acollect-doc-bell-never-made")
+    >>> memory.make_credit_pipe("/tmp/acollect-doc-bell-never-made")
     >>> memory.bell_path is None  # not until its hello says it made it there
     True
     >>> memory.on_hello(pipe="/tmp/acollect-doc-bell-never-made")
@@ -56,7 +56,7 @@ class WorkerMemory:
         """This incarnation's pipe, open (``None``: its credits go as messages)."""
         return self._pipe
 
-    def make_doorbell(self, path: str | None) -> None:
+    def make_credit_pipe(self, path: str | None) -> None:
         """This incarnation (being launched) makes its pipe at ``path`` (``None``: none)."""
         self.drop_credit_pipe()
         self._bell_path = path

@@ -24,6 +24,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from acollect._batches.credit_pipe import CREDIT, CreditPipe, CreditPipeWriter
 from acollect._batches.slot_ring import ShmSlotRing
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import encode_tensordict, unpack_message
@@ -109,7 +110,7 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
 def test_a_hello_says_what_the_worker_built() -> None:
     handle = WorkerHandle(0, config())
     handle.on_launch(now=0.0)
-    handle.make_doorbell("/tmp/acollect-test-bell-that-is-never-made")
+    handle.make_credit_pipe("/tmp/acollect-test-bell-that-is-never-made")
     handle.on_hello(hello(n_envs=3, weights=[[["w"], [2], "float32"]], env_seed="7",
                           pipe="/tmp/acollect-test-bell-that-is-never-made"))  # fmt: skip
     assert (handle.n_envs, handle.batch_nbytes, handle.env_seed) == (3, 40, 7)
@@ -118,7 +119,7 @@ def test_a_hello_says_what_the_worker_built() -> None:
     assert handle.layout == hello()["layout"]
     other = WorkerHandle(1, config(1))
     other.on_launch(now=0.0)
-    other.make_doorbell("/tmp/a")
+    other.make_credit_pipe("/tmp/a")
     other.on_hello(hello(pipe="/tmp/b"))
     assert other.bell_path is None  # a worker never makes the collector open a path it did not name
 
@@ -683,11 +684,27 @@ def test_a_new_slot_knows_nothing_yet() -> None:
     assert handle.on_env_restarts(1) == 1
 
 
-def test_an_incarnation_over_removes_the_doorbell_it_left(tmp_path: Any) -> None:
+def test_a_credit_pipe_opened_at_the_hello_is_the_one_credits_go_down(tmp_path: Any) -> None:
+    path = tmp_path / "pipe"
+    reader = CreditPipe.create(str(path))  # the worker's end, which the collector's end needs open to write
+    handle = ready()
+    handle.make_credit_pipe(str(path))
+    writer = CreditPipeWriter.open(str(path))
+    try:
+        handle.memory.use_credit_pipe(writer)
+        assert handle.pipe is writer
+        assert handle.pipe.credit(3)
+        assert reader.read() == [(CREDIT, 3)]
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_an_incarnation_over_removes_the_credit_pipe_it_left(tmp_path: Any) -> None:
     bell = tmp_path / "bell"
     os.mkfifo(bell)
     handle = ready()
-    handle.make_doorbell(str(bell))
+    handle.make_credit_pipe(str(bell))
     handle.on_death(lockstep=False, running=False)
     assert not bell.exists()
 
