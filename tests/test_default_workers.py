@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,5 +63,14 @@ def test_an_explicit_count_and_a_list_of_factories_are_kept() -> None:
     assert MultiAsyncCollector([CountingEnv] * 3, frames_per_batch=8).num_workers == 3
 
 
-def test_the_docstring_states_the_default() -> None:
-    assert "less one, at least 1" in " ".join(MultiSyncCollector.__doc__.split())
+def test_the_options_reference_states_the_default() -> None:
+    # The declaration's doc is what the options reference (docs/options.md) shows, rendered when the docs build.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs" / "tools"))
+    import options_page
+
+    entry = options_page.render().split("### `num_workers`")[1].split("### ")[0]
+    assert "less one, at least 1" in " ".join(entry.split())
+    assert "`MultiSyncCollector`" in entry
+    assert "`AsyncCollector`" not in entry  # one worker: it takes no num_workers
