@@ -13,18 +13,10 @@ Three pieces, usable wherever batches are made:
 * :class:`CollectorStats` is what ``collector.stats()`` returns.
 
 Examples:
-    >>> import torch
-    >>> from tensordict import TensorDict
-    >>> tracker = EpisodeTracker()
-    >>> def batch(rewards, dones):
-    ...     r = torch.tensor(rewards, dtype=torch.float32).unsqueeze(-1)
-    ...     d = torch.tensor(dones).unsqueeze(-1)
-    ...     return TensorDict({("next", "reward"): r, ("next", "done"): d}, batch_size=r.shape[:2])
-    >>> tracker.update(batch([[1, 1, 1]], [[False, False, False]])).count  # nothing ended yet
-    0
-    >>> summary = tracker.update(batch([[1, 1, 1]], [[False, True, False]]))  # 5 steps, started last batch
-    >>> summary.count, summary.returns, summary.lengths
-    (1, [5.0], [5])
+    >>> from acollect import Collector
+    >>> stats = Collector("CartPole-v1", frames_per_batch=8).stats()
+    >>> stats.frames, stats.episodes
+    (0, 0)
 """
 
 from __future__ import annotations

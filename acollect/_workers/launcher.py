@@ -1,16 +1,6 @@
 """The launcher interface: where a multi-process collector's workers run.
 
-A collector binds one ZeroMQ endpoint and asks its launcher to start one worker
-per :class:`~acollect._workers.protocol.WorkerConfig`. The launcher decides where
-(a local process, a Ray actor, a submitit job) and returns a
-:class:`LaunchedWorker`, the handle the collector's monitor polls for liveness
-and ends at shutdown. Everything else (batches, weights, heartbeats) goes over
-the endpoint, whatever the launcher.
-
-Launchers whose workers may run on other hosts bind a tcp endpoint: by default on
-:meth:`Launcher.node_ip` with a free port (reachable from the cluster, not from
-every interface); pass ``address="tcp://0.0.0.0:<port>"`` to a collector to
-listen on all interfaces.
+Public as :mod:`acollect.launchers.base`, whose docstring describes it for users.
 """
 
 from __future__ import annotations
