@@ -393,7 +393,7 @@ def _check_env_groups(settings: BatchedSettings, create_env_fn: Any) -> None:
 def _makes_coroutine_envs(factory: Any) -> bool:
     """Whether ``factory`` is, by its type alone, a coroutine env class (or a partial of one); a plain function
     is only known once called, in the worker, which refuses it there."""
-    from acollect.envs._async_pool import AsyncEnvPool
+    from acollect.envs import AsyncEnvPool
 
     while isinstance(factory, functools.partial):
         factory = factory.func

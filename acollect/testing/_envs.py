@@ -55,7 +55,7 @@ import anyio
 import torch
 from tensordict import TensorDictBase
 
-from acollect.envs._base import DONE_KEYS, EnvBase
+from acollect.envs import DONE_KEYS, EnvBase
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import Categorical, Composite, Unbounded
 
