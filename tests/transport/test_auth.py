@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from acollect import ConfigurationError
-from acollect._runtime import auth
 from acollect._runtime.endpoint import Endpoint, WorkerSocket
 from acollect.testing import wait_until
+from acollect.transport import auth  # the public module, whose docstring holds the example
 from acollect.transport.auth import ClientKeys, ServerKeys, create_keys, curve_available
 
 pytestmark = [pytest.mark.skipif(not curve_available(), reason="libzmq without CURVE"), pytest.mark.timeout(60)]
