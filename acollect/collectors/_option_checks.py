@@ -28,13 +28,7 @@ from acollect._validate import check_callable, check_choice, check_int, check_se
 from acollect._weights.sync import WeightSyncScheme
 from acollect.errors import ConfigurationError
 
-__all__ = ["PER_WORKER_OPTIONS", "check_policy_args"]
-
-#: Options ``collector_kwargs`` may set per worker.
-PER_WORKER_OPTIONS = frozenset({
-    "device", "env_device", "policy_device", "storing_device", "max_frames_per_traj", "init_random_frames",
-    "reset_at_each_iter", "exploration_type", "env_kwargs", "num_threads", "env_errors",
-})  # fmt: skip
+__all__ = ["check_policy_args"]
 
 
 def _devices(name: str, value: Any) -> Any:

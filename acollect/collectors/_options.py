@@ -49,7 +49,6 @@ from acollect._workers.launcher_names import resolve_launcher
 from acollect._workers.process import DEFAULT_START_METHOD, START_METHODS
 from acollect._workers.protocol import HEARTBEAT_TIMEOUT
 from acollect.collectors._option_checks import (
-    PER_WORKER_OPTIONS,
     _address,
     _callable,
     _choice,
@@ -282,6 +281,10 @@ _SPEC_OPTIONS = (
         - {"policy_factory", "frames_per_batch"}  # (the collector's own; a spec holds a worker's share of a batch)
     ),
 )
+
+
+#: Options ``collector_kwargs`` may set per worker: what its rollout spec holds, and its torch threads.
+PER_WORKER_OPTIONS = frozenset({*_SPEC_OPTIONS, "num_threads"})
 
 
 @dataclass(frozen=True, kw_only=True)
