@@ -144,7 +144,9 @@ async def test_a_slow_env_is_named_the_bottleneck(kind: type) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_consumer_that_sleeps_between_batches_is_named_the_bottleneck(kind: type) -> None:
     env = functools.partial(CountingEnv, num_envs=2)
-    collector = _build(kind, env, None, frames_per_batch=16, total_frames=16 * 8)
+    # 16 batches: with batches ahead, the first ones wait on nobody, and the waits a worker reports must still
+    # add up to the half-second of collecting time a bottleneck needs, however loaded the machine.
+    collector = _build(kind, env, None, frames_per_batch=16, total_frames=16 * 16)
     stats = await _run(collector, consumer_sleep=0.1)
     _check_shape(stats, 1 if kind is Collector else 2)
     assert _largest(stats.time_split) == "trainer", stats.time_split
