@@ -14,6 +14,13 @@ Two ways to drive an env:
   caller allocated once: :meth:`EnvBase.reset_into` and
   :meth:`EnvBase.step_and_reset_into`. Subclasses implement these two.
 
+Several agents, or several actions and rewards (TorchRL's ``action_keys``, ``reward_keys`` and ``done_keys``):
+an env whose ``action_spec`` (or ``reward_spec``) is a :class:`~acollect.specs.Composite` takes (gives) every leaf
+of it, at any nesting, e.g. ``("agents", "action")`` of shape ``[n_agents, ...]``; the action it is stepped with is
+then a TensorDict ``[n_envs]`` of those keys. Its ``done_spec`` adds flags beside the root ones, such as
+``("agents", "done")``, ``("agents", "terminated")`` and ``("agents", "truncated")``, written like them. The root
+flags stay: an episode ends when the root ``done`` does.
+
 Episode ends are the env's job: after a step in which sub-env ``i`` finished
 (``terminated | truncated``), ``step_and_reset_into`` writes the *true* final
 observation of ``i`` into ``next_out`` and the *fresh* observation after its
@@ -38,6 +45,10 @@ __all__ = ["DONE_KEYS", "EnvBase"]
 DONE_KEYS: tuple[str, str, str] = ("done", "terminated", "truncated")
 
 
+def _leaves(spec: TensorSpec | Composite, single: str) -> list[tuple[str, ...]]:
+    return spec.leaf_keys() if isinstance(spec, Composite) else [(single,)]
+
+
 class _Phase(enum.Enum):
     """Where an env is in its life: open until :meth:`EnvBase.close`, which runs the subclass's ``_close()`` once."""
 
@@ -57,8 +68,11 @@ class EnvBase(abc.ABC):
         batch_size: ``torch.Size([n_envs])``.
         device: where the env's tensors live.
         observation_spec: per-sub-env spec of the observation keys.
-        action_spec: per-sub-env spec of ``"action"``.
-        reward_spec: per-sub-env spec of ``"reward"`` (default ``Unbounded((1,))``).
+        action_spec: per-sub-env spec of ``"action"``, or a :class:`~acollect.specs.Composite` of the action keys.
+        reward_spec: per-sub-env spec of ``"reward"`` (default ``Unbounded((1,))``), or a
+            :class:`~acollect.specs.Composite` of the reward keys.
+        done_spec: the done flags beside the root ones (bool, e.g. per agent), or ``None`` (the default): only
+            ``"done"``, ``"terminated"`` and ``"truncated"``, each of shape ``[1]``.
         build_seed: the seed the env was built with where only building seeds it (an EnvPool env: sub-env ``i``
             starts from ``build_seed + i``, and its reset takes no seed); ``None`` (the default): ``reset_into``
             seeds it.
@@ -78,8 +92,9 @@ class EnvBase(abc.ABC):
     batch_size: torch.Size
     device: torch.device = torch.device("cpu")
     observation_spec: Composite
-    action_spec: TensorSpec
-    reward_spec: TensorSpec = Unbounded((1,))
+    action_spec: TensorSpec | Composite
+    reward_spec: TensorSpec | Composite = Unbounded((1,))
+    done_spec: Composite | None = None
     build_seed: int | None = None
     _phase: _Phase = _Phase.OPEN  # a class default: a subclass need not call ``super().__init__()``
 
@@ -87,6 +102,21 @@ class EnvBase(abc.ABC):
     def num_envs(self) -> int:
         """Number of sub-envs (``batch_size[0]``)."""
         return int(self.batch_size[0])
+
+    @property
+    def action_keys(self) -> list[tuple[str, ...]]:
+        """The keys a policy writes and a step reads: ``[("action",)]``, or the leaves of a composite action spec."""
+        return _leaves(self.action_spec, "action")
+
+    @property
+    def reward_keys(self) -> list[tuple[str, ...]]:
+        """The keys a step's rewards go to: ``[("reward",)]``, or the leaves of a composite reward spec."""
+        return _leaves(self.reward_spec, "reward")
+
+    @property
+    def done_keys(self) -> list[tuple[str, ...]]:
+        """Every done flag: the root ``done``, ``terminated`` and ``truncated``, then those of :attr:`done_spec`."""
+        return [(key,) for key in DONE_KEYS] + (self.done_spec.leaf_keys() if self.done_spec is not None else [])
 
     @property
     def is_closed(self) -> bool:
@@ -111,11 +141,12 @@ class EnvBase(abc.ABC):
         """
 
     @abc.abstractmethod
-    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+    def step_and_reset_into(self, action: Any, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         """Steps every sub-env with ``action``, resetting the ones that finished.
 
         Args:
-            action: ``[n_envs, *action_spec.shape]`` on :attr:`device`.
+            action: ``[n_envs, *action_spec.shape]`` on :attr:`device`; a TensorDict ``[n_envs]`` of
+                :attr:`action_keys` where the action spec is composite.
             next_out: receives the transition's result: observation keys,
                 ``reward`` and the done flags (built by :meth:`make_next`).
             root_out: receives what the next step starts from: the observation
@@ -147,12 +178,19 @@ class EnvBase(abc.ABC):
         td = self.observation_spec.zero(self.batch_size)
         for key in DONE_KEYS:
             td.set(key, torch.zeros((*self.batch_size, 1), dtype=torch.bool, device=self.device))
+        if self.done_spec is not None:
+            for key, spec in self.done_spec.leaf_items():
+                td.set(key, spec.zero(self.batch_size))
         return td
 
     def make_next(self) -> TensorDict:
         """Allocates a TensorDict for ``next_out`` of :meth:`step_and_reset_into`."""
         td = self.make_root()
-        td.set("reward", self.reward_spec.zero(self.batch_size))
+        if isinstance(self.reward_spec, Composite):
+            for key, spec in self.reward_spec.leaf_items():
+                td.set(key, spec.zero(self.batch_size))
+        else:
+            td.set("reward", self.reward_spec.zero(self.batch_size))
         return td
 
     def reset(self, *, seed: int | None = None) -> TensorDict:
@@ -164,7 +202,7 @@ class EnvBase(abc.ABC):
         return out
 
     def step(self, td: TensorDictBase) -> TensorDict:
-        """Steps with ``td["action"]``; returns the transition's result.
+        """Steps with ``td["action"]`` (every one of :attr:`action_keys`); returns the transition's result.
 
         Sub-envs that finished are reset automatically; the observation the
         next step starts from is in :attr:`last_root`.
@@ -174,7 +212,8 @@ class EnvBase(abc.ABC):
         root_out = getattr(self, "_root", None)
         if root_out is None:
             root_out = self.make_root()
-        self.step_and_reset_into(td.get("action"), next_out, root_out)
+        action = td.select(*self.action_keys) if isinstance(self.action_spec, Composite) else td.get("action")
+        self.step_and_reset_into(action, next_out, root_out)
         self._root = root_out
         return next_out
 
