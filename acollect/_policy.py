@@ -35,7 +35,7 @@ from tensordict.nn import InteractionType, TensorDictModuleBase
 
 from acollect._devices import Devices, resolve_devices
 from acollect.errors import ConfigurationError, PolicyError
-from acollect.specs import TensorSpec
+from acollect.specs import Composite, TensorSpec
 
 if TYPE_CHECKING:
     from acollect.envs import EnvBase
@@ -196,7 +196,7 @@ def unseeded_generator() -> torch.Generator:
 
 
 class RandomPolicy(PolicyAdapter):
-    """Samples actions uniformly from the action spec.
+    """Samples actions uniformly from the action spec (every action key of a composite one).
 
     Args:
         action_spec: the env's action spec.
@@ -209,13 +209,16 @@ class RandomPolicy(PolicyAdapter):
         >>> policy = RandomPolicy(Categorical(n=3), batch_size=(4,))
         >>> policy(None)["action"].shape
         torch.Size([4])
+        >>> agents = RandomPolicy(Composite(agents=Composite(action=Categorical(n=3, shape=(2,)))), batch_size=(4,))
+        >>> agents(None)["agents", "action"].shape
+        torch.Size([4, 2])
     """
 
     reads_input_only = True
 
     def __init__(
         self,
-        action_spec: TensorSpec,
+        action_spec: TensorSpec | Composite,
         batch_size: Sequence[int],
         generator: torch.Generator | None = None,
     ) -> None:
@@ -224,7 +227,10 @@ class RandomPolicy(PolicyAdapter):
         self.generator = generator if generator is not None else unseeded_generator()
 
     def __call__(self, td: TensorDictBase | None) -> dict[NestedKey, torch.Tensor]:
-        return {"action": self.action_spec.rand(self.batch_size, self.generator)}
+        spec = self.action_spec
+        if isinstance(spec, Composite):  # one draw per leaf, in the spec's order: a seed gives the same actions
+            return {key: leaf.rand(self.batch_size, self.generator) for key, leaf in spec.leaf_items()}
+        return {"action": spec.rand(self.batch_size, self.generator)}
 
 
 class TensorDictPolicy(PolicyAdapter):
@@ -318,7 +324,7 @@ def wrap_policy(
     policy: PolicyLike,
     *,
     observation_keys: Sequence[NestedKey],
-    action_spec: TensorSpec,
+    action_spec: TensorSpec | Composite,
     batch_size: Sequence[int],
     done_keys: Sequence[NestedKey] = ("done", "terminated", "truncated"),
 ) -> PolicyAdapter:
@@ -391,36 +397,72 @@ def place_policy(policy: torch.nn.Module, device: torch.device) -> torch.nn.Modu
     return policy
 
 
-def check_policy_outputs(outputs: dict[NestedKey, torch.Tensor], n_envs: int, action_spec: TensorSpec) -> None:
-    """Raises :class:`~acollect.errors.PolicyError` naming what is wrong with a policy's first outputs."""
-    if "action" not in outputs:
-        raise PolicyError(
-            f"the policy did not write 'action' (it wrote {sorted(map(str, outputs))}): a policy must "
-            "write the action it takes under the key 'action'."
-        )
-    expected = (n_envs, *action_spec.shape)
-    action = outputs["action"]
-    if tuple(action.shape) != expected:
-        raise PolicyError(
-            f"the policy wrote an 'action' of shape {tuple(action.shape)}: expected {expected} "
-            f"([n_envs, *action_spec.shape] for {action_spec})."
-        )
-    spec = action_spec
-    if not spec.dtype.is_floating_point:
-        # Once, here: a discrete action out of range is a policy bug (a float one may be clipped by the env,
-        # and is then the env's business). Later steps rely on the env's own check (see GymEnv).
-        rows = torch.nonzero(spec.outside(action.detach())).flatten().tolist()
-        if rows:
+def action_outputs(
+    outputs: Mapping[NestedKey, torch.Tensor], action_spec: TensorSpec | Composite
+) -> list[tuple[NestedKey, TensorSpec]]:
+    """The policy's output key of each action key, with its spec (``"action"`` alone for a plain action spec).
+
+    A policy may name a nested key as a tuple or, at the top level, as a string: the key is the policy's own.
+
+    Raises:
+        PolicyError: an action key is missing, naming what the policy wrote instead.
+
+    Examples:
+        >>> from acollect.specs import Categorical
+        >>> spec = Composite(agents=Composite(action=Categorical(3)))
+        >>> [key for key, _ in action_outputs({("agents", "action"): torch.zeros(1)}, spec)]
+        [('agents', 'action')]
+    """
+    by_tuple = {_as_tuple(key): key for key in outputs}
+    leaves = action_spec.leaf_items() if isinstance(action_spec, Composite) else [(("action",), action_spec)]
+    found = []
+    for key, spec in leaves:
+        if key not in by_tuple:
+            name = key[0] if len(key) == 1 else key
             raise PolicyError(
-                f"the policy wrote an 'action' outside the action space: {action[rows[0]].tolist()!r} for env "
-                f"{rows[0]}{f' (and {len(rows) - 1} more)' if len(rows) > 1 else ''}; expected values in "
-                f"action_spec {spec}."
+                f"the policy did not write {name!r} (it wrote {sorted(map(str, outputs))}): a policy must "
+                f"write the action it takes under each of the env's action keys {_names(action_spec)}."
             )
+        found.append((by_tuple[key], spec))
+    return found
+
+
+def _names(action_spec: TensorSpec | Composite) -> list[NestedKey]:
+    if not isinstance(action_spec, Composite):
+        return ["action"]
+    return [key[0] if len(key) == 1 else key for key in action_spec.leaf_keys()]
+
+
+def check_policy_outputs(
+    outputs: Mapping[NestedKey, torch.Tensor], n_envs: int, action_spec: TensorSpec | Composite
+) -> None:
+    """Raises :class:`~acollect.errors.PolicyError` naming what is wrong with a policy's first outputs."""
+    for key, spec in action_outputs(outputs, action_spec):
+        _check_action(key, outputs[key], n_envs, spec)
     for key, value in outputs.items():
         if value.shape[:1] != (n_envs,):
             raise PolicyError(
                 f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of "
                 f"{n_envs} (one entry per env)."
+            )
+
+
+def _check_action(key: NestedKey, action: torch.Tensor, n_envs: int, spec: TensorSpec) -> None:
+    expected = (n_envs, *spec.shape)
+    if tuple(action.shape) != expected:
+        raise PolicyError(
+            f"the policy wrote an {key!r} of shape {tuple(action.shape)}: expected {expected} "
+            f"([n_envs, *action_spec.shape] for {spec})."
+        )
+    if not spec.dtype.is_floating_point:
+        # Once, here: a discrete action out of range is a policy bug (a float one may be clipped by the env,
+        # and is then the env's business). Later steps rely on the env's own check (see GymEnv).
+        rows = torch.nonzero(spec.outside(action.detach()).reshape(n_envs, -1).any(-1)).flatten().tolist()
+        if rows:
+            raise PolicyError(
+                f"the policy wrote an {key!r} outside the action space: {action[rows[0]].tolist()!r} for env "
+                f"{rows[0]}{f' (and {len(rows) - 1} more)' if len(rows) > 1 else ''}; expected values in "
+                f"action_spec {spec}."
             )
 
 

@@ -14,6 +14,9 @@ Output layout (TorchRL's), batch dims ``[n_envs, T]`` with dim names ``[None, "t
 
 * root: observation keys, policy outputs (``"action"``, ...), and the done flags as they stood before the step;
 * ``("next", ...)``: observation keys, ``"reward"``, ``"done"``, ``"terminated"``, ``"truncated"``;
+* a multi-agent env's keys where it names them (:mod:`acollect.envs._base`): its action keys among the policy
+  outputs, its reward keys in place of ``"reward"``, its done flags per group (such as ``("agents", "done")``)
+  beside the root ones, in root and ``"next"``;
 * ``("collector", "traj_ids")``: a new id at each episode start, continuing across batches;
   ``("collector", "policy_version")``.
 """
@@ -36,14 +39,16 @@ from acollect._policy import (
     PolicyAdapter,
     RandomPolicy,
     SplitPolicy,
+    action_outputs,
     check_policy_outputs,
 )
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
-from acollect.envs import EnvBase
+from acollect.envs import DONE_KEYS, EnvBase
 from acollect.errors import ConfigurationError
+from acollect.specs import Composite
 
 __all__ = ["Reset", "RolloutEngine", "RolloutInterrupted", "exploration"]
 
@@ -142,6 +147,13 @@ class RolloutEngine:
         self._root = env.make_root()
         self._next = env.make_next()
         self._obs_keys: list[tuple[str, ...]] = env.observation_spec.leaf_keys()
+        self._reward_keys = env.reward_keys
+        # Flags beside the root ones (per agent): copied at every step, in root and "next", like observations.
+        self._flag_keys = env.done_keys[len(DONE_KEYS) :]
+        # Where a truncation is written: the root "truncated" and "done" and a group's own.
+        self._cut_keys = [key for key in env.done_keys if key[-1] in ("truncated", "done")]
+        # The policy's output key of each action key, learnt by the probe (a TensorDict of them is stepped with).
+        self._action_keys: list[tuple[tuple[str, ...], NestedKey]] = []
         # One generator for every random action of the engine (the random policy's own, where it is one):
         # seed() must reach the actions actually taken, not a second generator beside them.
         self._random = policy if isinstance(policy, RandomPolicy) else RandomPolicy(env.action_spec, env.batch_size)
@@ -175,6 +187,9 @@ class RolloutEngine:
             outputs = self.policy(self._policy_input())
         check_policy_outputs(outputs, self.n_envs, self.env.action_spec)
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
+        if isinstance(self.env.action_spec, Composite):
+            pairs = zip(self.env.action_keys, action_outputs(outputs, self.env.action_spec), strict=True)
+            self._action_keys = [(key, out_key) for key, (out_key, _) in pairs]
 
     @property
     def _versions_from_policy(self) -> bool:
@@ -260,9 +275,9 @@ class RolloutEngine:
         rebuilt env (:class:`~acollect._rollout.env_faults.EnvFaults`) is reset in its place."""
         assert self._faults is not None
         if next_td is not None and last >= 0:
-            truncated = next_td.get("truncated")[:, last]
             # Rows whose episode ended at that step anyway have none in flight: nothing to mark.
-            truncated |= ~(next_td.get("terminated")[:, last] | truncated)
+            ended = next_td.get("terminated")[:, last] | next_td.get("truncated")[:, last]
+            self._cut(next_td, (slice(None), last), ~ended.squeeze(-1))
         self.env = self._faults.recover(self.env, error, steps=self.steps, start=self._start)
 
     @property
@@ -282,13 +297,13 @@ class RolloutEngine:
             return torch.empty((E, T, *t.shape[1:]), dtype=t.dtype, device=dev)
 
         batch = TensorDict({}, batch_size=(E, T), device=dev)
-        root_keys: list[NestedKey] = [*self._obs_keys, "done", "terminated", "truncated"]
+        root_keys: list[NestedKey] = [*self._obs_keys, *DONE_KEYS, *self._flag_keys]
         for key in root_keys:
             batch.set(key, like(self._root.get(key)))
         for out_key, (shape, dtype) in self._out_specs.items():
             batch.set(out_key, torch.empty((E, T, *shape), dtype=dtype, device=dev))
         nxt = TensorDict({}, batch_size=(E, T), device=dev)
-        next_keys: list[NestedKey] = [*self._obs_keys, "reward", "terminated", "truncated", "done"]
+        next_keys: list[NestedKey] = [*self._obs_keys, *self._reward_keys, *DONE_KEYS, *self._flag_keys]
         for key in next_keys:
             nxt.set(key, like(self._next.get(key)))
         batch.set("next", nxt)
@@ -372,8 +387,8 @@ class RolloutEngine:
                 batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
 
         next_td = batch.get("next")
-        root_copies = TimeSlices([(batch.get(k), root.get(k)) for k in self._obs_keys])
-        next_keys = [*self._obs_keys, "reward", "terminated", "truncated"]
+        root_copies = TimeSlices([(batch.get(k), root.get(k)) for k in [*self._obs_keys, *self._flag_keys]])
+        next_keys = [*self._obs_keys, *self._reward_keys, "terminated", "truncated", *self._flag_keys]
         next_copies = TimeSlices([(next_td.get(k), nxt.get(k)) for k in next_keys])
         traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), self._traj_ids)])
         out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
@@ -386,6 +401,7 @@ class RolloutEngine:
         traj_np, steps_np = self._traj_ids_np, self._traj_steps_np
         n = self.n_envs
         faults = self._faults
+        action_keys = self._action_keys
 
         t = start
         while t < self.time_steps:
@@ -415,7 +431,11 @@ class RolloutEngine:
                 outputs = policy(self._policy_input())
             for out_key, buffer, buffer_np in out_slots:
                 write_output(outputs.get(out_key), buffer, buffer_np, t)
-            action = outputs["action"]
+            action: torch.Tensor | TensorDict
+            if action_keys:
+                action = TensorDict({key: outputs[out_key] for key, out_key in action_keys}, batch_size=(n,))
+            else:
+                action = outputs["action"]
             if cast_action:
                 action = move_to(action, env_dev)  # waited for on the way to the host: the env reads it next
             switch(ENV)
@@ -462,11 +482,17 @@ class RolloutEngine:
         steps += 1
         over = (steps >= max_traj) & ~self._next.get("done").squeeze(-1)
         if bool(over.any()):
-            mask = over.unsqueeze(-1)
-            for key in ("truncated", "done"):
-                flag = self._next.get(key)
-                flag.masked_fill_(mask, True)
+            self._cut(self._next, (), over)
             self.env.reset_into(self._root, mask=over)
+
+    def _cut(self, td: TensorDictBase, at: tuple[object, ...], rows: torch.Tensor) -> None:
+        """Marks the episodes of ``rows`` (bool ``[n_envs]``) truncated in ``td`` at index ``at``: the root flags
+        and every group's (all of a group's agents: an episode ends for all of them)."""
+        if not bool(rows.any()):
+            return
+        for key in self._cut_keys:
+            flag = td.get(key)[at] if at else td.get(key)
+            flag[rows] = True
 
     def close(self) -> None:
         """Closes the env and the policy's connections; idempotent."""

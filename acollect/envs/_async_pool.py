@@ -33,6 +33,7 @@ from acollect.envs._async_env import AsyncEnv, StepChecker, check_async_env
 from acollect.envs._base import DONE_KEYS, EnvBase
 from acollect.envs._gym_spaces import observation_layout, space_to_spec
 from acollect.errors import ConfigurationError, EnvError
+from acollect.specs import TensorSpec
 
 __all__ = ["AsyncEnvPool"]
 
@@ -74,6 +75,9 @@ class AsyncEnvPool(EnvBase):
         [1.0, 1.0, 1.0]
         >>> pool.close()
     """
+
+    action_spec: TensorSpec  # one action: these envs have no keys of their own
+    reward_spec: TensorSpec
 
     def __init__(
         self,

@@ -179,8 +179,8 @@ class EnvBase(abc.ABC):
         for key in DONE_KEYS:
             td.set(key, torch.zeros((*self.batch_size, 1), dtype=torch.bool, device=self.device))
         if self.done_spec is not None:
-            for key, spec in self.done_spec.leaf_items():
-                td.set(key, spec.zero(self.batch_size))
+            for flag, spec in self.done_spec.leaf_items():
+                td.set(flag, spec.zero(self.batch_size))
         return td
 
     def make_next(self) -> TensorDict:

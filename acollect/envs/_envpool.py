@@ -103,6 +103,9 @@ class EnvPoolEnv(EnvBase):
         >>> env.close()
     """
 
+    action_spec: TensorSpec  # one action: these envs have no keys of their own
+    reward_spec: TensorSpec
+
     def __init__(
         self,
         env: Any,

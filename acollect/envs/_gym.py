@@ -103,6 +103,9 @@ class GymEnv(EnvBase):
         torch.float64
     """
 
+    action_spec: TensorSpec  # one action: these envs have no keys of their own
+    reward_spec: TensorSpec
+
     def __init__(
         self,
         env: str | gym.Env[Any, Any] | VectorEnv[Any, Any, Any] | Callable[[], gym.Env[Any, Any]],

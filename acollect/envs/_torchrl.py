@@ -4,7 +4,9 @@ TorchRL is optional: this module never imports it. A TorchRL env is recognised
 by its attributes (:func:`is_torchrl_env`), its specs are mapped by shape and
 dtype, and stepping goes through its own ``step_and_maybe_reset``, so its
 transforms, batched envs (``SerialEnv``, ``ParallelEnv``) and reset logic all
-work as they do in TorchRL.
+work as they do in TorchRL. Its ``action_keys``, ``reward_keys`` and ``done_keys`` come through as they are,
+nested ones included (a multi-agent env's ``("agents", "action")``, ``("agents", "reward")``,
+``("agents", "done")``): acollect's env protocol takes them as composite specs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def is_torchrl_env(obj: object) -> bool:
 
 def _key(key: str | tuple[str, ...]) -> tuple[str, ...]:
     return (key,) if isinstance(key, str) else tuple(key)
+
+
+def _nest(leaves: dict[tuple[str, ...], TensorSpec]) -> Composite:
+    """A composite spec of nested leaves: ``{("agents", "action"): spec}`` to ``agents=Composite(action=spec)``."""
+    spec = Composite()
+    for key, leaf in leaves.items():
+        node = spec
+        for part in key[:-1]:
+            if part not in node:
+                node[part] = Composite()
+            node = node[part]
+        node[key[-1]] = leaf
+    return spec
 
 
 class TorchRLActionSpec(TensorSpec):
@@ -100,28 +115,36 @@ class TorchRLEnvAdapter(EnvBase):
         obs_spec = getattr(env, "full_observation_spec", None)
         if obs_spec is None:
             obs_spec = env.observation_spec
-        spec = Composite()
-        self._obs_keys: list[tuple[str, ...]] = []
-        for key in obs_spec.keys(include_nested=True, leaves_only=True):
-            leaf = obs_spec[key]
-            tkey = _key(key)
-            node = spec
-            for part in tkey[:-1]:
-                if part not in node:
-                    node[part] = Composite()
-                node = node[part]
-            node[tkey[-1]] = Unbounded(tuple(leaf.shape)[self._k :], dtype=leaf.dtype, device=self.device)
-            self._obs_keys.append(tkey)
-        self.observation_spec = spec
-        self.action_spec = TorchRLActionSpec(env.action_spec, self._k, self.device)
-        self._action_key = getattr(env, "action_key", "action")
-        reward = env.reward_spec
-        self.reward_spec = Unbounded(tuple(reward.shape)[self._k :], dtype=reward.dtype, device=self.device)
-        self._reward_key = getattr(env, "reward_key", "reward")
+        self._obs_keys: list[tuple[str, ...]] = [_key(k) for k in obs_spec.keys(include_nested=True, leaves_only=True)]
+        self.observation_spec = _nest({key: self._unbounded(obs_spec[key]) for key in self._obs_keys})
+        self._action_keys = [_key(k) for k in getattr(env, "action_keys", ["action"])]
+        if self._action_keys == [("action",)]:
+            self.action_spec = TorchRLActionSpec(env.action_spec, self._k, self.device)
+        else:
+            self.action_spec = _nest(
+                {key: TorchRLActionSpec(env.full_action_spec[key], self._k, self.device) for key in self._action_keys}
+            )
+        self._reward_keys = [_key(k) for k in getattr(env, "reward_keys", ["reward"])]
+        if self._reward_keys == [("reward",)]:
+            reward = env.reward_spec
+            self.reward_spec = Unbounded(tuple(reward.shape)[self._k :], dtype=reward.dtype, device=self.device)
+        else:
+            self.reward_spec = _nest({key: self._unbounded(env.full_reward_spec[key]) for key in self._reward_keys})
         done_spec = getattr(env, "full_done_spec", None)
         self._done_keys = [k for k in DONE_KEYS if done_spec is None or k in done_spec.keys()]
+        if "done" not in self._done_keys:
+            raise ConfigurationError.bad_value(
+                "env", type(env).__name__, "a TorchRL env with a root 'done' flag (an episode ends when it does)"
+            )
+        # A group's own flags (per agent), written like observations.
+        self._group_flags = [_key(k) for k in getattr(env, "done_keys", ()) if len(_key(k)) > 1]
+        if self._group_flags and done_spec is not None:
+            self.done_spec = _nest({key: self._unbounded(done_spec[key]) for key in self._group_flags})
         self._done_shape = tuple(done_spec["done"].shape) if done_spec is not None else (*env_batch, 1)
         self._td: TensorDictBase | None = None  # TorchRL's root: what the next step starts from
+
+    def _unbounded(self, leaf: Any) -> Unbounded:
+        return Unbounded(tuple(leaf.shape)[self._k :], dtype=leaf.dtype, device=self.device)
 
     @property
     def env(self) -> Any:
@@ -138,7 +161,7 @@ class TorchRLEnvAdapter(EnvBase):
                 target[rows] = value[rows]
 
     def _write_flags(self, src: TensorDictBase, out: TensorDictBase, rows: Any) -> None:
-        self._write(src, out, [(k,) for k in self._done_keys], rows)
+        self._write(src, out, [*((k,) for k in self._done_keys), *self._group_flags], rows)
         if "truncated" not in self._done_keys:
             # An env without a truncated flag never truncates: done and not terminated cannot happen.
             target = out.get("truncated")
@@ -166,27 +189,32 @@ class TorchRLEnvAdapter(EnvBase):
         if rows is None or previous is None:
             td = self._env.reset()
         else:
-            request = previous.exclude(self._action_key)
+            request = previous.exclude(*self._action_keys)
             request.set("_reset", rows.reshape(self._done_shape))
             fresh = self._env.reset(request)
             # Keep the untouched sub-envs exactly as they were, whatever the env returned for them.
             td = previous.clone()
-            for key in [*self._obs_keys, *((k,) for k in self._done_keys)]:
+            for key in [*self._obs_keys, *((k,) for k in self._done_keys), *self._group_flags]:
                 td.get(key)[rows] = fresh.get(key)[rows]
         self._td = td
         self._write(td, out, self._obs_keys, rows)
         self._write_flags(td, out, rows)
 
-    def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+    def step_and_reset_into(self, action: Any, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         self._check_open()
         if self._td is None:
             raise EnvError("TorchRLEnvAdapter was stepped before reset_into(): reset it first.")
         td = self._td
-        td.set(self._action_key, action[0] if self._unbatched else action)
+        if isinstance(action, TensorDictBase):  # every action key
+            td.update(action[0] if self._unbatched else action)
+        else:
+            td.set(self._action_keys[0], action[0] if self._unbatched else action)
         stepped, root = self._env.step_and_maybe_reset(td)
         nxt = stepped.get("next")
         self._write(nxt, next_out, self._obs_keys, None)
-        next_out.get("reward").copy_(nxt.get(self._reward_key).reshape(next_out.get("reward").shape))
+        for key in self._reward_keys:
+            target = next_out.get(key)
+            target.copy_(nxt.get(key).reshape(target.shape))
         self._write_flags(nxt, next_out, None)
         self._write(root, root_out, self._obs_keys, None)
         self._write_flags(root, root_out, None)
