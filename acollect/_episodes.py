@@ -20,7 +20,18 @@ Examples:
     >>> summary = tracker.update(batch([[1, 1, 1]], [[False, True, False]]))  # 5 steps, started last batch
     >>> summary.count, summary.returns, summary.lengths
     (1, [5.0], [5])
-"""
+
+A multi-agent batch has a reward per group of agents, ``("next", group, "reward")`` of shape ``[..., T, n_agents, 1]``:
+an episode ends with the root ``done``, its return per group is summed over the group's agents, and its return is
+the sum over the groups.
+
+    >>> tracker = EpisodeTracker()
+    >>> td = TensorDict({("next", "red", "reward"): torch.ones(1, 2, 2, 1), ("next", "blue", "reward"): torch.ones(1, 2, 1, 1),
+    ...                  ("next", "done"): torch.tensor([[[False], [True]]])}, batch_size=[1, 2])
+    >>> summary = tracker.update(td)
+    >>> summary.returns, summary.groups
+    ([6.0], {'red': [4.0], 'blue': [2.0]})
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -47,13 +58,16 @@ class EpisodeSummary:
 
     Attributes:
         count: episodes that ended (may exceed ``len(returns)`` when sent capped in a header).
-        returns: the undiscounted return of each, summed over every step of the episode.
+        returns: the undiscounted return of each, summed over every step of the episode (and over every agent).
         lengths: the number of steps of each.
+        groups: for a multi-agent env, the return of each episode per group of agents, summed over the group's
+            agents (empty for one reward key).
     """
 
     count: int = 0
     returns: list[float] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    groups: dict[str, list[float]] = field(default_factory=dict)
 
     def to_header(self) -> dict[str, Any]:
         """A msgpack-ready dict for a batch header (the last :data:`EPISODE_WINDOW` episodes at most).
@@ -62,7 +76,10 @@ class EpisodeSummary:
             >>> EpisodeSummary(2, [1.5, 3.0], [2, 4]).to_header()
             {'n': 2, 'r': [1.5, 3.0], 'l': [2, 4]}
         """
-        return {"n": self.count, "r": self.returns[-_HEADER_CAP:], "l": self.lengths[-_HEADER_CAP:]}
+        header = {"n": self.count, "r": self.returns[-_HEADER_CAP:], "l": self.lengths[-_HEADER_CAP:]}
+        if self.groups:
+            header["g"] = {name: returns[-_HEADER_CAP:] for name, returns in self.groups.items()}
+        return header
 
     @classmethod
     def from_header(cls, fields: Mapping[str, Any] | None) -> EpisodeSummary:
@@ -76,7 +93,8 @@ class EpisodeSummary:
             return cls()
         returns = [float(x) for x in fields.get("r", ())]
         lengths = [int(x) for x in fields.get("l", ())]
-        return cls(int(fields.get("n", len(returns))), returns, lengths)
+        groups = {str(name): [float(x) for x in values] for name, values in (fields.get("g") or {}).items()}
+        return cls(int(fields.get("n", len(returns))), returns, lengths, groups)
 
 
 class EpisodeTracker:
@@ -88,36 +106,67 @@ class EpisodeTracker:
     trajectory id differs from the last one seen was reset in between (a seed, ``reset_at_each_iter``)
     and its running episode is dropped rather than merged with the new one.
 
-    Batches without ``("next", "reward")`` or ``("next", "done")`` report no episodes.
+    A batch with group rewards (``("next", group, "reward")``) and no root one gives each episode's return per
+    group (:attr:`EpisodeSummary.groups`). Batches without ``("next", "done")`` or any reward report no episodes.
     """
+
+    def __init__(self) -> None:
+        self._running: dict[str | None, _Running] = {}  # per group (None: the root reward)
+
+    def reset(self) -> None:
+        """Forgets every running episode."""
+        self._running.clear()
+
+    def update(self, batch: TensorDictBase) -> EpisodeSummary:
+        """Accounts for one batch and returns the episodes that ended in it."""
+        if batch.batch_dims < 1:
+            return EpisodeSummary()
+        rewards = _rewards(batch)
+        done = batch.get(("next", "done"), None)
+        if not rewards or done is None:
+            return EpisodeSummary()
+        traj = batch.get(("collector", "traj_ids"), None)
+        shape = batch.batch_size
+        steps = shape[-1]
+        # Per-agent rewards and flags (trailing dims past the batch dims) are summed and or-ed.
+        d = np.asarray(_host(done).reshape(-1, steps, _trailing(done, shape)).any(-1))
+        t = _host(traj).reshape(-1, steps) if isinstance(traj, torch.Tensor) and traj.shape == shape else None
+        summaries = {}
+        for group, reward in rewards.items():
+            r = np.asarray(_host(reward).reshape(-1, steps, _trailing(reward, shape)).sum(-1))
+            summaries[group] = self._running.setdefault(group, _Running()).update(r, d, t)
+        if None in summaries:
+            return summaries[None]
+        first = next(iter(summaries.values()))
+        total = np.sum([summary.returns for summary in summaries.values()], axis=0)  # the same episodes, in order
+        groups = {str(group): summary.returns for group, summary in summaries.items()}
+        return EpisodeSummary(first.count, total.tolist(), first.lengths, groups)
+
+
+def _rewards(batch: TensorDictBase) -> dict[str | None, torch.Tensor]:
+    """The root reward (``{None: ...}``), or each group's (``{group: ...}``), of a batch's ``"next"``."""
+    reward = batch.get(("next", "reward"), None)
+    if isinstance(reward, torch.Tensor):
+        return {None: reward}
+    nxt = batch.get("next", None)
+    if not isinstance(nxt, TensorDictBase):
+        return {}
+    groups: dict[str | None, torch.Tensor] = {}
+    for key in nxt.keys(include_nested=True, leaves_only=True):
+        if isinstance(key, tuple) and len(key) > 1 and key[-1] == "reward":
+            groups["/".join(key[:-1])] = nxt.get(key)
+    return groups
+
+
+class _Running:
+    """The running return and length of each env's episode in flight, for one reward."""
 
     def __init__(self) -> None:
         self._return: np.ndarray | None = None  # float64 [N]
         self._length: np.ndarray | None = None  # int64 [N]
         self._last_traj: np.ndarray | None = None  # int64 [N]
 
-    def reset(self) -> None:
-        """Forgets every running episode."""
-        self._return = self._length = self._last_traj = None
-
-    def update(self, batch: TensorDictBase) -> EpisodeSummary:
-        """Accounts for one batch and returns the episodes that ended in it."""
-        if batch.batch_dims < 1:
-            return EpisodeSummary()
-        reward = batch.get(("next", "reward"), None)
-        done = batch.get(("next", "done"), None)
-        if reward is None or done is None:
-            return EpisodeSummary()
-        traj = batch.get(("collector", "traj_ids"), None)
-        shape = batch.batch_size
-        steps = shape[-1]
-        # Per-agent rewards and flags (trailing dims past the batch dims) are summed and or-ed.
-        r = np.asarray(_host(reward).reshape(-1, steps, _trailing(reward, shape)).sum(-1))
-        d = np.asarray(_host(done).reshape(-1, steps, _trailing(done, shape)).any(-1))
-        t = _host(traj).reshape(-1, steps) if isinstance(traj, torch.Tensor) and traj.shape == shape else None
-        return self._update(r, d, t)
-
-    def _update(self, reward: np.ndarray, done: np.ndarray, traj_ids: np.ndarray | None) -> EpisodeSummary:
+    def update(self, reward: np.ndarray, done: np.ndarray, traj_ids: np.ndarray | None) -> EpisodeSummary:
         # [envs, T] numpy arrays: a few kilobytes, where numpy's per-call cost is a fraction of torch's (this
         # runs once per batch beside the rollout engine).
         steps = reward.shape[1]

@@ -107,6 +107,8 @@ class CollectorStats:
         episode_return_last: return of the last episode that ended.
         episode_length_mean: mean length (steps) of the last 100 episodes.
         episode_length_last: length of the last episode that ended.
+        group_return_mean: for a multi-agent env, the mean return of the last 100 episodes per group of agents,
+            summed over the group's agents (``episode_return_mean`` is their sum); empty for one reward.
         policy_version: the collector's current policy version.
         policy_lag: per worker, ``policy_version`` minus the oldest version that chose an action in its last
             batch (the smallest ``("collector", "policy_version")`` of its frames; the in-process collector is
@@ -158,6 +160,7 @@ class CollectorStats:
     episode_return_last: float | None = None
     episode_length_mean: float | None = None
     episode_length_last: int | None = None
+    group_return_mean: dict[str, float] = field(default_factory=dict)
     policy_version: int = 0
     policy_lag: dict[int, int] = field(default_factory=dict)
     worker_frames_per_s: dict[int, float] = field(default_factory=dict)
@@ -321,6 +324,8 @@ class StatsRecorder:
         self.episodes = 0
         self.returns: deque[float] = deque(maxlen=episode_window)
         self.lengths: deque[int] = deque(maxlen=episode_window)
+        self.group_returns: dict[str, deque[float]] = {}
+        self._episode_window = episode_window
         self.last_return: float | None = None
         self.last_length: int | None = None
         self.time = TimeSplitWindow(window_s)
@@ -393,6 +398,8 @@ class StatsRecorder:
             self.episodes += episodes.count
             self.returns.extend(episodes.returns)
             self.lengths.extend(episodes.lengths)
+            for group, returns in episodes.groups.items():
+                self.group_returns.setdefault(group, deque(maxlen=self._episode_window)).extend(returns)
             if episodes.returns:
                 self.last_return = episodes.returns[-1]
                 self.last_length = episodes.lengths[-1]
@@ -429,6 +436,9 @@ class StatsRecorder:
             episode_return_last=self.last_return,
             episode_length_mean=_mean(self.lengths),
             episode_length_last=self.last_length,
+            group_return_mean={
+                group: sum(returns) / len(returns) for group, returns in self.group_returns.items() if returns
+            },
             policy_version=policy_version,
             policy_lag={w: policy_version - v for w, v in sorted(self.worker_versions.items())},
             worker_frames_per_s={w: 0.0 if paused else window.rate() for w, window in sorted(self.workers.items())},

@@ -51,7 +51,7 @@ __all__ = ["TrajectoryAssembler"]
 
 _IDS = ("collector", "traj_ids")
 _MASK = ("collector", "mask")
-_FLAGS = (("next", "truncated"), ("next", "done"))
+_FLAGS = ("truncated", "done")  # under "next": the root ones and a group's (("next", "agents", "done"), ...)
 
 Key = str | tuple[str, ...]
 #: One trajectory's frames (or a piece of them): each leaf of the batch by its key, time first.
@@ -172,9 +172,9 @@ def _join(pieces: list[Frames]) -> Frames:
 
 def _truncate(traj: Frames) -> Frames:
     """``traj`` ended at its last frame: truncated there (not terminated: the episode did not end by itself)."""
-    for key in _FLAGS:
-        if key in traj:
-            traj[key][-1] = True
+    for key, leaf in traj.items():
+        if isinstance(key, tuple) and key[0] == "next" and key[-1] in _FLAGS:
+            leaf[-1] = True
     return traj
 
 

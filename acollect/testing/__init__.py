@@ -6,6 +6,8 @@
   :class:`CrashingEnv`, :class:`SlowEnv`, :class:`Gate` (an env held mid-batch until the test opens it),
   :class:`PixelEnv`, the stream check :func:`assert_counting_batch` and
   :func:`wait_until`;
+* a multi-agent env (:mod:`acollect.testing._groups`): :class:`GroupCountingEnv`, groups of agents under nested
+  keys, and its frame-by-frame check :func:`assert_group_counting_batch`;
 * gymnasium envs (:mod:`acollect.testing._gym_envs`): :class:`CountingGymEnv`, :class:`CrashingGymEnv`,
   :class:`EchoGymEnv` (its next observation echoes the action it received);
 * leak checks (:mod:`acollect.testing._leaks`): :class:`ResourceSnapshot`,
@@ -43,6 +45,8 @@ from acollect.testing._envs import PixelEnv as PixelEnv
 from acollect.testing._envs import SlowEnv as SlowEnv
 from acollect.testing._envs import assert_counting_batch as assert_counting_batch
 from acollect.testing._envs import wait_until as wait_until
+from acollect.testing._groups import GroupCountingEnv as GroupCountingEnv
+from acollect.testing._groups import assert_group_counting_batch as assert_group_counting_batch
 from acollect.testing._gym_envs import CountingGymEnv as CountingGymEnv
 from acollect.testing._gym_envs import CrashingGymEnv as CrashingGymEnv
 from acollect.testing._gym_envs import EchoGymEnv as EchoGymEnv
@@ -71,6 +75,7 @@ __all__ = [
     "EchoGymEnv",
     "Gate",
     "GatedEnv",
+    "GroupCountingEnv",
     "PixelEnv",
     "ResourceSnapshot",
     "SlowEnv",
@@ -78,6 +83,7 @@ __all__ = [
     "TwoPartProbe",
     "WeightProbe",
     "assert_counting_batch",
+    "assert_group_counting_batch",
     "assert_no_leaks",
     "leaked_resources",
     "no_leaks",
