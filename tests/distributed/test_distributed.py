@@ -3,6 +3,8 @@ here, NCCL on GPU machines), and RPCCollector's argument translation."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,7 +20,7 @@ from acollect import (
     RPCCollector,
     RPCDataCollector,
 )
-from acollect.testing import CountingEnv, assert_counting_batch
+from acollect.testing import CountingEnv, GroupCountingEnv, assert_counting_batch, assert_group_counting_batch
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo"),
@@ -158,3 +160,14 @@ async def test_nccl_batches_gpu_to_gpu() -> None:
                 await collector.update_policy_weights_()
             else:
                 assert int(batch["action"].min()) == 1
+
+
+async def test_multi_agent_frames_come_through_torch_distributed_whole() -> None:
+    env = functools.partial(GroupCountingEnv, num_envs=2, episode_length=[3, 4])
+    for sync in (False, True):
+        async with DistributedCollector(
+            [env, env], frames_per_batch=16, total_frames=48, backend="gloo", sync=sync
+        ) as collector:
+            async for batch in collector:
+                assert batch["next", "red", "reward"].shape[-2:] == (2, 1)
+                assert_group_counting_batch(batch.reshape(-1, batch.shape[-1]))

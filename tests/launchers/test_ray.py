@@ -5,6 +5,7 @@ Each test starts real actors (a few seconds each); the cluster is started once f
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 
@@ -20,7 +21,7 @@ from acollect import (
     WorkerCrashedError,
 )
 from acollect.launchers import RayLauncher
-from acollect.testing import CountingEnv, WeightProbe, wait_until
+from acollect.testing import CountingEnv, GroupCountingEnv, WeightProbe, assert_group_counting_batch, wait_until
 
 ray = pytest.importorskip("ray")
 
@@ -206,3 +207,11 @@ async def test_a_ray_collector_collects_on_without_a_lost_actor_in_whole_episode
             last = batch["collector", "mask"].sum(-1) - 1
             assert batch["next", "done"][torch.arange(batch.batch_size[0]), last].all()  # whole (or cut) episodes
         assert collector.stats().lost_workers == 1
+
+
+async def test_multi_agent_frames_come_through_ray_actors_whole() -> None:
+    env = functools.partial(GroupCountingEnv, num_envs=2, episode_length=[3, 4])
+    async with RayCollector([env, env], frames_per_batch=16, total_frames=48, sync=True) as collector:
+        async for batch in collector:
+            assert batch["next", "blue", "reward"].shape[-2:] == (1, 1)
+            assert_group_counting_batch(batch.reshape(-1, batch.shape[-1]))
