@@ -178,3 +178,42 @@ async def test_the_frame_check_catches_a_spoilt_frame(spoil: Any, message: str) 
     spoil(batch)
     with pytest.raises(AssertionError, match=message):
         assert_group_counting_batch(batch)
+
+
+class CrashingGroupEnv(GroupCountingEnv):
+    """Raises at the 7th step of each life: a rebuilt env does so again."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.steps = 0
+
+    def step_and_reset_into(self, action: Any, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
+        self.steps += 1
+        if self.steps == 7:
+            raise RuntimeError("the simulator fell over")
+        super().step_and_reset_into(action, next_out, root_out)
+
+
+def test_an_env_rebuilt_after_a_fault_ends_every_groups_episode_truncated() -> None:
+    from acollect._rollout.build import build_engine
+    from acollect._rollout.spec import RolloutSpec
+
+    spec = RolloutSpec(
+        create_env_fn=CrashingGroupEnv, env_kwargs={"num_envs": 2, "episode_length": 50},
+        frames_per_batch=20, env_errors="restart",
+    )  # fmt: skip
+    engine = build_engine(spec, blocking=True)
+    try:
+        batch = engine.collect()
+        assert engine.env_restarts == 1
+    finally:
+        engine.close()
+    # Steps 1-6 recorded (frames 0-5), step 7 raised, frame 6 is the rebuilt env's first.
+    assert_group_counting_batch(batch[:, :6])
+    assert_group_counting_batch(batch[:, 6:])
+    for group in GROUPS:
+        assert batch["next", group, "truncated"][:, 5].all()
+        assert batch["next", group, "done"][:, 5].all()
+        assert not batch["next", group, "truncated"][:, :5].any()
+        assert not batch["next", group, "terminated"][:, 5].any()
+    assert batch["red", "observation"][:, 6, :, 0].tolist() == [[0.0, 0.0], [float(1_000_000)] * 2]
