@@ -43,8 +43,10 @@ from acollect._policy import (
     check_policy_outputs,
 )
 from acollect._rollout.env_faults import EnvFaults
+from acollect._rollout.keys import TransitionKeys
 from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
+from acollect._rollout.trajectories import Trajectories
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 from acollect.envs import DONE_KEYS, EnvBase
 from acollect.errors import ConfigurationError
@@ -142,24 +144,14 @@ class RolloutEngine:
         self.stopwatch = Stopwatch()
         # Set by split_policy_calls(): the steps yield between sending the observations and taking the actions.
         self._split: SplitPolicy | None = None
-        self._next_traj_counter = 0
 
         self._root = env.make_root()
         self._next = env.make_next()
-        self._obs_keys: list[tuple[str, ...]] = env.observation_spec.leaf_keys()
-        self._reward_keys = env.reward_keys
-        # Flags beside the root ones (per agent): copied at every step, in root and "next", like observations.
-        self._flag_keys = env.done_keys[len(DONE_KEYS) :]
-        # Where a truncation is written: the root "truncated" and "done" and a group's own.
-        self._cut_keys = [key for key in env.done_keys if key[-1] in ("truncated", "done")]
-        # The policy's output key of each action key, learnt by the probe (a TensorDict of them is stepped with).
-        self._action_keys: list[tuple[tuple[str, ...], NestedKey]] = []
+        self._keys = TransitionKeys.of(env)
         # One generator for every random action of the engine (the random policy's own, where it is one):
         # seed() must reach the actions actually taken, not a second generator beside them.
         self._random = policy if isinstance(policy, RandomPolicy) else RandomPolicy(env.action_spec, env.batch_size)
-        self._traj_ids = torch.zeros(self.n_envs, dtype=torch.int64)
-        self._traj_steps = torch.zeros(self.n_envs, dtype=torch.int64)
-        self._traj_ids_np, self._traj_steps_np = self._traj_ids.numpy(), self._traj_steps.numpy()  # shared memory
+        self._trajectories = Trajectories(self.n_envs, self.spec.traj_id_offset, self.spec.traj_id_stride)
         self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step count
         # The reset the next batch begins with (``None``: it goes on from the last step): one at first.
         self._next_reset: Reset | None = Reset(seed=None)
@@ -189,7 +181,7 @@ class RolloutEngine:
         self._out_specs = {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
         if isinstance(self.env.action_spec, Composite):
             pairs = zip(self.env.action_keys, action_outputs(outputs, self.env.action_spec), strict=True)
-            self._action_keys = [(key, out_key) for key, (out_key, _) in pairs]
+            self._keys.actions = [(key, out_key) for key, (out_key, _) in pairs]
 
     @property
     def _versions_from_policy(self) -> bool:
@@ -242,16 +234,11 @@ class RolloutEngine:
     @property
     def next_traj_counter(self) -> int:
         """How many trajectory ids were handed out (for state dicts)."""
-        return self._next_traj_counter
+        return self._trajectories.counter
 
     @next_traj_counter.setter
     def next_traj_counter(self, value: int) -> None:
-        self._next_traj_counter = int(value)
-
-    def _new_traj_ids_np(self, count: int) -> np.ndarray:
-        start = self._next_traj_counter
-        self._next_traj_counter += count
-        return self.spec.traj_id_offset + self.spec.traj_id_stride * np.arange(start, start + count, dtype=np.int64)
+        self._trajectories.counter = int(value)
 
     def _reset_all(self) -> None:
         try:
@@ -266,8 +253,7 @@ class RolloutEngine:
         reset = self._next_reset
         env.reset_into(self._root, seed=reset.seed if reset is not None else None)
         self._next_reset = None  # only once the reset went well: a rebuilt env is reset the same way
-        self._traj_ids_np[:] = self._new_traj_ids_np(self.n_envs)
-        self._traj_steps.zero_()
+        self._trajectories.start_all()
 
     def _recover(self, error: Exception, next_td: TensorDictBase | None, last: int) -> None:
         """The env raised ``error``: the episodes in flight end as truncated at step ``last`` of the batch (their
@@ -297,13 +283,14 @@ class RolloutEngine:
             return torch.empty((E, T, *t.shape[1:]), dtype=t.dtype, device=dev)
 
         batch = TensorDict({}, batch_size=(E, T), device=dev)
-        root_keys: list[NestedKey] = [*self._obs_keys, *DONE_KEYS, *self._flag_keys]
+        keys = self._keys
+        root_keys: list[NestedKey] = [*keys.observations, *DONE_KEYS, *keys.flags]
         for key in root_keys:
             batch.set(key, like(self._root.get(key)))
         for out_key, (shape, dtype) in self._out_specs.items():
             batch.set(out_key, torch.empty((E, T, *shape), dtype=dtype, device=dev))
         nxt = TensorDict({}, batch_size=(E, T), device=dev)
-        next_keys: list[NestedKey] = [*self._obs_keys, *self._reward_keys, *DONE_KEYS, *self._flag_keys]
+        next_keys: list[NestedKey] = [*keys.observations, *keys.rewards, *DONE_KEYS, *keys.flags]
         for key in next_keys:
             nxt.set(key, like(self._next.get(key)))
         batch.set("next", nxt)
@@ -387,10 +374,11 @@ class RolloutEngine:
                 batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
 
         next_td = batch.get("next")
-        root_copies = TimeSlices([(batch.get(k), root.get(k)) for k in [*self._obs_keys, *self._flag_keys]])
-        next_keys = [*self._obs_keys, *self._reward_keys, "terminated", "truncated", *self._flag_keys]
+        keys, trajectories = self._keys, self._trajectories
+        root_copies = TimeSlices([(batch.get(k), root.get(k)) for k in [*keys.observations, *keys.flags]])
+        next_keys = [*keys.observations, *keys.rewards, "terminated", "truncated", *keys.flags]
         next_copies = TimeSlices([(next_td.get(k), nxt.get(k)) for k in next_keys])
-        traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), self._traj_ids)])
+        traj_copy = TimeSlices([(batch.get((_COLLECTOR, "traj_ids")), torch.from_numpy(trajectories.ids))])
         out_slots = [(k, batch.get(k), numpy_view(batch.get(k))) for k in self._out_specs]
         policy, split = self.policy, self._split
         remote = policy if split is None and isinstance(policy, SplitPolicy) else None
@@ -398,10 +386,10 @@ class RolloutEngine:
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
         max_traj = self.spec.max_frames_per_traj
         done_np, count_nonzero = self._done_np, np.count_nonzero
-        traj_np, steps_np = self._traj_ids_np, self._traj_steps_np
+        traj_np, steps_np = trajectories.ids, trajectories.lengths
         n = self.n_envs
         faults = self._faults
-        action_keys = self._action_keys
+        action_keys = keys.actions
 
         t = start
         while t < self.time_steps:
@@ -463,7 +451,7 @@ class RolloutEngine:
             if count_nonzero(done_np):
                 # In numpy: on 8 envs, boolean indexing in torch costs as much as a tenth of a CartPole step.
                 rows = np.flatnonzero(done_np)
-                traj_np[rows] = self._new_traj_ids_np(len(rows))
+                traj_np[rows] = trajectories.new_ids(len(rows))
                 steps_np[rows] = 0
             if failed_reset is not None:
                 self._recover(failed_reset, next_td, t)
@@ -478,9 +466,9 @@ class RolloutEngine:
         return batch
 
     def _truncate_long_trajectories(self, max_traj: int) -> None:
-        steps = self._traj_steps
+        steps = self._trajectories.lengths
         steps += 1
-        over = (steps >= max_traj) & ~self._next.get("done").squeeze(-1)
+        over = torch.from_numpy((steps >= max_traj) & ~self._done_np.reshape(-1))
         if bool(over.any()):
             self._cut(self._next, (), over)
             self.env.reset_into(self._root, mask=over)
@@ -490,7 +478,7 @@ class RolloutEngine:
         and every group's (all of a group's agents: an episode ends for all of them)."""
         if not bool(rows.any()):
             return
-        for key in self._cut_keys:
+        for key in self._keys.cuts:
             flag = td.get(key)[at] if at else td.get(key)
             flag[rows] = True
 

@@ -49,11 +49,12 @@ from acollect._devices import Devices
 from acollect._policy import PolicyAdapter
 from acollect._rollout.blocking import Reset
 from acollect._rollout.env_faults import EnvFaults
-from acollect._rollout.env_steps import EnvSteps, Trajectories
+from acollect._rollout.env_steps import EnvSteps
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._rollout.row_ring import RowRing
 from acollect._rollout.spec import RolloutSpec
+from acollect._rollout.trajectories import Trajectories
 from acollect._weights.updates import PolicyWeights
 from acollect.envs import AsyncEnvPool
 

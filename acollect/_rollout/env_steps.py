@@ -3,8 +3,8 @@
 Env ``i``'s task (:meth:`EnvSteps.run`) waits for its action (:class:`~acollect._rollout.env_turns.EnvTurns`),
 awaits its
 ``step`` (and its ``reset`` when the episode ended, in the same step), writes the step into its row of the ring
-(:class:`~acollect._rollout.row_ring.RowRing`) and waits again. :class:`Trajectories` keeps each env's trajectory id and
-length, and the ids handed out, so that ids stay unique across workers.
+(:class:`~acollect._rollout.row_ring.RowRing`) and waits again. Each env's trajectory id and length are kept by
+:class:`~acollect._rollout.trajectories.Trajectories`.
 """
 
 from __future__ import annotations
@@ -18,44 +18,10 @@ from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
 from acollect._rollout.spec import RolloutSpec
+from acollect._rollout.trajectories import Trajectories
 from acollect.envs import AsyncEnvPool
 
-__all__ = ["EnvSteps", "Trajectories"]
-
-
-class Trajectories:
-    """The trajectory of each env (its id and length so far), and how many ids were handed out.
-
-    Args:
-        n_envs: how many envs.
-        offset: the first id; with ``stride`` it keeps the ids of workers apart.
-        stride: the step between consecutive ids.
-
-    Examples:
-        >>> trajectories = Trajectories(2, offset=1, stride=4)  # worker 1 of 4
-        >>> trajectories.start_all()
-        >>> trajectories.ids.tolist(), trajectories.new_id(), trajectories.counter
-        ([1, 5], 9, 3)
-    """
-
-    def __init__(self, n_envs: int, offset: int, stride: int) -> None:
-        self.offset, self.stride = offset, stride
-        #: how many ids were handed out
-        self.counter = 0
-        #: each env's trajectory id
-        self.ids = np.zeros(n_envs, dtype=np.int64)
-        #: each env's steps in its trajectory so far
-        self.lengths = np.zeros(n_envs, dtype=np.int64)
-
-    def new_id(self) -> int:
-        """Hands out the next id."""
-        self.counter += 1
-        return self.offset + self.stride * (self.counter - 1)
-
-    def start_all(self) -> None:
-        """Every env begins a new trajectory (after a reset of all)."""
-        self.ids[:] = [self.new_id() for _ in range(len(self.ids))]
-        self.lengths[:] = 0
+__all__ = ["EnvSteps"]
 
 
 class EnvSteps:
