@@ -272,7 +272,7 @@ class PettingZooEnv(EnvBase):
         self._write(root_out, None, with_reward=False)
 
     def _group_action(self, action: Any, g: _Group) -> np.ndarray:
-        value = action.get((g.name, "action")) if isinstance(action, TensorDictBase) else None
+        value = action.get((g.name, "action"), None) if isinstance(action, TensorDictBase) else None
         spec = g.action_spec
         assert spec is not None  # set by _build_specs
         want = (self.num_envs, *spec.shape)
