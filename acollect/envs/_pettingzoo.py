@@ -194,16 +194,16 @@ class PettingZooEnv(EnvBase):
             space = env.observation_space(g.agents[0])
             g.obs_leaves = _obs_leaves(space)
             agent_obs = space_to_spec(space, device=dev, double_to_float=True)
-            group_obs = Composite(mask=Binary((g.size,), dtype=torch.bool, device=dev))
-            if isinstance(agent_obs, Composite):
-                if isinstance(space, spaces.Dict) and "action_mask" in agent_obs:
-                    shape = (g.size, *agent_obs["action_mask"].shape)
-                    group_obs["action_mask"] = Binary(shape, dtype=torch.bool, device=dev)
-                    agent_obs = Composite({k: v for k, v in agent_obs.items() if k != "action_mask"})
-                if len(agent_obs):
-                    group_obs["observation"] = _stacked(agent_obs, g.size)
-            else:
+            group_obs = Composite()
+            action_mask = None
+            if isinstance(space, spaces.Dict) and "action_mask" in agent_obs:
+                action_mask = Binary((g.size, *agent_obs["action_mask"].shape), dtype=torch.bool, device=dev)
+                agent_obs = Composite({k: v for k, v in agent_obs.items() if k != "action_mask"})
+            if not isinstance(agent_obs, Composite) or len(agent_obs):
                 group_obs["observation"] = _stacked(agent_obs, g.size)
+            if action_mask is not None:
+                group_obs["action_mask"] = action_mask
+            group_obs["mask"] = Binary((g.size,), dtype=torch.bool, device=dev)
             obs[g.name] = group_obs
             agent_act = space_to_spec(g.action_space, categorical=categorical_actions, device=dev, double_to_float=True)
             g.action_spec = _stacked(agent_act, g.size)
