@@ -1,9 +1,8 @@
 """PettingZooEnv: PettingZoo parallel envs as one batched env, agents stacked by group.
 
-Values, not only shapes: a small deterministic env whose rewards name the action each agent
-received and whose observations count steps, with one agent that leaves mid-episode, checks the
-routing of actions, the masks and flags of an agent that left, per-copy resets and seeding; mpe2's
-particle envs check the adapter against the raw env and TorchRL's wrapper.
+Values, not only shapes: a small deterministic env (rewards name the action each agent received, observations
+count steps, one agent leaves mid-episode) checks action routing, masks, flags, per-copy resets and seeding;
+mpe2's particle envs check the adapter against the raw env and TorchRL's wrapper.
 """
 
 from __future__ import annotations
@@ -16,18 +15,17 @@ import anyio
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 from tensordict import TensorDict
 
+from acollect.envs import PettingZooEnv
+from acollect.envs._pettingzoo import default_group_map
+from acollect.errors import ConfigurationError, PolicyError
+from acollect.specs import Bounded, Categorical, OneHot
+
 pettingzoo = pytest.importorskip("pettingzoo")
-mpe2 = pytest.importorskip("mpe2")
-
-from gymnasium import spaces  # noqa: E402
-from mpe2 import simple_spread_v3, simple_tag_v3  # noqa: E402
-
-from acollect.envs import PettingZooEnv  # noqa: E402
-from acollect.envs._pettingzoo import default_group_map  # noqa: E402
-from acollect.errors import ConfigurationError, PolicyError  # noqa: E402
-from acollect.specs import Bounded, Categorical, OneHot  # noqa: E402
+simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
+simple_tag_v3 = pytest.importorskip("mpe2.simple_tag_v3")
 
 GROUPS = {"red": ["red_0", "red_1"], "blue": ["blue_0"]}
 NEEDS_NESTED_KEYS = pytest.mark.xfail(reason="needs the engine's nested keys", strict=False)
@@ -135,11 +133,8 @@ def col(td: TensorDict, *key: str) -> list:
 
 def test_default_groups_follow_torchrl_name_prefixes() -> None:
     assert default_group_map(["red_0", "red_1", "blue_0"]) == GROUPS
-    assert default_group_map(["solo", "a_b_1", "a_b_0", "x_y"]) == {
-        "solo": ["solo"],
-        "a_b": ["a_b_1", "a_b_0"],
-        "x_y": ["x_y"],
-    }
+    odd = {"solo": ["solo"], "a_b": ["a_b_1", "a_b_0"], "x_y": ["x_y"]}  # no integer suffix: a group of its own
+    assert default_group_map(["solo", "a_b_1", "a_b_0", "x_y"]) == odd
 
 
 def test_specs_stack_each_groups_agents() -> None:
@@ -333,8 +328,7 @@ def test_close_closes_every_copy() -> None:
     env = PettingZooEnv(TeamEnv, num_envs=3)
     copies = env.envs
     env.close()
-    assert [c.closed for c in copies] == [True, True, True]
-    assert env.is_closed
+    assert [c.closed for c in copies] + [env.is_closed] == [True] * 4
 
 
 def test_a_missing_action_says_which_key_it_wanted() -> None:
@@ -351,10 +345,10 @@ def test_an_aec_env_is_refused_with_the_parallel_spelling() -> None:
         PettingZooEnv(simple_spread_v3.env)
 
 
-def test_an_env_instance_is_refused_with_how_to_pass_a_factory() -> None:
-    env = TeamEnv()
-    with pytest.raises(ConfigurationError, match="callable"):
-        PettingZooEnv(env)
+@pytest.mark.parametrize(("env_fn", "says"), [(TeamEnv(), "callable"), (DictActionEnv, "flat action")])
+def test_an_env_instance_and_a_dict_action_space_are_refused(env_fn, says) -> None:
+    with pytest.raises(ConfigurationError, match=says):
+        PettingZooEnv(env_fn)
 
 
 def test_a_group_of_agents_with_different_spaces_is_refused_with_a_group_map_that_fits() -> None:
@@ -371,11 +365,6 @@ def test_a_group_of_agents_with_different_spaces_is_refused_with_a_group_map_tha
     tag = functools.partial(simple_tag_v3.parallel_env, max_cycles=5)
     with pytest.raises(ConfigurationError, match="separate groups"):
         PettingZooEnv(tag, group_map={"x": ["adversary_0", "agent_0"], "y": ["adversary_1", "adversary_2"]})
-
-
-def test_a_dict_action_space_is_refused() -> None:
-    with pytest.raises(ConfigurationError, match="flat action"):
-        PettingZooEnv(DictActionEnv)
 
 
 @pytest.mark.parametrize(
@@ -483,6 +472,21 @@ async def test_collector_collects_group_keys() -> None:
         async for batch in collector:
             assert batch.shape == (2, 10)
             check_spread_batch(batch)
+
+
+@NEEDS_NESTED_KEYS
+async def test_collector_routes_each_agents_action_and_masks_agents_that_left() -> None:
+    from acollect import Collector
+
+    async with Collector(functools.partial(PettingZooEnv, TeamEnv, 2), None, frames_per_batch=16) as collector:
+        batch = await anext(collector)
+    assert batch.shape == (2, 8)
+    alive = batch["red", "mask"]  # live when the step started: its action reached the env
+    reward, action = batch["next", "red", "reward"].squeeze(-1), batch["red", "action"].float()
+    assert torch.equal(reward[alive], (action + torch.tensor([0.0, 10.0]))[alive])
+    assert (reward[~alive] == 0).all()
+    assert alive[..., 1].tolist() == [[True, True, False, False] * 2] * 2  # red_1 leaves at step 2 of 4
+    assert batch["next", "done"].squeeze(-1).tolist() == [[False, False, False, True] * 2] * 2
 
 
 @NEEDS_NESTED_KEYS
