@@ -229,14 +229,36 @@ class Categorical(TensorSpec):
 
 
 class OneHot(TensorSpec):
-    """A one-hot vector of length ``n`` (TorchRL's default encoding of ``Discrete``)."""
+    """A one-hot vector of length ``n`` (TorchRL's default encoding of ``Discrete``).
 
-    def __init__(self, n: int, dtype: torch.dtype = torch.int64, device: torch.device | str = "cpu") -> None:
-        super().__init__((n,), dtype, device)
+    Args:
+        n: number of categories (the last dim).
+        dtype: tensor dtype.
+        device: device of built tensors.
+        shape: the whole per-env shape, ending in ``n``: ``(n_agents, n)`` holds one one-hot vector per agent
+            (a group of agents stacks its actions so). ``(n,)`` when omitted.
+
+    Examples:
+        >>> OneHot(3, shape=(2, 3)).rand((4,)).sum(-1).tolist()
+        [[1, 1], [1, 1], [1, 1], [1, 1]]
+    """
+
+    def __init__(
+        self,
+        n: int,
+        dtype: torch.dtype = torch.int64,
+        device: torch.device | str = "cpu",
+        *,
+        shape: Sequence[int] | torch.Size | None = None,
+    ) -> None:
+        full = (int(n),) if shape is None else tuple(shape)
+        if not full or full[-1] != int(n):
+            raise ValueError(f"OneHot(n={n}) takes a shape ending in {n}, not {tuple(full)}")
+        super().__init__(full, dtype, device)
         self.n = int(n)
 
     def rand(self, batch: Sequence[int] = (), generator: torch.Generator | None = None) -> torch.Tensor:
-        idx = torch.randint(self.n, tuple(batch), generator=generator)
+        idx = torch.randint(self.n, (*batch, *self.shape[:-1]), generator=generator)
         return torch.nn.functional.one_hot(idx, self.n).to(dtype=self.dtype, device=self.device)
 
     def is_in(self, value: torch.Tensor) -> bool:

@@ -55,7 +55,7 @@ TORCHRL_NAMES = {
 # The names the documentation promises; renaming one is an API break and must be deliberate.
 PROMISED = {
     "acollect": ["Collector", "CollectorState", "ReplayBuffer"],
-    "acollect.envs": ["EnvBase", "GymEnv", "TorchRLEnvAdapter", "make_env"],
+    "acollect.envs": ["EnvBase", "GymEnv", "PettingZooEnv", "TorchRLEnvAdapter", "make_env"],
     "acollect.errors": [
         "AcollectError",
         "BackgroundCollectionError",
