@@ -28,7 +28,6 @@ simple_spread_v3 = pytest.importorskip("mpe2.simple_spread_v3")
 simple_tag_v3 = pytest.importorskip("mpe2.simple_tag_v3")
 
 GROUPS = {"red": ["red_0", "red_1"], "blue": ["blue_0"]}
-NEEDS_NESTED_KEYS = pytest.mark.xfail(reason="needs the engine's nested keys", strict=False)
 
 
 class TeamEnv(pettingzoo.ParallelEnv):
@@ -464,7 +463,6 @@ def check_spread_batch(batch: TensorDict) -> None:
     assert torch.equal(reward[..., 0, :], reward[..., 1, :])
 
 
-@NEEDS_NESTED_KEYS
 async def test_collector_collects_group_keys() -> None:
     from acollect import Collector
 
@@ -474,7 +472,6 @@ async def test_collector_collects_group_keys() -> None:
             check_spread_batch(batch)
 
 
-@NEEDS_NESTED_KEYS
 async def test_collector_routes_each_agents_action_and_masks_agents_that_left() -> None:
     from acollect import Collector
 
@@ -489,7 +486,6 @@ async def test_collector_routes_each_agents_action_and_masks_agents_that_left() 
     assert batch["next", "done"].squeeze(-1).tolist() == [[False, False, False, True] * 2] * 2
 
 
-@NEEDS_NESTED_KEYS
 async def test_multi_sync_collector_with_two_workers_collects_group_keys() -> None:
     from acollect import MultiSyncCollector
 
