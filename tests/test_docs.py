@@ -100,7 +100,12 @@ def _block_id(block: CodeBlock) -> str:
 PYTHON_BLOCKS = _python_blocks()
 
 
-@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[_block_id(b) for b in PYTHON_BLOCKS])
+@pytest.mark.parametrize(
+    "block",
+    # A block that needs torchrl runs with the other torchrl tests (`-m torchrl`, CI's interop step).
+    [pytest.param(b, marks=[pytest.mark.torchrl] if "torchrl" in b.requires else []) for b in PYTHON_BLOCKS],
+    ids=[_block_id(b) for b in PYTHON_BLOCKS],
+)
 def test_doc_block_runs(block: CodeBlock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     if block.skip:
         pytest.skip(f"{block.path}:{block.line} is marked {SKIP_MARKER}")

@@ -423,6 +423,7 @@ def test_simple_tag_has_two_groups_and_continuous_actions_are_bounded() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:PettingZoo in TorchRL is tested")
+@pytest.mark.torchrl
 def test_the_keys_shapes_and_dtypes_match_torchrls_wrapper() -> None:
     pytest.importorskip("torchrl")
     from torchrl.envs import PettingZooWrapper
