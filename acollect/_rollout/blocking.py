@@ -45,6 +45,7 @@ from acollect._policy import (
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.keys import TransitionKeys
 from acollect._rollout.spec import RolloutSpec
+from acollect._rollout.sub_env_faults import ContainedFaults
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
 from acollect._rollout.trajectories import Trajectories
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
@@ -161,6 +162,7 @@ class RolloutEngine:
         self.discarded_frames = 0
         self._out_specs: dict[NestedKey, tuple[torch.Size, torch.dtype]] = {}
         self._read_only_policy = policy.reads_input_only
+        self._contained = ContainedFaults.of(env_faults, env)  # None: the whole env is rebuilt after a fault
         self._probe_policy()
 
     # -- setup -------------------------------------------------------------------
@@ -263,8 +265,10 @@ class RolloutEngine:
         if next_td is not None and last >= 0:
             # Rows whose episode ended at that step anyway have none in flight: nothing to mark.
             ended = next_td.get("terminated")[:, last] | next_td.get("truncated")[:, last]
-            self._cut(next_td, (slice(None), last), ~ended.squeeze(-1))
+            self._keys.cut(next_td, (slice(None), last), ~ended.squeeze(-1))
         self.env = self._faults.recover(self.env, error, steps=self.steps, start=self._start)
+        if self._contained is not None:  # the new env contains its sub-envs' faults as the old one did
+            self.env.contain_faults(self._contained.handler)
 
     @property
     def env_restarts(self) -> int:
@@ -388,7 +392,7 @@ class RolloutEngine:
         done_np, count_nonzero = self._done_np, np.count_nonzero
         traj_np, steps_np = trajectories.ids, trajectories.lengths
         n = self.n_envs
-        faults = self._faults
+        faults, contained = self._faults, self._contained
         action_keys = keys.actions
 
         t = start
@@ -437,6 +441,8 @@ class RolloutEngine:
                 env = self.env
                 continue
             self.steps += 1
+            if contained is not None and contained.rows:
+                contained.mend(batch, t, keys, trajectories)
             failed_reset: Exception | None = None
             if max_traj is not None:
                 try:
@@ -470,17 +476,8 @@ class RolloutEngine:
         steps += 1
         over = torch.from_numpy((steps >= max_traj) & ~self._done_np.reshape(-1))
         if bool(over.any()):
-            self._cut(self._next, (), over)
+            self._keys.cut(self._next, (), over)
             self.env.reset_into(self._root, mask=over)
-
-    def _cut(self, td: TensorDictBase, at: tuple[object, ...], rows: torch.Tensor) -> None:
-        """Marks the episodes of ``rows`` (bool ``[n_envs]``) truncated in ``td`` at index ``at``: the root flags
-        and every group's (all of a group's agents: an episode ends for all of them)."""
-        if not bool(rows.any()):
-            return
-        for key in self._keys.cuts:
-            flag = td.get(key)[at] if at else td.get(key)
-            flag[rows] = True
 
     def close(self) -> None:
         """Closes the env and the policy's connections; idempotent."""

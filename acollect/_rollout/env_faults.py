@@ -6,10 +6,12 @@ process, a worker, or each env group of central inference), :meth:`EnvFaults.are
 of an :class:`~acollect.envs.AsyncEnvPool` (:mod:`acollect._rollout.env_steps`). The policy lives here once, whichever
 engine and process steps the env:
 
-* the env that raised is closed (as well as it still closes) and a new one is built from the factory the
-  collector was given (for a vector env, the whole vector env: the factory builds it whole; a coroutine env
-  alone, by its pool), then reset by the engine, which ends the episodes in flight as truncated at their last
-  good step;
+* where the env can rebuild one sub-env alone (:meth:`~acollect.envs.EnvBase.contain_faults`: a ``GymEnv`` of
+  sync vectorisation, a ``PettingZooEnv``, a coroutine env of a pool), only the sub-env that raised is rebuilt
+  (:meth:`EnvFaults.contain`), its episode ending truncated at its last good step while its neighbours step on;
+* otherwise the env that raised is closed (as well as it still closes) and a new one is built from the factory the
+  collector was given (for a vector env, the whole vector env: the factory builds it whole), then reset by the
+  engine, which ends the episodes in flight as truncated at their last good step;
 * each rebuild is counted (:attr:`EnvFaults.restarts`, reported in ``stats().env_restarts``) and logged as a
   warning on the ``"acollect"`` logger, with the exception that caused it;
 * an env that keeps failing (its factory raises, or it raises again before it took one step) is given up on
@@ -106,6 +108,11 @@ class EnvFaults:
         self._make = make_env
         self.max_in_a_row = max_in_a_row
         self.restarts = 0
+        #: rebuilds of one sub-env alone (or one coroutine env), by its index
+        self.by_sub_env: dict[int, int] = {}
+        #: why the whole env is rebuilt rather than the sub-env that raised (said in the warning); ``None``: no
+        #: reason known (no engine asked)
+        self.whole_because: str | None = None
         # Per env (None: a batched env rebuilt whole; i: coroutine env i), the rebuilds in a row and the step
         # count at the last fault: a fault after a step taken since then begins a new row.
         self._in_a_row: dict[int | None, int] = {}
@@ -133,7 +140,7 @@ class EnvFaults:
         n_envs = env.num_envs
         while True:
             try:
-                self._count(None, error)
+                self._count(None, error, self.whole_because)
             finally:  # closed before it is rebuilt, or before the error is raised
                 if old is not None:
                     _close_quietly(old)
@@ -169,6 +176,29 @@ class EnvFaults:
                 error = exc
                 continue
             self.restarts += 1
+            self.by_sub_env[i] = self.by_sub_env.get(i, 0) + 1
+            return
+
+    def contain(self, i: int, error: Exception, *, restart: Callable[[], None]) -> None:
+        """Sub-env ``i`` of a batched env raised ``error`` in a step: ``restart`` rebuilds it alone (and resets it
+        and steps it) until that succeeds, or the last exception is raised after ``max_in_a_row`` rebuilds in a row
+        (each raising before its first step went through).
+
+        Args:
+            i: the sub-env's index.
+            error: what it raised.
+            restart: rebuilds, resets and steps sub-env ``i``; an exception from it is a fault of the new sub-env.
+        """
+        self._in_a_row[i] = 0  # its rebuild before this one took a step: a new row
+        while True:
+            self._count(i, error)
+            try:
+                restart()
+            except Exception as exc:
+                error = exc
+                continue
+            self.restarts += 1
+            self.by_sub_env[i] = self.by_sub_env.get(i, 0) + 1
             return
 
     def _begin(self, key: int | None, steps: int) -> None:
@@ -176,9 +206,9 @@ class EnvFaults:
             self._in_a_row[key] = 0
         self._steps_at_last[key] = steps
 
-    def _count(self, key: int | None, error: Exception) -> None:
+    def _count(self, key: int | None, error: Exception, whole_because: str | None = None) -> None:
         """One more rebuild in a row of env ``key`` (logged), or ``error`` raised once they are spent."""
-        which = "the env" if key is None else f"env {key}"
+        which = "the env" if key is None else f"sub-env {key}"
         done = self._in_a_row.get(key, 0)
         if done >= self.max_in_a_row:
             logger.error(
@@ -187,9 +217,11 @@ class EnvFaults:
             )  # fmt: skip
             raise error
         self._in_a_row[key] = done + 1
+        how = "alone, the other sub-envs stepping on" if key is not None else "whole, from its factory"
+        why = f" ({whole_because})" if whole_because else ""
         logger.warning(
-            "%s raised %s: %s; rebuilding it from its factory (env_errors='restart', rebuild %d in a row of at "
-            "most %d)", which, type(error).__name__, error, done + 1, self.max_in_a_row, exc_info=error,
+            "%s raised %s: %s; rebuilding it %s%s (env_errors='restart', rebuild %d in a row of at most %d)",
+            which, type(error).__name__, error, how, why, done + 1, self.max_in_a_row, exc_info=error,
         )  # fmt: skip
 
 

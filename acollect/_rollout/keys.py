@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+from tensordict import TensorDictBase
+
 from acollect._policy import NestedKey
 from acollect.envs import DONE_KEYS, EnvBase
 
@@ -54,3 +57,12 @@ class TransitionKeys:
             flags=done_keys[len(DONE_KEYS) :],
             cuts=[key for key in done_keys if key[-1] in ("truncated", "done")],
         )
+
+    def cut(self, td: TensorDictBase, at: tuple[object, ...], rows: torch.Tensor) -> None:
+        """Marks the episodes of ``rows`` (bool ``[n_envs]``) truncated in ``td`` at index ``at`` (``()``: ``td``
+        is one step): the root flags and every group's (an episode ends for all of a group's agents)."""
+        if not bool(rows.any()):
+            return
+        for key in self.cuts:
+            flag = td.get(key)[at] if at else td.get(key)
+            flag[rows] = True

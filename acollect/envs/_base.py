@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import abc
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,10 +40,18 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect.specs import Composite, TensorSpec, Unbounded
 
-__all__ = ["DONE_KEYS", "EnvBase"]
+__all__ = ["DONE_KEYS", "EnvBase", "SubEnvFaultHandler"]
 
 #: The three boolean flags every env writes, each of shape ``[n_envs, 1]``.
 DONE_KEYS: tuple[str, str, str] = ("done", "terminated", "truncated")
+
+#: What an env that contains its sub-envs' faults (:meth:`EnvBase.contain_faults`) calls when sub-env ``index``
+#: raised ``error``: ``handler(index, error, restart, ended)``. ``restart(first)`` rebuilds that sub-env alone,
+#: resets it (its first observation written into row ``index`` of ``first``, a TensorDict of :meth:`make_root`'s
+#: layout) and, unless ``ended`` (its episode had ended at this step and its reset raised), steps it with the
+#: action it was given, writing the step into ``next_out`` and ``root_out`` as the step of any sub-env. The handler
+#: calls ``restart`` (again if it raises, up to its limit) or raises.
+SubEnvFaultHandler = Callable[[int, Exception, Callable[[TensorDictBase], None], bool], None]
 
 
 def _leaves(spec: TensorSpec | Composite, single: str) -> list[tuple[str, ...]]:
@@ -157,6 +166,20 @@ class EnvBase(abc.ABC):
     @abc.abstractmethod
     def _close(self) -> None:
         """Releases the env's resources."""
+
+    def contain_faults(self, handler: SubEnvFaultHandler) -> bool:
+        """Asks the env to rebuild a sub-env that raises alone, its neighbours stepping on (``env_errors="restart"``).
+
+        An env whose sub-envs step one by one (a ``GymEnv`` of sync vectorisation, ``PettingZooEnv``) can: from now
+        on, when sub-env ``i`` raises in :meth:`step_and_reset_into`, it steps the others as usual and calls
+        ``handler`` (:data:`SubEnvFaultHandler`) for ``i`` before returning. A sub-env rebuilt in its step takes the
+        action it was given, from its first observation.
+
+        Returns:
+            Whether the env will; ``False`` (the default): a sub-env's exception is raised out of the step, and
+            the whole env is rebuilt.
+        """
+        return False
 
     # -- shared helpers ------------------------------------------------------------
     def set_seed(self, seed: int) -> None:

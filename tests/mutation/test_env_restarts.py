@@ -143,7 +143,7 @@ async def test_a_coroutine_env_is_restarted_until_its_restart_succeeds(caplog: p
     await faults.arecover(3, RuntimeError("socket closed"), steps=0, restart=restart)
     assert (calls, faults.restarts) == (2, 1)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert [w.split(":")[0] for w in warnings] == ["env 3 raised RuntimeError", "env 3 raised OSError"]
+    assert [w.split(":")[0] for w in warnings] == ["sub-env 3 raised RuntimeError", "sub-env 3 raised OSError"]
 
 
 async def test_a_coroutine_env_whose_restarts_keep_failing_raises_the_last_failure() -> None:
