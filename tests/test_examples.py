@@ -53,10 +53,17 @@ CASES = {
         "done:",
     ),
     "ray_cluster.py": (["--total-frames", "2048", "--frames-per-batch", "512", "--num-envs", "2"], "done:"),
+    "mappo.py": (
+        [
+            *("--total-frames", "1200", "--frames-per-batch", "600", "--num-envs", "6"),
+            *("--epochs", "1", "--hidden", "32"),
+        ],
+        "done:",
+    ),
 }
 
-# Examples that need an optional extra: skipped (not failed) where it is not installed.
-REQUIRES = {"ray_cluster.py": "ray", "async_envs.py": "aiohttp"}
+# Examples that need an optional extra: skipped (not failed) where one of its modules is not installed.
+REQUIRES = {"ray_cluster.py": ("ray",), "async_envs.py": ("aiohttp",), "mappo.py": ("torchrl", "vmas")}
 # Examples that start third-party daemons (Ray's GCS, raylet, dashboard), which would inherit
 # PYTHONWARNINGS and die on their own deprecation warnings: warnings are errors in the example's
 # process only (``-W error``).
@@ -101,8 +108,8 @@ def test_example_help_shows_each_option_with_its_description_and_default(
     # torch for a help text), with a wide terminal, so no description is wrapped across lines.
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setattr(sys, "argv", [str(EXAMPLES / name), "--help"])
-    if name in REQUIRES:
-        pytest.importorskip(REQUIRES[name])
+    for module in REQUIRES.get(name, ()):
+        pytest.importorskip(module)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(SystemExit) as exited:
@@ -128,8 +135,8 @@ def test_example_help_shows_each_option_with_its_description_and_default(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n == "ray_cluster.py" else n for n in sorted(CASES)]
 )
 def test_example_runs(name: str) -> None:
-    if name in REQUIRES:
-        pytest.importorskip(REQUIRES[name])
+    for module in REQUIRES.get(name, ()):
+        pytest.importorskip(module)
     args, expected = CASES[name]
     if name in OWN_PROCESS_WARNINGS:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
