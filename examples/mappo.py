@@ -12,9 +12,7 @@ every agent's observation (centralised training). ``ClipPPOLoss`` with GAE train
 both on each batch in a thread; ``collector.update_policy_weights_(policy)`` then
 hands the new weights to the rollout, so each batch is on-policy.
 Run it with ``python examples/mappo.py`` (``--help`` lists the options); it needs
-TorchRL and VMAS (``pip install -e '.[marl]'``). ``--env simple_spread`` runs the
-same trainer on PettingZoo's MPE simple_spread (mpe2, continuous actions), several
-copies stepped one after another in one ``SerialEnv``. With the defaults (240k
+TorchRL and VMAS (``pip install -e '.[marl]'``). With the defaults (240k
 frames, about 3 minutes on 2 cores), the mean return of the last 100 episodes goes
 from -1 to about 9 and the episodes get shorter as the agents reach their goals
 sooner (see docs/examples.md for a full run).
@@ -25,16 +23,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import warnings
-from typing import Any
 
 import torch
 import tyro
 from tensordict import TensorDictBase
 from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
-from torchrl.envs import SerialEnv
-from torchrl.envs.libs.pettingzoo import PettingZooWrapper
 from torchrl.envs.libs.vmas import VmasEnv
 from torchrl.modules import MultiAgentMLP, ProbabilisticActor, TanhNormal
 from torchrl.objectives import ClipPPOLoss, ValueEstimators
@@ -45,14 +39,12 @@ from acollect import Collector
 # The command line: tyro.cli(Args) makes a --flag per field, with the field's docstring and default as its help.
 @dataclasses.dataclass
 class Args:
-    env: str = "vmas"
-    """vmas (VMAS navigation, vectorised in torch) or simple_spread (mpe2's, one Python env per copy)"""
     n_agents: int = 3
     """agents, all in one group sharing the policy's parameters"""
     max_steps: int = 100
-    """steps per episode (VMAS's horizon, simple_spread's max_cycles)"""
+    """steps per episode at most (it ends sooner once every agent is on its goal)"""
     num_envs: int = 60
-    """scenarios stepped together (VMAS's num_envs, or the copies of simple_spread in a SerialEnv)"""
+    """scenarios VMAS steps together, in one batched torch call"""
     frames_per_batch: int = 6000
     """frames (env steps, each of every agent) per batch: the PPO rollout"""
     total_frames: int = 240_000
@@ -79,35 +71,20 @@ class Args:
     """seed of envs, networks and sampling"""
 
 
-def make_env(args: Args) -> Any:
-    """The TorchRL env: one batch dim of ``num_envs`` scenarios, the agents under one group of nested keys."""
-    if args.env == "vmas":
-        return VmasEnv(
-            "navigation",
-            num_envs=args.num_envs,
-            continuous_actions=True,
-            max_steps=args.max_steps,
-            n_agents=args.n_agents,
-            device="cpu",
-            seed=args.seed,
-        )
-    if args.env != "simple_spread":
-        raise ValueError(f"--env must be vmas or simple_spread, not {args.env!r}")
-    from mpe2 import simple_spread_v3  # only this choice needs mpe2
-
-    # PettingZoo names the agents agent_0, agent_1, ...: TorchRL groups them by that prefix, as "agent".
-    def one() -> PettingZooWrapper:
-        with warnings.catch_warnings():
-            # TorchRL warns on every PettingZoo release but the one it was tested with, later ones included.
-            warnings.filterwarnings("ignore", message="PettingZoo in TorchRL is tested", category=UserWarning)
-            return PettingZooWrapper(
-                simple_spread_v3.parallel_env(N=args.n_agents, max_cycles=args.max_steps, continuous_actions=True)
-            )
-
-    return SerialEnv(args.num_envs, one)
+def make_env(args: Args) -> VmasEnv:
+    """The TorchRL env: one batch dim of ``num_envs`` scenarios, the agents' keys under ``"agents"``."""
+    return VmasEnv(
+        "navigation",
+        num_envs=args.num_envs,
+        continuous_actions=True,
+        max_steps=args.max_steps,
+        n_agents=args.n_agents,
+        device="cpu",
+        seed=args.seed,
+    )
 
 
-def make_agents(env: Any, args: Args) -> tuple[ProbabilisticActor, TensorDictModule, str]:
+def make_agents(env: VmasEnv, args: Args) -> tuple[ProbabilisticActor, TensorDictModule, str]:
     """The shared decentralised policy, the centralised critic, and the name of the agents' group."""
     ((group, _),) = env.action_keys  # one group of identical agents: ("agents", "action") for VMAS
     obs_dim = env.observation_spec[group, "observation"].shape[-1]
@@ -187,9 +164,8 @@ class MAPPO:
         reward_shape = batch.get(("next", group, "reward")).shape
         for flag in ("done", "terminated"):
             # VMAS ends an episode for all agents at once, with root flags only; the value estimator reads
-            # one per agent, beside the agent's reward. simple_spread has its group's flags already.
-            if (group, flag) not in batch["next"].keys(include_nested=True):
-                batch.set(("next", group, flag), batch.get(("next", flag)).unsqueeze(-1).expand(reward_shape))
+            # one per agent, beside the agent's reward.
+            batch.set(("next", group, flag), batch.get(("next", flag)).unsqueeze(-1).expand(reward_shape))
         with torch.no_grad():
             self.loss.value_estimator(
                 batch,
