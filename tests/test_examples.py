@@ -64,10 +64,19 @@ CASES = {
 
 # Examples that need an optional extra: skipped (not failed) where one of its modules is not installed.
 REQUIRES = {"ray_cluster.py": ("ray",), "async_envs.py": ("aiohttp",), "mappo.py": ("torchrl", "vmas")}
+# Examples that CI runs in the step that installs their extra, which selects its tests by mark (`-m torchrl`).
+MARKS = {"mappo.py": [pytest.mark.torchrl]}
 # Examples that start third-party daemons (Ray's GCS, raylet, dashboard), which would inherit
 # PYTHONWARNINGS and die on their own deprecation warnings: warnings are errors in the example's
 # process only (``-W error``).
 OWN_PROCESS_WARNINGS = {"ray_cluster.py"}
+
+
+def examples(slow: tuple[str, ...] = ()) -> list[object]:
+    """Every example as a test parameter, with its marks (and ``slow`` for the names given)."""
+    return [
+        pytest.param(n, marks=[*MARKS.get(n, []), *([pytest.mark.slow] if n in slow else [])]) for n in sorted(CASES)
+    ]
 
 
 def test_every_example_has_a_smoke_test() -> None:
@@ -97,7 +106,7 @@ def args_fields(path: Path) -> list[tuple[str, object, str]]:
     return fields
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", examples())
 def test_example_help_shows_each_option_with_its_description_and_default(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -130,10 +139,9 @@ def test_example_help_shows_each_option_with_its_description_and_default(
         assert re.search(pattern, shown), f"{name} --help lacks {flag} {doc!r} (default: {default!r}):\n{out}"
 
 
-# The Ray example starts a Ray cluster of its own (about 12 s): slow, run by CI.
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "ray_cluster.py" else n for n in sorted(CASES)]
-)
+# The Ray example starts a Ray cluster of its own (about 12 s), the MAPPO one imports TorchRL and builds VMAS
+# (about 10 s): slow, run by CI (tests/conftest.py marks the others).
+@pytest.mark.parametrize("name", examples(slow=("ray_cluster.py", "mappo.py")))
 def test_example_runs(name: str) -> None:
     for module in REQUIRES.get(name, ()):
         pytest.importorskip(module)
@@ -178,7 +186,7 @@ def test_pendulum_sac_runs_a_mujoco_env_with_the_mujoco_extra(tmp_path: Path) ->
     assert "done: 1536 frames" in proc.stdout
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", examples())
 def test_example_defaults_give_no_rounding_warning(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The smoke test above shortens each run; its defaults, what a user runs, must be warning-free too:
     # batches of whole env steps, and a total of whole batches.
