@@ -189,7 +189,7 @@ class MAPPO:
 
 async def main(args: Args) -> None:
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)  # the collection thread and the trainer take turns: one core each is plenty
+    torch.set_num_threads(1)  # as in ppo_cartpole.py: on 2 cores, more threads fight for them
     env = make_env(args)
     policy, critic, group = make_agents(env, args)
     mappo = MAPPO(policy, critic, group, args)
