@@ -53,14 +53,30 @@ CASES = {
         "done:",
     ),
     "ray_cluster.py": (["--total-frames", "2048", "--frames-per-batch", "512", "--num-envs", "2"], "done:"),
+    "mappo.py": (
+        [
+            *("--total-frames", "1200", "--frames-per-batch", "600", "--num-envs", "6"),
+            *("--epochs", "1", "--hidden", "32"),
+        ],
+        "done:",
+    ),
 }
 
-# Examples that need an optional extra: skipped (not failed) where it is not installed.
-REQUIRES = {"ray_cluster.py": "ray", "async_envs.py": "aiohttp"}
+# Examples that need an optional extra: skipped (not failed) where one of its modules is not installed.
+REQUIRES = {"ray_cluster.py": ("ray",), "async_envs.py": ("aiohttp",), "mappo.py": ("torchrl", "vmas")}
+# Examples that CI runs in the step that installs their extra, which selects its tests by mark (`-m torchrl`).
+MARKS = {"mappo.py": [pytest.mark.torchrl]}
 # Examples that start third-party daemons (Ray's GCS, raylet, dashboard), which would inherit
 # PYTHONWARNINGS and die on their own deprecation warnings: warnings are errors in the example's
 # process only (``-W error``).
 OWN_PROCESS_WARNINGS = {"ray_cluster.py"}
+
+
+def examples(slow: tuple[str, ...] = ()) -> list[object]:
+    """Every example as a test parameter, with its marks (and ``slow`` for the names given)."""
+    return [
+        pytest.param(n, marks=[*MARKS.get(n, []), *([pytest.mark.slow] if n in slow else [])]) for n in sorted(CASES)
+    ]
 
 
 def test_every_example_has_a_smoke_test() -> None:
@@ -90,7 +106,7 @@ def args_fields(path: Path) -> list[tuple[str, object, str]]:
     return fields
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", examples())
 def test_example_help_shows_each_option_with_its_description_and_default(
     name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -101,8 +117,8 @@ def test_example_help_shows_each_option_with_its_description_and_default(
     # torch for a help text), with a wide terminal, so no description is wrapped across lines.
     monkeypatch.setenv("COLUMNS", "400")
     monkeypatch.setattr(sys, "argv", [str(EXAMPLES / name), "--help"])
-    if name in REQUIRES:
-        pytest.importorskip(REQUIRES[name])
+    for module in REQUIRES.get(name, ()):
+        pytest.importorskip(module)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(SystemExit) as exited:
@@ -123,13 +139,12 @@ def test_example_help_shows_each_option_with_its_description_and_default(
         assert re.search(pattern, shown), f"{name} --help lacks {flag} {doc!r} (default: {default!r}):\n{out}"
 
 
-# The Ray example starts a Ray cluster of its own (about 12 s): slow, run by CI.
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "ray_cluster.py" else n for n in sorted(CASES)]
-)
+# The Ray example starts a Ray cluster of its own (about 12 s), the MAPPO one imports TorchRL and builds VMAS
+# (about 10 s): slow, run by CI (tests/conftest.py marks the others).
+@pytest.mark.parametrize("name", examples(slow=("ray_cluster.py", "mappo.py")))
 def test_example_runs(name: str) -> None:
-    if name in REQUIRES:
-        pytest.importorskip(REQUIRES[name])
+    for module in REQUIRES.get(name, ()):
+        pytest.importorskip(module)
     args, expected = CASES[name]
     if name in OWN_PROCESS_WARNINGS:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
@@ -171,7 +186,7 @@ def test_pendulum_sac_runs_a_mujoco_env_with_the_mujoco_extra(tmp_path: Path) ->
     assert "done: 1536 frames" in proc.stdout
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", examples())
 def test_example_defaults_give_no_rounding_warning(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # The smoke test above shortens each run; its defaults, what a user runs, must be warning-free too:
     # batches of whole env steps, and a total of whole batches.
