@@ -122,10 +122,11 @@ async def test_collector_survives_a_gymnasium_vector_env_that_raises(caplog: pyt
     async with Collector(make, frames_per_batch=20, total_frames=60, env_errors="restart") as collector:
         batches = [batch async for batch in collector]
         stats = collector.stats()
-    # 30 batched steps: rebuilt after steps 6, 12, 18, 24 of the stream
-    assert stats.env_restarts == (30 - 1) // 6 == 4
+    # 30 batched steps: both sub-envs raise at steps 7, 13, 19, 25 of the stream, and each is rebuilt alone (the
+    # sync vector env's sub-envs step one by one), counted one by one
+    assert stats.env_restarts == 2 * ((30 - 1) // 6) == 8
     assert stats.frames == 60
-    assert collector.stats().env_restarts == 4  # still told after the shutdown
+    assert collector.stats().env_restarts == 8  # still told after the shutdown
     stream = torch.cat(batches, dim=1)
     starts = rebuild_starts(stream, stride=0)  # each sub-env counts from 0
     assert starts == [6, 12, 18, 24]
@@ -134,8 +135,8 @@ async def test_collector_survives_a_gymnasium_vector_env_that_raises(caplog: pyt
     assert all(bool(done[:, t - 1].all()) for t in starts)
     assert_pieces_count(stream, starts)
     faults = [r for r in caplog.records if r.name == "acollect" and r.levelno == logging.WARNING and r.exc_info]
-    assert len(faults) == 4
-    assert "CrashingGymEnv crashed at step 7" in faults[0].getMessage()
+    assert len(faults) == 8
+    assert faults[0].getMessage().startswith("sub-env 0 raised RuntimeError: CrashingGymEnv crashed at step 7")
     assert faults[0].exc_info is not None
     assert isinstance(faults[0].exc_info[1], RuntimeError)
 

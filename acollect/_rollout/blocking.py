@@ -365,7 +365,7 @@ class RolloutEngine:
         start: int,
         between_steps: Callable[[], object] | None = None,
     ) -> Generator[None, None, TensorDict]:
-        root, nxt, env = self._root, self._next, self.env
+        root, nxt = self._root, self._next
         switch = self.stopwatch.switch
         if start == 0:
             if self._next_reset is not None or self.spec.reset_at_each_iter:
@@ -376,6 +376,7 @@ class RolloutEngine:
             # only their state at t=0 needs writing.
             for key in ("done", "terminated", "truncated"):
                 batch.get(key).copy_(root.get(key).unsqueeze(1).expand_as(batch.get(key)))
+        env = self.env  # read after the reset: one that failed put a rebuilt env in its place
 
         next_td = batch.get("next")
         keys, trajectories = self._keys, self._trajectories

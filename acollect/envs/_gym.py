@@ -38,8 +38,9 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
-from acollect.envs._base import DONE_KEYS, EnvBase
+from acollect.envs._base import DONE_KEYS, EnvBase, SubEnvFaultHandler
 from acollect.envs._envpool import is_envpool_env
+from acollect.envs._gym_faults import SubEnvRebuilds
 from acollect.envs._gym_spaces import observation_layout, pick_leaf, space_to_spec
 from acollect.envs._gym_step import ActionBounds, Binding, reshape_action, step_sub_envs
 from acollect.envs._versions import installed_release
@@ -121,6 +122,7 @@ class GymEnv(EnvBase):
         self._vec: VectorEnv[Any, Any, Any] | None = None
         self._binding: Binding | None = None
         self._sub_envs: list[Any] | None = None
+        self._rebuilds: SubEnvRebuilds | None = None  # set by contain_faults()
         if vectorization not in _VECTORIZATIONS:
             raise ConfigurationError.bad_value("vectorization", vectorization, "'sync' or 'async'")
         if num_envs is not None and (isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1):
@@ -215,6 +217,8 @@ class GymEnv(EnvBase):
                 return
             if mask_np.all():
                 mask_np = None
+        if mask_np is None and seed is not None and self._rebuilds is not None:
+            self._rebuilds.reseed(seed)
         if self._vec is None:
             obs, _ = self._env.reset(seed=seed)
             obs_rows = [np.asarray(pick_leaf(obs, leaf.path))[None] for leaf in self._leaves]
@@ -254,7 +258,10 @@ class GymEnv(EnvBase):
         # own assert `action_space.contains(action)`) is then told apart from one that broke for its own reasons.
         try:
             if self._sub_envs is not None:
-                step_sub_envs(self._sub_envs, act, b, self._leaves)
+                rebuilds = self._rebuilds
+                if rebuilds is not None:
+                    rebuilds.actions = (given, act)
+                step_sub_envs(self._sub_envs, act, b, self._leaves, rebuilds.raised if rebuilds is not None else None)
             elif self._vec is None:
                 obs, reward, terminated, truncated, info = self._env.step(act[0])
             else:
@@ -285,6 +292,16 @@ class GymEnv(EnvBase):
             flag.fill(False)
         if b.flush_pairs:
             b.flush()
+
+    def contain_faults(self, handler: SubEnvFaultHandler) -> bool:
+        """A plain ``SyncVectorEnv``'s sub-envs (what a gymnasium id or an env factory builds with sync vectorisation)
+        step one by one here: one that raises is rebuilt alone, from the vector env's own ``env_fns`` (see
+        :meth:`EnvBase.contain_faults`). A rebuilt sub-env ``i`` is seeded from the seed of the last full reset
+        (``SeedSequence([seed, i, rebuild])``): the same faults at the same steps give the same run."""
+        if self._sub_envs is None or self._vec is None:
+            return False
+        self._rebuilds = SubEnvRebuilds(self, self._vec, self._sub_envs, handler)
+        return True
 
     def _finish_episodes(self, b: Binding, done: np.ndarray, info: dict[str, Any]) -> None:
         """Writes the reset observation of finished sub-envs into root (and the final one into next)."""
@@ -348,7 +365,7 @@ class GymEnv(EnvBase):
             ) from exc
 
     def _close(self) -> None:
-        self._binding = None
+        self._binding, self._rebuilds = None, None
         if self._env is not None:
             self._env.close()
 
