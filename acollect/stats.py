@@ -125,7 +125,10 @@ class CollectorStats:
         lost_workers: workers dropped for good with their restarts spent, collection going on with the others
             (``on_worker_loss="continue"``; the last worker's loss breaks the collector instead, and is not counted).
         env_restarts: envs rebuilt after they raised, with ``env_errors="restart"`` (in this process or in the
-            workers, whose processes stay up); each ended the episodes in flight as truncated.
+            workers, whose processes stay up); each ended the episodes in flight as truncated. A sub-env rebuilt
+            alone (its neighbours stepping on) counts one.
+        env_restarts_by_sub_env: of those, the sub-envs rebuilt alone: worker id (0 in this process) -> sub-env
+            index -> rebuilds.
         inference: for collectors with an inference server (:class:`~acollect.AsyncBatchedCollector`), the
             server's figures (:class:`~acollect.InferenceStats` as a dict); ``None`` otherwise.
         time_split: the fraction of the collecting threads' time (the workers', or the in-process collection
@@ -170,6 +173,7 @@ class CollectorStats:
     stale_batches: int = 0
     lost_workers: int = 0
     env_restarts: int = 0
+    env_restarts_by_sub_env: dict[int, dict[int, int]] = field(default_factory=dict)
     inference: dict[str, Any] | None = None
     time_split: dict[str, float] = field(default_factory=dict)
     worker_time_split: dict[int, dict[str, float]] = field(default_factory=dict)

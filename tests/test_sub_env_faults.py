@@ -169,6 +169,7 @@ async def test_the_in_process_collector_rebuilds_one_sub_env_and_counts_it() -> 
         batches = [b.clone() async for b in c]
         stats = c.stats()
     assert stats.env_restarts == 4  # lives of 6 good steps: faults at steps 7, 13, 19, 25 of 30
+    assert stats.env_restarts_by_sub_env == {0: {FAULTY: 4}}  # which sub-env of which worker
     whole = torch.cat(batches, dim=1)
     _check_neighbours(whole)  # across batch boundaries too
 
@@ -181,6 +182,7 @@ async def test_workers_rebuild_one_sub_env_and_the_neighbours_go_on() -> None:
         batches = [b.clone() async for b in collector]
         stats = collector.stats()
     assert stats.env_restarts == 8
+    assert stats.env_restarts_by_sub_env == {0: {FAULTY: 4}, 1: {FAULTY: 4}}
     whole = torch.cat(batches, dim=-1)
     for worker in range(2):
         _check_neighbours(whole[worker])

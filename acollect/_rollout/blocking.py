@@ -275,6 +275,11 @@ class RolloutEngine:
         """Envs rebuilt after an exception (``env_errors="restart"``)."""
         return self._faults.restarts if self._faults is not None else 0
 
+    @property
+    def env_restarts_by_sub_env(self) -> dict[int, int]:
+        """Sub-envs rebuilt alone after they raised, by index."""
+        return dict(self._faults.by_sub_env) if self._faults is not None else {}
+
     # -- the batch -----------------------------------------------------------------
     def allocate(self) -> TensorDict:
         """Empty buffers with the layout of one batch (what :meth:`collect` fills)."""

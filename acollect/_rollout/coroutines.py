@@ -225,6 +225,11 @@ class AsyncRollout:
         return self._faults.restarts if self._faults is not None else 0
 
     @property
+    def env_restarts_by_sub_env(self) -> dict[int, int]:
+        """Envs of the pool rebuilt alone after they raised, by index."""
+        return dict(self._faults.by_sub_env) if self._faults is not None else {}
+
+    @property
     def in_batch(self) -> bool:
         """True while a pass runs in a thread: weights staged meanwhile wait for the next pass."""
         return self._passes.running_in_thread

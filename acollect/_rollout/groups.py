@@ -95,6 +95,15 @@ class EngineGroups:
         return sum(engine.env_restarts for engine in self.engines)
 
     @property
+    def env_restarts_by_sub_env(self) -> dict[int, int]:
+        """Sub-envs rebuilt alone, by their index in the worker (the groups' envs, in order, one after the other)."""
+        found, offset = {}, 0
+        for engine in self.engines:
+            found.update({offset + i: n for i, n in engine.env_restarts_by_sub_env.items()})
+            offset += engine.n_envs
+        return found
+
+    @property
     def env(self) -> EnvBase:
         """The first group's env (a rebuilt one once it raised, with ``env_errors="restart"``)."""
         return self.engines[0].env

@@ -85,6 +85,10 @@ class LoopRollout:
         return self.rollout.env_restarts
 
     @property
+    def env_restarts_by_sub_env(self) -> dict[int, int]:
+        return self.rollout.env_restarts_by_sub_env
+
+    @property
     def in_batch(self) -> bool:
         """Never: the loop stands still between calls, and weights may be applied then."""
         return False

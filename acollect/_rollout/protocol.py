@@ -96,6 +96,11 @@ class Engine(Protocol):
         ...
 
     @property
+    def env_restarts_by_sub_env(self) -> dict[int, int]:
+        """Of :attr:`env_restarts`, those of one sub-env rebuilt alone, by the sub-env's index."""
+        ...
+
+    @property
     def in_batch(self) -> bool:
         """Whether the policy may not change now: a batch an interruption left half-way must end with the weights
         that began it (or, coroutine envs, a pass runs in a thread)."""

@@ -50,6 +50,7 @@ class Heartbeats:
         "_last_beat",
         "_last_progress",
         "_last_steps",
+        "_sub_env_restarts",
         "_worker",
     )
 
@@ -61,6 +62,7 @@ class Heartbeats:
         self._in_hand = _InHand.NOTHING
         self._discarded_frames = 0
         self._env_restarts = 0
+        self._sub_env_restarts: dict[int, int] = {}
 
     @property
     def last_beat(self) -> float:
@@ -91,7 +93,7 @@ class Heartbeats:
         """A new process takes the slot: its counts start afresh (when it was last heard from is kept until it is
         greeted)."""
         self._last_steps, self._in_hand, self._discarded_frames = -1, _InHand.NOTHING, 0
-        self._env_restarts = 0
+        self._env_restarts, self._sub_env_restarts = 0, {}
 
     def on_greeted(self, now: float) -> None:
         """It was greeted: it counts as heard from, and as making progress, from ``now``."""
@@ -113,6 +115,23 @@ class Heartbeats:
         discarded = int(header.get("discarded", 0))
         newly = max(0, discarded - self._discarded_frames)
         self._discarded_frames = max(self._discarded_frames, discarded)
+        return newly
+
+    def on_sub_env_restarts(self, pairs: Any) -> dict[int, int]:
+        """The sub-envs its process rebuilt alone so far (``[[sub-env, rebuilds], ...]``, as a heartbeat or a batch
+        says); returns the rebuilds not counted yet, by sub-env."""
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(type(x) is int and x >= 0 for x in p) for p in pairs
+        ):
+            raise ProtocolError(
+                f"worker {self._worker} sent sub_env_restarts={pairs!r:.40}: expected [[int, int], ...]"
+            )
+        newly = {}
+        for sub_env, count in pairs:
+            seen = self._sub_env_restarts.get(sub_env, 0)
+            if count > seen:
+                newly[sub_env] = count - seen
+                self._sub_env_restarts[sub_env] = count
         return newly
 
     def on_env_restarts(self, count: Any) -> int:

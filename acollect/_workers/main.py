@@ -119,11 +119,12 @@ class _Worker:
         steps = engine.steps if engine is not None else 0
         discarded = engine.discarded_frames if engine is not None else 0
         restarts = engine.env_restarts if engine is not None else 0
+        alone = _pairs(engine.env_restarts_by_sub_env) if engine is not None else []
         with self.lock:  # read together: while a batch is begun, ``sent`` is its seq
             busy = self.state.collecting
             partial, sent = busy or (engine is not None and engine.in_batch), self.sent
         fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded,
-                  "env_restarts": restarts}  # fmt: skip
+                  "env_restarts": restarts, "sub_env_restarts": alone}  # fmt: skip
         with contextlib.suppress(TimeoutError):
             self.send(P.HEARTBEAT, fields, timeout=_BEAT_TIMEOUT)
 
@@ -353,7 +354,7 @@ class _Worker:
                         out = self.ring[slot].tensordict if slot is not None and self.ring is not None else None
                         batch = engine.collect(self.interrupt, out=out)
                         version, counter, frames = engine.policy_version, engine.next_traj_counter, engine.frames
-                        restarts = engine.env_restarts
+                        restarts, alone = engine.env_restarts, _pairs(engine.env_restarts_by_sub_env)
                         episodes = self.episodes.update(batch).to_header()
                         spent = engine.stopwatch.take()  # since the last batch: what made this one
                 except RolloutInterrupted:
@@ -371,6 +372,7 @@ class _Worker:
                     "episodes": episodes,
                     "resets": began_after,
                     "env_restarts": restarts,
+                    "sub_env_restarts": alone,
                     "time": spent,
                 }
                 if number is not None:
@@ -444,3 +446,8 @@ def run_worker(config: P.WorkerConfig) -> int:
         return worker.run()
     finally:
         worker.close()
+
+
+def _pairs(counts: dict[int, int]) -> list[list[int]]:
+    """Rebuilds by sub-env as msgpack carries them: ``[[sub-env, rebuilds], ...]`` (map keys must be strings)."""
+    return [[i, n] for i, n in sorted(counts.items())]

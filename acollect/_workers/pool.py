@@ -145,6 +145,11 @@ class WorkerPool:
         """Envs the workers rebuilt after they raised (``env_errors="restart"``)."""
         return self.counters.env_restarts
 
+    @property
+    def sub_env_restarts(self) -> dict[int, dict[int, int]]:
+        """Of :attr:`env_restarts`, the sub-envs rebuilt alone: worker -> sub-env -> rebuilds."""
+        return {w: dict(counts) for w, counts in self.counters.sub_env_restarts.items()}
+
     def discard(self, frames: int) -> None:
         """Counts frames stepped and given up on purpose (a part begun ahead before a reseed: see Lockstep)."""
         self.counters.discarded_frames += frames

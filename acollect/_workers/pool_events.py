@@ -9,6 +9,7 @@ receive loop, its liveness loop and its weight pushes, which own nothing else in
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -34,6 +35,8 @@ class Counters:
     rejected_messages: int = 0  # not from a live worker, or replayed: logged and dropped
     lost_workers: int = 0  # dropped for good with their restarts spent (on_worker_loss="continue")
     env_restarts: int = 0  # envs a worker rebuilt after they raised (env_errors="restart"), its process staying up
+    # of those, the sub-envs rebuilt alone: worker -> sub-env -> rebuilds
+    sub_env_restarts: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
 
 
 class PoolState(enum.Enum):

@@ -199,6 +199,11 @@ class Receiver:
         if kind in (P.HEARTBEAT, P.BATCH):
             # Both carry the worker's count: a batch whose frames show a restart comes with it counted.
             restarted = handle.heartbeats.on_env_restarts(header.get("env_restarts", 0))
+            alone = handle.heartbeats.on_sub_env_restarts(header.get("sub_env_restarts", []))
+            if alone:
+                counts = self.counters.sub_env_restarts.setdefault(handle.index, {})
+                for sub_env, n in alone.items():
+                    counts[sub_env] = counts.get(sub_env, 0) + n
             if restarted:
                 self.counters.env_restarts += restarted
                 logger.warning(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import anyio
 import torch
@@ -128,7 +128,7 @@ class CollectorBase:
         the collector is being garbage collected). Workers are killed, sockets closed with ``linger=0``, shared
         memory unlinked. Must not block, nor raise."""
 
-    def _counters(self) -> dict[str, int]:
+    def _counters(self) -> dict[str, Any]:
         """Hook: what a collector counted so far, by :class:`~acollect.CollectorStats` field (``restarts``,
         ``dropped_batches``, ``discarded_frames``, ``stale_batches``...); those left out are 0."""
         return {}

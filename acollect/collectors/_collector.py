@@ -135,7 +135,7 @@ class Collector(CollectorBase):
         self._engine_busy = threading.Lock()
         self._episodes = EpisodeTracker()  # used by the collection thread only
         # What engines closed already counted: stats() stays whole after a shutdown.
-        self._closed_counts: dict[str, int] = {}
+        self._closed_counts: dict[str, Any] = {}
 
     @property
     def _engine(self) -> Engine | None:
@@ -224,12 +224,14 @@ class Collector(CollectorBase):
         if self._driver is not None:
             await self._driver.set_paused(paused)
 
-    def _counters(self) -> dict[str, int]:
+    def _counters(self) -> dict[str, Any]:
         counts = dict(self._closed_counts)
         engine = self._engine
         if engine is not None:
             counts["discarded_frames"] = counts.get("discarded_frames", 0) + engine.discarded_frames
             counts["env_restarts"] = counts.get("env_restarts", 0) + engine.env_restarts
+            if engine.env_restarts_by_sub_env:
+                counts["env_restarts_by_sub_env"] = {0: engine.env_restarts_by_sub_env}
         return counts
 
     # -- weights ----------------------------------------------------------------------------

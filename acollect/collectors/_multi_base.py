@@ -243,13 +243,14 @@ class MultiCollectorBase(CollectorBase):
         """Batches lost to worker restarts (collected in part by a worker that died, never handed out)."""
         return self._pool.dropped_batches if self._pool is not None else 0
 
-    def _counters(self) -> dict[str, int]:
+    def _counters(self) -> dict[str, Any]:
         pool = self._pool
-        counters = {"stale_batches": self._stale_batches}
+        counters: dict[str, Any] = {"stale_batches": self._stale_batches}
         if pool is not None:
             counters.update(restarts=sum(h.restarts for h in pool.handles), dropped_batches=pool.dropped_batches,
                             discarded_frames=pool.discarded_frames, lost_workers=pool.lost_workers,
-                            env_restarts=pool.env_restarts)  # fmt: skip
+                            env_restarts=pool.env_restarts,
+                            env_restarts_by_sub_env=pool.sub_env_restarts)  # fmt: skip
         return counters
 
     @property
