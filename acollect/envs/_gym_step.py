@@ -122,27 +122,36 @@ def step_sub_envs(
         leaves: the observation leaves (used when the observation is nested).
         on_error: where a sub-env's exception goes (``None``: raised).
     """
-    if b.flat and on_error is None:  # the hot path, inline: on CartPole the calls would cost a tenth of a step
-        reward, terminated, truncated = b.reward, b.terminated, b.truncated
-        next_obs, root_obs = b.next_obs[0], b.root_obs[0]
-        for i, env in enumerate(envs):
+    # Inline, with the try blocks in the loop: on CartPole a call per sub-env would cost a tenth of a step, and a
+    # try costs nothing until it raises.
+    reward, terminated, truncated = b.reward, b.terminated, b.truncated
+    flat = b.flat
+    next_obs, root_obs = b.next_obs[0] if flat else None, b.root_obs[0] if flat else None
+    for i, env in enumerate(envs):
+        try:
             obs, reward[i], term, trunc, _ = env.step(actions[i])
-            terminated[i], truncated[i] = term, trunc
-            next_obs[i] = obs
-            if term or trunc:
-                obs, _ = env.reset()
-            root_obs[i] = obs
-    else:
-        for i, env in enumerate(envs):
+        except Exception as exc:
             if on_error is None:
-                step_one(env, i, actions[i], b, leaves)
-                continue
+                raise
+            on_error(i, exc, False)
+            continue
+        terminated[i], truncated[i] = term, trunc
+        if flat:
+            next_obs[i] = obs  # type: ignore[index]
+        else:
+            write_row(b.next_obs, i, obs, leaves)
+        if term or trunc:
             try:
-                step_one(env, i, actions[i], b, leaves)
-            except ResetFailedError as exc:
-                on_error(i, exc.error, True)
+                obs, _ = env.reset()
             except Exception as exc:
-                on_error(i, exc, False)
+                if on_error is None:
+                    raise
+                on_error(i, exc, True)
+                continue
+        if flat:
+            root_obs[i] = obs  # type: ignore[index]
+        else:
+            write_row(b.root_obs, i, obs, leaves)
     np.logical_or(b.terminated, b.truncated, out=b.done)
 
 
