@@ -263,3 +263,23 @@ def test_a_batch_whose_first_reset_fails_is_stepped_by_the_rebuilt_env(caplog: p
         f"sub-env {i} raised ConnectionError: the simulator dropped the reset" for i in (0, 1)
     ]
     assert_counting_batch(batch[:, :5])
+
+
+async def test_batches_ahead_of_a_multi_async_collector_keep_each_workers_neighbours_whole() -> None:
+    from acollect import MultiAsyncCollector
+
+    streams: dict[int, list[TensorDictBase]] = {0: [], 1: []}
+    async with MultiAsyncCollector(
+        [counters, counters], frames_per_batch=N_ENVS * 10, total_frames=N_ENVS * 10 * 8, env_errors="restart",
+        credits=2, start_method="forkserver",
+    ) as collector:  # fmt: skip
+        async for batch in collector:
+            streams[int(batch["collector", "worker_id"][0, 0])].append(batch.clone())
+        stats = collector.stats()
+    restarts = 0
+    for worker, batches in streams.items():
+        whole = torch.cat(batches, dim=1)
+        _check_neighbours(whole)  # each worker's stream, in its order, across the batches it ran ahead
+        restarts += int(whole["next", "truncated"][FAULTY].sum())
+        assert set(stats.env_restarts_by_sub_env.get(worker, {})) <= {FAULTY}
+    assert stats.env_restarts >= restarts > 0
