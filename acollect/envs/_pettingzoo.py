@@ -13,6 +13,10 @@ that left is masked (``(g, "mask")`` False), its observation and reward are zero
 they were when it left, and no action goes to the env for it (a parallel env takes actions for live
 agents only). ``done_on_any=True`` ends the copy as soon as one agent is done instead, TorchRL's
 default for parallel envs.
+
+Faults: with ``env_errors="restart"`` the engine has the env contain a copy's exception
+(:meth:`PettingZooEnv.contain_faults`): the copy that raised is rebuilt alone from ``env_fn()``
+(:mod:`acollect.envs._pettingzoo_faults`), the other copies stepping on.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import torch
 from gymnasium import spaces
 from tensordict import TensorDict, TensorDictBase
 
-from acollect.envs._base import DONE_KEYS, EnvBase
+from acollect.envs._base import DONE_KEYS, EnvBase, SubEnvFaultHandler
 from acollect.envs._gym_spaces import ObsLeaf, _leaves, pick_leaf, space_to_spec
-from acollect.errors import ConfigurationError, PolicyError
+from acollect.envs._pettingzoo_faults import CopyRebuilds, raise_if_outside
+from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import (
     Binary,
     Bounded,
@@ -160,6 +165,8 @@ class PettingZooEnv(EnvBase):
             )
         self.device = torch.device(device)
         self.batch_size = torch.Size([num_envs])
+        self._env_fn = env_fn  # kept: a copy that raised is rebuilt from it (contain_faults)
+        self._rebuilds: CopyRebuilds | None = None  # set by contain_faults()
         self._done_on_any = bool(done_on_any)
         self._envs: list[Any] = []
         try:
@@ -247,6 +254,8 @@ class PettingZooEnv(EnvBase):
             rows = torch.nonzero(flat).flatten().tolist()
             if not rows:
                 return
+        if seed is not None and len(rows) == n and self._rebuilds is not None:
+            self._rebuilds.reseed(seed)
         for i in rows:
             self._reset_row(i, None if seed is None else seed + i)
         self._write(out, rows, with_reward=False)
@@ -254,22 +263,42 @@ class PettingZooEnv(EnvBase):
     def step_and_reset_into(self, action: Any, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         self._check_open()
         acts = {g.name: self._group_action(action, g) for g in self._groups}
+        rebuilds = self._rebuilds
         finished: list[int] = []
-        for i, env in enumerate(self._envs):
-            live = list(env.agents)
-            step_actions = {}
-            for agent in live:
-                g, j = self._where[agent]
-                step_actions[agent] = _to_space(acts[g.name][i, j], g.action_space)
-            obs, rewards, terms, truncs, _ = env.step(step_actions)
-            if self._fill_step(i, obs, rewards, terms, truncs, env.agents):
-                finished.append(i)
+        for i in range(self.num_envs):
+            try:
+                if self._step_row(i, acts):
+                    finished.append(i)
+            except Exception as exc:  # noqa: PERF203 - free until it raises (zero-cost try), and each copy has its own
+                if rebuilds is None:
+                    raise
+                rebuilds.raised(i, exc, acts, finished, ended=False)
         self._write(next_out, None, with_reward=True)
         for i in finished:
-            self._reset_row(i, None)  # the copy's RNG goes on: only the first reset takes a seed
+            try:
+                self._reset_row(i, None)  # the copy's RNG goes on: only the first reset takes a seed
+            except Exception as exc:  # noqa: PERF203 - as above
+                if rebuilds is None:
+                    raise
+                rebuilds.raised(i, exc, acts, finished, ended=True)
         for key in DONE_KEYS:
             self._np[key].fill(False)  # a copy that did not finish has no root flag set
         self._write(root_out, None, with_reward=False)
+
+    def contain_faults(self, handler: SubEnvFaultHandler) -> bool:
+        """A copy that raises in its ``step`` (or in the reset after its episode ended) is rebuilt alone from
+        ``env_fn()``, the others stepping on (:meth:`EnvBase.contain_faults`), seeded ``SeedSequence([seed, i,
+        rebuild])`` from the last seeded full reset. An action outside its space is the policy's fault: raised."""
+        self._rebuilds = CopyRebuilds(self, self._new_copy, handler)
+        return True
+
+    def _new_copy(self) -> Any:
+        """A copy built by ``env_fn()`` in place of one that raised, checked as the first copies were."""
+        env = _checked_parallel_env(self._env_fn(), self._env_fn)
+        if sorted(env.possible_agents) != sorted(self._where):  # its agents must fit the groups the specs were made of
+            env.close()
+            raise EnvError(f"env_fn() built a copy of agents {env.possible_agents}: the first had {list(self._where)}")
+        return env
 
     def _group_action(self, action: Any, g: _Group) -> np.ndarray:
         value = action.get((g.name, "action"), None) if isinstance(action, TensorDictBase) else None
@@ -286,6 +315,24 @@ class PettingZooEnv(EnvBase):
         return arr.argmax(-1) if isinstance(spec, OneHot) else arr
 
     # -- rows ------------------------------------------------------------------------
+    def _step_row(self, i: int, acts: dict[str, np.ndarray]) -> bool:
+        """Steps copy ``i`` with its agents' rows of ``acts`` into the stage; returns whether its episode ended.
+
+        Raises:
+            PolicyError: the copy raised, and an action it was given is outside its agent's action space.
+        """
+        env = self._envs[i]
+        step_actions = {}
+        for agent in env.agents:  # live agents only: a parallel env takes no action for one that left
+            g, j = self._where[agent]
+            step_actions[agent] = _to_space(acts[g.name][i, j], g.action_space)
+        try:
+            obs, rewards, terms, truncs, _ = env.step(step_actions)
+        except Exception as exc:
+            raise_if_outside(i, step_actions, {a: g.action_space for a, (g, _) in self._where.items()}, exc)
+            raise
+        return self._fill_step(i, obs, rewards, terms, truncs, env.agents)
+
     def _reset_row(self, i: int, seed: int | None) -> None:
         env = self._envs[i]
         obs, _ = env.reset(seed=seed)
@@ -367,7 +414,7 @@ class PettingZooEnv(EnvBase):
                 env.close()
             except Exception as exc:  # noqa: PERF203 - every copy is closed, whatever the others raise
                 errors.append(exc)
-        self._envs = []
+        self._envs, self._rebuilds = [], None
         if errors:
             raise errors[0]
 
