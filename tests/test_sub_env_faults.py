@@ -283,3 +283,20 @@ async def test_batches_ahead_of_a_multi_async_collector_keep_each_workers_neighb
         restarts += int(whole["next", "truncated"][FAULTY].sum())
         assert set(stats.env_restarts_by_sub_env.get(worker, {})) <= {FAULTY}
     assert stats.env_restarts >= restarts > 0
+
+
+async def test_env_groups_of_central_inference_rebuild_one_sub_env_alone() -> None:
+    from tensordict.nn import TensorDictModule
+
+    from acollect import AsyncBatchedCollector
+
+    policy = TensorDictModule(lambda obs: (obs[..., 0] * 0).long(), in_keys=["observation"], out_keys=["action"])
+    async with AsyncBatchedCollector(
+        [counters], policy, frames_per_batch=N_ENVS * 10, total_frames=N_ENVS * 30, env_errors="restart",
+        env_groups=1, server="thread", start_method="forkserver",
+    ) as collector:  # fmt: skip
+        batches = [b.clone() async for b in collector]
+        stats = collector.stats()
+    assert stats.env_restarts == 4
+    assert stats.env_restarts_by_sub_env == {0: {FAULTY: 4}}
+    _check_neighbours(torch.cat(batches, dim=-1).reshape(N_ENVS, -1))
