@@ -6,7 +6,8 @@ Envs (in the worker processes) keep a ledger per process in a directory the trai
   a fault goes on counting from where the process stood;
 * ``<pid>.faults`` (:class:`FaultyLedgerEnv`): one int64 per fault injected, the process's steps before the step
   that raised, which is where the rebuilt env's first frame stands in the worker's stream;
-* ``<pid>.warned``: how many env-restart warnings the process logged (int64).
+* ``<pid>.warned``: how many warnings of an env rebuilt whole the process logged (int64);
+* ``<pid>.alone``: how many warnings of a sub-env rebuilt alone the process logged (int64).
 
 The trainer's side checks the batches as they arrive: :class:`Accounts` the ordinary ones (``[n_envs, T]`` per
 worker), :class:`Episodes` those of whole episodes (``trajs_per_batch``), each against the counting scheme of
@@ -31,8 +32,9 @@ from tensordict import TensorDictBase
 from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, assert_counting_batch
 
 _INT = struct.Struct("<q")
-#: What acollect's warning for an env rebuilt after a fault says (``env_errors="restart"``).
-_RESTART_WARNING = "rebuilding it from its factory"
+#: What acollect's warnings for an env rebuilt after a fault say (``env_errors="restart"``), by the ledger file that
+#: counts them: the whole env rebuilt from its factory, or one sub-env rebuilt alone.
+_RESTART_WARNINGS = {"warned": "rebuilding it whole", "alone": "rebuilding it alone"}
 
 
 class LedgerEnv(CountingEnv):
@@ -59,19 +61,29 @@ class LedgerEnv(CountingEnv):
 
 
 class _WarningLedger(logging.Handler):
-    """Counts this process's env-restart warnings into ``<ledger>/<pid>.warned`` (and keeps them off stderr)."""
+    """Counts this process's env-restart warnings into ``<ledger>/<pid>.warned`` and ``<pid>.alone`` (and keeps them
+    off stderr)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, ledger: str) -> None:
         super().__init__(logging.WARNING)
-        self.path = path
-        self.count = 0
+        self.paths = {kind: os.path.join(ledger, f"{os.getpid()}.{kind}") for kind in _RESTART_WARNINGS}
+        self.counts = dict.fromkeys(_RESTART_WARNINGS, 0)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if _RESTART_WARNING in record.getMessage():
-            self.count += 1
-            Path(self.path).write_bytes(_INT.pack(self.count))
-        else:  # anything else shows as it would have
+        message = record.getMessage()
+        kind = next((k for k, says in _RESTART_WARNINGS.items() if says in message), None)
+        if kind is None:  # anything else shows as it would have
             sys.stderr.write(self.format(record) + "\n")
+            return
+        self.counts[kind] += 1
+        Path(self.paths[kind]).write_bytes(_INT.pack(self.counts[kind]))
+
+    @classmethod
+    def install(cls, ledger: str) -> None:
+        """Once per process: every env it builds calls this."""
+        acollect_logger = logging.getLogger("acollect")
+        if not any(isinstance(h, cls) for h in acollect_logger.handlers):
+            acollect_logger.addHandler(cls(ledger))
 
 
 class FaultyLedgerEnv(LedgerEnv):
@@ -86,9 +98,7 @@ class FaultyLedgerEnv(LedgerEnv):
         super().__init__(ledger, num_envs, step_time, episode_length)
         self.faults = os.path.join(ledger, f"{os.getpid()}.faults")
         self.fault_at = random.Random(f"{seed}-{os.getpid()}-{self.base}").randint(2, max(2, 2 * fault_every))
-        acollect_logger = logging.getLogger("acollect")
-        if not any(isinstance(h, _WarningLedger) for h in acollect_logger.handlers):  # once per process
-            acollect_logger.addHandler(_WarningLedger(os.path.join(ledger, f"{os.getpid()}.warned")))
+        _WarningLedger.install(ledger)
 
     def _before_step(self) -> None:
         super()._before_step()
@@ -114,9 +124,9 @@ def steps_taken(ledger: Path, pid: int) -> int:
     return _read_int(ledger / str(pid))
 
 
-def warnings_logged(ledger: Path, pid: int) -> int:
-    """The env-restart warnings process ``pid`` logged."""
-    return _read_int(ledger / f"{pid}.warned")
+def warnings_logged(ledger: Path, pid: int, *, alone: bool = False) -> int:
+    """The warnings of an env rebuilt whole (``alone``: of a sub-env rebuilt alone) process ``pid`` logged."""
+    return _read_int(ledger / f"{pid}.{'alone' if alone else 'warned'}")
 
 
 def faults_injected(ledger: Path, pid: int) -> list[int]:
