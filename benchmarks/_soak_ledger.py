@@ -6,15 +6,20 @@ Envs (in the worker processes) keep a ledger per process in a directory the trai
   a fault goes on counting from where the process stood;
 * ``<pid>.faults`` (:class:`FaultyLedgerEnv`): one int64 per fault injected, the process's steps before the step
   that raised, which is where the rebuilt env's first frame stands in the worker's stream;
-* ``<pid>.warned``: how many env-restart warnings the process logged (int64).
+* ``<pid>.warned``: how many warnings of an env rebuilt whole the process logged (int64);
+* ``<pid>.alone``: how many warnings of a sub-env rebuilt alone the process logged (int64);
+* ``<pid>.sub<i>`` and ``<pid>.sub<i>.faults`` (:class:`FaultySubEnv`): the same as ``<pid>`` and ``<pid>.faults``
+  for sub-env ``i`` of a ``GymEnv``, which is rebuilt alone, every sub-env counting its own steps.
 
 The trainer's side checks the batches as they arrive: :class:`Accounts` the ordinary ones (``[n_envs, T]`` per
-worker), :class:`Episodes` those of whole episodes (``trajs_per_batch``), each against the counting scheme of
+worker), :class:`SubEnvAccounts` those of sub-envs rebuilt alone (row by row), :class:`Episodes` those of whole
+episodes (``trajs_per_batch``), each against the counting scheme of
 :mod:`acollect.testing` (every observation is its sub-env's step counter).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -25,14 +30,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+from gymnasium.vector import SyncVectorEnv
 from tensordict import TensorDictBase
 
-from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, assert_counting_batch
+from acollect.envs import GymEnv
+from acollect.testing import ENV_STRIDE, RESET_JUMP, CountingEnv, CountingGymEnv, assert_counting_batch
 
 _INT = struct.Struct("<q")
-#: What acollect's warning for an env rebuilt after a fault says (``env_errors="restart"``).
-_RESTART_WARNING = "rebuilding it from its factory"
+#: What acollect's warnings for an env rebuilt after a fault say (``env_errors="restart"``), by the ledger file that
+#: counts them: the whole env rebuilt from its factory, or one sub-env rebuilt alone.
+_RESTART_WARNINGS = {"warned": "rebuilding it whole", "alone": "rebuilding it alone"}
 
 
 class LedgerEnv(CountingEnv):
@@ -59,19 +68,29 @@ class LedgerEnv(CountingEnv):
 
 
 class _WarningLedger(logging.Handler):
-    """Counts this process's env-restart warnings into ``<ledger>/<pid>.warned`` (and keeps them off stderr)."""
+    """Counts this process's env-restart warnings into ``<ledger>/<pid>.warned`` and ``<pid>.alone`` (and keeps them
+    off stderr)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, ledger: str) -> None:
         super().__init__(logging.WARNING)
-        self.path = path
-        self.count = 0
+        self.paths = {kind: os.path.join(ledger, f"{os.getpid()}.{kind}") for kind in _RESTART_WARNINGS}
+        self.counts = dict.fromkeys(_RESTART_WARNINGS, 0)
 
     def emit(self, record: logging.LogRecord) -> None:
-        if _RESTART_WARNING in record.getMessage():
-            self.count += 1
-            Path(self.path).write_bytes(_INT.pack(self.count))
-        else:  # anything else shows as it would have
+        message = record.getMessage()
+        kind = next((k for k, says in _RESTART_WARNINGS.items() if says in message), None)
+        if kind is None:  # anything else shows as it would have
             sys.stderr.write(self.format(record) + "\n")
+            return
+        self.counts[kind] += 1
+        Path(self.paths[kind]).write_bytes(_INT.pack(self.counts[kind]))
+
+    @classmethod
+    def install(cls, ledger: str) -> None:
+        """Once per process: every env it builds calls this."""
+        acollect_logger = logging.getLogger("acollect")
+        if not any(isinstance(h, cls) for h in acollect_logger.handlers):
+            acollect_logger.addHandler(cls(ledger))
 
 
 class FaultyLedgerEnv(LedgerEnv):
@@ -86,9 +105,7 @@ class FaultyLedgerEnv(LedgerEnv):
         super().__init__(ledger, num_envs, step_time, episode_length)
         self.faults = os.path.join(ledger, f"{os.getpid()}.faults")
         self.fault_at = random.Random(f"{seed}-{os.getpid()}-{self.base}").randint(2, max(2, 2 * fault_every))
-        acollect_logger = logging.getLogger("acollect")
-        if not any(isinstance(h, _WarningLedger) for h in acollect_logger.handlers):  # once per process
-            acollect_logger.addHandler(_WarningLedger(os.path.join(ledger, f"{os.getpid()}.warned")))
+        _WarningLedger.install(ledger)
 
     def _before_step(self) -> None:
         super()._before_step()
@@ -96,6 +113,56 @@ class FaultyLedgerEnv(LedgerEnv):
             with open(self.faults, "ab") as file:
                 file.write(_INT.pack(self.base + self.step_count - 1))
             raise RuntimeError(f"soak: env fault injected at step {self.step_count} of its life")
+
+
+class FaultySubEnv(CountingGymEnv):
+    """Sub-env ``index`` of a ``GymEnv`` (counting from ``index * ENV_STRIDE``) that raises at a random step of each
+    life, and keeps its own ledger: ``<ledger>/<pid>.sub<index>`` the steps it and the sub-envs it replaced took,
+    ``<pid>.sub<index>.faults`` where each fault stands in that stream.
+
+    The step that raises is drawn as :class:`FaultyLedgerEnv`'s (never a life's first: a rebuilt sub-env that raised
+    at once would be rebuilt again, two restarts for one rebuild in the stream), seeded per process, sub-env and
+    life.
+    """
+
+    def __init__(self, ledger: str, index: int, episode_length: int, step_time: float, fault_every: int,
+                 seed: int) -> None:  # fmt: skip
+        super().__init__(episode_length, start=index * ENV_STRIDE)
+        self.step_time = step_time
+        path = os.path.join(ledger, f"{os.getpid()}.sub{index}")
+        self.faults = f"{path}.faults"
+        self._fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        # A sub-env rebuilt in this process goes on from the steps of the ones it replaced.
+        self.base = _INT.unpack(raw)[0] if len(raw := os.pread(self._fd, 8, 0)) == 8 else 0
+        self.life = 0
+        draw = random.Random(f"{seed}-{os.getpid()}-{index}-{self.base}")
+        self.fault_at = draw.randint(2, max(2, 2 * fault_every))
+        _WarningLedger.install(ledger)
+
+    def step(self, action: np.int64) -> tuple[np.ndarray, float, bool, bool, dict[str, object]]:
+        if self.step_time:
+            time.sleep(self.step_time)
+        self.life += 1
+        if self.life == self.fault_at:  # the steps of this life before this one are done
+            with open(self.faults, "ab") as file:
+                file.write(_INT.pack(self.base + self.life - 1))
+            raise RuntimeError(f"soak: sub-env fault injected at step {self.life} of its life")
+        out = super().step(action)
+        os.pwrite(self._fd, _INT.pack(self.base + self.life), 0)
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        super().close()
+
+
+def faulty_sub_envs(ledger: str, lengths: list[int], step_time: float, fault_every: int, seed: int) -> GymEnv:
+    """A ``GymEnv`` over a plain ``SyncVectorEnv`` of :class:`FaultySubEnv` (sub-env ``i``'s episodes
+    ``lengths[i]`` steps), which rebuilds the sub-env that raised alone (``env_errors="restart"``)."""
+    fns = [functools.partial(FaultySubEnv, ledger, i, n, step_time, fault_every, seed) for i, n in enumerate(lengths)]
+    return GymEnv(SyncVectorEnv(fns))
 
 
 class Probe(torch.nn.Module):
@@ -114,14 +181,20 @@ def steps_taken(ledger: Path, pid: int) -> int:
     return _read_int(ledger / str(pid))
 
 
-def warnings_logged(ledger: Path, pid: int) -> int:
-    """The env-restart warnings process ``pid`` logged."""
-    return _read_int(ledger / f"{pid}.warned")
+def warnings_logged(ledger: Path, pid: int, *, alone: bool = False) -> int:
+    """The warnings of an env rebuilt whole (``alone``: of a sub-env rebuilt alone) process ``pid`` logged."""
+    return _read_int(ledger / f"{pid}.{'alone' if alone else 'warned'}")
 
 
-def faults_injected(ledger: Path, pid: int) -> list[int]:
-    """Where each fault of process ``pid`` stands in its stream: its steps before the step that raised."""
-    file = ledger / f"{pid}.faults"
+def sub_env_steps(ledger: Path, pid: int, sub: int) -> int:
+    """The steps sub-env ``sub`` of process ``pid`` took, all its lives together."""
+    return _read_int(ledger / f"{pid}.sub{sub}")
+
+
+def faults_injected(ledger: Path, pid: int, sub: int | None = None) -> list[int]:
+    """Where each fault of process ``pid`` (of its sub-env ``sub``) stands in its stream: its steps before the step
+    that raised."""
+    file = ledger / (f"{pid}.faults" if sub is None else f"{pid}.sub{sub}.faults")
     data = file.read_bytes() if file.exists() else b""
     return [v for (v,) in _INT.iter_unpack(data[: len(data) // 8 * 8])]
 
@@ -237,6 +310,158 @@ class Accounts:
         if not bool((ids[:, t] > before).all()):
             self.errors.append(f"worker {worker}: a rebuilt env's trajectory ids {ids[:, t].tolist()} are not new "
                                f"(up to {before} before it)")  # fmt: skip
+
+
+@dataclass
+class _Tail:
+    """The end of what a worker delivered, per row: what its next frame must follow."""
+
+    next_obs: torch.Tensor
+    done: torch.Tensor
+    ids: torch.Tensor
+    in_episode: list[int | None]  # steps of the episode in progress delivered (None: not known)
+
+
+class SubEnvAccounts:
+    """What each worker delivered from sub-envs rebuilt alone (``[n_envs, T]`` per worker, one process each),
+    checked row by row as it arrives, across batches too.
+
+    In every row, each frame is a real step, and follows the one before it: the next step of its episode, the first
+    after a reset where the episode ended by itself (terminated after exactly its sub-env's episode length), or the
+    rebuilt sub-env's first step (its first observation, ``i * ENV_STRIDE``). Only a rebuild ends an episode early:
+    the frame before it is truncated (unless its episode ended by itself there, or it went out in the batch before,
+    where only the new trajectory id marks the end); a truncation anywhere else, or an episode running past its
+    length, is an error, and so is a trajectory id that changes anywhere but at an episode's start, or is not new
+    there. Where each rebuild stands in its row's stream is kept, for :meth:`check` against the faults the sub-envs
+    injected.
+
+    Args:
+        n_workers: the collector's workers (worker ``k`` numbers its trajectories ``k, k + n_workers, ...``).
+        lengths: each sub-env's episode length.
+    """
+
+    def __init__(self, n_workers: int, lengths: list[int]) -> None:
+        self.n_workers = n_workers
+        self.lengths = lengths
+        self.starts = torch.arange(len(lengths), dtype=torch.float64) * ENV_STRIDE  # each sub-env's first observation
+        self.tails: dict[int, _Tail | None] = {}  # None: after a broken frame, the next part starts anew
+        self.delivered = [0] * n_workers  # steps of each row delivered
+        self.max_traj = [-1] * n_workers
+        self.rebuilt_at: dict[tuple[int, int], list[int]] = {}  # (worker, row) -> where each rebuild stands
+        self.cut = 0  # rebuilds whose frame before is truncated in the same batch
+        self.after_end = 0  # rebuilds right after an episode ended by itself: nothing to cut
+        self.at_first_frame = 0  # rebuilds at a batch's first frame: the new trajectory id alone ends the episode
+        self.errors: list[str] = []
+
+    def feed(self, worker: int, part: TensorDictBase) -> None:
+        """Checks ``part`` (``[n_envs, T]``) against the worker's last one."""
+        obs = part["observation"][..., 0].to(torch.float64)
+        nxt = part["next", "observation"][..., 0].to(torch.float64)
+        done, trunc, term = (part["next", key][..., 0] for key in ("done", "truncated", "terminated"))
+        ids = part["collector", "traj_ids"]
+        where = f"worker {worker}"
+        errors = len(self.errors)
+        tail = self.tails.get(worker)
+        if tail is None:
+            # Its first frames come from its sub-envs' first reset, which may have been reset more than once before
+            # the first step (or, after a frame that broke the rules, from anywhere): a tail that they continue.
+            offset = obs[:, 0] - self.starts
+            if worker not in self.tails and not bool(((offset >= 0) & (offset <= 2 * RESET_JUMP)).all()):
+                self.errors.append(f"{where}: first observations {obs[:, 0].tolist()}, not its sub-envs' first")
+            known = worker not in self.tails  # after a broken frame, the steps of its episodes are not known
+            tail = _Tail(obs[:, 0], torch.zeros_like(done[:, 0]), ids[:, 0], [0 if known else None] * obs.shape[0])
+        if not bool((ids % self.n_workers == worker).all()):
+            self.errors.append(f"{where}: trajectory ids of another worker {ids.unique().tolist()[:10]}")
+        if not bool((nxt - obs == 1).all()):
+            self.errors.append(f"{where}: not a real step at {_at(nxt - obs != 1)}")
+        if not bool((done == (trunc | term)).all()):
+            self.errors.append(f"{where}: done is not truncated or terminated at {_at(done != (trunc | term))}")
+        prev_next = torch.cat([tail.next_obs[:, None], nxt[:, :-1]], dim=1)
+        prev_done = torch.cat([tail.done[:, None], done[:, :-1]], dim=1)
+        continues = obs == prev_next + RESET_JUMP * prev_done.to(obs.dtype)
+        rebuilt = (obs == self.starts[:, None]) & ~continues
+        if bool((broken := ~continues & ~rebuilt).any()):
+            r, t = broken.nonzero()[0].tolist()
+            self.errors.append(f"{where} row {r}: a gap or repeat at step {t}: {prev_next[r, t].item()} (done "
+                               f"{bool(prev_done[r, t])}) then {obs[r, t].item()}")  # fmt: skip
+        if bool((unended := rebuilt[:, 1:] & ~done[:, :-1]).any()):
+            self.errors.append(f"{where}: the frame before a rebuild does not end its episode at {_at(unended)}")
+        cut_elsewhere = torch.cat([trunc[:, :-1] & ~rebuilt[:, 1:], trunc[:, -1:]], dim=1)
+        if bool(cut_elsewhere.any()):
+            self.errors.append(f"{where}: an episode truncated with no rebuild after it at {_at(cut_elsewhere)}")
+        # Trajectory ids: a new one exactly where an episode begins, never seen before.
+        prev_ids = torch.cat([tail.ids[:, None], ids[:, :-1]], dim=1)
+        new = ids != prev_ids
+        if bool((wrong := new != (prev_done | rebuilt)).any()):
+            r, t = wrong.nonzero()[0].tolist()
+            self.errors.append(f"{where} row {r}: trajectory id {prev_ids[r, t].item()} -> {ids[r, t].item()} at step "
+                               f"{t}, where {'no' if new[r, t] else 'an'} episode begins")  # fmt: skip
+        before = torch.cat([torch.tensor([self.max_traj[worker]]), torch.cummax(ids.max(0).values, 0).values[:-1]])
+        fresh = ids[new]
+        if not bool((fresh > before.expand_as(ids)[new]).all()) or len(fresh.unique()) != len(fresh):
+            self.errors.append(f"{where}: a new episode's trajectory id was seen before")
+        for r, t in rebuilt.nonzero().tolist():
+            self.rebuilt_at.setdefault((worker, r), []).append(self.delivered[worker] + t)
+            if t == 0:
+                self.at_first_frame += not bool(tail.done[r])
+                self.after_end += bool(tail.done[r])
+            else:
+                self.cut += bool(trunc[r, t - 1])
+                self.after_end += bool(term[r, t - 1] & ~trunc[r, t - 1])
+        in_episode = [self._episodes(worker, r, tail.in_episode[r], rebuilt[r], done[r], term[r])
+                      for r in range(obs.shape[0])]  # fmt: skip
+        self.max_traj[worker] = max(self.max_traj[worker], int(ids.max()))
+        self.delivered[worker] += obs.shape[1]
+        self.tails[worker] = _Tail(nxt[:, -1], done[:, -1], ids[:, -1], in_episode)
+        if len(self.errors) > errors:  # one broken frame would fail every later check of its row: start anew
+            self.tails[worker] = None
+
+    def _episodes(self, worker: int, row: int, steps: int | None, rebuilt: torch.Tensor, done: torch.Tensor,
+                  term: torch.Tensor) -> int | None:  # fmt: skip
+        """Checks the lengths of ``row``'s episodes in this part (``steps`` of the first delivered before, ``None``
+        if not known); returns the steps of its episode in progress at the end."""
+        length, begun = self.lengths[row], 0
+        for t in (rebuilt | done).nonzero()[:, 0].tolist():
+            if rebuilt[t]:  # the episode before ended here (its steps were checked as they came)
+                steps, begun = 0, t
+            if done[t]:
+                if steps is None:
+                    steps, begun = 0, t + 1
+                    continue
+                steps += t + 1 - begun
+                if bool(term[t]) != (steps == length) or steps > length:
+                    self.errors.append(f"worker {worker} row {row}: an episode of {steps} steps ended (terminated "
+                                       f"{bool(term[t])}) where its episodes last {length}")  # fmt: skip
+                steps, begun = 0, t + 1
+        if steps is None:
+            return None
+        steps += len(done) - begun
+        if steps >= length:
+            self.errors.append(f"worker {worker} row {row}: an episode ran {steps} steps, past its {length}")
+        return steps
+
+    def check(self, faults: dict[tuple[int, int], list[int]]) -> list[str]:
+        """Every fault injected into a row's sub-env (``faults``: where each stands in that row's stream), among the
+        frames delivered, shows as a rebuild there, and no rebuild shows anywhere else."""
+        errors = []
+        for (worker, row), at in sorted(faults.items()):
+            expected = [s for s in at if s < self.delivered[worker]]
+            seen = self.rebuilt_at.get((worker, row), [])
+            if seen != expected:
+                errors.append(f"worker {worker} row {row}: rebuilds at steps {seen[:10]}, faults injected at "
+                              f"{expected[:10]} (of its {self.delivered[worker]} steps delivered)")  # fmt: skip
+        if stray := sorted(set(self.rebuilt_at) - set(faults)):
+            errors.append(f"rebuilds in rows whose sub-envs injected no fault: {stray}")
+        return errors
+
+    def rebuilds(self) -> int:
+        return sum(len(at) for at in self.rebuilt_at.values())
+
+
+def _at(mask: torch.Tensor) -> str:
+    """The first position (``[row, step]``) where ``mask`` holds."""
+    row, step = mask.nonzero()[0].tolist()
+    return f"row {row} step {step}"
 
 
 @dataclass

@@ -5,7 +5,7 @@ Counting envs (each observation is its env's step counter, see ``acollect.testin
 keep a ledger of the steps they took (``benchmarks/_soak_ledger.py``), so every frame is accounted for: what the
 trainer received is checked for gaps and duplicates as it arrives, and at the end each worker's ledger says how
 many frames it collected that never arrived, to compare with the collector's counters. Phases, one after the
-other, share ``--minutes`` (half for the first, a sixth for each other):
+other, share ``--minutes`` (a third for the first, a sixth for each other):
 
 1. **kills** (MultiSyncCollector, restarts on): at random moments (seeded), SIGKILL of a random worker (mid-batch
    or between batches), a ``pause()``, a weight push, and phases where the trainer sleeps ten times longer than a
@@ -15,10 +15,17 @@ other, share ``--minutes`` (half for the first, a sixth for each other):
    (``--fault-every`` steps on average) and is rebuilt in its worker. Each rebuild shows in the stream exactly where
    the env's ledger says its fault was, the frame before it ends its episodes (truncated), new trajectory ids
    follow, and ``env_restarts`` and the restart warnings equal the faults injected; no worker restarts.
-3. **a worker lost** (MultiSyncCollector with one more worker, ``on_worker_loss="continue"``, no restarts): one
+3. **sub-env faults** (MultiSyncCollector, ``env_errors="restart"``): each worker steps a ``GymEnv`` over a plain
+   ``SyncVectorEnv`` of counting sub-envs, each of which raises at a random step of its life (``--fault-every`` of
+   its steps on average) and is rebuilt alone. Row by row: every frame is a real step that follows the one before
+   it, episodes end terminated after exactly their length or truncated just before a rebuild, trajectory ids change
+   only where an episode begins, to new ones; each rebuild shows in its row exactly where that sub-env's ledger says
+   its fault was, in no other row; ``env_restarts``, the workers' warnings of a sub-env rebuilt alone and the
+   trainer's count equal the faults injected, none rebuilt whole; no worker restarts.
+4. **a worker lost** (MultiSyncCollector with one more worker, ``on_worker_loss="continue"``, no restarts): one
    worker is SIGKILLed once; batches go on with the parts of the others, ``lost_workers`` is 1, and the lost
    worker's frames are accounted for as a killed one's.
-4. **whole episodes** (MultiAsyncCollector, ``trajs_per_batch``, with env faults and a worker lost): every
+5. **whole episodes** (MultiAsyncCollector, ``trajs_per_batch``, with env faults and a worker lost): every
    episode handed out is whole (terminated after exactly its length) or truncated where a fault or the loss ended
    it; each worker's sub-env's episodes follow each other with nothing lost or repeated between them, rebuilds
    exactly where the faults were; the counters equal what was injected.
@@ -31,12 +38,14 @@ Examples::
     python benchmarks/soak.py --minutes 2
     python benchmarks/soak.py --minutes 10 --workers 2 --kill-every 5 --seed 1
     python benchmarks/soak.py --minutes 1 --phases env-faults,episodes
+    python benchmarks/soak.py --minutes 1.5 --phases sub-env-faults
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import random
@@ -58,8 +67,11 @@ from _soak_ledger import (
     FaultyLedgerEnv,
     LedgerEnv,
     Probe,
+    SubEnvAccounts,
     faults_injected,
+    faulty_sub_envs,
     steps_taken,
+    sub_env_steps,
     warnings_logged,
     worker_of,
 )
@@ -318,6 +330,96 @@ async def env_faults_phase(args: argparse.Namespace, seconds: float) -> tuple[li
     ], errors
 
 
+async def sub_env_faults_phase(args: argparse.Namespace, seconds: float) -> tuple[list[str], list[str]]:
+    """Sub-envs of ``GymEnv`` vector envs that raise now and then, each rebuilt alone in its worker while its
+    neighbours step on (MultiSyncCollector, ``env_errors="restart"``), with pauses and pushes."""
+    rng = random.Random(args.seed + 4)
+    ledger = _ledger_dir()
+    n_steps = args.steps
+    lengths = [29 + 8 * i for i in range(args.envs)]
+    # The sleep is per batched step, as the other phases' envs take it: a sub-env takes its share.
+    make = functools.partial(faulty_sub_envs, str(ledger), lengths, args.step_time / args.envs, args.fault_every,
+                             args.seed)  # fmt: skip
+    collector = MultiSyncCollector(
+        [make] * args.workers,
+        Probe(0.0),
+        frames_per_batch=args.workers * args.envs * n_steps,
+        env_errors="restart",
+        heartbeat_timeout=10.0,
+        start_method=args.start_method,
+    )
+    accounts = Accounts(args.workers)  # the policy versions and pushes only: the rows are SubEnvAccounts'
+    rows = SubEnvAccounts(args.workers, lengths)
+    stats: dict[str, Any] = {"pauses": 0, "pushes": 0, "max_push_s": 0.0, "batches": 0}
+    deadline = time.monotonic() + seconds
+
+    def feed(batch: Any) -> None:
+        accounts.versions(batch, [False] * args.workers)
+        for w in range(args.workers):
+            rows.feed(w, batch[w])
+
+    with _RestartWarnings() as told:
+        async with collector:
+            accounts.saw(collector.worker_pids)
+            batch = await anext(collector)
+            last = time.monotonic()
+            while time.monotonic() < deadline:
+                feed(batch)
+                accounts.saw(collector.worker_pids)
+                stats["batches"] += 1
+                await _trainer_turn(collector, accounts, rng, time.monotonic() - last, args, stats)
+                last = time.monotonic()
+                batch = await anext(collector)
+            accounts.saw(collector.worker_pids)
+            pids = [p for ps in accounts.pids for p in ps]
+
+            def counters() -> tuple[int, int]:
+                injected = sum(len(faults_injected(ledger, p, sub)) for p in pids for sub in range(args.envs))
+                return collector.stats().env_restarts, injected
+
+            restarts_reported, injected = await _settled(counters)
+            final = collector.stats()
+    feed(batch)  # the batch received last
+    errors = accounts.errors + rows.errors
+    if any(len(ps) != 1 for ps in accounts.pids):
+        # A fault is a sub-env's, never its worker's: one process per worker all along.
+        errors.append(f"worker processes {accounts.pids}")
+        return [], errors
+    faults = {(w, sub): faults_injected(ledger, ps[0], sub) for w, ps in enumerate(accounts.pids)
+              for sub in range(args.envs)}  # fmt: skip
+    errors += rows.check(faults)
+    # Each row's steps taken against those delivered: a worker may have begun the next batch ahead of the trainer
+    # (MultiSync collects one batch ahead), which shutdown ends undelivered; nothing else is missing.
+    ahead = {(w, sub): sub_env_steps(ledger, ps[0], sub) - rows.delivered[w] for w, ps in enumerate(accounts.pids)
+             for sub in range(args.envs)}  # fmt: skip
+    if any(v < 0 or v > n_steps for v in ahead.values()):
+        errors.append(f"steps taken but not delivered, per worker and sub-env, beyond 0..{n_steps}: {ahead}")
+    alone = sum(warnings_logged(ledger, p, alone=True) for p in pids)
+    whole = sum(warnings_logged(ledger, p) for p in pids)
+    if not restarts_reported == injected == alone == told.in_all or whole:
+        errors.append(f"{injected} faults injected, env_restarts = {restarts_reported}, {alone} warnings of a sub-env "
+                      f"rebuilt alone and {whole} of an env rebuilt whole logged by the workers, {told.in_all} "
+                      "restarts told by the trainer's last warning")  # fmt: skip
+    if (final.restarts, final.dropped_batches) != (0, 0):
+        errors.append(f"faults restarted workers ({final.restarts}) or dropped batches ({final.dropped_batches})")
+    if not injected:
+        errors.append("no fault injected: nothing was checked")
+    shutil.rmtree(ledger, ignore_errors=True)
+    frames = stats["batches"] * args.workers * args.envs * n_steps
+    return [
+        f"frames collected     {frames:,} in {stats['batches']:,} batches, {args.workers} workers x {args.envs} "
+        "sub-envs of a GymEnv (SyncVectorEnv)",
+        f"sub-env faults       {injected} injected (every {args.fault_every} steps of a sub-env's life on average), "
+        f"env_restarts = {restarts_reported}, {alone} warnings of a sub-env rebuilt alone in the workers ({whole} "
+        f"rebuilt whole; {told.count} in the trainer)",
+        f"episodes cut         {rows.rebuilds()} rebuilds in the frames delivered, each where its fault was and in "
+        f"its row only: {rows.cut} episodes truncated at their last step, {rows.after_end} right after an episode's "
+        f"end, {rows.at_first_frame} at a batch's first frame (ended by the new trajectory id)",
+        f"pauses, pushes       {stats['pauses']}, {stats['pushes']} (slowest {stats['max_push_s']:.3f} s); "
+        f"restarts {final.restarts}, dropped_batches {final.dropped_batches}",
+    ], errors
+
+
 class _Loss:
     """One worker SIGKILLed once, at a random moment of the phase (a fifth to half-way), and when it was noticed."""
 
@@ -505,8 +607,9 @@ async def episodes_phase(args: argparse.Namespace, seconds: float) -> tuple[list
 
 #: The phases, in order, with their share of ``--minutes``.
 PHASES: dict[str, tuple[float, Callable[[argparse.Namespace, float], Awaitable[tuple[list[str], list[str]]]]]] = {
-    "kills": (3 / 6, kills_phase),
+    "kills": (2 / 6, kills_phase),
     "env-faults": (1 / 6, env_faults_phase),
+    "sub-env-faults": (1 / 6, sub_env_faults_phase),
     "lost-worker": (1 / 6, lost_worker_phase),
     "episodes": (1 / 6, episodes_phase),
 }
@@ -548,8 +651,8 @@ def main() -> int:
     parser.add_argument("--pause-every", type=float, default=7.0, help="mean seconds between pauses (default 7)")
     parser.add_argument("--push-every", type=float, default=1.0, help="mean seconds between pushes (default 1)")
     parser.add_argument("--slow-every", type=float, default=15.0, help="mean seconds between slow phases")
-    parser.add_argument("--fault-every", type=int, default=400, help="mean steps of an env's life before it raises "
-                        "(default 400)")  # fmt: skip
+    parser.add_argument("--fault-every", type=int, default=400, help="mean steps of an env's (or a sub-env's) life "
+                        "before it raises (default 400)")  # fmt: skip
     parser.add_argument("--trajs", type=int, default=8, help="episodes per batch of whole episodes (default 8)")
     parser.add_argument("--start-method", default="forkserver", choices=["spawn", "forkserver"])
     parser.add_argument("--seed", type=int, default=0)
