@@ -61,10 +61,10 @@ def _check_neighbours(batch: TensorDictBase, faulty: int = FAULTY) -> None:
 def test_the_sub_env_that_raised_is_rebuilt_alone_and_its_neighbours_step_on() -> None:
     engine = _engine()
     try:
-        sub_envs = list(engine.env._sub_envs)
+        sub_envs = list(engine.env.env.envs)  # the GymEnv's SyncVectorEnv's
         batch = engine.collect()
         assert engine.env_restarts == 1
-        after = engine.env._sub_envs
+        after = engine.env.env.envs
         assert [a is b for a, b in zip(sub_envs, after, strict=True)] == [True, True, False, True]
     finally:
         engine.close()

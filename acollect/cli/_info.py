@@ -76,7 +76,11 @@ _EXTRAS = {
         "ale-py",
         "envpool",
         "mutmut",
+        "pettingzoo",
+        "mpe2",
     ],
+    "marl": ["torchrl", "vmas", "pettingzoo", "mpe2"],
+    "pettingzoo": ["pettingzoo", "mpe2"],
 }
 
 

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from acollect.envs._base import SubEnvFaultHandler
-from acollect.envs._gym_spaces import pick_leaf
-from acollect.envs._gym_step import ResetFailedError, step_one, write_row
-
-if TYPE_CHECKING:
-    from acollect.envs._gym import GymEnv
+from acollect.envs._gym_spaces import ObsLeaf, pick_leaf
+from acollect.envs._gym_step import Binding, ResetFailedError, step_one, write_row
 
 __all__ = ["SubEnvRebuilds", "rebuild_seed"]
 
@@ -44,6 +41,15 @@ def rebuild_seed(seed: int | None, i: int, rebuild: int) -> int | None:
     return int(np.random.SeedSequence([seed, i, rebuild]).generate_state(1)[0])
 
 
+class SubEnvsStepped(Protocol):
+    """What a rebuild uses of a ``GymEnv`` (named here, not imported: that module imports this one)."""
+
+    _leaves: list[ObsLeaf]
+    _binding: Binding | None
+
+    def _raise_if_outside(self, act: np.ndarray, exc: Exception) -> None: ...
+
+
 class SubEnvRebuilds:
     """Rebuilds the sub-envs of one ``GymEnv``'s ``SyncVectorEnv`` that raise, one at a time.
 
@@ -54,7 +60,7 @@ class SubEnvRebuilds:
         handler: the engine's (:data:`~acollect.envs._base.SubEnvFaultHandler`).
     """
 
-    def __init__(self, env: GymEnv, vec: Any, sub_envs: list[Any], handler: SubEnvFaultHandler) -> None:
+    def __init__(self, env: SubEnvsStepped, vec: Any, sub_envs: list[Any], handler: SubEnvFaultHandler) -> None:
         self.env, self.vec, self.sub_envs, self.handler = env, vec, sub_envs, handler
         #: the step's actions: as given (for the policy's action check) and as stepped
         self.actions: tuple[np.ndarray, np.ndarray] | None = None

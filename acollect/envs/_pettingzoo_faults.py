@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from gymnasium import spaces
@@ -26,10 +26,19 @@ from acollect.envs._base import SubEnvFaultHandler
 from acollect.envs._gym_faults import _close_quietly, rebuild_seed
 from acollect.errors import PolicyError
 
-if TYPE_CHECKING:
-    from acollect.envs._pettingzoo import PettingZooEnv
-
 __all__ = ["CopyRebuilds", "raise_if_outside"]
+
+
+class Copies(Protocol):
+    """What a rebuild uses of a ``PettingZooEnv`` (named here, not imported: that module imports this one)."""
+
+    _envs: list[Any]
+
+    def _reset_row(self, i: int, seed: int | None) -> None: ...
+
+    def _write(self, out: TensorDictBase, rows: list[int] | None, *, with_reward: bool) -> None: ...
+
+    def _step_row(self, i: int, acts: dict[str, np.ndarray]) -> bool: ...
 
 
 class CopyRebuilds:
@@ -41,7 +50,7 @@ class CopyRebuilds:
         handler: the engine's (:data:`~acollect.envs._base.SubEnvFaultHandler`).
     """
 
-    def __init__(self, env: PettingZooEnv, build: Callable[[], Any], handler: SubEnvFaultHandler) -> None:
+    def __init__(self, env: Copies, build: Callable[[], Any], handler: SubEnvFaultHandler) -> None:
         self.env, self.build, self.handler = env, build, handler
         self.seed: int | None = None
         self.rebuilds: dict[int, int] = {}
