@@ -1,8 +1,8 @@
 """What a sub-env's fault costs: the sub-env rebuilt alone against the whole vector env rebuilt.
 
 ``GymEnv("CartPole-v1", num_envs=8)``-like envs (a plain ``SyncVectorEnv`` of 8 CartPoles) through the rollout
-engine with ``env_errors="restart"`` and random actions, three ways, taking turns (none, alone, whole, whole,
-alone, none, ...):
+engine with ``env_errors="restart"`` and random actions, three ways, taking turns (none, alone, whole, then the
+reference with ``env_errors="raise"`` twice, then back: whole, alone, none):
 
 * ``none``: no fault, the reference;
 * ``alone``: sub-env 3 raises at every ``--every``-th step of its life, and is rebuilt alone (its neighbours
@@ -12,7 +12,7 @@ alone, none, ...):
 
 A fault's cost is the extra time of a run with faults over the reference, divided by its faults. The warnings each
 fault logs are silenced, alike for both. Also reported: the no-fault run with ``env_errors="restart"`` against
-``"raise"`` (what containing faults costs when none happens).
+``"raise"``, the runs taking turns (what containing faults costs when none happens).
 
 Run ``python benchmarks/sub_env_faults.py --help`` for the options.
 """
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="timed batches per run (default 20)")
     parser.add_argument("--steps", type=int, default=256, help="steps per batch (default 256: 2048 frames)")
     parser.add_argument("--every", type=int, default=200, help="sub-env 3 raises every this many steps (200)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of none, alone, whole, whole, alone, none")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of none, alone, whole, raise, and back")
     parser.add_argument("--json", type=Path, default=None, help="write the figures there")
     args = parser.parse_args()
     single_thread_torch()
@@ -96,12 +96,11 @@ def main() -> None:
     times: dict[str, list[float]] = {"none": [], "alone": [], "whole": [], "raise": []}
     faults: dict[str, int] = {"alone": 0, "whole": 0}
     for _ in range(args.rounds):
-        for how in ("none", "alone", "whole", "whole", "alone", "none"):
-            seconds, n = run(args, how)
+        for how in ("none", "alone", "whole", "raise", "raise", "whole", "alone", "none"):
+            seconds, n = run(args, "none", errors="raise") if how == "raise" else run(args, how)
             times[how].append(seconds)
             if how in faults:
                 faults[how] += n
-        times["raise"].append(run(args, "none", errors="raise")[0])
     runs = 2 * args.rounds
     base = statistics.median(times["none"])
     frames = args.batches * N_ENVS * args.steps
