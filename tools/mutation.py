@@ -5,7 +5,7 @@ A mutant is a copy of the code with one small deliberate bug (``<`` for ``<=``, 
 tests (a bug that plausible code could hold and nothing would notice) or an equivalent mutant (one that changes
 nothing that can be observed). Here mutmut makes the mutants and runs the tests, over the groups of
 :data:`GROUPS`: weights and their versions, the batch plan and the frame counts, trajectory ids and episodes,
-lent memory, worker restarts and liveness, env restarts.
+lent memory, worker restarts and liveness, env restarts, one sub-env rebuilt alone.
 
 Usage (from the repository root, in the dev environment: ``pip install -e '.[dev]'``)::
 
@@ -149,6 +149,16 @@ GROUPS: dict[str, Group] = {
             "tests/mutation/test_env_restarts.py",
         ),
         about="envs rebuilt after an exception, counted, given up on after a few in a row",
+    ),
+    "sub_env_faults": Group(
+        modules=("acollect/_rollout/sub_env_faults.py", "acollect/envs/_gym_faults.py", "acollect/_rollout/keys.py"),
+        tests=(
+            "acollect/_rollout/keys.py",
+            "acollect/envs/_gym_faults.py",
+            "tests/test_sub_env_faults.py",
+            "tests/test_multi_agent.py",
+        ),
+        about="one sub-env rebuilt alone, the batch mended around it; a multi-agent env's keys and truncations",
     ),
 }
 
