@@ -300,3 +300,102 @@ async def test_env_groups_of_central_inference_rebuild_one_sub_env_alone() -> No
     assert stats.env_restarts == 4
     assert stats.env_restarts_by_sub_env == {0: {FAULTY: 4}}
     _check_neighbours(torch.cat(batches, dim=-1).reshape(N_ENVS, -1))
+
+
+def _row_engine(crash_at: int, episode_length: int = 50, **kwargs: Any) -> Any:
+    """An engine of 4 counting sub-envs of ``episode_length`` steps, sub-env 2 raising at step ``crash_at`` of each
+    life; 10 steps a batch."""
+
+    def make() -> GymEnv:
+        fns = [
+            functools.partial(
+                CrashingCounter, episode_length, start=i * ENV_STRIDE, crash_at=crash_at if i == FAULTY else None
+            )
+            for i in range(N_ENVS)
+        ]
+        return GymEnv(SyncVectorEnv(fns))
+
+    spec = RolloutSpec(create_env_fn=make, frames_per_batch=N_ENVS * 10, env_errors="restart", **kwargs)
+    return build_engine(spec, blocking=True)
+
+
+def _truncated_at(batch: TensorDictBase) -> list[int]:
+    return batch["next", "truncated"][FAULTY].squeeze(-1).nonzero().flatten().tolist()
+
+
+def test_a_fault_at_a_batchs_second_step_cuts_its_first() -> None:
+    engine = _row_engine(crash_at=12)  # step 12 of its life: the second step of the second batch
+    try:
+        first, second = engine.collect(), engine.collect()
+    finally:
+        engine.close()
+    assert _truncated_at(first) == []
+    assert _truncated_at(second) == [0]
+    ids = second["collector", "traj_ids"][FAULTY]
+    assert ids[1] != ids[0]
+    assert second["observation"][FAULTY, 1].item() == FAULTY * ENV_STRIDE
+
+
+def test_a_fault_just_after_an_episode_ended_by_itself_cuts_nothing() -> None:
+    engine = _row_engine(crash_at=6, episode_length=5)  # the first step of its second episode raises
+    try:
+        batch = engine.collect()
+    finally:
+        engine.close()
+    row = batch[FAULTY]
+    assert row["next", "terminated"].squeeze(-1)[4]  # its first episode's own end
+    assert _truncated_at(batch) == []  # nothing in flight to cut
+    assert row["observation"][5].item() == FAULTY * ENV_STRIDE  # the rebuilt sub-env's first step
+
+
+def test_a_rebuilt_sub_env_is_truncated_after_max_frames_per_traj_of_its_own() -> None:
+    engine = _row_engine(crash_at=6, max_frames_per_traj=4)
+    try:
+        batch = engine.collect()
+    finally:
+        engine.close()
+    # Cut at its 4th step (frame 3), then the fault at its 6th (frame 5) cuts the next episode at frame 4, and the
+    # rebuilt sub-env's episode, begun at frame 5, is cut after 4 steps of its own: at frame 8.
+    assert _truncated_at(batch) == [3, 4, 8]
+    _check_neighbours_cut_every(batch, 4)
+
+
+def _check_neighbours_cut_every(batch: TensorDictBase, steps: int) -> None:
+    others = [i for i in range(N_ENVS) if i != FAULTY]
+    truncated = batch["next", "truncated"][others].squeeze(-1)
+    assert truncated[:, steps - 1 :: steps].all()
+    assert int(truncated.sum()) == len(others) * (10 // steps)
+
+
+async def test_an_action_outside_the_space_is_the_policys_fault_even_with_restarts() -> None:
+    calls = 0
+
+    def goes_wrong(td: TensorDictBase) -> TensorDictBase:
+        nonlocal calls
+        calls += 1
+        action = torch.zeros(td.batch_size, dtype=torch.int64)
+        return td.set("action", action + (7 if calls > 3 else 0))  # valid at the probe, then outside Discrete(2)
+
+    from acollect.errors import PolicyError
+
+    make = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
+    with pytest.raises(PolicyError, match="outside the action space"):
+        async with Collector(make, goes_wrong, frames_per_batch=20, env_errors="restart") as collector:
+            await anext(collector)
+    assert collector.stats().env_restarts == 0
+
+
+def test_a_rebuilt_sub_env_starts_from_its_own_seed() -> None:
+    from acollect.envs._gym_faults import rebuild_seed
+
+    spec = RolloutSpec(create_env_fn=cartpoles, frames_per_batch=3 * 10, env_errors="restart")
+    engine = build_engine(spec, blocking=True)
+    try:
+        engine.seed(3)
+        batch = engine.collect()
+    finally:
+        engine.close()
+    # Sub-env 1 raises at its 9th step: frame 8 is its first rebuild's first step, from SeedSequence([3, 1, 1]).
+    expected, _ = gym.make("CartPole-v1").reset(seed=rebuild_seed(3, 1, 1))
+    assert np.allclose(batch["observation"][1, 8].numpy(), expected)
+    assert batch["next", "truncated"][1, 7].item()

@@ -50,7 +50,7 @@ from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
 from acollect._rollout.trajectories import Trajectories
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 from acollect.envs import DONE_KEYS, EnvBase
-from acollect.errors import ConfigurationError
+from acollect.errors import ConfigurationError, PolicyError
 from acollect.specs import Composite
 
 __all__ = ["Reset", "RolloutEngine", "RolloutInterrupted", "exploration"]
@@ -440,7 +440,7 @@ class RolloutEngine:
             try:
                 env.step_and_reset_into(action, nxt, root)
             except Exception as exc:
-                if faults is None:
+                if faults is None or isinstance(exc, PolicyError):  # a policy's bad action: no env to rebuild
                     raise
                 # The failed step yields no frame: step t is taken again, by the rebuilt env.
                 self._recover(exc, next_td, t - 1)
