@@ -367,7 +367,9 @@ def _check_neighbours_cut_every(batch: TensorDictBase, steps: int) -> None:
     assert int(truncated.sum()) == len(others) * (10 // steps)
 
 
-async def test_an_action_outside_the_space_is_the_policys_fault_even_with_restarts() -> None:
+async def test_an_action_outside_the_space_is_the_policys_fault_even_with_restarts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     calls = 0
 
     def goes_wrong(td: TensorDictBase) -> TensorDictBase:
@@ -379,10 +381,11 @@ async def test_an_action_outside_the_space_is_the_policys_fault_even_with_restar
     from acollect.errors import PolicyError
 
     make = functools.partial(GymEnv, "CartPole-v1", num_envs=2)
-    with pytest.raises(PolicyError, match="outside the action space"):
+    with caplog.at_level(logging.WARNING, logger="acollect"), pytest.raises(PolicyError, match="outside the action"):
         async with Collector(make, goes_wrong, frames_per_batch=20, env_errors="restart") as collector:
             await anext(collector)
     assert collector.stats().env_restarts == 0
+    assert not [r for r in caplog.records if "rebuilding" in r.getMessage()]  # no sub-env rebuilt, not even tried
 
 
 def test_a_rebuilt_sub_env_starts_from_its_own_seed() -> None:
