@@ -47,6 +47,8 @@ __all__ = [
     "decode_structure",
     "encode_structure",
     "one_source",
+    "params_of",
+    "streams_ready",
     "structure_of",
     "weights_of",
 ]
@@ -126,6 +128,22 @@ def as_weights(source: object, name: str = "policy_or_weights") -> TensorDictBas
     return out
 
 
+def params_of(name: str, source: object) -> TensorDictBase:
+    """The weights ``source`` holds (argument ``name``), checked; refused where there are none to take."""
+    if source is None:  # nothing given, and no policy given at construction to take the weights of
+        raise ConfigurationError.bad_value(
+            name, None, "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
+            "policy holding weights: pass one)",
+        )  # fmt: skip
+    return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
+
+
+def streams_ready(models: Mapping[str, TensorDictBase]) -> tuple[Any, ...]:
+    """What the calling thread queued on its CUDA streams before a push (a trainer's optimizer step on a side stream):
+    the weights are copied to the host on another thread, whose streams nothing orders after the caller's."""
+    return cuda_ready(leaf for td in models.values() for leaf in td.values(include_nested=True, leaves_only=True))
+
+
 def one_source(**given: object) -> object:
     """The value of the one argument given (``None`` if none): more than one is refused, in this one place.
 
@@ -169,6 +187,18 @@ class WeightUpdate:
         if self.weights_dict is not None:
             return {str(k): (f"weights_dict[{k!r}]", v) for k, v in self.weights_dict.items()}
         return {self.model_id: ("policy_or_weights", default if self.source is None else self.source)}
+
+    def for_workers(
+        self, default: object, num_workers: int
+    ) -> tuple[dict[str, TensorDictBase], list[int], tuple[Any, ...]]:
+        """The weights by model id (``default``'s where none were given), the workers they go to (checked against
+        ``num_workers``), and what the calling thread queued on its CUDA streams up to now (before anything awaits:
+        see :func:`streams_ready`)."""
+        models = {model_id: params_of(arg, source) for model_id, (arg, source) in self.models(default).items()}
+        ids = list(range(num_workers)) if self.worker_ids is None else list(self.worker_ids)
+        for wid in ids:
+            check_int("worker_ids", wid, maximum=num_workers - 1)
+        return models, ids, streams_ready(models)
 
     def policy_only(self, default: object, why: str) -> object:
         """The source for a collector with one policy and no workers to pick from (``why`` says so)."""

@@ -43,6 +43,8 @@ class _Group(enum.Enum):
 class DistPool(WorkerPool):
     """A worker pool whose batch tensors and weights travel through torch.distributed."""
 
+    weights_through_shm = False  # flat buffers, which the broadcast carries
+
     def __init__(
         self,
         configs: Sequence[P.WorkerConfig],

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 from tensordict import TensorDictBase
@@ -39,7 +39,7 @@ from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
 from acollect._runtime.wire import pack_message
-from acollect._weights.sync import WeightSyncScheme
+from acollect._weights.sync import ZmqWeightSyncScheme
 from acollect._workers import protocol as P
 from acollect._workers.handles import WorkerHandle, WorkerMode
 from acollect._workers.launcher import LaunchedWorker, Launcher
@@ -49,7 +49,7 @@ from acollect._workers.pool_events import Counters, PoolEvents, PoolState
 from acollect._workers.pool_settings import PoolSettings
 from acollect._workers.pool_slots import PoolSlots
 from acollect._workers.receive import Receiver
-from acollect._workers.weight_push import WeightPusher
+from acollect._workers.weight_push import WeightPusher, default_scheme
 from acollect.errors import TransportError
 
 __all__ = ["SHM_THRESHOLD", "WorkerPool"]
@@ -84,6 +84,10 @@ class WorkerPool:
             number of workers left.
     """
 
+    #: Whether weights may reach local workers through a shared-memory segment (a pool whose weights travel
+    #: by broadcast sends flat buffers instead).
+    weights_through_shm: ClassVar[bool] = True
+
     def __init__(
         self,
         configs: Sequence[P.WorkerConfig],
@@ -104,8 +108,9 @@ class WorkerPool:
         self.mode = WorkerMode()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
         self.weights = WeightPusher(
-            self.handles, self.events, self.send, max_restarts=settings.max_restarts, elastic=settings.elastic,
-            first_unasked=lambda: self._batches_asked + 1,
+            self.handles, self.events, self.send, schemes=settings.weight_sync_schemes,
+            default_scheme=default_scheme(settings) if self.weights_through_shm else ZmqWeightSyncScheme(),
+            max_restarts=settings.max_restarts, elastic=settings.elastic, first_unasked=lambda: self._batches_asked + 1,
         )  # fmt: skip
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
         #: where the workers write their batches: a ring each, or the segments of lockstep batches
@@ -376,25 +381,6 @@ class WorkerPool:
         for handle in self.handles:
             if handle.ready:
                 await self.send(handle, kind, fields)
-
-    # -- weights -------------------------------------------------------------------------
-    async def push_weights(
-        self,
-        models: Mapping[str, TensorDictBase],
-        schemes: Mapping[str, WeightSyncScheme],
-        default_scheme: Callable[[], WeightSyncScheme],
-        worker_ids: Sequence[int],
-        limit: float,
-        ready: tuple[Any, ...] = (),
-    ) -> int:
-        """Serializes ``models`` once, sends them to ``worker_ids``, waits for every ACK; returns the new version.
-
-        ``ready``: what the caller queued on its CUDA streams before the push (see ``WeightPusher.push``).
-
-        Raises:
-            WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
-        """
-        return await self.weights.push(models, schemes, default_scheme, worker_ids, limit, ready)
 
     # -- shutdown ------------------------------------------------------------------------
     async def close(self, limit: float) -> None:

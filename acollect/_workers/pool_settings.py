@@ -11,7 +11,7 @@ Examples:
     >>> settings = PoolSettings(
     ...     launcher=LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=2, slots=None,
     ...     shared_batches=None, heartbeat_timeout=30.0, startup_timeout=120.0, max_restarts=0,
-    ...     on_worker_loss="raise",
+    ...     on_worker_loss="raise", weight_sync_schemes={},
     ... )
     >>> settings.lockstep, settings.ring_slots
     (False, 2)
@@ -19,9 +19,11 @@ Examples:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from acollect._runtime.auth import ServerKeys
+from acollect._weights.sync import WeightSyncScheme
 from acollect._workers.launcher import Launcher
 
 __all__ = ["PoolSettings"]
@@ -49,6 +51,8 @@ class PoolSettings:
         on_worker_loss: ``"raise"``: a worker dead with its restarts spent fails the pool; ``"continue"``: once
             the pool runs, it is lost (:attr:`~acollect._workers.handles.WorkerState.LOST`) and the pool goes on with
             the others, failing only when none is left.
+        weight_sync_schemes: how each model's weights travel, by model id; a model not named travels by the
+            pool's default (:func:`~acollect._workers.weight_push.default_scheme`).
     """
 
     launcher: Launcher
@@ -62,6 +66,7 @@ class PoolSettings:
     startup_timeout: float
     max_restarts: int
     on_worker_loss: str
+    weight_sync_schemes: Mapping[str, WeightSyncScheme]
 
     @property
     def lockstep(self) -> bool:

@@ -1,8 +1,9 @@
-"""Weight pushes: serialize once, send to each targeted worker, wait for every acknowledgement.
+"""The collector's end of a weight push to worker processes: checked, serialized once, sent, acknowledged.
 
-:class:`WeightPusher` owns what pushes share: the writers (one per model), the last
+:class:`WeightPusher` owns what pushes share: the scheme each model travels by and its writer, the last
 weights sent (a worker that says hello later gets them), the policy version and the
-lock that keeps two pushes from interleaving.
+lock that keeps two pushes from interleaving. Every collector of worker processes pushes through it:
+its checks of the weights against the policy each worker reported, its wire, its wait for the acks.
 """
 
 from __future__ import annotations
@@ -16,19 +17,30 @@ import anyio
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect._batches.shm import shm_available
 from acollect._devices import wait_ready
 from acollect._runtime.threads import run_in_thread
-from acollect._weights.sync import WeightSyncScheme, WeightWriter
+from acollect._weights.sync import SharedMemWeightSyncScheme, WeightSyncScheme, WeightWriter, ZmqWeightSyncScheme
+from acollect._weights.updates import check_push, streams_ready
 from acollect._workers import protocol as P
 from acollect._workers.handles import WorkerHandle
 from acollect._workers.liveness import MONITOR_PERIOD
 from acollect._workers.pool_events import PoolEvents
+from acollect._workers.pool_settings import PoolSettings
 from acollect.errors import WeightSyncError
 
-__all__ = ["Send", "WeightPusher"]
+__all__ = ["Send", "WeightPusher", "default_scheme"]
 
 #: How the pool sends one command to one worker (see :meth:`acollect._workers.pool.WorkerPool.send`).
 Send = Callable[[WorkerHandle, str, "Mapping[str, Any] | None", "TensorDictBase | None"], Awaitable[None]]
+
+
+def default_scheme(settings: PoolSettings) -> WeightSyncScheme:
+    """How weights reach workers where no scheme was named: through shared memory for workers on this host reached
+    by ``ipc://`` (where the system has it), else in the push's message."""
+    address = settings.address
+    local = settings.launcher.same_host and (address is None or address.startswith("ipc://"))
+    return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
 
 
 def _write(
@@ -47,6 +59,8 @@ class WeightPusher:
         handles: the pool's workers, by index.
         events: the pool's failure, and the changes a push waits on.
         send: how one command reaches one worker.
+        schemes: how each model travels, by model id (``weight_sync_schemes``).
+        default_scheme: how a model not in ``schemes`` travels.
         max_restarts: restarts allowed per worker (with none, a push waits for live workers only).
         elastic: a worker gone with its restarts spent is lost, not a failure (``on_worker_loss="continue"``): a push
             skips lost workers, and waits for the liveness loop to say whether a dead one is restarted or lost.
@@ -61,6 +75,8 @@ class WeightPusher:
         events: PoolEvents,
         send: Send,
         *,
+        schemes: Mapping[str, WeightSyncScheme],
+        default_scheme: WeightSyncScheme,
         max_restarts: int,
         elastic: bool = False,
         first_unasked: Callable[[], int] = lambda: 1,
@@ -72,6 +88,7 @@ class WeightPusher:
         self.elastic = elastic
         self.version = 0
         self._send = send
+        self._schemes, self._default_scheme = dict(schemes), default_scheme
         self._writers: dict[str, WeightWriter] = {}
         self._last: tuple[dict[str, Any], TensorDictBase | None] | None = None
         self._lock = anyio.Lock()
@@ -94,23 +111,30 @@ class WeightPusher:
     async def push(
         self,
         models: Mapping[str, TensorDictBase],
-        schemes: Mapping[str, WeightSyncScheme],
-        default_scheme: Callable[[], WeightSyncScheme],
         worker_ids: Sequence[int],
         limit: float,
         ready: tuple[Any, ...] = (),
+        *,
+        check: bool = True,
     ) -> int:
-        """Serializes ``models`` once, sends them to ``worker_ids`` and waits for every ACK.
+        """Checks ``models`` against the policy each of ``worker_ids`` reported in its hello, serializes them once,
+        sends them and waits for every ACK.
 
         ``ready``: the events of :func:`~acollect._devices.cuda_ready` recorded on the caller's thread as it handed
         CUDA weights over; they are copied to the host only once the work queued before them is done.
+        ``check=False`` skips the check here, as a peer of the workers that skipped it would (each worker checks
+        what it gets against its own policy, and refuses what does not fit).
 
         Returns:
             The new policy version.
 
         Raises:
-            WeightSyncError: some workers did not acknowledge within ``limit`` seconds.
+            ConfigurationError: weights that do not fit a worker's policy, named by key and shape; nothing was sent.
+            WeightSyncError: some workers refused them, or did not acknowledge within ``limit`` seconds.
         """
+        ready = ready or streams_ready(models)
+        if check:
+            models = check_push(models, [self.handles[i].weights_structure for i in worker_ids])
         async with self._lock:
             failed = getattr(self.events.failure, "worker_id", None)
             # A pool broken by one worker still updates the others (they are alive and answer), so the
@@ -125,7 +149,7 @@ class WeightPusher:
             for i, (model_id, params) in enumerate(models.items()):
                 writer = self._writers.get(model_id)
                 if writer is None:
-                    scheme = schemes.get(model_id) or default_scheme()
+                    scheme = self._schemes.get(model_id) or self._default_scheme
                     writer = self._writers[model_id] = scheme.make_writer()
                 entry, flat = await run_in_thread(partial(_write, writer, params, ready), name="weights")
                 entries.append({"id": model_id, **entry})

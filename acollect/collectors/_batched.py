@@ -221,7 +221,8 @@ class AsyncBatchedCollector(MultiCollectorBase):
             assert self._pool is not None
             server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
 
-    def _workers_lost(self, live: int) -> None:
+    def _lost(self, live: int) -> None:
+        super()._lost(live)
         # A pass waits for every worker's request, or max_wait: a lost worker never asks again.
         if self._server is not None:
             self._server.expect_sources(live)

@@ -40,7 +40,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._policy import PolicyLike
-from acollect._weights.sync import WeightSyncScheme, ZmqWeightSyncScheme
+from acollect._weights.sync import WeightSyncScheme
 from acollect._weights.updates import WeightUpdate
 from acollect._workers.distributed_pool import DistPool
 from acollect._workers.launcher import Launcher
@@ -172,9 +172,6 @@ class DistributedCollector(MultiCollectorBase):
     def _new_pool(self, settings: PoolSettings) -> WorkerPool:
         dist_options = {"backend": self.backend, "init_method": self.init_method, "timeout": self.settings.dist_timeout}
         return DistPool(self._configs, settings, on_failure=self._fail, dist_options=dist_options)
-
-    def _default_scheme(self) -> WeightSyncScheme:
-        return ZmqWeightSyncScheme()  # flat buffers, which the broadcast carries
 
     async def _update_policy_weights(self, update: WeightUpdate) -> int:
         # A broadcast reaches every worker of the process group: worker_ids may only name them all.

@@ -10,7 +10,7 @@ fixed by the class or chosen by a ``sync`` option (``DistributedCollector``, ``R
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -26,8 +26,7 @@ from acollect._policy import PolicyLike
 from acollect._time_split import reported_split
 from acollect._validate import check_int
 from acollect._warnings import warn
-from acollect._weights.sync import WeightSyncScheme
-from acollect._weights.updates import WeightUpdate
+from acollect._weights.updates import WeightUpdate, params_of
 from acollect._workers.handles import Received, WorkerState
 from acollect._workers.pool import WorkerPool
 from acollect._workers.pool_settings import PoolSettings
@@ -38,9 +37,8 @@ from acollect.collectors._dispatch import Dispatch, dispatch_for
 from acollect.collectors._handout import HandOut
 from acollect.collectors._option_checks import check_policy_args
 from acollect.collectors._options import WorkerSettings
-from acollect.collectors._worker_changes import WorkerChanges, default_scheme, params_of
+from acollect.collectors._worker_changes import WorkerChanges
 from acollect.collectors._worker_configs import (
-    WorkerPlan,
     collector_storing_device,
     cuda_contexts_warning,
     plan_workers,
@@ -67,7 +65,7 @@ class MultiCollectorBase(CollectorBase):
         self._dispatch: Dispatch = dispatch_for(settings)
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
-        plan = self._plan(create_env_fn_list)
+        plan = plan_workers(create_env_fn_list, *self._worker_policy(), stacked=self._dispatch.sync)
         super().__init__(batch=plan.batch, total_frames=settings.total_frames, progress=settings.progress,
                          shutdown_timeout=settings.shutdown_timeout)  # fmt: skip
         self._configs = plan.configs
@@ -90,11 +88,6 @@ class MultiCollectorBase(CollectorBase):
         self._worker_changes = WorkerChanges()
         self._stale_batches = 0  # dropped for being more than max_policy_lag versions behind
         self._episodes_to_end: set[int] = set()  # lost workers whose episodes in progress are still to be cut
-
-    def _plan(self, create_env_fn_list: Any) -> WorkerPlan:
-        """The workers' configs and what each batch holds, from the env factories and the settings."""
-        policy, settings = self._worker_policy()
-        return plan_workers(create_env_fn_list, policy, settings, stacked=self._dispatch.sync)
 
     def _worker_policy(self) -> tuple[PolicyLike, WorkerSettings]:
         """What the workers run, and the settings their configs are built from (central inference: none)."""
@@ -144,7 +137,7 @@ class MultiCollectorBase(CollectorBase):
         For looking at the workers: ``pool.handles[i]`` is what the collector knows of worker ``i`` (its
         :class:`~acollect._workers.WorkerState`, ``pid``, ``where`` it runs, its launched ``process``, restarts, the
         parts it holds), ``pool.launcher`` starts them and ``pool.failure`` is what broke the pool. Commands sent
-        through the pool itself (``send``, ``push_weights``) skip the collector's own checks: use the collector's
+        through the pool itself (``send``, ``weights.push``) skip the collector's own checks: use the collector's
         methods to change its workers.
         """
         return self._pool
@@ -174,6 +167,7 @@ class MultiCollectorBase(CollectorBase):
             startup_timeout=settings.startup_timeout,
             max_restarts=settings.max_worker_restarts,
             on_worker_loss=settings.on_worker_loss,
+            weight_sync_schemes=settings.weight_sync_schemes,
         )
 
     async def _setup(self) -> None:
@@ -190,7 +184,7 @@ class MultiCollectorBase(CollectorBase):
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
         self._settle_batch([h.n_envs for h in pool.handles])
         self._worker_changes.check_env_seeds(pool, type(self).__name__)
-        await self._apply_pending()
+        await self._worker_changes.apply(pool, self._push, self.num_workers)
         paused = self._lifecycle.pauses > 0
         await self._dispatch.start(pool, paused=paused)
         self._lifecycle.pause_was_applied(paused)
@@ -349,11 +343,19 @@ class MultiCollectorBase(CollectorBase):
     # -- per batch -------------------------------------------------------------------------
     async def _collect_batch(self) -> TensorDictBase:
         pool = self._require_pool()
-        await self._before_batch()
+        await self._handout.take_back(pool)
+        await self._worker_changes.apply(pool, self._push, self.num_workers)
+        if self._worker_changes.push_due(self._counts.batches, self.settings, self._policy_arg):
+            await self._push({"policy": params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
         items = await self._take_fresh(pool)
         for item in items:
-            self._record(item)
-        return await self._handout.hand_out(pool, items, self._reshape if self._reshapes() else None)
+            # The worker counted its episodes and timed its parts: statistics cost no message.
+            header = item.header
+            episodes = EpisodeSummary.from_header(header.get("episodes"))
+            self._counts.record_worker(
+                item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
+            )
+        return await self._handout.hand_out(pool, items, self._reshaper())
 
     async def _take_fresh(self, pool: WorkerPool) -> list[Received]:
         """The next batch's items, those more than ``max_policy_lag`` versions behind dropped (and given back)."""
@@ -382,29 +384,7 @@ class MultiCollectorBase(CollectorBase):
             return False
         if self.settings.update_after_each_batch:
             return False
-        return not self._push_due(self._counts.batches + 1)
-
-    def _reshapes(self) -> bool:
-        """Whether :meth:`_reshape` runs user code or reshapes a batch (``postproc``, ``split_trajs``); with
-        ``trajs_per_batch`` it does neither: ``postproc`` applies to the batches of whole episodes."""
-        settings = self.settings
-        return settings.trajs_per_batch is None and (settings.postproc is not None or settings.split_trajs)
-
-    async def _before_batch(self) -> None:
-        await self._handout.take_back(self._require_pool())
-        await self._apply_pending()
-        if self._push_due(self._counts.batches):
-            await self._push({"policy": params_of("policy", self._policy_arg)}, range(self.num_workers), 30.0)
-
-    def _push_due(self, batches: int) -> bool:
-        """Whether weights are pushed before the batch that follows ``batches`` batches."""
-        settings = self.settings
-        return self._worker_changes.push_due(
-            batches,
-            each_batch=settings.update_after_each_batch,
-            interval=settings.max_weight_update_interval,
-            policy=self._policy_arg,
-        )
+        return not self._worker_changes.push_due(self._counts.batches + 1, self.settings, self._policy_arg)
 
     def _lost(self, live: int) -> None:
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
@@ -413,7 +393,6 @@ class MultiCollectorBase(CollectorBase):
             self._counts.forget_worker(index)  # its last report would otherwise count on in the time split
         if self.settings.trajs_per_batch is not None:
             self._episodes_to_end.update(lost)
-        self._workers_lost(live)
 
     def _assembled(self, assembler: TrajectoryAssembler) -> None:
         # A lost worker's episodes in progress get no more frames, so they are handed out, cut: once the batches it
@@ -424,21 +403,6 @@ class MultiCollectorBase(CollectorBase):
             for worker in [w for w in self._episodes_to_end if w not in queued]:
                 assembler.end_worker(worker)
                 self._episodes_to_end.discard(worker)
-
-    def _workers_lost(self, live: int) -> None:
-        """Hook, on the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left (what a
-        subclass adjusts to them at once: the trainer may be waiting for a batch)."""
-
-    async def _apply_pending(self) -> None:
-        await self._worker_changes.apply(self._require_pool(), self._push, self.num_workers)
-
-    def _record(self, item: Received) -> None:
-        """Counts ``item``: the worker counted its episodes and timed its parts, statistics cost no message."""
-        header = item.header
-        episodes = EpisodeSummary.from_header(header.get("episodes"))
-        self._counts.record_worker(
-            item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
-        )
 
     def _batch_version(self, item: Received) -> int:
         """The oldest policy version that chose an action in ``item`` (what its policy lag is measured from).
@@ -454,13 +418,19 @@ class MultiCollectorBase(CollectorBase):
         because lending them would have passed the budget)."""
         return self._handout.lent
 
-    def _reshape(self, batch: TensorDictBase) -> TensorDictBase:
-        """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop)."""
-        if self.settings.split_trajs:
-            batch = split_trajectories(batch)
-        if self.settings.postproc is not None:
-            batch = self.settings.postproc(batch)
-        return batch
+    def _reshaper(self) -> Callable[[TensorDictBase], TensorDictBase] | None:
+        """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop), ``None`` where there is
+        nothing to do; with ``trajs_per_batch`` neither applies here: ``postproc`` applies to the batches of whole
+        episodes."""
+        split, postproc = self.settings.split_trajs, self.settings.postproc
+        if self.settings.trajs_per_batch is not None or (postproc is None and not split):
+            return None
+
+        def reshape(batch: TensorDictBase) -> TensorDictBase:
+            batch = split_trajectories(batch) if split else batch
+            return postproc(batch) if postproc is not None else batch
+
+        return reshape
 
     # -- weights -------------------------------------------------------------------------
     @property
@@ -480,7 +450,7 @@ class MultiCollectorBase(CollectorBase):
             self._lifecycle.background
         )
         self._calls.check_usable("update_policy_weights_()", allow_broken=one_worker)
-        models, ids, ready = self._worker_changes.checked_update(update, self._policy_arg, self.num_workers)
+        models, ids, ready = update.for_workers(self._policy_arg, self.num_workers)
         with self._calls.call("update_policy_weights_()", interrupt_on_failure=False):
             await self._ensure_setup()
             return await self._push(models, ids, update.timeout, ready)
@@ -488,11 +458,8 @@ class MultiCollectorBase(CollectorBase):
     async def _push(
         self, models: Mapping[str, TensorDictBase], ids: Sequence[int], limit: float, ready: tuple[Any, ...] = ()
     ) -> int:
-        pool, settings = self._require_pool(), self.settings
-        schemes, batches = settings.weight_sync_schemes, self._counts.batches
-        return await self._worker_changes.push(
-            pool, models, ids, limit, ready, schemes=schemes, default_scheme=self._default_scheme, batches=batches
-        )
-
-    def _default_scheme(self) -> WeightSyncScheme:
-        return default_scheme(self.settings.launcher.same_host, self.settings.address)
+        """Where the collector's weights go: to its workers, through the pool's one pusher (checked against the
+        policy each reported, sent, acknowledged); an ``AsyncBatchedCollector`` pushes to its server instead."""
+        version = await self._require_pool().weights.push(models, ids, limit, ready)
+        self._worker_changes.pushed(self._counts.batches)
+        return version

@@ -39,6 +39,7 @@ from acollect.collectors._keywords import keyword_errors, settings_from
 from acollect.collectors._multi import MultiAsyncCollector, MultiSyncCollector
 from acollect.collectors._multi_base import MultiCollectorBase
 from acollect.collectors._options import DEFAULT_START_METHOD, DEVICE_OPTIONS, HEARTBEAT_TIMEOUT, Devices, Keys
+from acollect.collectors._worker_configs import plan_workers
 from acollect.errors import CollectorStateError, ConfigurationError
 
 __all__ = ["RayCollector"]
@@ -283,7 +284,9 @@ class RayCollector(MultiCollectorBase):
         assert isinstance(new, dict)
         old = self._ray_launcher.remote_configs
         fns = [*self._env_fn_list, *[create_env_fn] * (num_envs * k)]
-        self._configs = self._plan(fns).configs  # checks the new factories (and device lists) before changing anything
+        policy, settings = self._worker_policy()
+        # Checks the new factories (and device lists) before changing anything.
+        self._configs = plan_workers(fns, policy, settings, stacked=self.sync).configs
         listed = old if isinstance(old, list) else [dict(old)] * len(self._env_fn_list)
         self._ray_launcher.remote_configs = [*listed, *[dict(new)] * (num_envs * k)]
         self._env_fn_list = fns

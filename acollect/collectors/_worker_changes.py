@@ -15,45 +15,19 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from acollect._batches.shm import shm_available
-from acollect._devices import cuda_ready
-from acollect._validate import check_int
 from acollect._warnings import warn
-from acollect._weights.sync import SharedMemWeightSyncScheme, WeightSyncScheme, ZmqWeightSyncScheme
-from acollect._weights.updates import WeightUpdate, as_weights, check_push
+from acollect._weights.updates import params_of
 from acollect._workers import protocol as P
 from acollect._workers.pool import WorkerPool
+from acollect.collectors._options import ProcessSettings
 from acollect.collectors._pending import PendingChanges
 from acollect.envs._envpool import reseed_error, shared_seeds_warning
 from acollect.errors import ConfigurationError
 
-__all__ = ["Push", "WorkerChanges", "default_scheme", "params_of", "streams_ready"]
+__all__ = ["Push", "WorkerChanges"]
 
 #: The collector's push: ``(models, worker ids, timeout)`` -> the version the workers acknowledged.
 Push = Callable[[Mapping[str, TensorDictBase], Sequence[int], float], Awaitable[int]]
-
-
-def params_of(name: str, source: object) -> TensorDictBase:
-    """The weights ``source`` holds (argument ``name``), checked; refused where there are none to take."""
-    if source is None:  # nothing given, and no policy given at construction to take the weights of
-        raise ConfigurationError.bad_value(
-            name, None, "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
-            "policy holding weights: pass one)",
-        )  # fmt: skip
-    return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
-
-
-def streams_ready(models: Mapping[str, TensorDictBase]) -> tuple[Any, ...]:
-    """What the calling thread queued on its CUDA streams before a push (a trainer's optimizer step on a side stream):
-    the weights are copied to the host on another thread, whose streams nothing orders after the caller's."""
-    return cuda_ready(leaf for td in models.values() for leaf in td.values(include_nested=True, leaves_only=True))
-
-
-def default_scheme(same_host: bool, address: str | None) -> WeightSyncScheme:
-    """How weights reach workers where no scheme was named: through shared memory for workers on this host reached
-    by ``ipc://`` (where the system has it), else in the push's message."""
-    local = same_host and (address is None or address.startswith("ipc://"))
-    return SharedMemWeightSyncScheme() if local and shm_available() else ZmqWeightSyncScheme()
 
 
 class WorkerChanges:
@@ -63,7 +37,9 @@ class WorkerChanges:
         >>> changes = WorkerChanges()
         >>> changes.stage_seed(7, None, num_workers=2)  # the next free seed: one per worker until they started
         9
-        >>> changes.version(None), changes.push_due(3, each_batch=False, interval=2, policy=None)
+        >>> from acollect.collectors._collector_settings import MultiSyncSettings
+        >>> settings = MultiSyncSettings(frames_per_batch=8, max_weight_update_interval=2)
+        >>> changes.version(None), changes.push_due(3, settings, policy=None)  # a policy without weights
         (0, False)
     """
 
@@ -170,47 +146,15 @@ class WorkerChanges:
         """A push went out after ``batches`` batches (what ``max_weight_update_interval`` counts from)."""
         self._last_push = batches
 
-    def push_due(self, batches: int, *, each_batch: bool, interval: int | None, policy: object) -> bool:
+    def push_due(self, batches: int, settings: ProcessSettings, policy: object) -> bool:
         """Whether the collector pushes its policy's weights before the batch that follows ``batches`` batches
         (``update_after_each_batch``, ``max_weight_update_interval``; only a policy that is a module has any)."""
         if not isinstance(policy, torch.nn.Module):
             return False
-        return (each_batch and batches > 0) or (interval is not None and batches - self._last_push >= interval)
-
-    @staticmethod
-    def checked_update(
-        update: WeightUpdate, policy: object, num_workers: int
-    ) -> tuple[dict[str, TensorDictBase], list[int], tuple[Any, ...]]:
-        """The weights of ``update`` by model id (those of ``policy`` where none were given), the workers they go
-        to, checked, and what the caller queued on its streams up to now (before anything awaits)."""
-        sources = update.models(policy)
-        models = {model_id: params_of(arg, source) for model_id, (arg, source) in sources.items()}
-        ready = streams_ready(models)
-        ids = list(range(num_workers)) if update.worker_ids is None else list(update.worker_ids)
-        for wid in ids:
-            check_int("worker_ids", wid, maximum=num_workers - 1)
-        return models, ids, ready
-
-    async def push(
-        self,
-        pool: WorkerPool,
-        models: Mapping[str, TensorDictBase],
-        ids: Sequence[int],
-        limit: float,
-        ready: tuple[Any, ...],
-        *,
-        schemes: Mapping[str, WeightSyncScheme],
-        default_scheme: Callable[[], WeightSyncScheme],
-        batches: int,
-    ) -> int:
-        """Pushes ``models`` to the workers ``ids`` after ``batches`` batches; returns the version they acknowledged
-        within ``limit`` seconds."""
-        ready = ready or streams_ready(models)
-        # Refused here, before anything is sent, if they do not fit the policy each worker reported in its hello.
-        models = check_push(models, [pool.handles[i].weights_structure for i in ids])
-        version = await pool.push_weights(models, schemes, default_scheme, ids, limit, ready)
-        self._last_push = batches
-        return version
+        interval = settings.max_weight_update_interval
+        return (settings.update_after_each_batch and batches > 0) or (
+            interval is not None and batches - self._last_push >= interval
+        )
 
     async def apply(self, pool: WorkerPool, push: Push, num_workers: int) -> None:
         """Sends what waits to the workers ready for it (counters, seed), and pushes the weights staged."""

@@ -373,7 +373,7 @@ class Pool:
         self.settings = PoolSettings(
             launcher=launcher or LocalLauncher(), address=None, keys=None, use_shared_memory=None, credits=credits,
             slots=None, shared_batches=None, heartbeat_timeout=heartbeat_timeout, startup_timeout=startup_timeout,
-            max_restarts=max_restarts, on_worker_loss=on_worker_loss,
+            max_restarts=max_restarts, on_worker_loss=on_worker_loss, weight_sync_schemes={},
         )  # fmt: skip
         self.spawned: list[int] = []
         self.exited_before_spawn: list[int | None] = []  # the exit code of the process replaced, as seen by then

@@ -828,12 +828,14 @@ def pusher(n: int, answer: dict[int, str | None], **kwargs: Any) -> tuple[Weight
     events.starting()
     events.running()
     send = Loopback(handles, events, answer)
+    kwargs.setdefault("schemes", {})
+    kwargs.setdefault("default_scheme", ZmqWeightSyncScheme())
     return WeightPusher(handles, events, send, max_restarts=kwargs.pop("max_restarts", 0), **kwargs), send, handles
 
 
 async def push(weight_pusher: WeightPusher, value: float, workers: list[int], limit: float = 5.0) -> int:
     models = {"policy": TensorDict({"w": torch.full((1,), value)}, batch_size=[])}
-    return await weight_pusher.push(models, {}, ZmqWeightSyncScheme, workers, limit)
+    return await weight_pusher.push(models, workers, limit)
 
 
 async def test_a_push_goes_to_each_worker_asked_with_the_next_version() -> None:
@@ -859,9 +861,9 @@ async def test_a_push_goes_to_each_worker_asked_with_the_next_version() -> None:
 
 
 async def test_two_models_go_in_one_message_as_frames_in_order() -> None:
-    weights, send, _ = pusher(1, {})
+    weights, send, _ = pusher(1, {}, schemes={"policy.b": ZmqWeightSyncScheme()})
     models = {"policy.a": TensorDict({"w": torch.ones(1)}, []), "policy.b": TensorDict({"w": torch.zeros(2)}, [])}
-    await weights.push(models, {"policy.b": ZmqWeightSyncScheme()}, ZmqWeightSyncScheme, [0], 5.0)
+    await weights.push(models, [0], 5.0)
     ((_, _, fields, td),) = send.sent
     assert [m["id"] for m in fields["models"]] == ["policy.a", "policy.b"]
     assert td["m0"][:4].view(torch.float32).tolist() == [1.0]
