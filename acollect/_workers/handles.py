@@ -347,10 +347,7 @@ class WorkerHandle:
     take_part: _Via[Callable[[int], Received]] = _Via("lockstep")
     changes_sent: _Via[int] = _Via("commands")
     resets_sent: _Via[int] = _Via("commands")
-    acked_version: _Via[int] = _Via("commands")
-    weights_refused: _Via[tuple[int, str] | None] = _Via("commands")
     on_send: _Via[Callable[[str], None]] = _Via("commands")
-    on_ack: _Via[Callable[[dict[str, Any]], tuple[int, str] | None]] = _Via("commands")
 
     # -- incarnations ----------------------------------------------------------------------------------
     def _new_incarnation(self, now: float) -> None:

@@ -239,7 +239,7 @@ class WorkerPool:
         self.events.starting()
         receiver = Receiver(
             endpoint, self.handles, self.events, self.counters, self.ready_queue,
-            settings, greet=self._greet, batch_data=self._batch_data,
+            settings, self.weights, greet=self._greet, batch_data=self._batch_data,
         )  # fmt: skip
         monitor = Monitor(
             endpoint, self.handles, self.events, self.counters, self.mode,

@@ -28,6 +28,7 @@ from acollect._workers.handles import WorkerHandle, WorkerState
 from acollect._workers.lockstep_requests import Received
 from acollect._workers.pool_events import Counters, PoolEvents
 from acollect._workers.pool_settings import PoolSettings
+from acollect._workers.weight_push import WeightPusher
 from acollect.errors import ProtocolError, RemoteError, TransportError, WorkerError
 
 __all__ = ["Receiver"]
@@ -49,6 +50,7 @@ class Receiver:
         counters: where dropped batches, discarded frames and rejected messages are counted.
         ready_queue: where batches go first ready, first served (``settings.credits`` set); else each worker's inbox.
         settings: the pool's settings (:class:`~acollect._workers.pool_settings.PoolSettings`).
+        weights: the pool's weight pusher, which the workers' answers to its pushes go to.
         greet: answers a worker's hello (slots, weights, the mode, its outstanding request), once its
             handle holds what the hello said.
         batch_data: a batch's tensors (default: those of its message).
@@ -62,6 +64,7 @@ class Receiver:
         counters: Counters,
         ready_queue: deque[Received],
         settings: PoolSettings,
+        weights: WeightPusher,
         *,
         greet: Callable[[WorkerHandle], Awaitable[None]],
         batch_data: BatchData | None = None,
@@ -72,6 +75,7 @@ class Receiver:
         self.counters = counters
         self.ready_queue = ready_queue
         self.settings = settings
+        self.weights = weights
         self._greet = greet
         self._batch_data = batch_data
         self.stopped = anyio.Event()  # set once run() ended, however
@@ -221,8 +225,8 @@ class Receiver:
         elif kind == P.HELLO:
             await self._on_hello(handle, header)
         elif kind == P.ACK:
-            refused = handle.commands.on_ack(header)
-            if refused is not None:  # it keeps its weights (see push_weights)
+            refused = self.weights.on_ack(handle, header)
+            if refused is not None:  # it keeps its weights (see WeightPusher.push)
                 logger.warning("worker %d refused weights version %s: %s", handle.index, *refused)
         elif kind == P.ERROR:
             raise RemoteError(

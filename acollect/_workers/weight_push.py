@@ -1,9 +1,10 @@
 """The collector's end of a weight push to worker processes: checked, serialized once, sent, acknowledged.
 
 :class:`WeightPusher` owns what pushes share: the scheme each model travels by and its writer, the last
-weights sent (a worker that says hello later gets them), the policy version and the
-lock that keeps two pushes from interleaving. Every collector of worker processes pushes through it:
-its checks of the weights against the policy each worker reported, its wire, its wait for the acks.
+weights sent (a worker that says hello later gets them), the policy version, the lock that keeps two pushes
+from interleaving, and each worker's answers (the version its process acknowledged, the last push it refused),
+which the receive loop files here. Every collector of worker processes pushes through it: the check of the
+weights against the policy each worker reported, the wire, the wait for the acks.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ class WeightPusher:
         self._send = send
         self._schemes, self._default_scheme = dict(schemes), default_scheme
         self._writers: dict[str, WeightWriter] = {}
+        # worker index -> (generation, version) its process acknowledged: a successor has acknowledged nothing
+        self._acks: dict[int, tuple[int, int]] = {}
+        self._refused: dict[int, tuple[int, str]] = {}  # worker index -> (version, why) of the last push refused
         self._last: tuple[dict[str, Any], TensorDictBase | None] | None = None
         self._lock = anyio.Lock()
         #: Held while a push's messages go out, and by a lockstep collector while it asks for a batch: every worker
@@ -100,6 +104,24 @@ class WeightPusher:
     def last(self) -> tuple[dict[str, Any], TensorDictBase | None] | None:
         """The last push's message (fields and tensors), for a worker that says hello after it."""
         return self._last
+
+    def acked_version(self, handle: WorkerHandle) -> int:
+        """The last weights version the worker's current process acknowledged (``0``: none yet)."""
+        generation, version = self._acks.get(handle.index, (-1, 0))
+        return version if generation == handle.generation else 0
+
+    def refused(self, handle: WorkerHandle) -> tuple[int, str] | None:
+        """``(version, why)`` of the last push the worker refused (it keeps its previous weights), any process."""
+        return self._refused.get(handle.index)
+
+    def on_ack(self, handle: WorkerHandle, header: Mapping[str, Any]) -> tuple[int, str] | None:
+        """The worker acknowledged a push, or refused it (returns ``(version, why)`` then)."""
+        if header.get("error") is not None:
+            refused = self._refused[handle.index] = (int(header["version"]), str(header["error"])[:2000])
+            return refused
+        version = max(self.acked_version(handle), int(header["version"]))
+        self._acks[handle.index] = (handle.generation, version)
+        return None
 
     def close(self) -> None:
         """Releases the writers and the last weights. Idempotent."""
@@ -170,7 +192,7 @@ class WeightPusher:
                         await self._send(handle, P.WEIGHTS, sent, td)
 
             def missing() -> list[int]:
-                return [h.index for h in targets if h.commands.acked_version < version and not h.lost]
+                return [h.index for h in targets if self.acked_version(h) < version and not h.lost]
 
             def dead() -> list[int]:
                 gone = [h.index for h in targets if h.process is not None and h.process.exitcode is not None]
@@ -181,7 +203,7 @@ class WeightPusher:
 
             deadline = time.monotonic() + limit
             while missing():
-                refusals = {h.index: h.commands.weights_refused for h in targets}
+                refusals = {h.index: self.refused(h) for h in targets}
                 refused = {i: r[1] for i, r in refusals.items() if r is not None and r[0] == version}
                 if refused and set(missing()) <= set(refused):  # every worker answered: no need to wait
                     why = "; ".join(f"worker {i}: {reason}" for i, reason in sorted(refused.items()))

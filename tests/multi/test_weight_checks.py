@@ -177,10 +177,11 @@ async def test_a_malformed_weights_message_leaves_the_worker_alive(
         td = TensorDict(frames, batch_size=[]) if frames is not None else None
         await pool.send(handle, P.WEIGHTS, fields, td)
         # The refusal comes back as an ack with an error; a worker that fails instead breaks the pool.
-        await wait_until(lambda: getattr(handle, "weights_refused", None) is not None or pool.failure is not None)
+        await wait_until(lambda: pool.weights.refused(handle) is not None or pool.failure is not None)
         assert pool.failure is None
-        assert handle.weights_refused is not None
-        assert handle.weights_refused[0] in (7, -1)
+        refused = pool.weights.refused(handle)
+        assert refused is not None
+        assert refused[0] in (7, -1)
         for _ in range(3):  # still collecting, with its own weights, and nobody died
             assert versions_and_actions(await anext(c)) == ([0], [0])
         assert pool.failure is None

@@ -87,7 +87,6 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
     assert (handle.state, handle.generation, handle.started_at, handle.ready) == (WorkerState.READY, 1, 1.0, True)
     assert handle.identity == b"w0.1"
     assert (handle.n_envs, handle.batch_nbytes, handle.weights_structure, handle.env_seed) == (2, 40, None, None)
-    handle.on_ack({"version": 3})
     handle.on_send(P.WEIGHTS)
     handle.on_send(P.SEED)
     handle.on_send(P.COLLECT)
@@ -98,7 +97,7 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
     handle.on_unreachable(now=3.0)
     assert handle.on_death(lockstep=True, running=False) == 1
     handle.on_launch(now=4.0)
-    assert (handle.generation, handle.started_at, handle.acked_version, handle.restarts) == (2, 4.0, 0, 1)
+    assert (handle.generation, handle.started_at, handle.restarts) == (2, 4.0, 1)
     assert (handle.changes_sent, handle.resets_sent, handle.sent, handle.next_seq) == (0, 0, 0, 0)
     assert (handle.last_steps, handle.busy, handle.partial, handle.missing_since) == (-1, False, False, None)
     assert handle.unreachable_since is None
@@ -202,17 +201,6 @@ def test_lockstep_parts_answer_their_requests_in_order() -> None:
     assert handle.inbox == (first,)
     with pytest.raises(AssertionError, match=r"^worker 0 has no part of batch 2"):
         handle.take_part(2)
-
-
-def test_acknowledgements_keep_the_newest_version_and_refusals_say_why() -> None:
-    handle = ready()
-    assert handle.on_ack({"version": 3}) is None
-    assert handle.on_ack({"version": 2}) is None
-    assert (handle.acked_version, handle.weights_refused) == (3, None)
-    assert handle.on_ack({"version": 4, "error": "E" * 3000}) == (4, "E" * 2000)
-    assert (handle.acked_version, handle.weights_refused) == (3, (4, "E" * 2000))
-    assert handle.on_ack({"version": 5, "error": None}) is None
-    assert handle.acked_version == 5
 
 
 @pytest.mark.parametrize(("running", "busy", "requests", "lost"), [
@@ -679,7 +667,7 @@ def test_a_new_slot_knows_nothing_yet() -> None:
         0.0, -1, 0.0, False, False
     )  # fmt: skip
     assert (handle.sent, handle.next_seq, handle.missing_since, handle.unreachable_since) == (0, 0, None, None)
-    assert (handle.traj_counter, handle.frames, handle.acked_version, handle.weights_refused) == (0, 0, 0, None)
+    assert (handle.traj_counter, handle.frames) == (0, 0)
     assert handle.on_beat({"steps": 0, "busy": False, "discarded": 1}, now=0.0) == 1
     assert handle.on_env_restarts(1) == 1
 

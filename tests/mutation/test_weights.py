@@ -811,14 +811,16 @@ class Loopback:
     def __init__(self, handles: list[WorkerHandle], events: PoolEvents, answer: dict[int, str | None]) -> None:
         self.handles, self.events, self.answer = handles, events, answer
         self.sent: list[tuple[int, str, dict[str, Any], Any]] = []
+        self.pusher: WeightPusher | None = None  # where the answers are filed, as the receive loop files them
 
     async def __call__(self, handle: WorkerHandle, kind: str, fields: Any, td: Any) -> None:
         self.sent.append((handle.index, kind, dict(fields), td))
         how = self.answer.get(handle.index, "ack")
+        assert self.pusher is not None
         if how == "ack":
-            handle.on_ack({"version": fields["version"]})
+            self.pusher.on_ack(handle, {"version": fields["version"]})
         elif how is not None:
-            handle.on_ack({"version": fields["version"], "error": how})
+            self.pusher.on_ack(handle, {"version": fields["version"], "error": how})
         self.events.notify()
 
 
@@ -830,7 +832,8 @@ def pusher(n: int, answer: dict[int, str | None], **kwargs: Any) -> tuple[Weight
     send = Loopback(handles, events, answer)
     kwargs.setdefault("schemes", {})
     kwargs.setdefault("default_scheme", ZmqWeightSyncScheme())
-    return WeightPusher(handles, events, send, max_restarts=kwargs.pop("max_restarts", 0), **kwargs), send, handles
+    send.pusher = WeightPusher(handles, events, send, max_restarts=kwargs.pop("max_restarts", 0), **kwargs)
+    return send.pusher, send, handles
 
 
 async def push(weight_pusher: WeightPusher, value: float, workers: list[int], limit: float = 5.0) -> int:
@@ -847,7 +850,7 @@ async def test_a_push_goes_to_each_worker_asked_with_the_next_version() -> None:
     assert [(i, kind, fields["version"], fields["from"]) for i, kind, fields, _ in send.sent] == [
         (0, P.WEIGHTS, 1, 7), (2, P.WEIGHTS, 1, 7), (1, P.WEIGHTS, 2, 7)
     ]  # fmt: skip
-    assert [h.acked_version for h in handles] == [1, 2, 1]
+    assert [weights.acked_version(h) for h in handles] == [1, 2, 1]
     assert weights.last is not None
     fields, td = weights.last
     assert (fields["version"], [m["id"] for m in fields["models"]], "from" in fields) == (2, ["policy"], False)
@@ -887,7 +890,7 @@ async def test_a_push_not_acknowledged_in_time_names_the_silent_workers() -> Non
         await push(weights, 1.0, [0, 1, 2], limit=0.3)
     assert str(info.value) == "weights version 1 were not acknowledged by workers [1] within 0.3s"
     assert list(info.value.worker_ids) == [1]
-    assert [h.acked_version for h in handles] == [1, 0, 1]
+    assert [weights.acked_version(h) for h in handles] == [1, 0, 1]
     weights.close()
 
 
@@ -986,7 +989,7 @@ async def test_a_push_waits_for_a_dead_worker_to_be_restarted_or_lost(restarts: 
                     dead.on_launch(now=0.0)
                     dead.on_hello({"n_envs": 1, "layout": {"leaves": []}})
                     dead.on_greeted(now=0.0)
-                    dead.on_ack({"version": weights.last[0]["version"]})  # type: ignore[index]
+                    weights.on_ack(dead, {"version": weights.last[0]["version"]})  # type: ignore[index]
                 weights.events.notify()
 
             tg.start_soon(liveness_acts)
@@ -1005,3 +1008,28 @@ async def test_without_restarts_a_push_waits_for_no_dead_worker() -> None:
     )
     assert list(info.value.worker_ids) == [0]
     weights.close()
+
+
+def test_acknowledgements_keep_the_newest_version_and_refusals_say_why() -> None:
+    weights, _, handles = pusher(1, {})
+    handle = handles[0]
+    assert weights.on_ack(handle, {"version": 3}) is None
+    assert weights.on_ack(handle, {"version": 2}) is None
+    assert (weights.acked_version(handle), weights.refused(handle)) == (3, None)
+    assert weights.on_ack(handle, {"version": 4, "error": "E" * 3000}) == (4, "E" * 2000)
+    assert (weights.acked_version(handle), weights.refused(handle)) == (3, (4, "E" * 2000))
+    assert weights.on_ack(handle, {"version": 5, "error": None}) is None
+    assert weights.acked_version(handle) == 5
+
+
+def test_a_successor_has_acknowledged_nothing_but_the_last_refusal_is_kept() -> None:
+    weights, _, handles = pusher(2, {})
+    handle, other = handles
+    weights.on_ack(handle, {"version": 3})
+    weights.on_ack(handle, {"version": 4, "error": "no"})
+    weights.on_ack(other, {"version": 2})
+    handle.on_death(lockstep=False, running=True)
+    handle.on_launch(now=1.0)  # a new process in the slot
+    assert (weights.acked_version(handle), weights.refused(handle)) == (0, (4, "no"))
+    assert weights.on_ack(handle, {"version": 1}) is None
+    assert (weights.acked_version(handle), weights.acked_version(other)) == (1, 2)
