@@ -30,7 +30,7 @@ from acollect._policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect._rollout.blocking import exploration
 from acollect.errors import PolicyError
 
-__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Lane", "Request", "StatsRecorder"]
+__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Lane", "Request", "ServerStatsRecorder"]
 
 _DONE_KEYS = ("done", "terminated", "truncated")
 _LATENCY_WINDOW = 1024
@@ -321,16 +321,16 @@ BOARD_SIZE = len(_BOARD_FIELDS) + _LATENCY_WINDOW
 def _board_field(name: str) -> Any:
     index = _FIELD[name]
 
-    def get(self: StatsRecorder) -> float:
+    def get(self: ServerStatsRecorder) -> float:
         return float(self.board[index])
 
-    def set_(self: StatsRecorder, value: float) -> None:
+    def set_(self: ServerStatsRecorder, value: float) -> None:
         self.board[index] = value
 
     return property(get, set_)
 
 
-class StatsRecorder:
+class ServerStatsRecorder:
     """Counts passes, rows and latencies, and says which pass runs: written by the server's loop, read by anyone.
 
     Everything lives in one float64 array, the *board*: a plain array for a server thread, or one mapped from
@@ -342,7 +342,7 @@ class StatsRecorder:
         board: ``BOARD_SIZE`` float64 entries to keep the figures in (``None``: a fresh private array).
 
     Examples:
-        >>> rec = StatsRecorder(8)
+        >>> rec = ServerStatsRecorder(8)
         >>> rec.record([Request({}, 4, arrived=0.0)], started=0.0, ended=0.002)
         >>> snap = rec.snapshot()
         >>> snap.passes, snap.rows, snap.fill_rate, round(snap.latency_ms_p50, 3)

@@ -26,7 +26,7 @@ from acollect._devices import synchronize_devices, wait_ready
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
 from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import _protocol as P
-from acollect.inference._batching import Batcher, Forward, Lane, Request, StatsRecorder
+from acollect.inference._batching import Batcher, Forward, Lane, Request, ServerStatsRecorder
 from acollect.inference._codec import Encoder, LayoutCache
 from acollect.inference._passes import PassRunner
 from acollect.inference._slot_hub import SlotHub
@@ -193,7 +193,7 @@ class ServerLoop:
         mailbox: Mail,
         batcher: Batcher,
         forward: Forward,
-        recorder: StatsRecorder,
+        recorder: ServerStatsRecorder,
         sock: ServerSocket | None,
         close_socket: Callable[[], None],
         hub: SlotHub | None = None,

@@ -43,7 +43,7 @@ from acollect.errors import (
     describe_exit,
 )
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Request, StatsRecorder
+from acollect.inference._batching import BOARD_SIZE, Request, ServerStatsRecorder
 from acollect.inference._build import ServerSpec
 from acollect.inference._loop import Ticket
 from acollect.inference._process_main import BOOTSTRAP, ProcessConfig
@@ -66,7 +66,7 @@ class LoopProcess:
     def __init__(self, spec: ServerSpec, initial_version: int) -> None:
         self.spec = spec
         self._initial_version = initial_version
-        self.recorder = StatsRecorder(spec.max_batch_size)  # the shared board replaces it at start
+        self.recorder = ServerStatsRecorder(spec.max_batch_size)  # the shared board replaces it at start
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
@@ -111,7 +111,7 @@ class LoopProcess:
             slot_dir=self._dir,
         )
         board = self._board = ShmSegment.create(BOARD_SIZE * 8)
-        self.recorder = StatsRecorder(self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE))
+        self.recorder = ServerStatsRecorder(self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE))
         self.recorder.version = self._initial_version
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = parent_end

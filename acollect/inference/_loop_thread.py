@@ -19,7 +19,7 @@ from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
 from acollect._weights.updates import WeightStructure, structure_of
-from acollect.inference._batching import Batcher, Forward, Request, StatsRecorder
+from acollect.inference._batching import Batcher, Forward, Request, ServerStatsRecorder
 from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import Mailbox, ServerLoop, Ticket
 from acollect.inference._slot_hub import SlotHub
@@ -37,7 +37,7 @@ class LoopThread:
 
     def __init__(self, spec: ServerSpec, initial_version: int) -> None:
         self.spec = spec
-        self.recorder = StatsRecorder(spec.max_batch_size)
+        self.recorder = ServerStatsRecorder(spec.max_batch_size)
         self.recorder.version = initial_version
         self.batcher = Batcher(spec.max_batch_size, spec.max_wait)
         self.address: str | None = None

@@ -9,7 +9,7 @@ failure goes to the trainer, traceback included and saying whether it was the po
 built or in a forward pass), before the process exits with code 1.
 
 The trainer reads its figures, its weight version and the start of a pass in progress from a stats board in
-shared memory (:class:`~acollect.inference._batching.StatsRecorder`); new weights come through a staging slot in
+shared memory (:class:`~acollect.inference._batching.ServerStatsRecorder`); new weights come through a staging slot in
 shared memory, applied between two passes (:meth:`ServerLoop._apply_weights`).
 """
 
@@ -36,7 +36,7 @@ from acollect._runtime.spawn import bootstrap, exit_now
 from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, Request, StatsRecorder
+from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, Request, ServerStatsRecorder
 from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import ServerLoop, Ticket
 
@@ -168,7 +168,7 @@ def run_server_process(config: ProcessConfig) -> int:
     built = False  # a failure before the policy is built is the policy's (its factory raised, or it cannot move)
     code = 0
     try:
-        recorder = StatsRecorder(spec.max_batch_size, board)
+        recorder = ServerStatsRecorder(spec.max_batch_size, board)
         module = build_policy(spec)
         built = True
         forward = Forward(module, device_of(module, spec.device), spec.exploration)

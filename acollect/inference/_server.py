@@ -46,7 +46,7 @@ from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
 from acollect._weights.updates import as_weights, check_weights, one_source
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
-from acollect.inference._batching import InferenceStats, StatsRecorder
+from acollect.inference._batching import InferenceStats, ServerStatsRecorder
 from acollect.inference._build import ServerSpec
 from acollect.inference._local_calls import LocalCalls
 from acollect.inference._loop_process import LoopProcess
@@ -443,7 +443,7 @@ class InferenceServer:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
         host = self._host
         if host is None:
-            return StatsRecorder(self.max_batch_size).snapshot(0)
+            return ServerStatsRecorder(self.max_batch_size).snapshot(0)
         return host.recorder.snapshot(host.rejected_peers)
 
     async def _watch(self, timeout: float) -> None:
