@@ -2,7 +2,7 @@
 
 Plain synchronous code, run by the server's own thread (see :mod:`acollect.inference._server`):
 
-* :class:`Request`: one client's observations (``[n, ...]``) and, once served, its share of the outputs;
+* :class:`InferenceRequest`: one client's observations (``[n, ...]``) and, once served, its share of the outputs;
 * :class:`Batcher`: the pending requests and the rule that says when to run them;
 * :class:`Forward`: the policy (wrapped once the first observations show their keys), run on its device
   under ``inference_mode`` on the concatenated observations;
@@ -30,7 +30,7 @@ from acollect._policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect._rollout.blocking import exploration
 from acollect.errors import PolicyError
 
-__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Lane", "Request", "ServerStatsRecorder"]
+__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceRequest", "InferenceStats", "Lane", "ServerStatsRecorder"]
 
 _DONE_KEYS = ("done", "terminated", "truncated")
 _LATENCY_WINDOW = 1024
@@ -40,7 +40,7 @@ Key = tuple[str, ...]
 
 
 @dataclass(eq=False)
-class Request:
+class InferenceRequest:
     """One client's observations (``[rows, ...]`` tensors by key), waiting for (then holding) the policy's outputs."""
 
     leaves: dict[Key, torch.Tensor]
@@ -58,7 +58,7 @@ class Request:
     #: set by the awaiting task (from its event loop) when it stops waiting: the reply is dropped
     abandoned: bool = False
     #: answers a request that came through a shared-memory slot (writes its actions there and wakes its worker)
-    answer: Callable[[Request], None] | None = None
+    answer: Callable[[InferenceRequest], None] | None = None
 
 
 class Batcher:
@@ -73,10 +73,10 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self.sources = sources
-        self.pending: deque[Request] = deque()
+        self.pending: deque[InferenceRequest] = deque()
         self._rows = 0
 
-    def add(self, request: Request) -> None:
+    def add(self, request: InferenceRequest) -> None:
         self.pending.append(request)
         self._rows += request.rows
 
@@ -94,7 +94,7 @@ class Batcher:
             return len(waiting) >= self.sources
         return False
 
-    def take(self) -> list[Request]:
+    def take(self) -> list[InferenceRequest]:
         """The oldest requests, up to ``max_batch_size`` rows (at least one request, whatever its size)."""
         taken = [self.pending.popleft()]
         rows = taken[0].rows
@@ -105,7 +105,7 @@ class Batcher:
         self._rows -= rows
         return taken
 
-    def drain(self) -> list[Request]:
+    def drain(self) -> list[InferenceRequest]:
         """Every pending request (the server is closing)."""
         out = list(self.pending)
         self.pending.clear()
@@ -205,7 +205,7 @@ class Forward:
         # only those are concatenated. ``None``: all (a callable may read anything).
         self._reads: set[Key] | None = None
 
-    def _adapter_for(self, requests: Sequence[Request]) -> PolicyAdapter:
+    def _adapter_for(self, requests: Sequence[InferenceRequest]) -> PolicyAdapter:
         with self._adapter_lock:  # the first passes of several threads: one adapter
             if self._adapter is None:
                 probe = TensorDict({}, batch_size=[requests[0].rows])
@@ -221,7 +221,7 @@ class Forward:
                 self._reads = {_as_key(k) for k in reads} if reads else None
             return self._adapter
 
-    def __call__(self, requests: Sequence[Request], version: int, lane: Lane | None = None) -> None:
+    def __call__(self, requests: Sequence[InferenceRequest], version: int, lane: Lane | None = None) -> None:
         """Fills ``outputs`` and ``version`` of every request (or raises what the policy raised)."""
         lane = lane if lane is not None else Lane(self.device)
         adapter = self._adapter_for(requests)
@@ -248,7 +248,9 @@ def _as_key(key: NestedKey) -> Key:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[Key] | None, lane: Lane) -> TensorDict:
+def _concatenate(
+    requests: Sequence[InferenceRequest], device: torch.device, reads: set[Key] | None, lane: Lane
+) -> TensorDict:
     """One TensorDict of every request's rows on ``device``, with the keys all of them have (clients send
     different extras: a worker its done flags, an evaluation loop only its observation), or only ``reads``."""
     keys = [k for k in requests[0].leaves if reads is None or k in reads]
@@ -343,7 +345,7 @@ class ServerStatsRecorder:
 
     Examples:
         >>> rec = ServerStatsRecorder(8)
-        >>> rec.record([Request({}, 4, arrived=0.0)], started=0.0, ended=0.002)
+        >>> rec.record([InferenceRequest({}, 4, arrived=0.0)], started=0.0, ended=0.002)
         >>> snap = rec.snapshot()
         >>> snap.passes, snap.rows, snap.fill_rate, round(snap.latency_ms_p50, 3)
         (1, 4, 0.5, 2.0)
@@ -378,7 +380,7 @@ class ServerStatsRecorder:
     def pass_started(self, value: float | None) -> None:
         self.board[_FIELD["pass_started"]] = math.nan if value is None else value
 
-    def record(self, requests: Sequence[Request], started: float, ended: float) -> None:
+    def record(self, requests: Sequence[InferenceRequest], started: float, ended: float) -> None:
         board = self.board
         board[_FIELD["passes"]] += 1
         board[_FIELD["requests"]] += len(requests)

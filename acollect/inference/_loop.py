@@ -26,7 +26,7 @@ from acollect._devices import synchronize_devices, wait_ready
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
 from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import _protocol as P
-from acollect.inference._batching import Batcher, Forward, Lane, Request, ServerStatsRecorder
+from acollect.inference._batching import Batcher, Forward, InferenceRequest, Lane, ServerStatsRecorder
 from acollect.inference._codec import Encoder, LayoutCache
 from acollect.inference._passes import PassRunner
 from acollect.inference._slot_hub import SlotHub
@@ -116,7 +116,7 @@ class Mail(Protocol):
     server process's control socket (:class:`~acollect.inference._process_main.ControlMailbox`)."""
 
     #: requests from clients in this process, for the loop
-    inbox: deque[Request]
+    inbox: deque[InferenceRequest]
     #: weight updates, for the loop
     tickets: deque[Ticket]
 
@@ -128,7 +128,7 @@ class Mail(Protocol):
         """Takes what woke the loop (the requests and tickets land in :attr:`inbox` and :attr:`tickets`)."""
         ...
 
-    def answer(self, item: Request | Ticket) -> None:
+    def answer(self, item: InferenceRequest | Ticket) -> None:
         """Hands ``item``, answered or applied, back to whoever sent it."""
         ...
 
@@ -137,9 +137,9 @@ class Mailbox:
     """What the event loop and the server thread hand each other."""
 
     def __init__(self) -> None:
-        self.inbox: deque[Request] = deque()  # in-process requests, for the thread
+        self.inbox: deque[InferenceRequest] = deque()  # in-process requests, for the thread
         self.tickets: deque[Ticket] = deque()  # weight updates, for the thread
-        self.answered: deque[Request | Ticket] = deque()  # for the event loop
+        self.answered: deque[InferenceRequest | Ticket] = deque()  # for the event loop
         self.wake_r, self.wake_w = socket.socketpair()  # event loop -> server thread
         self.done_r, self.done_w = socket.socketpair()  # server thread -> event loop
         for sock in (self.wake_r, self.wake_w, self.done_r, self.done_w):
@@ -159,7 +159,7 @@ class Mailbox:
         with contextlib.suppress(BlockingIOError, OSError):  # a full pair already holds a wake-up
             self.wake_w.send(b"\0")
 
-    def answer(self, item: Request | Ticket) -> None:
+    def answer(self, item: InferenceRequest | Ticket) -> None:
         """Hands ``item`` back to the event loop and wakes it (from the server thread)."""
         self.answered.append(item)
         with contextlib.suppress(BlockingIOError, OSError):
@@ -323,7 +323,7 @@ class ServerLoop:
         self.pass_started = started
 
     @staticmethod
-    def _answer_from_pass(request: Request) -> bool:
+    def _answer_from_pass(request: InferenceRequest) -> bool:
         """Answers ``request`` from the thread that ran its pass where that is safe, a slot (the worker's own
         connection); a ZeroMQ client and a caller in this process are answered by this loop's thread, which owns
         their sockets."""
@@ -381,7 +381,7 @@ class ServerLoop:
             except ProtocolError as exc:
                 self._dropped(route, exc)
                 continue
-            self.batcher.add(Request(message.leaves, message.rows, route=route, seq=message.seq, source=route))
+            self.batcher.add(InferenceRequest(message.leaves, message.rows, route=route, seq=message.seq, source=route))
 
     def _dropped(self, route: bytes, error: BaseException) -> None:
         self.recorder.dropped_requests += 1
@@ -408,7 +408,7 @@ class ServerLoop:
                     ticket.error = exc
             self.mail.answer(ticket)
 
-    def _reply(self, request: Request) -> None:
+    def _reply(self, request: InferenceRequest) -> None:
         sock = self.sock
         if sock is None or request.outputs is None or request.route is None:
             return

@@ -43,7 +43,7 @@ from acollect.errors import (
     describe_exit,
 )
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Request, ServerStatsRecorder
+from acollect.inference._batching import BOARD_SIZE, InferenceRequest, ServerStatsRecorder
 from acollect.inference._build import ServerSpec
 from acollect.inference._loop import Ticket
 from acollect.inference._process_main import BOOTSTRAP, ProcessConfig
@@ -79,9 +79,9 @@ class LoopProcess:
         self._dir: str | None = None
         self._reader = control.FrameReader()
         self._ids = itertools.count(1)
-        self._pending: dict[int, Request | Ticket] = {}
+        self._pending: dict[int, InferenceRequest | Ticket] = {}
         self._pings: dict[int, anyio.Event] = {}
-        self._on_answer: Callable[[Request | Ticket], None] = lambda _item: None
+        self._on_answer: Callable[[InferenceRequest | Ticket], None] = lambda _item: None
         self._failure: InferenceServerError | None = None
         self._closed_by_us = False
         self._staged: anyio.Event | None = None  # set once the process has copied the update in the staging slot
@@ -92,7 +92,9 @@ class LoopProcess:
         return int(self.recorder.rejected_peers)
 
     # -- start -----------------------------------------------------------------------------------
-    async def start(self, tasks: TaskOwner, on_answer: Callable[[Request | Ticket], None]) -> list[anyio.CancelScope]:
+    async def start(
+        self, tasks: TaskOwner, on_answer: Callable[[InferenceRequest | Ticket], None]
+    ) -> list[anyio.CancelScope]:
         """Starts the process and waits for its hello; on any failure or cancellation, nothing is left."""
         self._on_answer = on_answer
         try:
@@ -111,7 +113,9 @@ class LoopProcess:
             slot_dir=self._dir,
         )
         board = self._board = ShmSegment.create(BOARD_SIZE * 8)
-        self.recorder = ServerStatsRecorder(self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE))
+        self.recorder = ServerStatsRecorder(
+            self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE)
+        )
         self.recorder.version = self._initial_version
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = parent_end
@@ -190,7 +194,7 @@ class LoopProcess:
             item.version = int(message.get("version") or 0)
             if message.get("error") is not None:
                 item.error = self._failed(str(message["error"]), policy=message.get("policy") is True)
-            elif isinstance(item, Request) and message.get("outputs") is not None:
+            elif isinstance(item, InferenceRequest) and message.get("outputs") is not None:
                 item.outputs = control.tensors_from_wire(message["outputs"])
             self._on_answer(item)
         elif kind == "pong":
@@ -280,7 +284,7 @@ class LoopProcess:
             raise self._failure
         control.send(self._sock, message)
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: InferenceRequest) -> None:
         """Sends a request of the trainer's own (``infer()``); :meth:`_read` answers it."""
         n = next(self._ids)
         self._pending[n] = request

@@ -36,7 +36,7 @@ from acollect._runtime.spawn import bootstrap, exit_now
 from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, Request, ServerStatsRecorder
+from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
 from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import ServerLoop, Ticket
 
@@ -68,7 +68,7 @@ class ControlMailbox:
     def __init__(self, sock: socket.socket, stop: threading.Event) -> None:
         self.sock = sock
         self.stop = stop
-        self.inbox: deque[Request] = deque()
+        self.inbox: deque[InferenceRequest] = deque()
         self.tickets: deque[Ticket] = deque()
         self.loop: ServerLoop | None = None
         self.server_socket: ServerSocket | None = None
@@ -97,7 +97,7 @@ class ControlMailbox:
         assert loop is not None
         if kind == "infer":
             leaves = control.tensors_from_wire(message.get("leaves"))
-            self.inbox.append(Request(leaves, _int(message, "rows"), seq=_int(message, "id")))
+            self.inbox.append(InferenceRequest(leaves, _int(message, "rows"), seq=_int(message, "id")))
         elif kind == "weights":
             weights = self.staging.tensordict if self.staging is not None else TensorDict({})
             ticket = Ticket(weights)
@@ -125,7 +125,7 @@ class ControlMailbox:
         else:
             raise ProtocolError(f"an unknown control message {kind!r:.40}")
 
-    def answer(self, item: Request | Ticket) -> None:
+    def answer(self, item: InferenceRequest | Ticket) -> None:
         """Sends an answer to the trainer: a request's outputs, or a weight update's version."""
         error = None if item.error is None else f"{type(item.error).__name__}: {item.error}"
         # Whether the error is the policy's own (a forward pass raised it), which the trainer raises as a PolicyError.
