@@ -45,7 +45,7 @@ from acollect._batches.credit_pipe import CREDIT, WAKE, CreditPipe
 from acollect._batches.slot_ring import ShmSlotRing
 from acollect._episodes import EpisodeTracker
 from acollect._rollout.blocking import RolloutInterrupted
-from acollect._rollout.protocol import BlockingEngine
+from acollect._rollout.engine import BlockingEngine
 from acollect._runtime.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect._runtime.worker_socket import WorkerSocket
 from acollect._time_split import OTHER, TRAINER
