@@ -22,7 +22,7 @@ progress, and a hung env shows as heartbeats whose step count stops moving.
 Entry point: :func:`run_worker`, called by the bootstrap of
 :mod:`acollect._workers.process` with the worker's
 :class:`~acollect._workers.protocol.WorkerConfig`; the engine it drives comes from
-:func:`acollect._workers.build.build_engine`.
+:func:`acollect._workers.worker_engine.build_engine`.
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from acollect._runtime.worker_socket import WorkerSocket
 from acollect._time_split import OTHER, TRAINER
 from acollect._weights.updates import encode_structure
 from acollect._workers import protocol as P
-from acollect._workers.build import build_engine
 from acollect._workers.orphans import parent_alive, remove_orphans
 from acollect._workers.staging import Staging
 from acollect._workers.state import LoopState
+from acollect._workers.worker_engine import build_engine
 
 __all__ = ["run_worker"]
 
