@@ -44,9 +44,9 @@ from acollect.errors import (
 )
 from acollect.inference import _control as control
 from acollect.inference._batching import BOARD_SIZE, InferenceRequest, ServerStatsRecorder
-from acollect.inference._build import ServerSpec
 from acollect.inference._loop import Ticket
 from acollect.inference._process_main import BOOTSTRAP, ProcessConfig
+from acollect.inference._server_spec import ServerSpec
 
 __all__ = ["LoopProcess"]
 

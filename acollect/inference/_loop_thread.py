@@ -20,8 +20,8 @@ from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
 from acollect._weights.updates import WeightStructure, structure_of
 from acollect.inference._batching import Batcher, Forward, InferenceRequest, ServerStatsRecorder
-from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import Mailbox, ServerLoop, Ticket
+from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._slot_hub import SlotHub
 
 __all__ = ["LoopThread"]

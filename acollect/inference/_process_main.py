@@ -37,8 +37,8 @@ from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
 from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
-from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._loop import ServerLoop, Ticket
+from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
 
 __all__ = ["BOOTSTRAP", "ProcessConfig", "run_server_process"]
 

@@ -47,10 +47,10 @@ from acollect._warnings import warn_unclosed
 from acollect._weights.updates import as_weights, check_weights, one_source
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
 from acollect.inference._batching import InferenceStats, ServerStatsRecorder
-from acollect.inference._build import ServerSpec
 from acollect.inference._local_calls import LocalCalls
 from acollect.inference._loop_process import LoopProcess
 from acollect.inference._loop_thread import LoopThread
+from acollect.inference._server_spec import ServerSpec
 
 __all__ = ["InferenceServer"]
 
