@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from acollect._devices import synchronize_devices, wait_ready
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
 from acollect.errors import PolicyError, ProtocolError
-from acollect.inference import _protocol as P
+from acollect.inference import _messages as M
 from acollect.inference._batching import Batcher, Forward, InferenceRequest, Lane, ServerStatsRecorder
 from acollect.inference._codec import Encoder, LayoutCache
 from acollect.inference._passes import PassRunner
@@ -85,12 +85,12 @@ class DropReport:
             return
         who = "other peers" if route not in self._peers else repr(route[:64])
         if count == 1:
-            P.logger.warning(
+            M.logger.warning(
                 "inference server: dropped a malformed request from %s: %s (further ones are counted in "
                 "stats().dropped_requests and logged at most once every %gs)", who, error, self.every
             )  # fmt: skip
         else:
-            P.logger.warning(
+            M.logger.warning(
                 "inference server: dropped %d malformed requests from %s since the last report; the last one: %s",
                 count, who, error,
             )  # fmt: skip
@@ -211,7 +211,7 @@ class ServerLoop:
         self._close_socket = close_socket
         #: called about every 0.1 s between passes (a server process publishes its refused-peer count there)
         self.housekeeping: Callable[[], None] | None = None
-        self._layouts = LayoutCache(P.TO_SERVER)
+        self._layouts = LayoutCache(M.TO_SERVER)
         self._encoder = Encoder()
         self._drops = DropReport()
         #: what a forward pass raised, which ended the loop: the policy's failure (else the loop's end was not the
@@ -412,9 +412,9 @@ class ServerLoop:
         sock = self.sock
         if sock is None or request.outputs is None or request.route is None:
             return
-        frames = self._encoder.frames(P.REPLY, request.seq, request.version, request.rows, request.outputs)
+        frames = self._encoder.frames(M.REPLY, request.seq, request.version, request.rows, request.outputs)
         # False (not taken) means a client that vanished or stopped reading: a ROUTER drops its answer.
-        sock.send_nowait(request.route, frames, copy=P.copy_frames(frames))
+        sock.send_nowait(request.route, frames, copy=M.copy_frames(frames))
 
     def _answer_all(self, error: BaseException | None) -> None:
         """Answers every request still waiting (with ``error``, or with nothing: the server closed)."""
