@@ -320,7 +320,7 @@ class WorkerHandle:
     weights_structure: _Via[WeightStructure | None] = _Via("hello")
     env_seed: _Via[int | None] = _Via("hello")
     ring: _Via[ShmSlotRing | None] = _Via("memory")
-    bell_path: _Via[str | None] = _Via("memory")
+    pipe_path: _Via[str | None] = _Via("memory")
     pipe: _Via[CreditPipeWriter | None] = _Via("memory")
     make_credit_pipe: _Via[Callable[[str | None], None]] = _Via("memory")
     use_ring: _Via[Callable[[ShmSlotRing], None]] = _Via("memory")

@@ -110,18 +110,18 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
 def test_a_hello_says_what_the_worker_built() -> None:
     handle = WorkerHandle(0, config())
     handle.on_launch(now=0.0)
-    handle.make_credit_pipe("/tmp/acollect-test-bell-that-is-never-made")
+    handle.make_credit_pipe("/tmp/acollect-test-pipe-that-is-never-made")
     handle.on_hello(hello(n_envs=3, weights=[[["w"], [2], "float32"]], env_seed="7",
-                          pipe="/tmp/acollect-test-bell-that-is-never-made"))  # fmt: skip
+                          pipe="/tmp/acollect-test-pipe-that-is-never-made"))  # fmt: skip
     assert (handle.n_envs, handle.batch_nbytes, handle.env_seed) == (3, 40, 7)
     assert handle.weights_structure == {("w",): ((2,), torch.float32)}
-    assert handle.bell_path == "/tmp/acollect-test-bell-that-is-never-made"
+    assert handle.pipe_path == "/tmp/acollect-test-pipe-that-is-never-made"
     assert handle.layout == hello()["layout"]
     other = WorkerHandle(1, config(1))
     other.on_launch(now=0.0)
     other.make_credit_pipe("/tmp/a")
     other.on_hello(hello(pipe="/tmp/b"))
-    assert other.bell_path is None  # a worker never makes the collector open a path it did not name
+    assert other.pipe_path is None  # a worker never makes the collector open a path it did not name
 
 
 def test_a_heartbeat_tells_progress_a_held_batch_and_a_missing_one() -> None:
@@ -673,7 +673,7 @@ def test_a_new_slot_knows_nothing_yet() -> None:
         None,
         0,
     )
-    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.bell_path, handle.pipe) == (None,) * 5
+    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.pipe_path, handle.pipe) == (None,) * 5
     assert (handle.requests, handle.inbox, handle.changes_sent, handle.resets_sent) == ((), (), 0, 0)
     assert (handle.last_beat, handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (
         0.0, -1, 0.0, False, False
@@ -701,12 +701,12 @@ def test_a_credit_pipe_opened_at_the_hello_is_the_one_credits_go_down(tmp_path: 
 
 
 def test_an_incarnation_over_removes_the_credit_pipe_it_left(tmp_path: Any) -> None:
-    bell = tmp_path / "bell"
-    os.mkfifo(bell)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
     handle = ready()
-    handle.make_credit_pipe(str(bell))
+    handle.make_credit_pipe(str(pipe))
     handle.on_death(lockstep=False, running=False)
-    assert not bell.exists()
+    assert not pipe.exists()
 
 
 async def test_a_hand_started_worker_gets_the_collectors_heartbeats_and_its_slot_is_freed_when_it_goes_silent(
