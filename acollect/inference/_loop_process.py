@@ -291,7 +291,7 @@ class LoopProcess:
         self._send({"k": "infer", "id": n, "rows": request.rows, "leaves": control.tensors_to_wire(request.leaves)})
 
     async def submit_weights(self, ticket: Ticket) -> None:
-        """Writes the weights into the staging slot and orders their copy.
+        """Writes the weights into the staging slot and sends the command to copy them.
 
         The slot holds one update: a new one waits until the process has copied the last (even if that one's
         caller gave up waiting), so that nothing is overwritten under the copy.
@@ -324,13 +324,13 @@ class LoopProcess:
         self._send({"k": "config", **settings})
 
     def local_client_keys(self, server_public: bytes) -> ClientKeys:
-        """A fresh key pair the process accepts (once it has read the order: see :meth:`flush`)."""
+        """A fresh key pair the process accepts (once it has read the command: see :meth:`flush`)."""
         keys = ClientKeys.fresh(server_public)
         self._send({"k": "allow", "public": keys.public})
         return keys
 
     async def flush(self, timeout: float = 10.0) -> None:
-        """Returns once the process has taken every order sent before."""
+        """Returns once the process has taken every command sent before."""
         n = next(self._ids)
         event = self._pings[n] = anyio.Event()
         self._send({"k": "ping", "n": n})

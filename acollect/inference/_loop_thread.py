@@ -109,7 +109,7 @@ class LoopThread:
         return self._sock.local_client_keys()
 
     async def flush(self, timeout: float = 10.0) -> None:
-        """Nothing to wait for: this thread's orders take effect at once."""
+        """Nothing to wait for: this thread's commands take effect at once."""
 
     def failure_now(self) -> None:
         return None  # the thread's failure reaches the task group by itself

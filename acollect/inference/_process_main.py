@@ -58,7 +58,7 @@ class ProcessConfig:
 
 
 class ControlMailbox:
-    """The server loop's mail in a server process: orders from the control socket, answers back on it.
+    """The server loop's mail in a server process: commands from the control socket, answers back on it.
 
     Plays :class:`~acollect.inference._loop.Mailbox`'s part for :class:`ServerLoop` (both are the loop's
     :class:`~acollect.inference._loop.Mail`): ``inbox`` and ``tickets`` filled by :meth:`receive`,
@@ -80,7 +80,7 @@ class ControlMailbox:
         return self.sock.fileno()
 
     def receive(self) -> None:
-        """Takes every order waiting on the control socket; the trainer closing it stops the server."""
+        """Takes every command waiting on the control socket; the trainer closing it stops the server."""
         if not control.read_available(self.sock, self._reader):
             self.stop.set()  # the trainer is gone: stop serving
         for message in self._reader.messages():
@@ -116,7 +116,7 @@ class ControlMailbox:
                 loop.batcher.sources = None if sources is None else _int(message, "sources")
         elif kind == "allow":
             if self.server_socket is None or not isinstance(message.get("public"), bytes):
-                raise ProtocolError("an allow order needs a server with keys and a public key (bytes)")
+                raise ProtocolError("an allow command needs a server with keys and a public key (bytes)")
             self.server_socket.allow(message["public"])
         elif kind == "ping":
             control.send(self.sock, {"k": "pong", "n": message.get("n")})

@@ -205,7 +205,7 @@ class InferenceServer:
     def local_client_keys(self) -> ClientKeys:
         """A fresh key pair the server accepts, for worker processes its owner starts (handed over privately).
 
-        In process mode the server takes the key from its next order on: ``await`` :meth:`flush` before a client
+        In process mode the server takes the key from its next command on: ``await`` :meth:`flush` before a client
         connects with it.
 
         Raises:
@@ -217,7 +217,7 @@ class InferenceServer:
         return host.local_client_keys(self._keys.public)
 
     async def flush(self) -> None:
-        """Returns once the server has taken every order given before (keys, batch sizes, sources)."""
+        """Returns once the server has taken every command given before (keys, batch sizes, sources)."""
         self._check_running("flush()")
         assert self._host is not None
         await self._host.flush()
