@@ -222,7 +222,7 @@ class ServerLoop:
 
     @property
     def version(self) -> int:
-        """Version of the weights the next forward pass runs with (kept on the stats board)."""
+        """Version of the weights the next forward pass runs with (kept in the stats array)."""
         return int(self.recorder.version)
 
     @version.setter
@@ -231,7 +231,7 @@ class ServerLoop:
 
     @property
     def pass_started(self) -> float | None:
-        """When the forward pass in progress started (``None``: none runs), on the stats board: the liveness check
+        """When the forward pass in progress started (``None``: none runs), in the stats array: the liveness check
         reads it, from the event loop or from another process; a pass that never returns shows as a hung server,
         not as hung clients."""
         return self.recorder.pass_started

@@ -3,7 +3,7 @@
 The server process (:mod:`acollect.inference._process_main`) is owned like a worker: started as a fresh
 interpreter, handed its spec through its stdin, and watched. Its control socket closing is its end: this side
 then reads its exit code (within a second) and fails with it, or with the traceback the process sent first; a
-pass that never returns shows on the shared stats board as a hung server. A start that is cancelled, or fails,
+pass that never returns shows in the shared stats array as a hung server. A start that is cancelled, or fails,
 kills the process at once. Shutdown asks it to stop, waits, then kills it: nothing is left running, and the
 trainer dying closes the socket pair, which stops the server too.
 """
@@ -43,7 +43,7 @@ from acollect.errors import (
     describe_exit,
 )
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, InferenceRequest, ServerStatsRecorder
+from acollect.inference._batching import STATS_SIZE, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import Ticket
 from acollect.inference._process_main import BOOTSTRAP, ProcessConfig
 from acollect.inference._server_spec import ServerSpec
@@ -66,7 +66,7 @@ class LoopProcess:
     def __init__(self, spec: ServerSpec, initial_version: int) -> None:
         self.spec = spec
         self._initial_version = initial_version
-        self.recorder = ServerStatsRecorder(spec.max_batch_size)  # the shared board replaces it at start
+        self.recorder = ServerStatsRecorder(spec.max_batch_size)  # the shared stats array replaces it at start
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
@@ -74,7 +74,7 @@ class LoopProcess:
         self.pid: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._board: ShmSegment | None = None
+        self._stats_segment: ShmSegment | None = None
         self._staging: ShmTensorDictSlot | None = None
         self._dir: str | None = None
         self._reader = control.FrameReader()
@@ -112,9 +112,9 @@ class LoopProcess:
             address=f"ipc://{self._dir}/server.sock" if self.spec.address == "ipc" else self.spec.address,
             slot_dir=self._dir,
         )
-        board = self._board = ShmSegment.create(BOARD_SIZE * 8)
+        segment = self._stats_segment = ShmSegment.create(STATS_SIZE * 8)
         self.recorder = ServerStatsRecorder(
-            self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE)
+            self.spec.max_batch_size, np.frombuffer(segment.buffer, np.float64, STATS_SIZE)
         )
         self.recorder.version = self._initial_version
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -122,7 +122,7 @@ class LoopProcess:
         control.configure(parent_end)
         try:
             payload = pickle_payload(
-                ProcessConfig(self.spec, child_end.fileno(), board.name),
+                ProcessConfig(self.spec, child_end.fileno(), segment.name),
                 what="the policy to the inference server process",
                 hint="it must be picklable with cloudpickle; pass policy_factory to build it there, or mode='thread'",
             )
@@ -134,7 +134,7 @@ class LoopProcess:
         await run_in_thread(lambda _stop: self._write_payload(payload), name="inference-process-config")
         with anyio.fail_after(_START_TIMEOUT):
             hello = await self._expect("hello")
-        board.unlink()  # mapped on both sides: no name left to outlive them
+        segment.unlink()  # mapped on both sides: no name left to outlive them
         self.address, self.slot_address = hello.get("address"), hello.get("slots")
         self.structure = decode_structure(hello.get("structure")) or {}
         self.policy_device = torch.device(hello["device"]) if isinstance(hello.get("device"), str) else None
@@ -383,7 +383,7 @@ class LoopProcess:
         folder, self._dir = self._dir, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-        board, self._board = self._board, None
-        if board is not None:
-            # The board stays mapped for stats() after the end (its figures are the last ones); the name goes.
-            board.unlink()
+        segment, self._stats_segment = self._stats_segment, None
+        if segment is not None:
+            # The stats array stays mapped for stats() after the end (its figures are the last ones); the name goes.
+            segment.unlink()

@@ -8,7 +8,7 @@ killed with SIGKILL), so nothing is left running. Whatever it bound or mapped is
 failure goes to the trainer, traceback included and saying whether it was the policy's (raised while the policy was
 built or in a forward pass), before the process exits with code 1.
 
-The trainer reads its figures, its weight version and the start of a pass in progress from a stats board in
+The trainer reads its figures, its weight version and the start of a pass in progress from a stats array in
 shared memory (:class:`~acollect.inference._batching.ServerStatsRecorder`); new weights come through a staging slot in
 shared memory, applied between two passes (:meth:`ServerLoop._apply_weights`).
 """
@@ -36,7 +36,7 @@ from acollect._runtime.spawn import bootstrap, exit_now
 from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
+from acollect.inference._batching import STATS_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import ServerLoop, Ticket
 from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
 
@@ -53,8 +53,8 @@ class ProcessConfig:
     spec: ServerSpec
     #: this process's end of the control socket pair (inherited)
     control_fd: int
-    #: the stats board's shared-memory segment
-    board: str
+    #: the stats array's shared-memory segment
+    stats_segment: str
 
 
 class ControlMailbox:
@@ -87,7 +87,7 @@ class ControlMailbox:
             self._handle(message)
 
     def publish(self) -> None:
-        """Copies the refused-peer count to the stats board, for the trainer's ``rejected_peers``."""
+        """Copies the refused-peer count to the stats array, for the trainer's ``rejected_peers``."""
         loop = self.loop
         if loop is not None and self.server_socket is not None:
             loop.recorder.rejected_peers = self.server_socket.rejected_connections
@@ -159,8 +159,8 @@ def run_server_process(config: ProcessConfig) -> int:
     torch.set_num_threads(spec.num_threads)
     sock = socket.socket(fileno=config.control_fd)
     control.configure(sock)
-    board_segment = ShmSegment.attach(config.board, BOARD_SIZE * 8)
-    board = np.frombuffer(board_segment.buffer, dtype=np.float64, count=BOARD_SIZE)
+    stats_segment = ShmSegment.attach(config.stats_segment, STATS_SIZE * 8)
+    figures = np.frombuffer(stats_segment.buffer, dtype=np.float64, count=STATS_SIZE)
     stop = threading.Event()
     mail = ControlMailbox(sock, stop)
     server_socket = hub = None
@@ -168,7 +168,7 @@ def run_server_process(config: ProcessConfig) -> int:
     built = False  # a failure before the policy is built is the policy's (its factory raised, or it cannot move)
     code = 0
     try:
-        recorder = ServerStatsRecorder(spec.max_batch_size, board)
+        recorder = ServerStatsRecorder(spec.max_batch_size, figures)
         module = build_policy(spec)
         built = True
         forward = Forward(module, device_of(module, spec.device), spec.exploration)
@@ -207,9 +207,9 @@ def run_server_process(config: ProcessConfig) -> int:
         mail.close()
         if spec.slot_dir is not None:  # the trainer's directory for us: it may be gone (killed), so remove it here too
             shutil.rmtree(spec.slot_dir, ignore_errors=True)
-        del board
+        del figures
         with contextlib.suppress(Exception):
-            board_segment.close()
+            stats_segment.close()
         with contextlib.suppress(OSError):
             sock.close()
     return code

@@ -255,7 +255,7 @@ class InferenceServer:
     @version.setter
     def version(self, value: int) -> None:
         self._initial_version = check_int("version", value)
-        if self._host is not None:  # the board: the server's loop reads it at its next pass, in any process
+        if self._host is not None:  # the stats array: the server's loop reads it at its next pass, in any process
             self._host.recorder.version = self._initial_version
 
     @property
