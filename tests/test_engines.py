@@ -1,6 +1,6 @@
-"""The rollout engines: each an :class:`~acollect._rollout.protocol.Engine`, all made by the one builder.
+"""The rollout engines: each an :class:`~acollect._rollout.engine.Engine`, all made by the one builder.
 
-The collectors and the worker processes use an engine through the protocols of :mod:`acollect._rollout.protocol`
+The collectors and the worker processes use an engine through the protocols of :mod:`acollect._rollout.engine`
 only, so
 each class is checked against them here, on a built engine (mypy checks the same where the engines are built);
 then :func:`~acollect._rollout.build.build_engine`: which engine it picks, what it refuses, and that it closes
@@ -20,9 +20,9 @@ from acollect._policy import RandomPolicy
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import build_engine
 from acollect._rollout.coroutines import AsyncRollout
+from acollect._rollout.engine import BlockingEngine, Engine
 from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
-from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._rollout.spec import RolloutSpec
 from acollect._runtime.tasks import TaskOwner
 from acollect.envs import AsyncEnvPool

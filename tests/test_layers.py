@@ -65,7 +65,7 @@ LAYERS: list[set[str]] = [
 
 # Imports from a higher layer into a lower one that cannot go yet: (importer, imported) -> why.
 UPWARD_ALLOWED: dict[tuple[str, str], str] = {
-    ("acollect._weights.updates", "acollect._rollout.protocol"): (
+    ("acollect._weights.updates", "acollect._rollout.engine"): (
         "a type annotation only (under TYPE_CHECKING): PolicyWeights.apply_pending puts staged weights into the "
         "engine it is given, whose protocol lives with the engines, which stage PolicyWeights themselves; the two "
         "ends of applying weights in process. Goes when Engine's protocol moves below both (a protocol of what "

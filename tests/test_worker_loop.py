@@ -217,30 +217,30 @@ async def test_credits_down_the_credit_pipe_run_the_runner_as_credit_messages_do
     async with worker(pipe=path) as (collector, _, hello):
         assert hello["pipe"] == path
         assert stat.S_ISFIFO(os.stat(path).st_mode)
-        bell = CreditPipeWriter.open(path)
+        writer = CreditPipeWriter.open(path)
         try:
             await collector.send(P.RUN, {"credits": 1})
             assert (await collector.recv(P.BATCH))[1]["seq"] == 0
             await collector.nothing_but_heartbeats(0.3)  # no credit left: the runner waits on its pipe
-            assert bell.credit()
+            assert writer.credit()
             assert (await collector.recv(P.BATCH))[1]["seq"] == 1
             await collector.send(P.CREDIT, {"slot": None})  # the other road, for the same word
             assert (await collector.recv(P.BATCH))[1]["seq"] == 2
-            assert bell.credit()
-            assert bell.credit()
+            assert writer.credit()
+            assert writer.credit()
             seqs = [(await collector.recv(P.BATCH))[1]["seq"] for _ in range(2)]
             assert seqs == [3, 4]
             await collector.nothing_but_heartbeats(0.3)
-            # A pause rings it too: the credit that comes meanwhile waits for the resume.
+            # A pause wakes it too: the credit that comes meanwhile waits for the resume.
             await collector.send(P.PAUSE)
             await collector.send(P.STATE, {"req": 1})
             await collector.recv(P.REPLY)  # its control thread took the pause (it answers in order)
-            assert bell.credit()
+            assert writer.credit()
             await collector.nothing_but_heartbeats(0.3)
             await collector.send(P.RESUME)
             assert (await collector.recv(P.BATCH))[1]["seq"] == 5
         finally:
-            bell.close()
+            writer.close()
 
 
 async def test_a_credit_pipe_is_removed_with_its_worker_if_never_opened() -> None:

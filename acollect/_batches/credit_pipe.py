@@ -24,15 +24,15 @@ worker starts), a worker when its collector died (:mod:`acollect._workers.orphan
 :func:`~acollect._batches.shm.cleanup_stale`.
 
 Examples:
-    >>> bell = CreditPipe.create(credit_pipe_path())
-    >>> writer = CreditPipeWriter.open(bell.path)
-    >>> writer.credit(3), writer.free(5), bell.wake()
+    >>> pipe = CreditPipe.create(credit_pipe_path())
+    >>> writer = CreditPipeWriter.open(pipe.path)
+    >>> writer.credit(3), writer.free(5), pipe.wake()
     (True, True, None)
-    >>> bell.read()
+    >>> pipe.read()
     [(1, 3), (2, 5), (0, -1)]
-    >>> bell.read()
+    >>> pipe.read()
     []
-    >>> writer.close(), bell.close()
+    >>> writer.close(), pipe.close()
     (None, None)
 """
 

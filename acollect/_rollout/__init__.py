@@ -2,7 +2,7 @@
 
 Internal: the collectors and the workers build them through :func:`acollect._rollout.build.build_engine`.
 
-* :mod:`~acollect._rollout.protocol`: what collectors and workers use of an engine (``Engine``, ``BlockingEngine``);
+* :mod:`~acollect._rollout.engine`: what collectors and workers use of an engine (``Engine``, ``BlockingEngine``);
 * :mod:`~acollect._rollout.blocking`: ``RolloutEngine``, a batched env stepped by blocking code (the in-process
   collector's thread, most workers), with the helpers :mod:`~acollect._rollout.time_slices` (per-step copies
   into the batch) and :mod:`~acollect._rollout.env_faults` (``env_errors="restart"``);

@@ -1,6 +1,6 @@
 """The one engine builder: an env, a policy and devices in, the engine that drives them out.
 
-Which engine :func:`build_engine` builds (each an :class:`~acollect._rollout.protocol.Engine`):
+Which engine :func:`build_engine` builds (each an :class:`~acollect._rollout.engine.Engine`):
 
 * for an :class:`~acollect.envs.AsyncEnvPool` (coroutine envs), an :class:`~acollect._rollout.coroutines.AsyncRollout`,
   each env a task on the caller's event loop; for blocking code (a worker process), the same inside a
@@ -27,10 +27,10 @@ from acollect._devices import Devices
 from acollect._policy import PolicyAdapter, build_policy
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout
+from acollect._rollout.engine import BlockingEngine, Engine
 from acollect._rollout.env_faults import EnvFaults, check_env_errors, env_faults_for
 from acollect._rollout.groups import EngineGroups
 from acollect._rollout.own_loop import LoopRollout
-from acollect._rollout.protocol import BlockingEngine, Engine
 from acollect._rollout.spec import RolloutSpec
 from acollect._weights.updates import PolicyWeights
 from acollect.envs import AsyncEnvPool, EnvBase, make_env

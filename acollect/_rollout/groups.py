@@ -34,7 +34,7 @@ _POLL_MS = 50  # how often a worker waiting for any group's actions looks at its
 
 class EngineGroups:
     """Several engines over shares of a worker's envs, stepped in turn, as one
-    :class:`~acollect._rollout.protocol.BlockingEngine`.
+    :class:`~acollect._rollout.engine.BlockingEngine`.
 
     Args:
         engines: the engines, in the order of their rows in each batch (the first over rows ``[0, n_0)``, the

@@ -1,7 +1,7 @@
 """Coroutine envs driven from blocking code: :class:`LoopRollout`, one batch at a time on a loop of its own.
 
 A worker process (``MultiSyncCollector`` and the other worker collectors) runs plain blocking code
-around a :class:`~acollect._rollout.protocol.BlockingEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
+around a :class:`~acollect._rollout.engine.BlockingEngine`. Given an :class:`~acollect.envs.AsyncEnvPool`,
 it runs a :class:`LoopRollout`: that surface (``collect(stop, out=)``, ``allocate()``, the counters,
 ``seed``/``restart``) over an :class:`~acollect._rollout.coroutines.AsyncRollout` on an event loop the
 engine owns. Each ``collect`` runs that loop until the batch is complete, so the
@@ -32,7 +32,7 @@ _STOP_POLL_SECONDS = 0.005
 
 
 class LoopRollout:
-    """An :class:`AsyncRollout` driven from blocking code: a :class:`~acollect._rollout.protocol.BlockingEngine`.
+    """An :class:`AsyncRollout` driven from blocking code: a :class:`~acollect._rollout.engine.BlockingEngine`.
 
     Examples:
         >>> from acollect._devices import resolve_devices

@@ -35,7 +35,7 @@ from acollect._validate import check_int, check_seconds
 from acollect.errors import ConfigurationError, ProtocolError
 
 if TYPE_CHECKING:
-    from acollect._rollout.protocol import Engine
+    from acollect._rollout.engine import Engine
 
 __all__ = [
     "PolicyWeights",

@@ -4,7 +4,7 @@ Internal. The worker's side:
 
 * :mod:`~acollect._workers.main`: the worker process, one rollout engine driven by commands;
 * :mod:`~acollect._workers.protocol`: the control protocol between a collector and its workers;
-* :mod:`~acollect._workers.state`, :mod:`~acollect._workers.build`, :mod:`~acollect._workers.staging`,
+* :mod:`~acollect._workers.state`, :mod:`~acollect._workers.worker_engine`, :mod:`~acollect._workers.staging`,
   :mod:`~acollect._workers.orphans`: its state machine, its engine, the weights it applies, its cleanup;
 * :mod:`~acollect._workers.remote` and :mod:`~acollect._workers.config_codec`: workers started by hand.
 

@@ -43,7 +43,7 @@ from acollect._workers import protocol as P
 from acollect._workers.batch_sequence import BatchSequence
 from acollect._workers.heartbeats import Heartbeats
 from acollect._workers.launcher import LaunchedWorker
-from acollect._workers.lockstep_requests import LockstepRequests, Received, Request
+from acollect._workers.lockstep_requests import CollectRequest, LockstepRequests, Received
 from acollect._workers.protocol import Rejected, parse_identity
 from acollect._workers.worker_commands import WorkerCommands
 from acollect._workers.worker_hello import WorkerHello
@@ -52,9 +52,9 @@ from acollect.errors import ProtocolError
 
 __all__ = [
     "WORKER",
+    "CollectRequest",
     "Received",
     "Rejected",
-    "Request",
     "WorkerHandle",
     "WorkerMode",
     "WorkerState",
@@ -320,7 +320,7 @@ class WorkerHandle:
     weights_structure: _Via[WeightStructure | None] = _Via("hello")
     env_seed: _Via[int | None] = _Via("hello")
     ring: _Via[ShmSlotRing | None] = _Via("memory")
-    bell_path: _Via[str | None] = _Via("memory")
+    pipe_path: _Via[str | None] = _Via("memory")
     pipe: _Via[CreditPipeWriter | None] = _Via("memory")
     make_credit_pipe: _Via[Callable[[str | None], None]] = _Via("memory")
     use_ring: _Via[Callable[[ShmSlotRing], None]] = _Via("memory")
@@ -338,12 +338,12 @@ class WorkerHandle:
     frames: _Via[int] = _Via("batches")
     restore_counters: _Via[Callable[[int, int], None]] = _Via("batches")
     on_late: _Via[Callable[[int, dict[str, Any]], bool]] = _Via("batches")
-    requests: _Via[tuple[Request, ...]] = _Via("lockstep")
+    requests: _Via[tuple[CollectRequest, ...]] = _Via("lockstep")
     outstanding: _Via[int] = _Via("lockstep")
     inbox: _Via[tuple[Received, ...]] = _Via("lockstep")
     asked: _Via[Callable[[int], bool]] = _Via("lockstep")
     part: _Via[Callable[[int], Received | None]] = _Via("lockstep")
-    on_ask: _Via[Callable[[Request], None]] = _Via("lockstep")
+    on_ask: _Via[Callable[[CollectRequest], None]] = _Via("lockstep")
     take_part: _Via[Callable[[int], Received]] = _Via("lockstep")
     changes_sent: _Via[int] = _Via("commands")
     resets_sent: _Via[int] = _Via("commands")

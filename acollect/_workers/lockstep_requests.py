@@ -1,19 +1,19 @@
 """The ``collect`` requests a lockstep collector sent one worker, and the parts that answered them.
 
-A lockstep collector asks every worker for its part of each batch (a :class:`Request`), and takes a batch once every
-live worker's part is in. A :class:`LockstepRequests` is that bookkeeping for one worker slot, a part of its
+A lockstep collector asks every worker for its part of each batch (a :class:`CollectRequest`), and takes a batch once
+every live worker's part is in. A :class:`LockstepRequests` is that bookkeeping for one worker slot, a part of its
 :class:`~acollect._workers.handles.WorkerHandle`: the requests not answered yet, oldest first (a successor is asked
 them again), and the parts received and not taken yet. :class:`Received` is one batch as received, for every
 collector.
 
 Examples:
     >>> requests = LockstepRequests(0)
-    >>> requests.on_ask(Request(1))
-    >>> requests.on_ask(Request(2, ahead=True))
+    >>> requests.on_ask(CollectRequest(1))
+    >>> requests.on_ask(CollectRequest(2, ahead=True))
     >>> requests.asked(2), requests.asked(3), requests.outstanding
     (True, False, 2)
     >>> requests.answer({"n": 1})  # a batch answers the oldest request
-    Request(number=1, slot=None, ahead=False)
+    CollectRequest(number=1, slot=None, ahead=False)
     >>> requests.answer({"n": 3})
     Traceback (most recent call last):
     ...
@@ -30,11 +30,11 @@ from tensordict import TensorDictBase
 
 from acollect.errors import ProtocolError
 
-__all__ = ["LockstepRequests", "Received", "Request"]
+__all__ = ["CollectRequest", "LockstepRequests", "Received"]
 
 
 @dataclass
-class Request:
+class CollectRequest:
     """One ``collect`` request to a worker (lockstep collectors): which batch its answer is a part of."""
 
     number: int  # the lockstep batch (numbered by the collector from 1, the same for every worker)
@@ -56,7 +56,7 @@ class Received:
     data: TensorDictBase
     in_slot: bool
     nbytes: int = 0  # the batch's tensor bytes (as the worker's hello layout says)
-    request: Request | None = None  # the ``collect`` it answers (lockstep collectors)
+    request: CollectRequest | None = None  # the ``collect`` it answers (lockstep collectors)
 
 
 class LockstepRequests:
@@ -70,11 +70,11 @@ class LockstepRequests:
 
     def __init__(self, worker: int) -> None:
         self._worker = worker
-        self._requests: deque[Request] = deque()
+        self._requests: deque[CollectRequest] = deque()
         self._inbox: deque[Received] = deque()
 
     @property
-    def requests(self) -> tuple[Request, ...]:
+    def requests(self) -> tuple[CollectRequest, ...]:
         """``collect`` requests not answered yet, oldest first."""
         return tuple(self._requests)
 
@@ -96,7 +96,7 @@ class LockstepRequests:
         """Its part of batch ``number``, if received and not taken yet."""
         return next((item for item in self._inbox if item.request is not None and item.request.number == number), None)
 
-    def on_ask(self, request: Request) -> None:
+    def on_ask(self, request: CollectRequest) -> None:
         """The collector asks it for a part (sent now if ``READY``; a successor is asked again at its hello)."""
         self._requests.append(request)
 
@@ -107,7 +107,7 @@ class LockstepRequests:
         self._inbox.remove(item)
         return item
 
-    def answer(self, header: dict[str, Any]) -> Request:
+    def answer(self, header: dict[str, Any]) -> CollectRequest:
         """A batch arrived: the oldest request, which it answers, is removed and returned.
 
         Raises:

@@ -14,7 +14,7 @@ are not thread-safe):
   either as raw tensor frames or through a shared-memory slot. Between batches it
   waits on the worker's pipe (:mod:`acollect._batches.credit_pipe`): a collector
   on the same host writes each credit (and each slot given back) there directly,
-  and the control thread rings it whenever a command changes what the runner may do.
+  and the control thread writes a wake-up to it whenever a command changes what the runner may do.
 
 So a worker answers ``stop``, ``pause`` and weight pushes while a batch is in
 progress, and a hung env shows as heartbeats whose step count stops moving.
@@ -22,7 +22,7 @@ progress, and a hung env shows as heartbeats whose step count stops moving.
 Entry point: :func:`run_worker`, called by the bootstrap of
 :mod:`acollect._workers.process` with the worker's
 :class:`~acollect._workers.protocol.WorkerConfig`; the engine it drives comes from
-:func:`acollect._workers.build.build_engine`.
+:func:`acollect._workers.worker_engine.build_engine`.
 """
 
 from __future__ import annotations
@@ -45,16 +45,16 @@ from acollect._batches.credit_pipe import CREDIT, WAKE, CreditPipe
 from acollect._batches.slot_ring import ShmSlotRing
 from acollect._episodes import EpisodeTracker
 from acollect._rollout.blocking import RolloutInterrupted
-from acollect._rollout.protocol import BlockingEngine
+from acollect._rollout.engine import BlockingEngine
 from acollect._runtime.wire import PROTOCOL_VERSION, encode_tensordict, pack_message, unpack_message
 from acollect._runtime.worker_socket import WorkerSocket
 from acollect._time_split import OTHER, TRAINER
 from acollect._weights.updates import encode_structure
 from acollect._workers import protocol as P
-from acollect._workers.build import build_engine
 from acollect._workers.orphans import parent_alive, remove_orphans
 from acollect._workers.staging import Staging
 from acollect._workers.state import LoopState
+from acollect._workers.worker_engine import build_engine
 
 __all__ = ["run_worker"]
 
@@ -85,7 +85,7 @@ class _Worker:
         self.engine: BlockingEngine | None = None
         self.lock = threading.RLock()
         # The runner waits here between batches; its collector's credits come here too where it can open it.
-        self.bell = CreditPipe.create(config.pipe)
+        self.pipe = CreditPipe.create(config.pipe)
         # Runner state, guarded by `lock`.
         # One-shot batches asked for (``collect``): each one's number and the shared segment it names (None: any free
         # slot).
@@ -131,7 +131,7 @@ class _Worker:
     def report(self, exc: BaseException) -> None:
         with self.lock:
             self.state.fail()
-        self.bell.wake()
+        self.pipe.wake()
         try:
             self.send(P.ERROR, _error_fields(exc))
         except Exception:
@@ -165,7 +165,7 @@ class _Worker:
                 # sharing seeds itself, at once, instead of a reseed failing here at the next batch.
                 "env_seed": self.engine.env.build_seed,
                 # Where a collector on this host writes credits (None: it sends them as messages).
-                "pipe": self.bell.path,
+                "pipe": self.pipe.path,
             },
         )
         self.runner = threading.Thread(target=self.runner_loop, name="acollect-runner", daemon=True)
@@ -198,7 +198,7 @@ class _Worker:
         ppid = os.getppid()
         while True:
             if self.config.parent_pid and not parent_alive(self.config.parent_pid, ppid):
-                self.bell.unlink()  # never opened by the collector, if it died first
+                self.pipe.unlink()  # never opened by the collector, if it died first
                 remove_orphans(
                     self.config.parent_pid,
                     [*self.staging.segments, *(self.ring.names if self.ring is not None else ())],
@@ -284,16 +284,16 @@ class _Worker:
                 self.interrupt.set()
             elif kind == P.RESUME:
                 self.state.resume()
-        self.bell.wake()  # the runner looks again at what it may do
+        self.pipe.wake()  # the runner looks again at what it may do
 
     # -- the runner thread ---------------------------------------------------------------
     def _named_slot(self) -> int | None:
         """The shared segment the next one-shot batch goes into, if its request named one."""
         return self.requested[0][1] if self.requested else None
 
-    def _take_bell(self) -> None:
+    def _take_from_pipe(self) -> None:
         """Applies what the pipe holds: credits, and slots given back (under ``lock``)."""
-        for kind, slot in self.bell.read():
+        for kind, slot in self.pipe.read():
             if kind == CREDIT and self.credits is not None:
                 self.credits += 1
             if kind != WAKE and slot >= 0 and self.ring is not None:
@@ -322,19 +322,19 @@ class _Worker:
         try:
             while True:
                 with self.lock:
-                    self._take_bell()
+                    self._take_from_pipe()
                     if not self._has_work(held is not None):
                         engine.stopwatch.switch(TRAINER)  # no credit, no request, or paused: the trainer's turn
                     while not self._has_work(held is not None):
                         if self.state.stopping:
                             return
-                        # Anything that changes what it may do after this look rings the bell: no wake-up is lost.
+                        # Anything that changes what it may do after this look wakes it through the pipe: none is lost.
                         self.lock.release()
                         try:
-                            self.bell.wait(0.5)
+                            self.pipe.wait(0.5)
                         finally:
                             self.lock.acquire()
-                        self._take_bell()
+                        self._take_from_pipe()
                     engine.stopwatch.switch(OTHER)
                     number = self.requested[0][0] if self.requested else None  # a one-shot request's
                     slot: int | None = held
@@ -414,7 +414,7 @@ class _Worker:
         with self.lock:
             self.state.stop()
             self.interrupt.set()
-        self.bell.wake()
+        self.pipe.wake()
         if self.runner is not None:
             # A step stuck in C code or a long sleep cannot be interrupted: do not wait for it (the
             # runner is a daemon thread and dies with the process), and leave its env alone.
@@ -429,9 +429,9 @@ class _Worker:
         if self.ring is not None:
             self.ring.close()
         self.staging.close()
-        self.bell.unlink()
+        self.pipe.unlink()
         if self.runner is None or not self.runner.is_alive():  # a runner stuck in an env may still look at it
-            self.bell.close()
+            self.pipe.close()
         self.control.close()
 
 

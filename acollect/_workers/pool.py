@@ -266,9 +266,9 @@ class WorkerPool:
     async def _greet(self, handle: WorkerHandle) -> None:
         """What a worker is told at its hello: its slots, the last weights, the mode, its outstanding request."""
         assert handle.hello.layout is not None
-        if handle.memory.bell_path is not None:
+        if handle.memory.pipe_path is not None:
             try:
-                handle.memory.use_credit_pipe(CreditPipeWriter.open(handle.memory.bell_path))
+                handle.memory.use_credit_pipe(CreditPipeWriter.open(handle.memory.pipe_path))
             except OSError as exc:  # not there (another mount namespace): its credits go as messages
                 logger.debug("worker %d's pipe could not be opened (%s): its credits go as messages",
                              handle.index, exc)  # fmt: skip
@@ -364,15 +364,15 @@ class WorkerPool:
     async def credit(self, handle: WorkerHandle, slot: int | None = None) -> None:
         """A credit to a worker, giving back ``slot`` if not ``None``: down its pipe where it has one (no message,
         no thread woken while it collects: see :mod:`acollect._batches.credit_pipe`), else as a ``credit`` message."""
-        bell = handle.memory.pipe
-        if bell is not None and bell.credit(slot):
+        pipe = handle.memory.pipe
+        if pipe is not None and pipe.credit(slot):
             return
         await self.send(handle, P.CREDIT, {"slot": slot})
 
     async def free(self, handle: WorkerHandle, slot: int) -> None:
         """Gives a worker its ``slot`` back, as :meth:`credit` does (without the credit)."""
-        bell = handle.memory.pipe
-        if bell is not None and bell.free(slot):
+        pipe = handle.memory.pipe
+        if pipe is not None and pipe.free(slot):
             return
         await self.send(handle, P.FREE, {"slot": slot})
 

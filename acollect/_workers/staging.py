@@ -25,10 +25,10 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from acollect._batches.shm import ShmSegment
-from acollect._rollout.protocol import BlockingEngine, Engine
+from acollect._rollout.engine import BlockingEngine, Engine
 from acollect._weights.sync import Staged, WeightPlan, copy_planned, plan_unflatten, read_weights
 from acollect._workers import protocol as P
-from acollect._workers.build import resolve_model
+from acollect._workers.worker_engine import resolve_model
 from acollect.errors import ProtocolError
 
 __all__ = ["Staging", "plan_weights"]

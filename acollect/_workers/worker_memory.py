@@ -8,14 +8,14 @@ opens it once the hello says the worker made it there, and removes it when the i
 
 Examples:
     >>> memory = WorkerMemory()
-    >>> memory.make_credit_pipe("/tmp/acollect-doc-bell-never-made")
-    >>> memory.bell_path is None  # not until its hello says it made it there
+    >>> memory.make_credit_pipe("/tmp/acollect-doc-pipe-never-made")
+    >>> memory.pipe_path is None  # not until its hello says it made it there
     True
-    >>> memory.on_hello(pipe="/tmp/acollect-doc-bell-never-made")
-    >>> memory.bell_path
-    '/tmp/acollect-doc-bell-never-made'
+    >>> memory.on_hello(pipe="/tmp/acollect-doc-pipe-never-made")
+    >>> memory.pipe_path
+    '/tmp/acollect-doc-pipe-never-made'
     >>> memory.release()
-    >>> memory.bell_path, memory.ring
+    >>> memory.pipe_path, memory.ring
     (None, None)
 """
 
@@ -30,15 +30,15 @@ __all__ = ["WorkerMemory"]
 class WorkerMemory:
     """One worker slot's rings of shared-memory slots (its incarnation's and its predecessors') and its pipe."""
 
-    __slots__ = ("_bell_made", "_bell_path", "_pipe", "_retired_rings", "_ring")
+    __slots__ = ("_pipe", "_pipe_made", "_pipe_path", "_retired_rings", "_ring")
 
     def __init__(self) -> None:
         # Where its batches are written (same host), and its predecessors' rings, still read by batches queued.
         self._ring: ShmSlotRing | None = None
         self._retired_rings: list[ShmSlotRing] = []
         # Its pipe: where this incarnation makes it, whether its hello said it did, and this end of it once opened.
-        self._bell_path: str | None = None
-        self._bell_made = False
+        self._pipe_path: str | None = None
+        self._pipe_made = False
         self._pipe: CreditPipeWriter | None = None
 
     @property
@@ -47,9 +47,9 @@ class WorkerMemory:
         return self._ring
 
     @property
-    def bell_path(self) -> str | None:
+    def pipe_path(self) -> str | None:
         """Where its pipe is, once its hello said it made it there (``None``: it has none)."""
-        return self._bell_path if self._bell_made else None
+        return self._pipe_path if self._pipe_made else None
 
     @property
     def pipe(self) -> CreditPipeWriter | None:
@@ -59,12 +59,12 @@ class WorkerMemory:
     def make_credit_pipe(self, path: str | None) -> None:
         """This incarnation (being launched) makes its pipe at ``path`` (``None``: none)."""
         self.drop_credit_pipe()
-        self._bell_path = path
+        self._pipe_path = path
 
     def on_hello(self, pipe: object) -> None:
         """It said hello, saying it made its pipe at ``pipe``; a restarted worker gets fresh slots."""
         # Opened only where this collector named it: a worker never makes it open another path.
-        self._bell_made = self._bell_path is not None and pipe == self._bell_path
+        self._pipe_made = self._pipe_path is not None and pipe == self._pipe_path
         if self._ring is not None:
             # A restarted worker gets fresh slots: batches still queued from its predecessor keep theirs.
             self._retired_rings.append(self._ring)
@@ -80,10 +80,10 @@ class WorkerMemory:
 
     def drop_credit_pipe(self) -> None:
         """This incarnation is over: its pipe is closed, and removed if its worker left it behind."""
-        bell, path = self._pipe, self._bell_path
-        self._pipe, self._bell_path, self._bell_made = None, None, False
-        if bell is not None:
-            bell.close()
+        pipe, path = self._pipe, self._pipe_path
+        self._pipe, self._pipe_path, self._pipe_made = None, None, False
+        if pipe is not None:
+            pipe.close()
         if path is not None:
             remove_credit_pipe(path)
 

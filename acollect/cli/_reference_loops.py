@@ -39,8 +39,8 @@ __all__ = [
     "CategoricalMLPPolicy",
     "CleanRLLoop",
     "IndependentLoops",
+    "LoopMeasurement",
     "LoopPool",
-    "LoopProcess",
     "make_policy",
     "run_independent_loops",
 ]
@@ -139,7 +139,7 @@ class CleanRLLoop:
 
 
 @dataclass
-class LoopProcess:
+class LoopMeasurement:
     """What one independent loop process measured, on clocks every process shares (``time.monotonic``)."""
 
     frames: int
@@ -156,7 +156,7 @@ class LoopProcess:
 class IndependentLoops:
     """The ceiling: ``n`` loop processes timed together."""
 
-    processes: list[LoopProcess]
+    processes: list[LoopMeasurement]
 
     @property
     def frames(self) -> int:
@@ -200,7 +200,7 @@ def _loop_process(
             started, cpu = time.monotonic(), time.process_time()
             frames = sum(loop.collect_batch() for _ in range(batches.value))
             finished, cpu = time.monotonic(), time.process_time() - cpu
-            results.put((index, LoopProcess(frames, started, finished, cpu)))
+            results.put((index, LoopMeasurement(frames, started, finished, cpu)))
         loop.close()
     except threading.BrokenBarrierError:
         pass  # the pool closed (or its owner is gone): nothing to report to

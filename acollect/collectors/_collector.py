@@ -34,8 +34,8 @@ from acollect._policy import PolicyLike
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.build import build_engine
 from acollect._rollout.coroutines import AsyncRollout
+from acollect._rollout.engine import Engine
 from acollect._rollout.env_faults import check_env_errors
-from acollect._rollout.protocol import Engine
 from acollect._runtime.threads import run_in_thread
 from acollect._validate import check_int
 from acollect._weights.updates import PolicyWeights, WeightUpdate, structure_of, weights_of

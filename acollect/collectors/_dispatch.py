@@ -32,7 +32,7 @@ from acollect._batches.handout_buffers import HandOutBuffers
 from acollect._batches.lending import Loans
 from acollect._batches.shared_batches import SharedBatches
 from acollect._workers import protocol as P
-from acollect._workers.handles import Received, Request, WorkerHandle
+from acollect._workers.handles import CollectRequest, Received, WorkerHandle
 from acollect._workers.pool import WorkerPool
 from acollect.collectors._collector_settings import ModeSettings, MultiAsyncSettings, MultiSyncSettings
 from acollect.errors import ConfigurationError
@@ -196,7 +196,7 @@ class Lockstep(Dispatch):
             for handle in pool.handles:
                 if handle.lost or handle.asked(number):
                     continue
-                request = Request(number, slot, ahead)
+                request = CollectRequest(number, slot, ahead)
                 handle.on_ask(request)
                 # A restarted worker that has not said hello yet is not connected: it gets the request with its
                 # hello (the pool resends the requests outstanding then).

@@ -2,7 +2,7 @@
 
 :class:`~acollect.Collector` picks one driver when it builds its engine, and from then on asks the driver only:
 :meth:`start` it, :meth:`collect` a batch, :meth:`set_paused`, :meth:`aclose` or :meth:`release_now`. The engine
-itself is read through the :class:`~acollect._rollout.protocol.Engine` protocol every engine shares, so the
+itself is read through the :class:`~acollect._rollout.engine.Engine` protocol every engine shares, so the
 collector never asks which engine it holds.
 
 * :class:`ThreadDriver`: a :class:`~acollect._rollout.blocking.RolloutEngine` stepped in a thread, a batch per
@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from acollect._devices import cuda_ready, order_after
 from acollect._rollout.blocking import RolloutEngine
 from acollect._rollout.coroutines import AsyncRollout, Spawn
-from acollect._rollout.protocol import Engine
+from acollect._rollout.engine import Engine
 from acollect._runtime.threads import GilHandover, run_in_thread
 from acollect._time_split import OTHER, TRAINER
 from acollect._weights.updates import PolicyWeights

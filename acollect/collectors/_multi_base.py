@@ -94,7 +94,7 @@ class MultiCollectorBase(CollectorBase):
         return self._policy_arg, self.settings
 
     def _trajectory_id_stride(self) -> int:
-        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect._workers.build)
+        return self.num_workers  # worker k of n takes the ids k, k + n, ... (acollect._workers.worker_engine)
 
     @property
     def num_workers(self) -> int:

@@ -2,7 +2,7 @@
 
 Plain synchronous code, run by the server's own thread (see :mod:`acollect.inference._server`):
 
-* :class:`Request`: one client's observations (``[n, ...]``) and, once served, its share of the outputs;
+* :class:`InferenceRequest`: one client's observations (``[n, ...]``) and, once served, its share of the outputs;
 * :class:`Batcher`: the pending requests and the rule that says when to run them;
 * :class:`Forward`: the policy (wrapped once the first observations show their keys), run on its device
   under ``inference_mode`` on the concatenated observations;
@@ -30,7 +30,7 @@ from acollect._policy import NestedKey, PolicyAdapter, RandomPolicy, wrap_policy
 from acollect._rollout.blocking import exploration
 from acollect.errors import PolicyError
 
-__all__ = ["BOARD_SIZE", "Batcher", "Forward", "InferenceStats", "Lane", "Request", "StatsRecorder"]
+__all__ = ["STATS_SIZE", "Batcher", "Forward", "InferenceRequest", "InferenceStats", "Lane", "ServerStatsRecorder"]
 
 _DONE_KEYS = ("done", "terminated", "truncated")
 _LATENCY_WINDOW = 1024
@@ -40,7 +40,7 @@ Key = tuple[str, ...]
 
 
 @dataclass(eq=False)
-class Request:
+class InferenceRequest:
     """One client's observations (``[rows, ...]`` tensors by key), waiting for (then holding) the policy's outputs."""
 
     leaves: dict[Key, torch.Tensor]
@@ -58,7 +58,7 @@ class Request:
     #: set by the awaiting task (from its event loop) when it stops waiting: the reply is dropped
     abandoned: bool = False
     #: answers a request that came through a shared-memory slot (writes its actions there and wakes its worker)
-    answer: Callable[[Request], None] | None = None
+    answer: Callable[[InferenceRequest], None] | None = None
 
 
 class Batcher:
@@ -73,10 +73,10 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait
         self.sources = sources
-        self.pending: deque[Request] = deque()
+        self.pending: deque[InferenceRequest] = deque()
         self._rows = 0
 
-    def add(self, request: Request) -> None:
+    def add(self, request: InferenceRequest) -> None:
         self.pending.append(request)
         self._rows += request.rows
 
@@ -94,7 +94,7 @@ class Batcher:
             return len(waiting) >= self.sources
         return False
 
-    def take(self) -> list[Request]:
+    def take(self) -> list[InferenceRequest]:
         """The oldest requests, up to ``max_batch_size`` rows (at least one request, whatever its size)."""
         taken = [self.pending.popleft()]
         rows = taken[0].rows
@@ -105,7 +105,7 @@ class Batcher:
         self._rows -= rows
         return taken
 
-    def drain(self) -> list[Request]:
+    def drain(self) -> list[InferenceRequest]:
         """Every pending request (the server is closing)."""
         out = list(self.pending)
         self.pending.clear()
@@ -205,7 +205,7 @@ class Forward:
         # only those are concatenated. ``None``: all (a callable may read anything).
         self._reads: set[Key] | None = None
 
-    def _adapter_for(self, requests: Sequence[Request]) -> PolicyAdapter:
+    def _adapter_for(self, requests: Sequence[InferenceRequest]) -> PolicyAdapter:
         with self._adapter_lock:  # the first passes of several threads: one adapter
             if self._adapter is None:
                 probe = TensorDict({}, batch_size=[requests[0].rows])
@@ -221,7 +221,7 @@ class Forward:
                 self._reads = {_as_key(k) for k in reads} if reads else None
             return self._adapter
 
-    def __call__(self, requests: Sequence[Request], version: int, lane: Lane | None = None) -> None:
+    def __call__(self, requests: Sequence[InferenceRequest], version: int, lane: Lane | None = None) -> None:
         """Fills ``outputs`` and ``version`` of every request (or raises what the policy raised)."""
         lane = lane if lane is not None else Lane(self.device)
         adapter = self._adapter_for(requests)
@@ -248,7 +248,9 @@ def _as_key(key: NestedKey) -> Key:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-def _concatenate(requests: Sequence[Request], device: torch.device, reads: set[Key] | None, lane: Lane) -> TensorDict:
+def _concatenate(
+    requests: Sequence[InferenceRequest], device: torch.device, reads: set[Key] | None, lane: Lane
+) -> TensorDict:
     """One TensorDict of every request's rows on ``device``, with the keys all of them have (clients send
     different extras: a worker its done flags, an evaluation loop only its observation), or only ``reads``."""
     keys = [k for k in requests[0].leaves if reads is None or k in reads]
@@ -308,121 +310,121 @@ class InferenceStats:
         return asdict(self)
 
 
-#: the fields of a stats board, by index; the latency ring follows them
-_BOARD_FIELDS = (
+#: the fields of a stats array, by index; the latency ring follows them
+_STATS_FIELDS = (
     "passes", "requests", "rows", "slot_requests", "forward_s", "dropped_requests", "version", "pass_started",
     "latency_count", "rejected_peers", "passing_s", "gathering_s", "idle_s",
 )  # fmt: skip
-_FIELD = {name: i for i, name in enumerate(_BOARD_FIELDS)}
-#: float64 entries of a board: the fields, then the last ``_LATENCY_WINDOW`` latencies (a ring)
-BOARD_SIZE = len(_BOARD_FIELDS) + _LATENCY_WINDOW
+_FIELD = {name: i for i, name in enumerate(_STATS_FIELDS)}
+#: float64 entries of a stats array: the fields, then the last ``_LATENCY_WINDOW`` latencies (a ring)
+STATS_SIZE = len(_STATS_FIELDS) + _LATENCY_WINDOW
 
 
-def _board_field(name: str) -> Any:
+def _stats_field(name: str) -> Any:
     index = _FIELD[name]
 
-    def get(self: StatsRecorder) -> float:
-        return float(self.board[index])
+    def get(self: ServerStatsRecorder) -> float:
+        return float(self.figures[index])
 
-    def set_(self: StatsRecorder, value: float) -> None:
-        self.board[index] = value
+    def set_(self: ServerStatsRecorder, value: float) -> None:
+        self.figures[index] = value
 
     return property(get, set_)
 
 
-class StatsRecorder:
+class ServerStatsRecorder:
     """Counts passes, rows and latencies, and says which pass runs: written by the server's loop, read by anyone.
 
-    Everything lives in one float64 array, the *board*: a plain array for a server thread, or one mapped from
+    Everything lives in one float64 array, :attr:`figures`: a plain array for a server thread, or one mapped from
     shared memory, so that the trainer reads the figures (and the start of a hung pass) of a server process
     without asking it. Aligned 8-byte writes are atomic here: a reader sees each figure whole.
 
     Args:
         max_batch_size: for the fill rate.
-        board: ``BOARD_SIZE`` float64 entries to keep the figures in (``None``: a fresh private array).
+        figures: ``STATS_SIZE`` float64 entries to keep the figures in (``None``: a fresh private array).
 
     Examples:
-        >>> rec = StatsRecorder(8)
-        >>> rec.record([Request({}, 4, arrived=0.0)], started=0.0, ended=0.002)
+        >>> rec = ServerStatsRecorder(8)
+        >>> rec.record([InferenceRequest({}, 4, arrived=0.0)], started=0.0, ended=0.002)
         >>> snap = rec.snapshot()
         >>> snap.passes, snap.rows, snap.fill_rate, round(snap.latency_ms_p50, 3)
         (1, 4, 0.5, 2.0)
     """
 
-    passes = _board_field("passes")
-    requests = _board_field("requests")
-    rows = _board_field("rows")
-    slot_requests = _board_field("slot_requests")
-    forward_s = _board_field("forward_s")
-    dropped_requests = _board_field("dropped_requests")
-    version = _board_field("version")
-    rejected_peers = _board_field("rejected_peers")
+    passes = _stats_field("passes")
+    requests = _stats_field("requests")
+    rows = _stats_field("rows")
+    slot_requests = _stats_field("slot_requests")
+    forward_s = _stats_field("forward_s")
+    dropped_requests = _stats_field("dropped_requests")
+    version = _stats_field("version")
+    rejected_peers = _stats_field("rejected_peers")
 
-    def __init__(self, max_batch_size: int, board: np.ndarray | None = None) -> None:
+    def __init__(self, max_batch_size: int, figures: np.ndarray | None = None) -> None:
         self.max_batch_size = max_batch_size
-        if board is None:
-            board = np.zeros(BOARD_SIZE, dtype=np.float64)
-        if board.dtype != np.float64 or board.shape != (BOARD_SIZE,):
-            raise ValueError(f"a stats board is {BOARD_SIZE} float64 entries, got {board.dtype} {board.shape}")
-        self.board = board
-        self.board[_FIELD["pass_started"]] = math.nan
+        if figures is None:
+            figures = np.zeros(STATS_SIZE, dtype=np.float64)
+        if figures.dtype != np.float64 or figures.shape != (STATS_SIZE,):
+            raise ValueError(f"a stats array is {STATS_SIZE} float64 entries, got {figures.dtype} {figures.shape}")
+        self.figures = figures
+        self.figures[_FIELD["pass_started"]] = math.nan
 
     @property
     def pass_started(self) -> float | None:
         """When the forward pass in progress started (``time.monotonic()``, the same clock in every process of
         this host); ``None`` while none runs."""
-        value = float(self.board[_FIELD["pass_started"]])
+        value = float(self.figures[_FIELD["pass_started"]])
         return None if math.isnan(value) else value
 
     @pass_started.setter
     def pass_started(self, value: float | None) -> None:
-        self.board[_FIELD["pass_started"]] = math.nan if value is None else value
+        self.figures[_FIELD["pass_started"]] = math.nan if value is None else value
 
-    def record(self, requests: Sequence[Request], started: float, ended: float) -> None:
-        board = self.board
-        board[_FIELD["passes"]] += 1
-        board[_FIELD["requests"]] += len(requests)
-        board[_FIELD["rows"]] += sum(r.rows for r in requests)
-        board[_FIELD["slot_requests"]] += sum(1 for r in requests if r.answer is not None)
-        board[_FIELD["forward_s"]] += ended - started
-        ring = len(_BOARD_FIELDS)
-        count = int(board[_FIELD["latency_count"]])
+    def record(self, requests: Sequence[InferenceRequest], started: float, ended: float) -> None:
+        figures = self.figures
+        figures[_FIELD["passes"]] += 1
+        figures[_FIELD["requests"]] += len(requests)
+        figures[_FIELD["rows"]] += sum(r.rows for r in requests)
+        figures[_FIELD["slot_requests"]] += sum(1 for r in requests if r.answer is not None)
+        figures[_FIELD["forward_s"]] += ended - started
+        ring = len(_STATS_FIELDS)
+        count = int(figures[_FIELD["latency_count"]])
         for request in requests:
-            board[ring + count % _LATENCY_WINDOW] = ended - request.arrived
+            figures[ring + count % _LATENCY_WINDOW] = ended - request.arrived
             count += 1
-        board[_FIELD["latency_count"]] = count
+        figures[_FIELD["latency_count"]] = count
 
     def charge(self, part: str, seconds: float) -> None:
         """Adds ``seconds`` of the server loop's time to ``part`` (``"passing"``, ``"gathering"`` or ``"idle"``)."""
-        self.board[_FIELD[f"{part}_s"]] += seconds
+        self.figures[_FIELD[f"{part}_s"]] += seconds
 
     def snapshot(self, rejected_peers: int | None = None) -> InferenceStats:
-        board = self.board.copy()  # one read: the figures of one moment (up to a pass in progress)
-        passes, rows = int(board[_FIELD["passes"]]), int(board[_FIELD["rows"]])
-        count = min(int(board[_FIELD["latency_count"]]), _LATENCY_WINDOW)
-        ring = len(_BOARD_FIELDS)
-        latencies = sorted(board[ring : ring + count].tolist())
+        figures = self.figures.copy()  # one read: the figures of one moment (up to a pass in progress)
+        passes, rows = int(figures[_FIELD["passes"]]), int(figures[_FIELD["rows"]])
+        count = min(int(figures[_FIELD["latency_count"]]), _LATENCY_WINDOW)
+        ring = len(_STATS_FIELDS)
+        latencies = sorted(figures[ring : ring + count].tolist())
         mean_batch = rows / passes if passes else 0.0
         return InferenceStats(
             passes=passes,
-            requests=int(board[_FIELD["requests"]]),
+            requests=int(figures[_FIELD["requests"]]),
             rows=rows,
-            slot_requests=int(board[_FIELD["slot_requests"]]),
+            slot_requests=int(figures[_FIELD["slot_requests"]]),
             mean_batch_size=mean_batch,
             fill_rate=mean_batch / self.max_batch_size if self.max_batch_size else 0.0,
             latency_ms_mean=1000 * sum(latencies) / len(latencies) if latencies else None,
             latency_ms_p50=1000 * latencies[len(latencies) // 2] if latencies else None,
             latency_ms_p99=1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None,
-            forward_ms_mean=1000 * float(board[_FIELD["forward_s"]]) / passes if passes else None,
-            policy_version=int(board[_FIELD["version"]]),
-            dropped_requests=int(board[_FIELD["dropped_requests"]]),
-            rejected_peers=int(board[_FIELD["rejected_peers"]]) if rejected_peers is None else rejected_peers,
-            time_split=_split(board),
+            forward_ms_mean=1000 * float(figures[_FIELD["forward_s"]]) / passes if passes else None,
+            policy_version=int(figures[_FIELD["version"]]),
+            dropped_requests=int(figures[_FIELD["dropped_requests"]]),
+            rejected_peers=int(figures[_FIELD["rejected_peers"]]) if rejected_peers is None else rejected_peers,
+            time_split=_split(figures),
         )
 
 
-def _split(board: np.ndarray) -> dict[str, float]:
-    spent = {part: float(board[_FIELD[f"{name}_s"]]) for part, name in
+def _split(figures: np.ndarray) -> dict[str, float]:
+    spent = {part: float(figures[_FIELD[f"{name}_s"]]) for part, name in
              (("pass", "passing"), ("gathering", "gathering"), ("idle", "idle"))}  # fmt: skip
     total = sum(spent.values())
     return {part: (s / total if total > 0 else 0.0) for part, s in spent.items()}

@@ -1,7 +1,7 @@
 """The control channel between a trainer and its inference server process: framed msgpack on a socket pair.
 
 Only what is not per step travels here: the server's hello (its address, its policy's weight structure and
-device), weight-update orders (the weights themselves are in shared memory), batch-size changes, ``infer()`` calls
+device), weight-update commands (the weights themselves are in shared memory), batch-size changes, ``infer()`` calls
 from the trainer's own tasks, and the server's last word when it fails (``"policy"``: whether the failure was its
 policy's, which the trainer raises as an :class:`~acollect.errors.InferencePolicyError`). The env workers' steps
 never do: they reach the server process directly (shared-memory slots, or ZeroMQ messages from other hosts).

@@ -1,8 +1,9 @@
 """The trainer's own calls to an inference server: each handed to the host of the server's loop, and its answer
 awaited.
 
-An :meth:`~acollect.inference.InferenceServer.infer` call becomes a :class:`~acollect.inference._batching.Request`
-(its observations on the host: the passes gather every request in host memory), and a weight update a
+An :meth:`~acollect.inference.InferenceServer.infer` call becomes an
+:class:`~acollect.inference._batching.InferenceRequest` (its observations on the host: the passes gather every
+request in host memory), and a weight update a
 :class:`~acollect.inference._loop.Ticket`; the host (:class:`~acollect.inference._loop_thread.LoopThread` or
 :class:`~acollect.inference._loop_process.LoopProcess`) answers each through :meth:`LocalCalls.answered`, on the
 event loop, and the server wakes every waiter when it fails or closes (:meth:`LocalCalls.wake_all`), whose call
@@ -20,7 +21,7 @@ from tensordict import TensorDictBase
 
 from acollect._devices import cuda_ready, move_to, wait_ready
 from acollect.errors import CollectorStateError, ConfigurationError
-from acollect.inference._batching import Request
+from acollect.inference._batching import InferenceRequest
 from acollect.inference._codec import leaves_of
 from acollect.inference._loop import Ticket
 from acollect.inference._loop_process import LoopProcess
@@ -35,10 +36,10 @@ class LocalCalls:
     __slots__ = ("_events", "_weights_lock")
 
     def __init__(self) -> None:
-        self._events: dict[Request | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
+        self._events: dict[InferenceRequest | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
         self._weights_lock = anyio.Lock()  # one update at a time: versions in call order, one staging area
 
-    def answered(self, item: Request | Ticket) -> None:
+    def answered(self, item: InferenceRequest | Ticket) -> None:
         """The host answered ``item`` (on the event loop): its caller goes on."""
         event = self._events.get(item)
         if event is not None:
@@ -64,7 +65,7 @@ class LocalCalls:
             # The passes gather requests in host memory (one transfer per pass for all of them): observations on a
             # GPU come to the host first, waited for off the event loop, and the outputs go back to their device.
             leaves = await _to_host(leaves)
-        request = Request(leaves, int(batched.batch_size[0]))
+        request = InferenceRequest(leaves, int(batched.batch_size[0]))
         event = self._events[request] = anyio.Event()
         host.submit(request)
         try:

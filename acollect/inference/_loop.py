@@ -25,8 +25,8 @@ from tensordict import TensorDict, TensorDictBase
 from acollect._devices import synchronize_devices, wait_ready
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
 from acollect.errors import PolicyError, ProtocolError
-from acollect.inference import _protocol as P
-from acollect.inference._batching import Batcher, Forward, Lane, Request, StatsRecorder
+from acollect.inference import _messages as M
+from acollect.inference._batching import Batcher, Forward, InferenceRequest, Lane, ServerStatsRecorder
 from acollect.inference._codec import Encoder, LayoutCache
 from acollect.inference._passes import PassRunner
 from acollect.inference._slot_hub import SlotHub
@@ -85,12 +85,12 @@ class DropReport:
             return
         who = "other peers" if route not in self._peers else repr(route[:64])
         if count == 1:
-            P.logger.warning(
+            M.logger.warning(
                 "inference server: dropped a malformed request from %s: %s (further ones are counted in "
                 "stats().dropped_requests and logged at most once every %gs)", who, error, self.every
             )  # fmt: skip
         else:
-            P.logger.warning(
+            M.logger.warning(
                 "inference server: dropped %d malformed requests from %s since the last report; the last one: %s",
                 count, who, error,
             )  # fmt: skip
@@ -116,7 +116,7 @@ class Mail(Protocol):
     server process's control socket (:class:`~acollect.inference._process_main.ControlMailbox`)."""
 
     #: requests from clients in this process, for the loop
-    inbox: deque[Request]
+    inbox: deque[InferenceRequest]
     #: weight updates, for the loop
     tickets: deque[Ticket]
 
@@ -128,7 +128,7 @@ class Mail(Protocol):
         """Takes what woke the loop (the requests and tickets land in :attr:`inbox` and :attr:`tickets`)."""
         ...
 
-    def answer(self, item: Request | Ticket) -> None:
+    def answer(self, item: InferenceRequest | Ticket) -> None:
         """Hands ``item``, answered or applied, back to whoever sent it."""
         ...
 
@@ -137,9 +137,9 @@ class Mailbox:
     """What the event loop and the server thread hand each other."""
 
     def __init__(self) -> None:
-        self.inbox: deque[Request] = deque()  # in-process requests, for the thread
+        self.inbox: deque[InferenceRequest] = deque()  # in-process requests, for the thread
         self.tickets: deque[Ticket] = deque()  # weight updates, for the thread
-        self.answered: deque[Request | Ticket] = deque()  # for the event loop
+        self.answered: deque[InferenceRequest | Ticket] = deque()  # for the event loop
         self.wake_r, self.wake_w = socket.socketpair()  # event loop -> server thread
         self.done_r, self.done_w = socket.socketpair()  # server thread -> event loop
         for sock in (self.wake_r, self.wake_w, self.done_r, self.done_w):
@@ -159,7 +159,7 @@ class Mailbox:
         with contextlib.suppress(BlockingIOError, OSError):  # a full pair already holds a wake-up
             self.wake_w.send(b"\0")
 
-    def answer(self, item: Request | Ticket) -> None:
+    def answer(self, item: InferenceRequest | Ticket) -> None:
         """Hands ``item`` back to the event loop and wakes it (from the server thread)."""
         self.answered.append(item)
         with contextlib.suppress(BlockingIOError, OSError):
@@ -193,7 +193,7 @@ class ServerLoop:
         mailbox: Mail,
         batcher: Batcher,
         forward: Forward,
-        recorder: StatsRecorder,
+        recorder: ServerStatsRecorder,
         sock: ServerSocket | None,
         close_socket: Callable[[], None],
         hub: SlotHub | None = None,
@@ -211,7 +211,7 @@ class ServerLoop:
         self._close_socket = close_socket
         #: called about every 0.1 s between passes (a server process publishes its refused-peer count there)
         self.housekeeping: Callable[[], None] | None = None
-        self._layouts = LayoutCache(P.TO_SERVER)
+        self._layouts = LayoutCache(M.TO_SERVER)
         self._encoder = Encoder()
         self._drops = DropReport()
         #: what a forward pass raised, which ended the loop: the policy's failure (else the loop's end was not the
@@ -222,7 +222,7 @@ class ServerLoop:
 
     @property
     def version(self) -> int:
-        """Version of the weights the next forward pass runs with (kept on the stats board)."""
+        """Version of the weights the next forward pass runs with (kept in the stats array)."""
         return int(self.recorder.version)
 
     @version.setter
@@ -231,7 +231,7 @@ class ServerLoop:
 
     @property
     def pass_started(self) -> float | None:
-        """When the forward pass in progress started (``None``: none runs), on the stats board: the liveness check
+        """When the forward pass in progress started (``None``: none runs), in the stats array: the liveness check
         reads it, from the event loop or from another process; a pass that never returns shows as a hung server,
         not as hung clients."""
         return self.recorder.pass_started
@@ -323,7 +323,7 @@ class ServerLoop:
         self.pass_started = started
 
     @staticmethod
-    def _answer_from_pass(request: Request) -> bool:
+    def _answer_from_pass(request: InferenceRequest) -> bool:
         """Answers ``request`` from the thread that ran its pass where that is safe, a slot (the worker's own
         connection); a ZeroMQ client and a caller in this process are answered by this loop's thread, which owns
         their sockets."""
@@ -381,7 +381,7 @@ class ServerLoop:
             except ProtocolError as exc:
                 self._dropped(route, exc)
                 continue
-            self.batcher.add(Request(message.leaves, message.rows, route=route, seq=message.seq, source=route))
+            self.batcher.add(InferenceRequest(message.leaves, message.rows, route=route, seq=message.seq, source=route))
 
     def _dropped(self, route: bytes, error: BaseException) -> None:
         self.recorder.dropped_requests += 1
@@ -408,13 +408,13 @@ class ServerLoop:
                     ticket.error = exc
             self.mail.answer(ticket)
 
-    def _reply(self, request: Request) -> None:
+    def _reply(self, request: InferenceRequest) -> None:
         sock = self.sock
         if sock is None or request.outputs is None or request.route is None:
             return
-        frames = self._encoder.frames(P.REPLY, request.seq, request.version, request.rows, request.outputs)
+        frames = self._encoder.frames(M.REPLY, request.seq, request.version, request.rows, request.outputs)
         # False (not taken) means a client that vanished or stopped reading: a ROUTER drops its answer.
-        sock.send_nowait(request.route, frames, copy=P.copy_frames(frames))
+        sock.send_nowait(request.route, frames, copy=M.copy_frames(frames))
 
     def _answer_all(self, error: BaseException | None) -> None:
         """Answers every request still waiting (with ``error``, or with nothing: the server closed)."""

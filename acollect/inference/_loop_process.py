@@ -3,7 +3,7 @@
 The server process (:mod:`acollect.inference._process_main`) is owned like a worker: started as a fresh
 interpreter, handed its spec through its stdin, and watched. Its control socket closing is its end: this side
 then reads its exit code (within a second) and fails with it, or with the traceback the process sent first; a
-pass that never returns shows on the shared stats board as a hung server. A start that is cancelled, or fails,
+pass that never returns shows in the shared stats array as a hung server. A start that is cancelled, or fails,
 kills the process at once. Shutdown asks it to stop, waits, then kills it: nothing is left running, and the
 trainer dying closes the socket pair, which stops the server too.
 """
@@ -43,10 +43,10 @@ from acollect.errors import (
     describe_exit,
 )
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Request, StatsRecorder
-from acollect.inference._build import ServerSpec
+from acollect.inference._batching import STATS_SIZE, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import Ticket
 from acollect.inference._process_main import BOOTSTRAP, ProcessConfig
+from acollect.inference._server_spec import ServerSpec
 
 __all__ = ["LoopProcess"]
 
@@ -66,7 +66,7 @@ class LoopProcess:
     def __init__(self, spec: ServerSpec, initial_version: int) -> None:
         self.spec = spec
         self._initial_version = initial_version
-        self.recorder = StatsRecorder(spec.max_batch_size)  # the shared board replaces it at start
+        self.recorder = ServerStatsRecorder(spec.max_batch_size)  # the shared stats array replaces it at start
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
@@ -74,14 +74,14 @@ class LoopProcess:
         self.pid: int | None = None
         self._popen: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._board: ShmSegment | None = None
+        self._stats_segment: ShmSegment | None = None
         self._staging: ShmTensorDictSlot | None = None
         self._dir: str | None = None
         self._reader = control.FrameReader()
         self._ids = itertools.count(1)
-        self._pending: dict[int, Request | Ticket] = {}
+        self._pending: dict[int, InferenceRequest | Ticket] = {}
         self._pings: dict[int, anyio.Event] = {}
-        self._on_answer: Callable[[Request | Ticket], None] = lambda _item: None
+        self._on_answer: Callable[[InferenceRequest | Ticket], None] = lambda _item: None
         self._failure: InferenceServerError | None = None
         self._closed_by_us = False
         self._staged: anyio.Event | None = None  # set once the process has copied the update in the staging slot
@@ -92,7 +92,9 @@ class LoopProcess:
         return int(self.recorder.rejected_peers)
 
     # -- start -----------------------------------------------------------------------------------
-    async def start(self, tasks: TaskOwner, on_answer: Callable[[Request | Ticket], None]) -> list[anyio.CancelScope]:
+    async def start(
+        self, tasks: TaskOwner, on_answer: Callable[[InferenceRequest | Ticket], None]
+    ) -> list[anyio.CancelScope]:
         """Starts the process and waits for its hello; on any failure or cancellation, nothing is left."""
         self._on_answer = on_answer
         try:
@@ -110,15 +112,17 @@ class LoopProcess:
             address=f"ipc://{self._dir}/server.sock" if self.spec.address == "ipc" else self.spec.address,
             slot_dir=self._dir,
         )
-        board = self._board = ShmSegment.create(BOARD_SIZE * 8)
-        self.recorder = StatsRecorder(self.spec.max_batch_size, np.frombuffer(board.buffer, np.float64, BOARD_SIZE))
+        segment = self._stats_segment = ShmSegment.create(STATS_SIZE * 8)
+        self.recorder = ServerStatsRecorder(
+            self.spec.max_batch_size, np.frombuffer(segment.buffer, np.float64, STATS_SIZE)
+        )
         self.recorder.version = self._initial_version
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock = parent_end
         control.configure(parent_end)
         try:
             payload = pickle_payload(
-                ProcessConfig(self.spec, child_end.fileno(), board.name),
+                ProcessConfig(self.spec, child_end.fileno(), segment.name),
                 what="the policy to the inference server process",
                 hint="it must be picklable with cloudpickle; pass policy_factory to build it there, or mode='thread'",
             )
@@ -130,7 +134,7 @@ class LoopProcess:
         await run_in_thread(lambda _stop: self._write_payload(payload), name="inference-process-config")
         with anyio.fail_after(_START_TIMEOUT):
             hello = await self._expect("hello")
-        board.unlink()  # mapped on both sides: no name left to outlive them
+        segment.unlink()  # mapped on both sides: no name left to outlive them
         self.address, self.slot_address = hello.get("address"), hello.get("slots")
         self.structure = decode_structure(hello.get("structure")) or {}
         self.policy_device = torch.device(hello["device"]) if isinstance(hello.get("device"), str) else None
@@ -190,7 +194,7 @@ class LoopProcess:
             item.version = int(message.get("version") or 0)
             if message.get("error") is not None:
                 item.error = self._failed(str(message["error"]), policy=message.get("policy") is True)
-            elif isinstance(item, Request) and message.get("outputs") is not None:
+            elif isinstance(item, InferenceRequest) and message.get("outputs") is not None:
                 item.outputs = control.tensors_from_wire(message["outputs"])
             self._on_answer(item)
         elif kind == "pong":
@@ -280,14 +284,14 @@ class LoopProcess:
             raise self._failure
         control.send(self._sock, message)
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: InferenceRequest) -> None:
         """Sends a request of the trainer's own (``infer()``); :meth:`_read` answers it."""
         n = next(self._ids)
         self._pending[n] = request
         self._send({"k": "infer", "id": n, "rows": request.rows, "leaves": control.tensors_to_wire(request.leaves)})
 
     async def submit_weights(self, ticket: Ticket) -> None:
-        """Writes the weights into the staging slot and orders their copy.
+        """Writes the weights into the staging slot and sends the command to copy them.
 
         The slot holds one update: a new one waits until the process has copied the last (even if that one's
         caller gave up waiting), so that nothing is overwritten under the copy.
@@ -320,13 +324,13 @@ class LoopProcess:
         self._send({"k": "config", **settings})
 
     def local_client_keys(self, server_public: bytes) -> ClientKeys:
-        """A fresh key pair the process accepts (once it has read the order: see :meth:`flush`)."""
+        """A fresh key pair the process accepts (once it has read the command: see :meth:`flush`)."""
         keys = ClientKeys.fresh(server_public)
         self._send({"k": "allow", "public": keys.public})
         return keys
 
     async def flush(self, timeout: float = 10.0) -> None:
-        """Returns once the process has taken every order sent before."""
+        """Returns once the process has taken every command sent before."""
         n = next(self._ids)
         event = self._pings[n] = anyio.Event()
         self._send({"k": "ping", "n": n})
@@ -379,7 +383,7 @@ class LoopProcess:
         folder, self._dir = self._dir, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
-        board, self._board = self._board, None
-        if board is not None:
-            # The board stays mapped for stats() after the end (its figures are the last ones); the name goes.
-            board.unlink()
+        segment, self._stats_segment = self._stats_segment, None
+        if segment is not None:
+            # The stats array stays mapped for stats() after the end (its figures are the last ones); the name goes.
+            segment.unlink()

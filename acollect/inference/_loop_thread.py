@@ -19,9 +19,9 @@ from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
 from acollect._weights.updates import WeightStructure, structure_of
-from acollect.inference._batching import Batcher, Forward, Request, StatsRecorder
-from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
+from acollect.inference._batching import Batcher, Forward, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import Mailbox, ServerLoop, Ticket
+from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
 from acollect.inference._slot_hub import SlotHub
 
 __all__ = ["LoopThread"]
@@ -37,7 +37,7 @@ class LoopThread:
 
     def __init__(self, spec: ServerSpec, initial_version: int) -> None:
         self.spec = spec
-        self.recorder = StatsRecorder(spec.max_batch_size)
+        self.recorder = ServerStatsRecorder(spec.max_batch_size)
         self.recorder.version = initial_version
         self.batcher = Batcher(spec.max_batch_size, spec.max_wait)
         self.address: str | None = None
@@ -49,7 +49,7 @@ class LoopThread:
         self._sock: ServerSocket | None = None
         self._bound: ServerSocket | None = None  # kept after close, for its counts
         self._hub: SlotHub | None = None
-        self._on_answer: Callable[[Request | Ticket], None] = lambda _item: None
+        self._on_answer: Callable[[InferenceRequest | Ticket], None] = lambda _item: None
         self._thread_done = anyio.Event()
         self._started = False
 
@@ -57,7 +57,9 @@ class LoopThread:
     def rejected_peers(self) -> int:
         return self._bound.rejected_connections if self._bound is not None else 0
 
-    async def start(self, tasks: TaskOwner, on_answer: Callable[[Request | Ticket], None]) -> list[anyio.CancelScope]:
+    async def start(
+        self, tasks: TaskOwner, on_answer: Callable[[InferenceRequest | Ticket], None]
+    ) -> list[anyio.CancelScope]:
         """Builds the policy copy (off the event loop), binds, and starts the thread."""
         self._on_answer = on_answer
         module = await run_in_thread(lambda _stop: build_policy(self.spec), name="inference-build")
@@ -86,7 +88,7 @@ class LoopThread:
             tasks.spawn(self._deliver, name="inference-answers"),
         ]
 
-    def submit(self, request: Request) -> None:
+    def submit(self, request: InferenceRequest) -> None:
         self._mail.inbox.append(request)
         self._mail.poke()
 
@@ -107,7 +109,7 @@ class LoopThread:
         return self._sock.local_client_keys()
 
     async def flush(self, timeout: float = 10.0) -> None:
-        """Nothing to wait for: this thread's orders take effect at once."""
+        """Nothing to wait for: this thread's commands take effect at once."""
 
     def failure_now(self) -> None:
         return None  # the thread's failure reaches the task group by itself

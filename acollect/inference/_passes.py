@@ -13,13 +13,13 @@ place, then a wake-up) and an in-process caller's mailbox are safe from any thre
 clients, and a pass's failure, go back to the loop thread (:meth:`PassRunner.finished`), which owns the socket.
 
 Examples:
-    >>> from acollect.inference._batching import Request
+    >>> from acollect.inference._batching import InferenceRequest
     >>> done = []
     >>> def forward(requests, version, lane):
     ...     for request in requests:
     ...         request.outputs, request.version = {}, version
     >>> runner = PassRunner(forward, in_flight=2, on_done=lambda: None)
-    >>> runner.submit([Request({}, 2)], version=3)
+    >>> runner.submit([InferenceRequest({}, 2)], version=3)
     >>> runner.wait_idle(timeout=5.0)
     True
     >>> [(len(p.requests), p.error) for p in runner.finished()]  # the loop thread answers it
@@ -37,19 +37,19 @@ from dataclasses import dataclass
 
 import torch
 
-from acollect.inference._batching import Lane, Request
+from acollect.inference._batching import InferenceRequest, Lane
 
 __all__ = ["DonePass", "PassRunner"]
 
 #: runs one pass: fills every request's outputs and version (or raises what the policy raised)
-ForwardFn = Callable[[Sequence[Request], int, Lane], None]
+ForwardFn = Callable[[Sequence[InferenceRequest], int, Lane], None]
 
 
 @dataclass
 class DonePass:
     """A pass that ended: the requests the loop thread answers (all of them if it failed), and its failure."""
 
-    requests: list[Request]
+    requests: list[InferenceRequest]
     error: BaseException | None = None
 
 
@@ -79,8 +79,8 @@ class PassRunner:
         in_flight: int,
         on_done: Callable[[], None],
         make_lane: Callable[[], Lane] = Lane,
-        answer: Callable[[Request], bool] | None = None,
-        record: Callable[[Sequence[Request], float, float], None] | None = None,
+        answer: Callable[[InferenceRequest], bool] | None = None,
+        record: Callable[[Sequence[InferenceRequest], float, float], None] | None = None,
         running: Callable[[float | None], None] | None = None,
         inline: bool = False,
         torch_threads: int | None = None,
@@ -94,7 +94,7 @@ class PassRunner:
         self._record = record
         self._on_running = running
         self._cond = threading.Condition()
-        self._jobs: deque[tuple[list[Request], int] | None] = deque()
+        self._jobs: deque[tuple[list[InferenceRequest], int] | None] = deque()
         self._done: deque[DonePass] = deque()
         self._running: dict[int, float] = {}  # thread index -> when its pass started
         self._busy = 0  # passes handed over and not finished
@@ -129,7 +129,7 @@ class PassRunner:
         with self._cond:
             return min(self._running.values(), default=None)
 
-    def submit(self, requests: list[Request], version: int) -> None:
+    def submit(self, requests: list[InferenceRequest], version: int) -> None:
         """Runs a pass over ``requests`` with weights ``version`` (a thread must be free: see :attr:`free`)."""
         with self._cond:
             assert self._busy < self._in_flight, "no thread is free for a pass"
@@ -182,7 +182,7 @@ class PassRunner:
                 return
             self._run(index, *job, lane)
 
-    def _run(self, index: int, requests: list[Request], version: int, lane: Callable[[], Lane]) -> None:
+    def _run(self, index: int, requests: list[InferenceRequest], version: int, lane: Callable[[], Lane]) -> None:
         """Runs one pass, counts it, answers what this thread may answer, and leaves the rest to the loop thread."""
         started = time.monotonic()
         with self._cond:

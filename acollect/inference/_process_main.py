@@ -8,8 +8,8 @@ killed with SIGKILL), so nothing is left running. Whatever it bound or mapped is
 failure goes to the trainer, traceback included and saying whether it was the policy's (raised while the policy was
 built or in a forward pass), before the process exits with code 1.
 
-The trainer reads its figures, its weight version and the start of a pass in progress from a stats board in
-shared memory (:class:`~acollect.inference._batching.StatsRecorder`); new weights come through a staging slot in
+The trainer reads its figures, its weight version and the start of a pass in progress from a stats array in
+shared memory (:class:`~acollect.inference._batching.ServerStatsRecorder`); new weights come through a staging slot in
 shared memory, applied between two passes (:meth:`ServerLoop._apply_weights`).
 """
 
@@ -36,9 +36,9 @@ from acollect._runtime.spawn import bootstrap, exit_now
 from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
-from acollect.inference._batching import BOARD_SIZE, Batcher, Forward, Request, StatsRecorder
-from acollect.inference._build import ServerSpec, bind, build_policy, device_of, weights_device
+from acollect.inference._batching import STATS_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import ServerLoop, Ticket
+from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
 
 __all__ = ["BOOTSTRAP", "ProcessConfig", "run_server_process"]
 
@@ -53,12 +53,12 @@ class ProcessConfig:
     spec: ServerSpec
     #: this process's end of the control socket pair (inherited)
     control_fd: int
-    #: the stats board's shared-memory segment
-    board: str
+    #: the stats array's shared-memory segment
+    stats_segment: str
 
 
 class ControlMailbox:
-    """The server loop's mail in a server process: orders from the control socket, answers back on it.
+    """The server loop's mail in a server process: commands from the control socket, answers back on it.
 
     Plays :class:`~acollect.inference._loop.Mailbox`'s part for :class:`ServerLoop` (both are the loop's
     :class:`~acollect.inference._loop.Mail`): ``inbox`` and ``tickets`` filled by :meth:`receive`,
@@ -68,7 +68,7 @@ class ControlMailbox:
     def __init__(self, sock: socket.socket, stop: threading.Event) -> None:
         self.sock = sock
         self.stop = stop
-        self.inbox: deque[Request] = deque()
+        self.inbox: deque[InferenceRequest] = deque()
         self.tickets: deque[Ticket] = deque()
         self.loop: ServerLoop | None = None
         self.server_socket: ServerSocket | None = None
@@ -80,14 +80,14 @@ class ControlMailbox:
         return self.sock.fileno()
 
     def receive(self) -> None:
-        """Takes every order waiting on the control socket; the trainer closing it stops the server."""
+        """Takes every command waiting on the control socket; the trainer closing it stops the server."""
         if not control.read_available(self.sock, self._reader):
             self.stop.set()  # the trainer is gone: stop serving
         for message in self._reader.messages():
             self._handle(message)
 
     def publish(self) -> None:
-        """Copies the refused-peer count to the stats board, for the trainer's ``rejected_peers``."""
+        """Copies the refused-peer count to the stats array, for the trainer's ``rejected_peers``."""
         loop = self.loop
         if loop is not None and self.server_socket is not None:
             loop.recorder.rejected_peers = self.server_socket.rejected_connections
@@ -97,7 +97,7 @@ class ControlMailbox:
         assert loop is not None
         if kind == "infer":
             leaves = control.tensors_from_wire(message.get("leaves"))
-            self.inbox.append(Request(leaves, _int(message, "rows"), seq=_int(message, "id")))
+            self.inbox.append(InferenceRequest(leaves, _int(message, "rows"), seq=_int(message, "id")))
         elif kind == "weights":
             weights = self.staging.tensordict if self.staging is not None else TensorDict({})
             ticket = Ticket(weights)
@@ -116,7 +116,7 @@ class ControlMailbox:
                 loop.batcher.sources = None if sources is None else _int(message, "sources")
         elif kind == "allow":
             if self.server_socket is None or not isinstance(message.get("public"), bytes):
-                raise ProtocolError("an allow order needs a server with keys and a public key (bytes)")
+                raise ProtocolError("an allow command needs a server with keys and a public key (bytes)")
             self.server_socket.allow(message["public"])
         elif kind == "ping":
             control.send(self.sock, {"k": "pong", "n": message.get("n")})
@@ -125,7 +125,7 @@ class ControlMailbox:
         else:
             raise ProtocolError(f"an unknown control message {kind!r:.40}")
 
-    def answer(self, item: Request | Ticket) -> None:
+    def answer(self, item: InferenceRequest | Ticket) -> None:
         """Sends an answer to the trainer: a request's outputs, or a weight update's version."""
         error = None if item.error is None else f"{type(item.error).__name__}: {item.error}"
         # Whether the error is the policy's own (a forward pass raised it), which the trainer raises as a PolicyError.
@@ -159,8 +159,8 @@ def run_server_process(config: ProcessConfig) -> int:
     torch.set_num_threads(spec.num_threads)
     sock = socket.socket(fileno=config.control_fd)
     control.configure(sock)
-    board_segment = ShmSegment.attach(config.board, BOARD_SIZE * 8)
-    board = np.frombuffer(board_segment.buffer, dtype=np.float64, count=BOARD_SIZE)
+    stats_segment = ShmSegment.attach(config.stats_segment, STATS_SIZE * 8)
+    figures = np.frombuffer(stats_segment.buffer, dtype=np.float64, count=STATS_SIZE)
     stop = threading.Event()
     mail = ControlMailbox(sock, stop)
     server_socket = hub = None
@@ -168,7 +168,7 @@ def run_server_process(config: ProcessConfig) -> int:
     built = False  # a failure before the policy is built is the policy's (its factory raised, or it cannot move)
     code = 0
     try:
-        recorder = StatsRecorder(spec.max_batch_size, board)
+        recorder = ServerStatsRecorder(spec.max_batch_size, figures)
         module = build_policy(spec)
         built = True
         forward = Forward(module, device_of(module, spec.device), spec.exploration)
@@ -207,9 +207,9 @@ def run_server_process(config: ProcessConfig) -> int:
         mail.close()
         if spec.slot_dir is not None:  # the trainer's directory for us: it may be gone (killed), so remove it here too
             shutil.rmtree(spec.slot_dir, ignore_errors=True)
-        del board
+        del figures
         with contextlib.suppress(Exception):
-            board_segment.close()
+            stats_segment.close()
         with contextlib.suppress(OSError):
             sock.close()
     return code

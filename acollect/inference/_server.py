@@ -46,11 +46,11 @@ from acollect._validate import check_int, check_seconds
 from acollect._warnings import warn_unclosed
 from acollect._weights.updates import as_weights, check_weights, one_source
 from acollect.errors import CollectorStateError, ConfigurationError, InferenceServerError, PolicyError
-from acollect.inference._batching import InferenceStats, StatsRecorder
-from acollect.inference._build import ServerSpec
+from acollect.inference._batching import InferenceStats, ServerStatsRecorder
 from acollect.inference._local_calls import LocalCalls
 from acollect.inference._loop_process import LoopProcess
 from acollect.inference._loop_thread import LoopThread
+from acollect.inference._server_spec import ServerSpec
 
 __all__ = ["InferenceServer"]
 
@@ -205,7 +205,7 @@ class InferenceServer:
     def local_client_keys(self) -> ClientKeys:
         """A fresh key pair the server accepts, for worker processes its owner starts (handed over privately).
 
-        In process mode the server takes the key from its next order on: ``await`` :meth:`flush` before a client
+        In process mode the server takes the key from its next command on: ``await`` :meth:`flush` before a client
         connects with it.
 
         Raises:
@@ -217,7 +217,7 @@ class InferenceServer:
         return host.local_client_keys(self._keys.public)
 
     async def flush(self) -> None:
-        """Returns once the server has taken every order given before (keys, batch sizes, sources)."""
+        """Returns once the server has taken every command given before (keys, batch sizes, sources)."""
         self._check_running("flush()")
         assert self._host is not None
         await self._host.flush()
@@ -255,7 +255,7 @@ class InferenceServer:
     @version.setter
     def version(self, value: int) -> None:
         self._initial_version = check_int("version", value)
-        if self._host is not None:  # the board: the server's loop reads it at its next pass, in any process
+        if self._host is not None:  # the stats array: the server's loop reads it at its next pass, in any process
             self._host.recorder.version = self._initial_version
 
     @property
@@ -443,7 +443,7 @@ class InferenceServer:
         """Forward passes, batch sizes and their fill rate, latency (see :class:`InferenceStats`)."""
         host = self._host
         if host is None:
-            return StatsRecorder(self.max_batch_size).snapshot(0)
+            return ServerStatsRecorder(self.max_batch_size).snapshot(0)
         return host.recorder.snapshot(host.rejected_peers)
 
     async def _watch(self, timeout: float) -> None:

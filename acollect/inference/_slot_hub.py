@@ -4,7 +4,7 @@ Run by the server's thread (:class:`~acollect.inference._loop.ServerLoop`), non-
 accepts connections on a ``SOCK_SEQPACKET`` socket in a private directory (mode 0700: only this user's
 processes reach it), attaches each worker's slot from its hello (:mod:`acollect.inference._slots`: a
 validated layout, a segment name; nothing unpickled), turns every 8-byte wake-up into a
-:class:`~acollect.inference._batching.Request` whose observations are the slot's own views, and answers one by
+:class:`~acollect.inference._batching.InferenceRequest` whose observations are the slot's own views, and answers one by
 writing its actions into the slot's ``act`` area, in place, then sending 16 bytes. A worker that goes away
 closes its connection: its slot is unmapped, nothing is left behind.
 """
@@ -23,7 +23,7 @@ import msgpack
 
 from acollect._batches.shm import ShmTensorDictSlot
 from acollect.errors import ProtocolError, TransportError
-from acollect.inference._batching import Batcher, Request
+from acollect.inference._batching import Batcher, InferenceRequest
 from acollect.inference._slots import MAX_HELLO, READY, REPLY, slot_leaves
 
 __all__ = ["SlotHub"]
@@ -132,16 +132,18 @@ class SlotHub:
                     break
                 (seq,) = READY.unpack(packet)
                 batcher.add(
-                    Request(client.obs, client.rows, seq=seq, source=client.identity, answer=self._answerer(client))
+                    InferenceRequest(
+                        client.obs, client.rows, seq=seq, source=client.identity, answer=self._answerer(client)
+                    )
                 )
 
-    def _answerer(self, client: _Client) -> Callable[[Request], None]:
-        def answer(request: Request) -> None:
+    def _answerer(self, client: _Client) -> Callable[[InferenceRequest], None]:
+        def answer(request: InferenceRequest) -> None:
             self._answer(client, request)
 
         return answer
 
-    def _answer(self, client: _Client, request: Request) -> None:
+    def _answer(self, client: _Client, request: InferenceRequest) -> None:
         """Writes the actions into the slot and wakes its worker (from the thread that ran the pass)."""
         outputs, act = request.outputs, client.act
         if outputs is None or client.slot is None:

@@ -20,7 +20,7 @@ from acollect._policy import NestedKey, PolicyAdapter
 from acollect._runtime.auth import ClientKeys
 from acollect._runtime.worker_socket import WorkerSocket
 from acollect.errors import TransportError
-from acollect.inference import _protocol as P
+from acollect.inference import _messages as M
 from acollect.inference._codec import Encoder, LayoutCache, encode, leaves_of
 from acollect.inference._slots import SlotLink
 
@@ -78,7 +78,7 @@ class RemotePolicy(PolicyAdapter):
         self._timeout = timeout
         self._seq = 0
         self._encoder = Encoder()
-        self._layouts = LayoutCache(P.TO_CLIENT)
+        self._layouts = LayoutCache(M.TO_CLIENT)
         #: the version of the weights behind the last answer
         self.version = 0
         self._versions: tuple[int, int, torch.Tensor] | None = None  # (version, rows, the per-row tensor)
@@ -101,8 +101,8 @@ class RemotePolicy(PolicyAdapter):
                 link.request(self._seq, leaves)
                 self._pending = None
                 return
-        frames = encode(P.REQUEST, self._seq, 0, td, self._encoder)
-        self._sock.send(frames, timeout=_SEND_TIMEOUT, copy=P.copy_frames(frames))
+        frames = encode(M.REQUEST, self._seq, 0, td, self._encoder)
+        self._sock.send(frames, timeout=_SEND_TIMEOUT, copy=M.copy_frames(frames))
         self._pending = td
 
     def receive(self) -> dict[NestedKey, torch.Tensor]:

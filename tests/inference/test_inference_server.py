@@ -10,7 +10,7 @@ from tensordict.nn import TensorDictModule
 
 from acollect import ConfigurationError, InferenceServer
 from acollect.errors import CollectorStateError, InferencePolicyError
-from acollect.inference._batching import Batcher, Request
+from acollect.inference._batching import Batcher, InferenceRequest
 from acollect.testing import wait_until
 
 
@@ -29,8 +29,8 @@ def obs(values: list[float]) -> TensorDict:
     return TensorDict({"observation": torch.tensor(values).unsqueeze(-1)}, batch_size=[len(values)])
 
 
-def request(rows: int, source: bytes | None = None, arrived: float = 0.0) -> Request:
-    return Request({("observation",): torch.zeros(rows, 1)}, rows, source=source, arrived=arrived)
+def request(rows: int, source: bytes | None = None, arrived: float = 0.0) -> InferenceRequest:
+    return InferenceRequest({("observation",): torch.zeros(rows, 1)}, rows, source=source, arrived=arrived)
 
 
 def test_a_batch_runs_when_full_when_every_source_waits_or_after_max_wait() -> None:

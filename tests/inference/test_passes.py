@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from acollect.inference._batching import Lane, Request
+from acollect.inference._batching import InferenceRequest, Lane
 from acollect.inference._passes import PassRunner
 
 
@@ -16,15 +16,15 @@ def test_two_passes_run_at_once() -> None:
     barrier = threading.Barrier(2, timeout=10.0)
     woken = threading.Event()
 
-    def forward(requests: Sequence[Request], version: int, lane: Lane) -> None:
+    def forward(requests: Sequence[InferenceRequest], version: int, lane: Lane) -> None:
         barrier.wait()
         for request in requests:
             request.outputs, request.version = {}, version
 
     runner = PassRunner(forward, in_flight=2, on_done=woken.set)
     try:
-        runner.submit([Request({}, 1)], version=1)
-        runner.submit([Request({}, 1)], version=1)
+        runner.submit([InferenceRequest({}, 1)], version=1)
+        runner.submit([InferenceRequest({}, 1)], version=1)
         assert not runner.free
         assert runner.wait_idle(timeout=10.0)
         done = runner.finished()
@@ -35,16 +35,16 @@ def test_two_passes_run_at_once() -> None:
 
 
 def test_a_slot_answer_comes_from_the_pass_and_the_rest_back_to_the_loop_with_outputs_of_their_own() -> None:
-    answered: list[Request] = []
+    answered: list[InferenceRequest] = []
     recorded: list[int] = []
     import torch
 
-    def forward(requests: Sequence[Request], version: int, lane: Lane) -> None:
+    def forward(requests: Sequence[InferenceRequest], version: int, lane: Lane) -> None:
         shared = torch.arange(4)  # a lane's buffer, rewritten by its next pass
         for i, request in enumerate(requests):
             request.outputs, request.version = {("action",): shared[i : i + 1]}, version
 
-    def answer(request: Request) -> bool:
+    def answer(request: InferenceRequest) -> bool:
         if request.route == b"slot":
             answered.append(request)
             return True
@@ -53,7 +53,7 @@ def test_a_slot_answer_comes_from_the_pass_and_the_rest_back_to_the_loop_with_ou
     runner = PassRunner(forward, in_flight=1, on_done=lambda: None, answer=answer,
                         record=lambda requests, started, ended: recorded.append(len(requests)))  # fmt: skip
     try:
-        slot, message = Request({}, 1, route=b"slot"), Request({}, 1, route=b"peer")
+        slot, message = InferenceRequest({}, 1, route=b"slot"), InferenceRequest({}, 1, route=b"peer")
         runner.submit([slot, message], version=7)
         assert runner.wait_idle(timeout=10.0)
         (done,) = runner.finished()
@@ -69,12 +69,12 @@ def test_a_slot_answer_comes_from_the_pass_and_the_rest_back_to_the_loop_with_ou
 
 
 def test_a_failing_pass_goes_back_to_the_loop_with_every_request() -> None:
-    def forward(requests: Sequence[Request], version: int, lane: Lane) -> None:
+    def forward(requests: Sequence[InferenceRequest], version: int, lane: Lane) -> None:
         raise ValueError("the policy broke")
 
     runner = PassRunner(forward, in_flight=2, on_done=lambda: None, answer=lambda request: True)
     try:
-        requests = [Request({}, 1), Request({}, 2)]
+        requests = [InferenceRequest({}, 1), InferenceRequest({}, 2)]
         runner.submit(requests, version=1)
         assert runner.wait_idle(timeout=10.0)
         (done,) = runner.finished()
@@ -89,13 +89,13 @@ def test_the_oldest_running_pass_is_what_a_hang_check_sees() -> None:
     release = threading.Event()
     seen: list[float | None] = []
 
-    def forward(requests: Sequence[Request], version: int, lane: Lane) -> None:
+    def forward(requests: Sequence[InferenceRequest], version: int, lane: Lane) -> None:
         started.set()
         release.wait(10.0)
 
     runner = PassRunner(forward, in_flight=2, on_done=lambda: None, running=seen.append)
     try:
-        runner.submit([Request({}, 1)], version=1)
+        runner.submit([InferenceRequest({}, 1)], version=1)
         assert started.wait(10.0)
         assert runner.oldest_start is not None
         release.set()
@@ -157,7 +157,7 @@ async def test_a_cuda_server_with_passes_in_flight_answers_every_caller_with_its
 def test_an_inline_pass_runs_in_the_submitting_thread_and_its_failure_reaches_the_loop() -> None:
     threads: list[str] = []
 
-    def forward(requests: Sequence[Request], version: int, lane: Lane) -> None:
+    def forward(requests: Sequence[InferenceRequest], version: int, lane: Lane) -> None:
         threads.append(threading.current_thread().name)
         if version == 2:
             raise RuntimeError("the policy failed")
@@ -166,9 +166,9 @@ def test_an_inline_pass_runs_in_the_submitting_thread_and_its_failure_reaches_th
 
     runner = PassRunner(forward, in_flight=1, on_done=lambda: None, inline=True)
     try:
-        runner.submit([Request({}, 1)], version=1)
+        runner.submit([InferenceRequest({}, 1)], version=1)
         assert runner.free  # done when submit returned: nothing runs
-        runner.submit([Request({}, 1)], version=2)
+        runner.submit([InferenceRequest({}, 1)], version=2)
         done = runner.finished()
         assert threads == [threading.current_thread().name] * 2
         assert done[0].error is None

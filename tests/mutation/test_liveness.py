@@ -30,7 +30,7 @@ from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import encode_tensordict, unpack_message
 from acollect._runtime.worker_socket import WorkerSocket
 from acollect._workers import protocol as P
-from acollect._workers.handles import Rejected, Request, WorkerHandle, WorkerMode, WorkerState, parse_identity
+from acollect._workers.handles import CollectRequest, Rejected, WorkerHandle, WorkerMode, WorkerState, parse_identity
 from acollect._workers.liveness import Monitor
 from acollect._workers.pool_events import Counters, PoolEvents
 from acollect._workers.pool_settings import PoolSettings
@@ -77,9 +77,9 @@ def test_an_identity_names_a_worker_and_its_generation() -> None:
 
 
 def test_a_request_says_its_batch_and_slot() -> None:
-    assert Request(4).fields() == {"n": 4}
-    assert Request(4, slot=0).fields() == {"n": 4, "slot": 0}
-    assert Request(4, slot=2, ahead=True).fields() == {"n": 4, "slot": 2}
+    assert CollectRequest(4).fields() == {"n": 4}
+    assert CollectRequest(4, slot=0).fields() == {"n": 4, "slot": 0}
+    assert CollectRequest(4, slot=2, ahead=True).fields() == {"n": 4, "slot": 2}
 
 
 def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
@@ -91,7 +91,7 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
     handle.on_send(P.SEED)
     handle.on_send(P.COLLECT)
     assert (handle.changes_sent, handle.resets_sent) == (2, 1)
-    handle.on_ask(Request(1, ahead=True))
+    handle.on_ask(CollectRequest(1, ahead=True))
     handle.on_beat({"steps": 5, "busy": True, "discarded": 4, "sent": 2}, now=2.0)
     handle.on_env_restarts(3)
     handle.on_unreachable(now=3.0)
@@ -109,18 +109,18 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
 def test_a_hello_says_what_the_worker_built() -> None:
     handle = WorkerHandle(0, config())
     handle.on_launch(now=0.0)
-    handle.make_credit_pipe("/tmp/acollect-test-bell-that-is-never-made")
+    handle.make_credit_pipe("/tmp/acollect-test-pipe-that-is-never-made")
     handle.on_hello(hello(n_envs=3, weights=[[["w"], [2], "float32"]], env_seed="7",
-                          pipe="/tmp/acollect-test-bell-that-is-never-made"))  # fmt: skip
+                          pipe="/tmp/acollect-test-pipe-that-is-never-made"))  # fmt: skip
     assert (handle.n_envs, handle.batch_nbytes, handle.env_seed) == (3, 40, 7)
     assert handle.weights_structure == {("w",): ((2,), torch.float32)}
-    assert handle.bell_path == "/tmp/acollect-test-bell-that-is-never-made"
+    assert handle.pipe_path == "/tmp/acollect-test-pipe-that-is-never-made"
     assert handle.layout == hello()["layout"]
     other = WorkerHandle(1, config(1))
     other.on_launch(now=0.0)
     other.make_credit_pipe("/tmp/a")
     other.on_hello(hello(pipe="/tmp/b"))
-    assert other.bell_path is None  # a worker never makes the collector open a path it did not name
+    assert other.pipe_path is None  # a worker never makes the collector open a path it did not name
 
 
 def test_a_heartbeat_tells_progress_a_held_batch_and_a_missing_one() -> None:
@@ -188,8 +188,8 @@ def test_lockstep_parts_answer_their_requests_in_order() -> None:
     handle = ready()
     with pytest.raises(ProtocolError, match=r"^worker 0 sent a batch nobody asked for$"):
         handle.on_batch(batch(0), DATA, lockstep=True)
-    handle.on_ask(Request(1))
-    handle.on_ask(Request(2, ahead=True))
+    handle.on_ask(CollectRequest(1))
+    handle.on_ask(CollectRequest(2, ahead=True))
     assert (handle.outstanding, handle.asked(1), handle.asked(2), handle.asked(3)) == (2, True, True, False)
     with pytest.raises(ProtocolError, match=r"^worker 0 answered collect n=2, asked for n=1$"):
         handle.on_batch(batch(0, n=2), DATA, lockstep=True)
@@ -213,7 +213,7 @@ def test_an_asynchronous_worker_dies_with_the_batch_it_was_collecting(
     handle.on_batch(batch(0), DATA, lockstep=False)
     handle.on_beat({"steps": 1, "busy": busy, "sent": 3}, now=1.0)
     for number in range(requests):
-        handle.on_ask(Request(number))
+        handle.on_ask(CollectRequest(number))
     assert handle.on_death(lockstep=False, running=running) == lost
     assert handle.restarts == 1
     generation = handle.generation
@@ -231,8 +231,8 @@ def test_an_asynchronous_worker_dies_with_the_batch_it_was_collecting(
 
 def test_a_lockstep_worker_dies_with_every_part_it_was_asked_for() -> None:
     handle = ready()
-    handle.on_ask(Request(1))
-    handle.on_ask(Request(2))
+    handle.on_ask(CollectRequest(1))
+    handle.on_ask(CollectRequest(2))
     generation = handle.generation
     assert handle.on_death(lockstep=True, running=False) == 2
     assert handle.outstanding == 2  # asked again of its successor
@@ -243,8 +243,8 @@ def test_a_lockstep_worker_dies_with_every_part_it_was_asked_for() -> None:
 
 def test_a_lost_worker_is_dropped_with_what_it_held() -> None:
     handle = ready()
-    handle.on_ask(Request(1))
-    handle.on_ask(Request(2))
+    handle.on_ask(CollectRequest(1))
+    handle.on_ask(CollectRequest(2))
     handle.on_batch(batch(0), DATA, lockstep=True)
     assert handle.on_lost(lockstep=True, running=False) == 1
     assert (handle.state, handle.lost, handle.outstanding, handle.inbox, handle.restarts) == (
@@ -594,8 +594,8 @@ async def test_elastic_each_worker_lost_is_counted_with_what_it_held(caplog: pyt
 
 async def test_elastic_a_lockstep_worker_lost_drops_every_part_it_was_asked_for() -> None:
     pool = Pool(2, max_restarts=0, on_worker_loss="continue", credits=None)
-    pool.handles[0].on_ask(Request(1))
-    pool.handles[0].on_ask(Request(2))
+    pool.handles[0].on_ask(CollectRequest(1))
+    pool.handles[0].on_ask(CollectRequest(2))
     async with monitoring(pool):
         pool.processes[0].kill()
         await until(pool, lambda: pool.lost_calls)
@@ -639,8 +639,8 @@ def test_every_reset_sent_is_counted_and_zero_env_restarts_is_a_count() -> None:
 async def test_each_restart_of_a_lockstep_worker_drops_every_part_it_was_asked_for() -> None:
     pool = Pool(2, max_restarts=1, credits=None)
     for handle in pool.handles:
-        handle.on_ask(Request(1))
-        handle.on_ask(Request(2))
+        handle.on_ask(CollectRequest(1))
+        handle.on_ask(CollectRequest(2))
     async with monitoring(pool):
         pool.processes[0].kill()
         await until(pool, lambda: pool.spawned == [0])
@@ -661,7 +661,7 @@ def test_a_new_slot_knows_nothing_yet() -> None:
         None,
         0,
     )
-    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.bell_path, handle.pipe) == (None,) * 5
+    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.pipe_path, handle.pipe) == (None,) * 5
     assert (handle.requests, handle.inbox, handle.changes_sent, handle.resets_sent) == ((), (), 0, 0)
     assert (handle.last_beat, handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (
         0.0, -1, 0.0, False, False
@@ -689,12 +689,12 @@ def test_a_credit_pipe_opened_at_the_hello_is_the_one_credits_go_down(tmp_path: 
 
 
 def test_an_incarnation_over_removes_the_credit_pipe_it_left(tmp_path: Any) -> None:
-    bell = tmp_path / "bell"
-    os.mkfifo(bell)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
     handle = ready()
-    handle.make_credit_pipe(str(bell))
+    handle.make_credit_pipe(str(pipe))
     handle.on_death(lockstep=False, running=False)
-    assert not bell.exists()
+    assert not pipe.exists()
 
 
 async def test_a_hand_started_worker_gets_the_collectors_heartbeats_and_its_slot_is_freed_when_it_goes_silent(

@@ -198,7 +198,7 @@ class _FakeWorker(threading.Thread):
             self.done.set()
 
     def _run(self) -> None:
-        from acollect._workers.build import build_engine
+        from acollect._workers.worker_engine import build_engine
         from acollect.stats import EpisodeTracker
 
         config = join(self.address, self.keys, timeout=30)

@@ -25,61 +25,61 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and poll(
 
 
 @pytest.fixture
-def bell():
+def pipe():
     made = CreditPipe.create(credit_pipe_path())
     yield made
     made.close()
 
 
-def test_the_worker_reads_every_word_in_order_and_its_own_wakes(bell: CreditPipe) -> None:
-    assert bell.path is not None
-    assert stat.S_ISFIFO(os.stat(bell.path).st_mode)
-    writer = CreditPipeWriter.open(bell.path)
+def test_the_worker_reads_every_word_in_order_and_its_own_wakes(pipe: CreditPipe) -> None:
+    assert pipe.path is not None
+    assert stat.S_ISFIFO(os.stat(pipe.path).st_mode)
+    writer = CreditPipeWriter.open(pipe.path)
     try:
-        assert not os.path.exists(bell.path), "opened: its name is removed, nothing else needs it"
-        assert bell.read() == []
+        assert not os.path.exists(pipe.path), "opened: its name is removed, nothing else needs it"
+        assert pipe.read() == []
         assert writer.credit()
         assert writer.credit(7)
         assert writer.free(2)
-        bell.wake()
-        assert bell.read() == [(CREDIT, -1), (CREDIT, 7), (FREE, 2), (WAKE, -1)]
-        assert bell.read() == []
+        pipe.wake()
+        assert pipe.read() == [(CREDIT, -1), (CREDIT, 7), (FREE, 2), (WAKE, -1)]
+        assert pipe.read() == []
         many = 1000  # more than one read's worth: read() goes on until the pipe is empty
         for slot in range(many):
             assert writer.free(slot)
-        assert bell.read() == [(FREE, slot) for slot in range(many)]
+        assert pipe.read() == [(FREE, slot) for slot in range(many)]
     finally:
         writer.close()
 
 
-def test_wait_ends_at_the_first_word_or_at_its_deadline(bell: CreditPipe) -> None:
-    assert bell.path is not None
-    writer = CreditPipeWriter.open(bell.path)
+def test_wait_ends_at_the_first_word_or_at_its_deadline(pipe: CreditPipe) -> None:
+    assert pipe.path is not None
+    writer = CreditPipeWriter.open(pipe.path)
     try:
         started = time.monotonic()
-        assert bell.wait(0.05) is False
+        assert pipe.wait(0.05) is False
         assert time.monotonic() - started >= 0.04
         timer = threading.Timer(0.1, writer.credit)
         timer.start()
-        assert bell.wait(3600.0) is True  # ended by the word, an hour before its deadline
+        assert pipe.wait(3600.0) is True  # ended by the word, an hour before its deadline
         timer.join()
-        assert bell.read() == [(CREDIT, -1)]
+        assert pipe.read() == [(CREDIT, -1)]
     finally:
         writer.close()
 
 
-def test_a_writer_says_when_its_word_cannot_go_and_never_waits(bell: CreditPipe) -> None:
-    assert bell.path is not None
-    writer = CreditPipeWriter.open(bell.path)
+def test_a_writer_says_when_its_word_cannot_go_and_never_waits(pipe: CreditPipe) -> None:
+    assert pipe.path is not None
+    writer = CreditPipeWriter.open(pipe.path)
     # Full (nobody read 8,192 records): False at once, and the caller sends the word as a message.
     written = 0
     while writer.credit():
         written += 1
         assert written <= 1 << 20, "a pipe without end"
     assert written >= 512
-    assert len(bell.read()) == written
+    assert len(pipe.read()) == written
     assert writer.credit()
-    bell.close()  # the worker is gone: its words are lost with it, and nothing is raised
+    pipe.close()  # the worker is gone: its words are lost with it, and nothing is raised
     assert writer.credit()
     assert writer.free(0)
     writer.close()
@@ -120,9 +120,9 @@ def test_a_trainer_that_dies_of_sigpipe_survives_its_workers_death(tmp_path) -> 
 import os, signal
 from acollect._batches.credit_pipe import CreditPipe, CreditPipeWriter
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-bell = CreditPipe.create({str(tmp_path / "bell")!r})
-writer = CreditPipeWriter.open(bell.path)
-bell.close()
+pipe = CreditPipe.create({str(tmp_path / "pipe")!r})
+writer = CreditPipeWriter.open(pipe.path)
+pipe.close()
 print(writer.credit(), writer.free(1))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

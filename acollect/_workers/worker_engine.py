@@ -17,7 +17,7 @@ import torch
 
 from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.build import build_engine as build_any_engine
-from acollect._rollout.protocol import BlockingEngine, Engine
+from acollect._rollout.engine import BlockingEngine, Engine
 from acollect._workers import protocol as P
 from acollect._workers.config_codec import resolve_import_path
 from acollect.errors import ConfigurationError
