@@ -47,7 +47,6 @@ from acollect._rollout.keys import TransitionKeys
 from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.sub_env_faults import ContainedFaults
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
-from acollect._rollout.trajectories import Trajectories
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 from acollect.envs import DONE_KEYS, EnvBase
 from acollect.errors import ConfigurationError, PolicyError
@@ -152,7 +151,7 @@ class RolloutEngine:
         # One generator for every random action of the engine (the random policy's own, where it is one):
         # seed() must reach the actions actually taken, not a second generator beside them.
         self._random = policy if isinstance(policy, RandomPolicy) else RandomPolicy(env.action_spec, env.batch_size)
-        self._trajectories = Trajectories(self.n_envs, self.spec.traj_id_offset, self.spec.traj_id_stride)
+        self._trajectories = self.spec.trajectories(self.n_envs)
         self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step count
         # The reset the next batch begins with (``None``: it goes on from the last step): one at first.
         self._next_reset: Reset | None = Reset(seed=None)
