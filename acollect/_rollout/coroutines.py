@@ -206,7 +206,7 @@ class AsyncRollout:
         spec = spec if spec is not None else RolloutSpec(create_env_fn=env, frames_per_batch=self.frames_per_batch)
         self._trajectories = spec.trajectories(self.n_envs)
         self._faults = env_faults
-        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, spec, env_faults)
+        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, env_faults)
         self._passes = PolicyPasses(
             self._envs, self._ring, self._turns, policy, devices=devices, spec=spec, before_pass=self._before_pass
         )
