@@ -22,6 +22,7 @@ from acollect._devices import resolve_devices
 from acollect._policy import wrap_policy
 from acollect._rollout.blocking import RolloutEngine, RolloutInterrupted
 from acollect._rollout.spec import RolloutSpec
+from acollect._rollout.trajectories import Trajectories
 from acollect.envs import EnvBase, GymEnv
 from acollect.errors import ConfigurationError, PolicyError
 from acollect.testing import (
@@ -212,6 +213,20 @@ def test_max_frames_per_traj_truncates_and_resets_across_batches(make_engine: Ca
     assert_counting_batch(both)  # after a truncation the env was really reset (+RESET_JUMP)
     ids = both["collector", "traj_ids"]
     assert [len(set(row.tolist())) for row in ids] == [3, 3]  # one from the reset, two after truncations
+
+
+def test_a_trajectory_reaches_its_limit_with_exactly_its_last_step() -> None:
+    trajectories = Trajectories(2, offset=0, stride=1, max_length=3)
+    reached = [trajectories.count_step().tolist() for _ in range(3)]
+    assert reached == [[False, False], [False, False], [True, True]]  # the 3rd step ends a 3-step trajectory
+    assert trajectories.lengths.tolist() == [3, 3]
+    trajectories.lengths[0] = 0  # env 0 begins a new trajectory
+    assert [bool(trajectories.count_step(0)) for _ in range(3)] == [False, False, True]  # one env alone: the same
+    assert trajectories.lengths.tolist() == [3, 3]  # env 1's untouched
+    assert Trajectories(1, offset=0, stride=1, max_length=1).count_step().tolist() == [True]
+    unlimited = Trajectories(2, offset=0, stride=1)
+    assert not any(unlimited.count_step().any() for _ in range(5))
+    assert unlimited.lengths.tolist() == [5, 5]
 
 
 def test_init_random_frames_then_the_policy(make_engine: Callable[..., RolloutEngine]) -> None:

@@ -47,7 +47,6 @@ from acollect._rollout.keys import TransitionKeys
 from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.sub_env_faults import ContainedFaults
 from acollect._rollout.time_slices import TimeSlices, numpy_view, write_output
-from acollect._rollout.trajectories import Trajectories
 from acollect._time_split import ACTIONS, ENV, OTHER, POLICY, Stopwatch
 from acollect.envs import DONE_KEYS, EnvBase
 from acollect.errors import ConfigurationError, PolicyError
@@ -95,8 +94,8 @@ class RolloutEngine:
         time_steps: the steps each env takes per batch, as the batch-size plan settled them
             (:meth:`~acollect._batches.plan.BatchPlan.time_steps`): a batch holds ``n_envs * time_steps`` frames.
         devices: env, policy and storing devices.
-        spec: the rollout options this engine reads (``max_frames_per_traj``, ``init_random_frames``,
-            ``reset_at_each_iter``, ``exploration_type``, its trajectory ids), as the collector made them
+        spec: the rollout options this engine reads (its trajectories: their ids and length limit,
+            ``init_random_frames``, ``reset_at_each_iter``, ``exploration_type``), as the collector made them
             (:class:`~acollect._rollout.spec.RolloutSpec`); ``None``: every default.
         env_faults: where an exception of the env's ``step`` or ``reset`` goes (``env_errors="restart"``): the env
             is rebuilt, the episodes in flight end as truncated at their last step recorded, and the batch goes
@@ -152,7 +151,7 @@ class RolloutEngine:
         # One generator for every random action of the engine (the random policy's own, where it is one):
         # seed() must reach the actions actually taken, not a second generator beside them.
         self._random = policy if isinstance(policy, RandomPolicy) else RandomPolicy(env.action_spec, env.batch_size)
-        self._trajectories = Trajectories(self.n_envs, self.spec.traj_id_offset, self.spec.traj_id_stride)
+        self._trajectories = self.spec.trajectories(self.n_envs)
         self._done_np = self._next.get("done").numpy()  # shares memory: a cheap per-step count
         # The reset the next batch begins with (``None``: it goes on from the last step): one at first.
         self._next_reset: Reset | None = Reset(seed=None)
@@ -394,7 +393,7 @@ class RolloutEngine:
         remote = policy if split is None and isinstance(policy, SplitPolicy) else None
         random_until = self.spec.init_random_frames
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
-        max_traj = self.spec.max_frames_per_traj
+        limited = trajectories.max_length is not None  # else no cut, and no count: nothing else here reads lengths
         done_np, count_nonzero = self._done_np, np.count_nonzero
         traj_np, steps_np = trajectories.ids, trajectories.lengths
         n = self.n_envs
@@ -450,9 +449,9 @@ class RolloutEngine:
             if contained is not None and contained.rows:
                 contained.mend(batch, t, keys, trajectories)
             failed_reset: Exception | None = None
-            if max_traj is not None:
+            if limited:
                 try:
-                    self._truncate_long_trajectories(max_traj)
+                    self._truncate_long_trajectories()
                 except Exception as exc:
                     if faults is None:
                         raise
@@ -477,10 +476,9 @@ class RolloutEngine:
         batch.names = [None, "time"]
         return batch
 
-    def _truncate_long_trajectories(self, max_traj: int) -> None:
-        steps = self._trajectories.lengths
-        steps += 1
-        over = torch.from_numpy((steps >= max_traj) & ~self._done_np.reshape(-1))
+    def _truncate_long_trajectories(self) -> None:
+        # A row whose episode ended with this step anyway (done) was reset by the env: it has nothing to cut.
+        over = torch.from_numpy(self._trajectories.count_step() & ~self._done_np.reshape(-1))
         if bool(over.any()):
             self._keys.cut(self._next, (), over)
             self.env.reset_into(self._root, mask=over)

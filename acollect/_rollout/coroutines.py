@@ -54,7 +54,6 @@ from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.policy_passes import INLINE_POLICY_SECONDS, PolicyPasses
 from acollect._rollout.row_ring import RowRing
 from acollect._rollout.spec import RolloutSpec
-from acollect._rollout.trajectories import Trajectories
 from acollect._weights.updates import PolicyWeights
 from acollect.envs import AsyncEnvPool
 
@@ -205,9 +204,9 @@ class AsyncRollout:
         self._ring = RowRing(self.n_envs, self.time_steps)
         self._turns = EnvTurns(self.n_envs)
         spec = spec if spec is not None else RolloutSpec(create_env_fn=env, frames_per_batch=self.frames_per_batch)
-        self._trajectories = Trajectories(self.n_envs, spec.traj_id_offset, spec.traj_id_stride)
+        self._trajectories = spec.trajectories(self.n_envs)
         self._faults = env_faults
-        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, spec, env_faults)
+        self._envs = EnvSteps(env, self._ring, self._turns, self._trajectories, env_faults)
         self._passes = PolicyPasses(
             self._envs, self._ring, self._turns, policy, devices=devices, spec=spec, before_pass=self._before_pass
         )

@@ -4,7 +4,7 @@ Env ``i``'s task (:meth:`EnvSteps.run`) waits for its action (:class:`~acollect.
 awaits its
 ``step`` (and its ``reset`` when the episode ended, in the same step), writes the step into its row of the ring
 (:class:`~acollect._rollout.row_ring.RowRing`) and waits again. Each env's trajectory id and length are kept by
-:class:`~acollect._rollout.trajectories.Trajectories`.
+:class:`~acollect._rollout.trajectories.Trajectories`, which also says when a trajectory is cut.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import numpy as np
 from acollect._rollout.env_faults import EnvFaults
 from acollect._rollout.env_turns import EnvTurns
 from acollect._rollout.row_ring import RowRing
-from acollect._rollout.spec import RolloutSpec
 from acollect._rollout.trajectories import Trajectories
 from acollect.envs import AsyncEnvPool
 
@@ -31,8 +30,7 @@ class EnvSteps:
         pool: the envs.
         ring: the rows the steps are written into.
         turns: where each env's actions come from.
-        trajectories: the envs' trajectories.
-        spec: the rollout options: its ``max_frames_per_traj`` truncates (and resets) trajectories longer than it.
+        trajectories: the envs' trajectories: one that reaches its length limit ends truncated, and its env is reset.
         faults: where an exception of an env's ``step`` or ``reset`` goes (``env_errors="restart"``): that env alone
             is rebuilt by the pool and reset, its episode in flight ending as truncated at its last step recorded
             (:mod:`acollect._rollout.env_faults`); ``None``: the exception is raised.
@@ -49,13 +47,11 @@ class EnvSteps:
         ring: RowRing,
         turns: EnvTurns,
         trajectories: Trajectories,
-        spec: RolloutSpec,
         faults: EnvFaults | None = None,
     ) -> None:
         self.pool, self.ring, self.turns, self.trajectories = pool, ring, turns, trajectories
         self.faults = faults
         self.lives = np.zeros(pool.num_envs, dtype=np.int64)  # each env's steps: a fault after one is not in a row
-        self.max_frames_per_traj = spec.max_frames_per_traj
         self.obs_keys: list[tuple[str, ...]] = [leaf.key for leaf in pool.leaves]
         self.root = pool.make_root()  # the tensors root_np views
         self.root_np = [self.root.get(key).numpy() for key in self.obs_keys]
@@ -122,7 +118,7 @@ class EnvSteps:
         reward, terminated, truncated, done = views["reward"], views["terminated"], views["truncated"], views["done"]
         next_obs, root = views["next_obs"], self.root_np
         trajectories, lengths = self.trajectories, self.trajectories.lengths
-        max_traj, faults, lives = self.max_frames_per_traj, self.faults, self.lives
+        faults, lives = self.faults, self.lives
         while True:
             action = await turns.action_for(i)
             col = int(ring.cols[i])
@@ -142,11 +138,11 @@ class EnvSteps:
             checker.write_obs(i, "step", obs, next_obs, (i, col))
             self.steps += 1
             lives[i] += 1
-            steps = lengths[i] + 1
-            if max_traj is not None and steps >= max_traj:
+            if trajectories.count_step(i):  # its trajectory is full: this step ends it (truncated, unless terminated)
                 trunc = trunc or not term
-            reward[i, col], terminated[i, col], truncated[i, col], done[i, col] = r, term, trunc, term or trunc
-            if term or trunc:
+            ended = term or trunc
+            reward[i, col], terminated[i, col], truncated[i, col], done[i, col] = r, term, trunc, ended
+            if ended:
                 try:
                     obs = await pool.call_reset(i)
                 except Exception as exc:
@@ -154,7 +150,6 @@ class EnvSteps:
                         raise
                     obs = await self._rebuilt(i, exc)  # its episode ended with this step anyway
                 trajectories.ids[i] = trajectories.new_id()
-                steps = 0
-            checker.write_obs(i, "reset" if steps == 0 else "step", obs, root, i)
-            lengths[i] = steps
+                lengths[i] = 0
+            checker.write_obs(i, "reset" if ended else "step", obs, root, i)
             turns.stepped(i, goes_on=ring.advance(i))

@@ -5,6 +5,8 @@ Examples:
     >>> spec = RolloutSpec(create_env_fn=CountingEnv, frames_per_batch=8, max_frames_per_traj=5)
     >>> spec.max_frames_per_traj, spec.env_errors
     (5, 'raise')
+    >>> spec.trajectories(n_envs=2).max_length
+    5
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tensordict.nn import InteractionType
+
+from acollect._rollout.trajectories import Trajectories
 
 __all__ = ["RolloutSpec"]
 
@@ -60,3 +64,8 @@ class RolloutSpec:
     traj_id_offset: int = 0
     traj_id_stride: int = 1
     env_errors: str = "raise"
+
+    def trajectories(self, n_envs: int) -> Trajectories:
+        """The trajectories of an engine's ``n_envs`` envs: their ids from ``traj_id_offset`` by ``traj_id_stride``,
+        each cut at ``max_frames_per_traj`` steps (both engines make theirs here, so they read these options once)."""
+        return Trajectories(n_envs, self.traj_id_offset, self.traj_id_stride, max_length=self.max_frames_per_traj)
