@@ -395,7 +395,6 @@ class RolloutEngine:
         env_dev, cast_action = self.devices.env, not self.devices.policy_is_env
         limited = trajectories.max_length is not None  # else no cut, and no count: nothing else here reads lengths
         done_np, count_nonzero = self._done_np, np.count_nonzero
-        traj_np, steps_np = trajectories.ids, trajectories.lengths
         n = self.n_envs
         faults, contained = self._faults, self._contained
         action_keys = keys.actions
@@ -461,9 +460,7 @@ class RolloutEngine:
             traj_copy.copy(t)
             if count_nonzero(done_np):
                 # In numpy: on 8 envs, boolean indexing in torch costs as much as a tenth of a CartPole step.
-                rows = np.flatnonzero(done_np)
-                traj_np[rows] = trajectories.new_ids(len(rows))
-                steps_np[rows] = 0
+                trajectories.start(np.flatnonzero(done_np))
             if failed_reset is not None:
                 self._recover(failed_reset, next_td, t)
                 env = self.env

@@ -117,7 +117,7 @@ class EnvSteps:
         pool, checker, ring, turns, views = self.pool, self.pool.checker, self.ring, self.turns, self.ring.views
         reward, terminated, truncated, done = views["reward"], views["terminated"], views["truncated"], views["done"]
         next_obs, root = views["next_obs"], self.root_np
-        trajectories, lengths = self.trajectories, self.trajectories.lengths
+        trajectories = self.trajectories
         faults, lives = self.faults, self.lives
         while True:
             action = await turns.action_for(i)
@@ -130,8 +130,7 @@ class EnvSteps:
                 # The failed step yields no frame: the rebuilt env's first action fills the same column.
                 self._end_in_flight(i)
                 obs = await self._rebuilt(i, exc)
-                trajectories.ids[i] = trajectories.new_id()
-                lengths[i] = 0
+                trajectories.start(i)
                 checker.write_obs(i, "reset", obs, root, i)
                 turns.stepped(i, goes_on=True)
                 continue
@@ -149,7 +148,6 @@ class EnvSteps:
                     if faults is None:
                         raise
                     obs = await self._rebuilt(i, exc)  # its episode ended with this step anyway
-                trajectories.ids[i] = trajectories.new_id()
-                lengths[i] = 0
+                trajectories.start(i)
             checker.write_obs(i, "reset" if ended else "step", obs, root, i)
             turns.stepped(i, goes_on=ring.advance(i))

@@ -79,5 +79,4 @@ class ContainedFaults:
             mask = torch.zeros(before.shape[0], dtype=torch.bool)
             mask[index] = True
             keys.cut(next_td, (slice(None), t - 1), mask & ~before.squeeze(-1).cpu())
-        trajectories.ids[rows] = trajectories.new_ids(len(rows))
-        trajectories.lengths[rows] = 0
+        trajectories.start(rows)

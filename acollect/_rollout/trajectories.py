@@ -10,6 +10,7 @@ engines cut a trajectory at the same step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import overload
 
 import numpy as np
@@ -70,8 +71,12 @@ class Trajectories:
 
     def start_all(self) -> None:
         """Every env begins a new trajectory (after a reset of all)."""
-        self.ids[:] = self.new_ids(len(self.ids))
-        self.lengths[:] = 0
+        self.start(np.arange(len(self.ids)))
+
+    def start(self, envs: int | Sequence[int] | np.ndarray) -> None:
+        """Each env of ``envs`` (one env, or an array of them) begins a new trajectory: a new id, no step yet."""
+        self.ids[envs] = self.new_id() if isinstance(envs, int) else self.new_ids(len(envs))
+        self.lengths[envs] = 0
 
     @overload
     def count_step(self, envs: int) -> np.bool_: ...
