@@ -84,9 +84,10 @@ def check_worker_affinity(name: str, value: Any) -> str | list[frozenset[int]] |
         return None
     if not can_pin():
         raise ConfigurationError.bad_value(
-            name, value, f"None: this platform ({sys.platform}) cannot pin a process to cores (it has no "
-            "os.sched_setaffinity)",
-        )  # fmt: skip
+            name,
+            value,
+            f"None: this platform ({sys.platform}) cannot pin a process to cores (it has no os.sched_setaffinity)",
+        )
     usable = usable_cores()
     if isinstance(value, str):
         if value == AUTO:

@@ -197,8 +197,12 @@ class CollectorStats:
         """
         ret = "-" if self.episode_return_mean is None else f"{self.episode_return_mean:.4g}"
         of = f"/{total_frames:,}" if total_frames is not None and total_frames > 0 else ""
-        parts = [f"{self.frames:,}{of} frames", f"{self.frames_per_s:,.0f} frames/s", f"{self.episodes} episodes",
-                 f"return {ret}"]  # fmt: skip
+        parts = [
+            f"{self.frames:,}{of} frames",
+            f"{self.frames_per_s:,.0f} frames/s",
+            f"{self.episodes} episodes",
+            f"return {ret}",
+        ]
         lag = max(self.policy_lag.values(), default=0)
         if lag:
             parts.append(f"policy lag {lag}")

@@ -114,8 +114,9 @@ class Counts:
 
     def snapshot(self, *, policy_version: int, counters: Mapping[str, int]) -> CollectorStats:
         """The collector's :class:`~acollect.CollectorStats` now; ``counters``: its counts by field name."""
-        return self._stats.snapshot(frames=self._frames, batches=self._batches, policy_version=policy_version,
-                                    counters=counters)  # fmt: skip
+        return self._stats.snapshot(
+            frames=self._frames, batches=self._batches, policy_version=policy_version, counters=counters
+        )
 
     def close_progress(self, stats: CollectorStats) -> None:
         """Ends the progress display (with the last figures), if one was shown; never raises."""

@@ -203,8 +203,10 @@ class RolloutEngine:
         """
         if not isinstance(self.policy, SplitPolicy):
             raise ConfigurationError.bad_value(
-                "policy", type(self.policy).__name__, "a policy whose calls split in two (submit, receive), such as "
-                "an inference server's client")  # fmt: skip
+                "policy",
+                type(self.policy).__name__,
+                "a policy whose calls split in two (submit, receive), such as an inference server's client",
+            )
         self._split = self.policy
         return self.policy
 

@@ -124,8 +124,11 @@ def _blocking_engine(
         first.close()
         if require_groups:
             raise ConfigurationError.bad_value(
-                "env_groups", env_groups, "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already "
-                "steps while the others wait for their actions, so they are never split into groups")  # fmt: skip
+                "env_groups",
+                env_groups,
+                "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already "
+                "steps while the others wait for their actions, so they are never split into groups",
+            )
     return _owning(spec, None, functools.partial(remote_policy, 0), functools.partial(_on_own_loop, spec))
 
 
@@ -181,8 +184,10 @@ def _owning(spec: RolloutSpec, env: EnvBase | None, make_policy: Callable[[], An
         undo.callback(env.close)
         if isinstance(env, AsyncEnvPool) and spec.reset_at_each_iter:
             raise ConfigurationError.bad_value(
-                "reset_at_each_iter", True, "False with an AsyncEnvPool (its envs run ahead into the next batch: "
-                "call set_seed() to start afresh)")  # fmt: skip
+                "reset_at_each_iter",
+                True,
+                "False with an AsyncEnvPool (its envs run ahead into the next batch: call set_seed() to start afresh)",
+            )
         policy = make_policy()
         if isinstance(policy, PolicyAdapter):  # a central inference client holds a connection
             undo.callback(policy.close)

@@ -285,8 +285,9 @@ class AsyncRollout:
         await self._envs.reset_all(reset.seed)
         outputs = self._passes.output_layout()  # probed on the observations of the reset
         spec, reward = self.env.observation_spec, self.env.reward_spec
-        self._ring.allocate({k: (spec[k].shape, spec[k].dtype) for k in self._envs.obs_keys},
-                            (reward.shape, reward.dtype), outputs)  # fmt: skip
+        self._ring.allocate(
+            {k: (spec[k].shape, spec[k].dtype) for k in self._envs.obs_keys}, (reward.shape, reward.dtype), outputs
+        )
         self._turns.start()
         self._next_reset = None
         tasks = [(functools.partial(self._envs.run, i), f"async-env-{i}") for i in range(self.n_envs)]

@@ -70,8 +70,11 @@ def check_env_errors(create_env_fn: Any, value: str, *, name: str = "env_errors"
         raise ConfigurationError.bad_value(name, value, " or ".join(repr(v) for v in ENV_ERRORS))
     if value == "restart" and not _rebuildable(create_env_fn):
         raise ConfigurationError.bad_value(
-            name, value, "'raise' where the env is given built (an instance): 'restart' rebuilds the env, so it "
-            "needs an env factory (a callable) or a gymnasium id")  # fmt: skip
+            name,
+            value,
+            "'raise' where the env is given built (an instance): 'restart' rebuilds the env, so it "
+            "needs an env factory (a callable) or a gymnasium id",
+        )
 
 
 def _rebuildable(create_env_fn: Any) -> bool:
@@ -213,16 +216,25 @@ class EnvFaults:
         if done >= self.max_in_a_row:
             logger.error(
                 "%s raised again after %d rebuilds in a row without a step between them: giving up "
-                "(env_errors='restart')", which, done,
-            )  # fmt: skip
+                "(env_errors='restart')",
+                which,
+                done,
+            )
             raise error
         self._in_a_row[key] = done + 1
         how = "alone, the other sub-envs stepping on" if key is not None else "whole, from its factory"
         why = f" ({whole_because})" if whole_because else ""
         logger.warning(
             "%s raised %s: %s; rebuilding it %s%s (env_errors='restart', rebuild %d in a row of at most %d)",
-            which, type(error).__name__, error, how, why, done + 1, self.max_in_a_row, exc_info=error,
-        )  # fmt: skip
+            which,
+            type(error).__name__,
+            error,
+            how,
+            why,
+            done + 1,
+            self.max_in_a_row,
+            exc_info=error,
+        )
 
 
 def _close_quietly(env: EnvBase) -> None:

@@ -128,8 +128,11 @@ class PolicyPasses:
             if fastest <= INLINE_POLICY_SECONDS:
                 break
         self.in_thread = fastest > INLINE_POLICY_SECONDS
-        logger.debug("coroutine envs: the policy's passes run %s (the fastest of the probe passes took %.3f ms)",
-                     "in a thread" if self.in_thread else "inline on the event loop", 1000 * fastest)  # fmt: skip
+        logger.debug(
+            "coroutine envs: the policy's passes run %s (the fastest of the probe passes took %.3f ms)",
+            "in a thread" if self.in_thread else "inline on the event loop",
+            1000 * fastest,
+        )
         return {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
 
     def _check_outputs(self, outputs: dict[NestedKey, torch.Tensor]) -> None:
@@ -138,12 +141,15 @@ class PolicyPasses:
             raise PolicyError(f"the policy did not write 'action' (it wrote {sorted(map(str, outputs))})")
         expected = (n_envs, *spec.shape)
         if tuple(outputs["action"].shape) != expected:
-            raise PolicyError(f"the policy wrote an 'action' of shape {tuple(outputs['action'].shape)}: expected "
-                              f"{expected} ([n_envs, *action_spec.shape] for {spec})")  # fmt: skip
+            raise PolicyError(
+                f"the policy wrote an 'action' of shape {tuple(outputs['action'].shape)}: expected "
+                f"{expected} ([n_envs, *action_spec.shape] for {spec})"
+            )
         for key, value in outputs.items():
             if value.shape[:1] != (n_envs,):
-                raise PolicyError(f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading "
-                                  f"batch dim of {n_envs}")  # fmt: skip
+                raise PolicyError(
+                    f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of {n_envs}"
+                )
 
     # -- a pass ---------------------------------------------------------------------------------------
     async def _pass(self, idx: list[int]) -> None:
@@ -167,8 +173,10 @@ class PolicyPasses:
         for key, buffer in views["outputs"]:
             value = outputs.get(key)
             if value is None or value.shape[:1] != (k,):
-                raise PolicyError(f"the policy wrote {key!r} of shape {None if value is None else tuple(value.shape)} "
-                                  f"on {k} envs: expected a leading batch dim of {k}")  # fmt: skip
+                raise PolicyError(
+                    f"the policy wrote {key!r} of shape {None if value is None else tuple(value.shape)} "
+                    f"on {k} envs: expected a leading batch dim of {k}"
+                )
             buffer[rows, cols] = value.detach().cpu().numpy()
         for buffer, root in zip(views["obs"], envs.root_np, strict=True):
             buffer[rows, cols] = root[rows]

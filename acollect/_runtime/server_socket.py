@@ -104,9 +104,12 @@ class ServerSocket:
         try:
             address = check_address(address)
             configure(
-                self._sock, hwm=hwm, heartbeat_ivl=heartbeat_ivl, heartbeat_timeout=heartbeat_timeout,
+                self._sock,
+                hwm=hwm,
+                heartbeat_ivl=heartbeat_ivl,
+                heartbeat_timeout=heartbeat_timeout,
                 max_message_bytes=None,
-            )  # fmt: skip
+            )
             if keys is not None:
                 keys.apply(self._sock)
                 self._allow = AllowList(self._ctx, keys.authorized_dir)
@@ -277,8 +280,7 @@ class Waiter:
             raise TransportError(f"waiting on the server's sockets failed: {exc}") from exc
         if not events:
             return _NOTHING
-        return Ready(frozenset(fd for fd, _ in events if isinstance(fd, int)),
-                     any(fd is self._zmq for fd, _ in events))  # fmt: skip
+        return Ready(frozenset(fd for fd, _ in events if isinstance(fd, int)), any(fd is self._zmq for fd, _ in events))
 
 
 _NOTHING = Ready()

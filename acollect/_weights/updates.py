@@ -132,9 +132,11 @@ def params_of(name: str, source: object) -> TensorDictBase:
     """The weights ``source`` holds (argument ``name``), checked; refused where there are none to take."""
     if source is None:  # nothing given, and no policy given at construction to take the weights of
         raise ConfigurationError.bad_value(
-            name, None, "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
+            name,
+            None,
+            "an nn.Module, a TensorDict of weights or a state dict (the collector was built without a "
             "policy holding weights: pass one)",
-        )  # fmt: skip
+        )
     return as_weights(source, name)  # a state dict means the same as TensorDict.from_module
 
 
@@ -168,8 +170,17 @@ class WeightUpdate:
     timeout: float
 
     @classmethod
-    def of(cls, policy_or_weights: object, *, policy: object, weights: object, weights_dict: object,
-           model_id: object, worker_ids: object, timeout: object) -> WeightUpdate:  # fmt: skip
+    def of(
+        cls,
+        policy_or_weights: object,
+        *,
+        policy: object,
+        weights: object,
+        weights_dict: object,
+        model_id: object,
+        worker_ids: object,
+        timeout: object,
+    ) -> WeightUpdate:
         given = {"policy_or_weights": policy_or_weights, "policy": policy, "weights": weights}
         source = one_source(**given, weights_dict=weights_dict)
         if weights_dict is not None and (not isinstance(weights_dict, Mapping) or not weights_dict):

@@ -116,9 +116,11 @@ class Launcher(abc.ABC):
         """
         if address is not None and not self.same_host and not address.startswith("tcp://"):
             raise ConfigurationError.bad_value(
-                "address", address, f"a 'tcp://<host>:<port>' address (the {self.name} launcher's workers may run "
+                "address",
+                address,
+                f"a 'tcp://<host>:<port>' address (the {self.name} launcher's workers may run "
                 "on other hosts), or None for the default",
-            )  # fmt: skip
+            )
 
     @abc.abstractmethod
     def start(self, config: WorkerConfig) -> LaunchedWorker:

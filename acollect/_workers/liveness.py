@@ -119,45 +119,66 @@ class Monitor:
                 code = handle.process.exitcode if handle.process is not None else None
                 beats, batches = handle.heartbeats, handle.batches
                 if code is not None:
-                    await self._on_death(handle, WorkerCrashedError(
-                        f"worker {handle.index} ({handle.where}) died: {describe_exit(code)}",
-                        worker_id=handle.index,
-                        exitcode=code,
-                    ))  # fmt: skip
+                    await self._on_death(
+                        handle,
+                        WorkerCrashedError(
+                            f"worker {handle.index} ({handle.where}) died: {describe_exit(code)}",
+                            worker_id=handle.index,
+                            exitcode=code,
+                        ),
+                    )
                 elif handle.unreachable_since is not None and now - handle.unreachable_since > self.unreachable_grace:
-                    await self._on_death(handle, WorkerCrashedError(
-                        f"worker {handle.index} ({handle.where}) cannot be reached: its connection to the "
-                        f"collector is gone (a message to it failed {now - handle.unreachable_since:.1f}s ago)",
-                        worker_id=handle.index,
-                    ))  # fmt: skip
+                    await self._on_death(
+                        handle,
+                        WorkerCrashedError(
+                            f"worker {handle.index} ({handle.where}) cannot be reached: its connection to the "
+                            f"collector is gone (a message to it failed {now - handle.unreachable_since:.1f}s ago)",
+                            worker_id=handle.index,
+                        ),
+                    )
                 elif not handle.ready and handle.unreachable_since is None:
                     if now - handle.started_at > startup_timeout:
-                        await self._on_death(handle, WorkerTimeoutError(
-                            (f"no remote worker joined as worker {handle.index}" if remote and not handle.joined
-                             else f"worker {handle.index} ({handle.where}) did not start")
-                            + f" within startup_timeout={startup_timeout}s",
-                            worker_id=handle.index,
-                        ))  # fmt: skip
+                        await self._on_death(
+                            handle,
+                            WorkerTimeoutError(
+                                (
+                                    f"no remote worker joined as worker {handle.index}"
+                                    if remote and not handle.joined
+                                    else f"worker {handle.index} ({handle.where}) did not start"
+                                )
+                                + f" within startup_timeout={startup_timeout}s",
+                                worker_id=handle.index,
+                            ),
+                        )
                 elif batches.missing_since is not None and now - batches.missing_since > heartbeat_timeout:
-                    await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} ({handle.where}) sent batch {batches.next_seq} more than "
-                        f"heartbeat_timeout={heartbeat_timeout}s ago and it never arrived: its connection "
-                        "to the collector dropped it",
-                        worker_id=handle.index,
-                    ))  # fmt: skip
+                    await self._on_death(
+                        handle,
+                        WorkerTimeoutError(
+                            f"worker {handle.index} ({handle.where}) sent batch {batches.next_seq} more than "
+                            f"heartbeat_timeout={heartbeat_timeout}s ago and it never arrived: its connection "
+                            "to the collector dropped it",
+                            worker_id=handle.index,
+                        ),
+                    )
                 elif now - beats.last_beat > heartbeat_timeout:
-                    await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} ({handle.where}) sent no heartbeat for {now - beats.last_beat:.1f}s "
-                        f"(heartbeat_timeout={heartbeat_timeout}s)",
-                        worker_id=handle.index,
-                    ))  # fmt: skip
+                    await self._on_death(
+                        handle,
+                        WorkerTimeoutError(
+                            f"worker {handle.index} ({handle.where}) sent no heartbeat for "
+                            f"{now - beats.last_beat:.1f}s (heartbeat_timeout={heartbeat_timeout}s)",
+                            worker_id=handle.index,
+                        ),
+                    )
                 elif beats.busy and now - beats.last_progress > heartbeat_timeout:
-                    await self._on_death(handle, WorkerTimeoutError(
-                        f"worker {handle.index} ({handle.where}) is hung: no env step for "
-                        f"{now - beats.last_progress:.1f}s while collecting "
-                        f"(heartbeat_timeout={heartbeat_timeout}s)",
-                        worker_id=handle.index,
-                    ))  # fmt: skip
+                    await self._on_death(
+                        handle,
+                        WorkerTimeoutError(
+                            f"worker {handle.index} ({handle.where}) is hung: no env step for "
+                            f"{now - beats.last_progress:.1f}s while collecting "
+                            f"(heartbeat_timeout={heartbeat_timeout}s)",
+                            worker_id=handle.index,
+                        ),
+                    )
             self.events.notify()
 
     async def _send_heartbeats(self, beat: list[bytes]) -> None:
@@ -189,8 +210,9 @@ class Monitor:
         lost = handle.on_death(lockstep=self.settings.lockstep, running=self.mode.running)
         self.counters.dropped_batches += lost
         if process is None:  # a remote worker: nothing to kill or restart here, its slot waits for a new one
-            logger.warning("%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts,
-                           max_restarts)  # fmt: skip
+            logger.warning(
+                "%s; waiting for a worker to join in its place (%d/%d)", error, handle.restarts, max_restarts
+            )
             self._vacate(handle)
             return
         logger.warning("%s; restarting it (%d/%d)", error, handle.restarts, max_restarts)
@@ -217,7 +239,11 @@ class Monitor:
         left = sum(not h.lost for h in self.handles)
         logger.warning(
             "%s; its restarts are spent (max_worker_restarts=%d): worker %d is lost, collection goes on with the %d "
-            "workers left (on_worker_loss='continue')", error, self.settings.max_restarts, handle.index, left,
-        )  # fmt: skip
+            "workers left (on_worker_loss='continue')",
+            error,
+            self.settings.max_restarts,
+            handle.index,
+            left,
+        )
         self._lost()
         self.events.notify()

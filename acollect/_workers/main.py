@@ -97,10 +97,13 @@ class _Worker:
         self.asked = 0  # the highest number of a one-shot request received (under `lock`)
         # Weights, seed and state staged by the control thread for the runner's next batch boundary.
         self.staging = Staging(
-            send=self.send, engine=lambda: self.engine, dist=lambda: self.dist,
+            send=self.send,
+            engine=lambda: self.engine,
+            dist=lambda: self.dist,
             next_request=lambda: self.requested[0][0] if self.requested else self.asked + 1,
-            requests_waiting=lambda: bool(self.requested), asked=lambda: self.asked,
-        )  # fmt: skip
+            requests_waiting=lambda: bool(self.requested),
+            asked=lambda: self.asked,
+        )
         self.runner: threading.Thread | None = None
         self.sent = 0  # batches handed to ZeroMQ; heartbeats carry it so a lost batch is noticed
         self.episodes = EpisodeTracker()  # the runner's: episodes travel in each batch header
@@ -123,8 +126,15 @@ class _Worker:
         with self.lock:  # read together: while a batch is begun, ``sent`` is its seq
             busy = self.state.collecting
             partial, sent = busy or (engine is not None and engine.in_batch), self.sent
-        fields = {"steps": steps, "busy": busy, "partial": partial, "sent": sent, "discarded": discarded,
-                  "env_restarts": restarts, "sub_env_restarts": alone}  # fmt: skip
+        fields = {
+            "steps": steps,
+            "busy": busy,
+            "partial": partial,
+            "sent": sent,
+            "discarded": discarded,
+            "env_restarts": restarts,
+            "sub_env_restarts": alone,
+        }
         with contextlib.suppress(TimeoutError):
             self.send(P.HEARTBEAT, fields, timeout=_BEAT_TIMEOUT)
 
@@ -184,8 +194,11 @@ class _Worker:
             return False
         logger.error(
             "acollect worker %d (pid %d): the collector at %s is gone (%s); exiting",
-            self.config.index, os.getpid(), self.config.address, why,
-        )  # fmt: skip
+            self.config.index,
+            os.getpid(),
+            self.config.address,
+            why,
+        )
         return True
 
     def control_loop(self) -> int:

@@ -108,10 +108,15 @@ class WorkerPool:
         self.mode = WorkerMode()
         # A push applies from the first lockstep batch no worker was asked for yet (see Lockstep).
         self.weights = WeightPusher(
-            self.handles, self.events, self.send, schemes=settings.weight_sync_schemes,
+            self.handles,
+            self.events,
+            self.send,
+            schemes=settings.weight_sync_schemes,
             default_scheme=default_scheme(settings) if self.weights_through_shm else ZmqWeightSyncScheme(),
-            max_restarts=settings.max_restarts, elastic=settings.elastic, first_unasked=lambda: self._batches_asked + 1,
-        )  # fmt: skip
+            max_restarts=settings.max_restarts,
+            elastic=settings.elastic,
+            first_unasked=lambda: self._batches_asked + 1,
+        )
         self._loops: list[tuple[anyio.CancelScope, anyio.Event]] = []  # each loop's scope, and its end
         #: where the workers write their batches: a ring each, or the segments of lockstep batches
         self.slots = PoolSlots(self.handles, settings, self.send, self._wants_shm)
@@ -238,13 +243,27 @@ class WorkerPool:
         endpoint = self.endpoint = Endpoint(address, keys=settings.keys)
         self.events.starting()
         receiver = Receiver(
-            endpoint, self.handles, self.events, self.counters, self.ready_queue,
-            settings, self.weights, greet=self._greet, batch_data=self._batch_data,
-        )  # fmt: skip
+            endpoint,
+            self.handles,
+            self.events,
+            self.counters,
+            self.ready_queue,
+            settings,
+            self.weights,
+            greet=self._greet,
+            batch_data=self._batch_data,
+        )
         monitor = Monitor(
-            endpoint, self.handles, self.events, self.counters, self.mode,
-            settings, spawn=self._spawn, vacate=self._vacate, lost=self._lost,
-        )  # fmt: skip
+            endpoint,
+            self.handles,
+            self.events,
+            self.counters,
+            self.mode,
+            settings,
+            spawn=self._spawn,
+            vacate=self._vacate,
+            lost=self._lost,
+        )
         # A loop that raises (say an OSError while restarting a worker) must not end silently: dead
         # workers would no longer be noticed. It fails the pool instead, and the collector with it.
         for name, loop in (("receiver", receiver), ("monitor", monitor)):
@@ -270,8 +289,7 @@ class WorkerPool:
             try:
                 handle.memory.use_credit_pipe(CreditPipeWriter.open(handle.memory.pipe_path))
             except OSError as exc:  # not there (another mount namespace): its credits go as messages
-                logger.debug("worker %d's pipe could not be opened (%s): its credits go as messages",
-                             handle.index, exc)  # fmt: skip
+                logger.debug("worker %d's pipe could not be opened (%s): its credits go as messages", handle.index, exc)
         await self.slots.on_hello(handle)
         if self.weights.last is not None:
             fields, td = self.weights.last

@@ -112,8 +112,9 @@ class PoolSlots:
         try:
             names = ring.grow(count)
         except TransportError as exc:
-            logger.debug("no more shared memory for worker %d's slots (%s): its batch is handed out as a copy",
-                         handle.index, exc)  # fmt: skip
+            logger.debug(
+                "no more shared memory for worker %d's slots (%s): its batch is handed out as a copy", handle.index, exc
+            )
             return False
         await self._send(handle, P.SLOTS, {"names": names, "layout": ring.layout, "add": True}, None)
         return True

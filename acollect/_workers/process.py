@@ -163,11 +163,12 @@ def check_start_method(start_method: str) -> None:
         )
     if multiprocessing.current_process().daemon:
         raise ConfigurationError.bad_value(
-            "start_method", start_method,
+            "start_method",
+            start_method,
             f"'spawn' in this process: {multiprocessing.current_process().name} is a daemonic multiprocessing "
             "process (a multiprocessing.Pool worker, or a Process with daemon=True), whose children multiprocessing "
             "forbids; spawned workers are not multiprocessing's",
-        )  # fmt: skip
+        )
 
 
 def start_worker(config: WorkerConfig, *, start_method: str = DEFAULT_START_METHOD) -> WorkerProcess:

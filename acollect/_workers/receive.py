@@ -139,13 +139,17 @@ class Receiver:
             return
         if handle.batches.on_late(generation, header):
             self.counters.dropped_batches += 1
-            logger.info("dropped batch %s of worker %d's previous process: it arrived after its death",
-                        header.get("seq"), handle.index)  # fmt: skip
+            logger.info(
+                "dropped batch %s of worker %d's previous process: it arrived after its death",
+                header.get("seq"),
+                handle.index,
+            )
 
     def _reject(self, identity: bytes, reason: BaseException) -> None:
         self.counters.rejected_messages += 1
-        logger.warning("rejected a message from %r (%d so far): %s", identity[:64], self.counters.rejected_messages,
-                       reason)  # fmt: skip
+        logger.warning(
+            "rejected a message from %r (%d so far): %s", identity[:64], self.counters.rejected_messages, reason
+        )
 
     async def _loop(self) -> None:
         endpoint = self.endpoint
@@ -212,8 +216,10 @@ class Receiver:
                 self.counters.env_restarts += restarted
                 logger.warning(
                     "worker %d rebuilt its env after it raised (env_errors='restart'; the worker logged the "
-                    "exception): %d env restarts in all", handle.index, self.counters.env_restarts,
-                )  # fmt: skip
+                    "exception): %d env restarts in all",
+                    handle.index,
+                    self.counters.env_restarts,
+                )
         if kind == P.HEARTBEAT:
             # Frames the worker stepped and gave up (a batch a pause held, then a reseed or restore).
             self.counters.discarded_frames += handle.on_beat(header, now)

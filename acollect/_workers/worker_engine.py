@@ -47,9 +47,13 @@ def build_engine(config: P.WorkerConfig, interrupt: threading.Event | None = Non
         engine = build_any_engine(spec, blocking=True)
     else:
         remote = functools.partial(_remote_policy, config, config.inference, interrupt)
-        engine = build_any_engine(spec, blocking=True, remote_policy=remote,
-                                  env_groups=config.inference.get("env_groups", 1),
-                                  require_groups=bool(config.inference.get("env_groups_required")))  # fmt: skip
+        engine = build_any_engine(
+            spec,
+            blocking=True,
+            remote_policy=remote,
+            env_groups=config.inference.get("env_groups", 1),
+            require_groups=bool(config.inference.get("env_groups_required")),
+        )
     engine.next_traj_counter = config.next_traj_counter
     engine.frames = config.frames
     return engine

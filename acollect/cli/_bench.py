@@ -105,8 +105,9 @@ def _ceiling_round(workers: int, envs_per_worker: int, frames: int, frames_per_b
     """``workers`` independent loop processes; the seconds returned make frames/s the sum of theirs."""
     from acollect.cli._reference_loops import run_independent_loops
 
-    loops = run_independent_loops(workers, envs_per_worker, frames_per_batch // workers,
-                                  max(1, frames // frames_per_batch), timeout=600.0)  # fmt: skip
+    loops = run_independent_loops(
+        workers, envs_per_worker, frames_per_batch // workers, max(1, frames // frames_per_batch), timeout=600.0
+    )
     return loops.frames, loops.frames / loops.frames_per_s
 
 
@@ -183,9 +184,12 @@ def _measure(contenders: list[tuple[str, Round | str]], rounds: int, log: Callab
 
 
 def format_table(
-    results: list[Result], *, bytes_per_frame: int | None = None, ceiling: str | None = None,
+    results: list[Result],
+    *,
+    bytes_per_frame: int | None = None,
+    ceiling: str | None = None,
     worker_rows: frozenset[str] = frozenset(),
-) -> str:  # fmt: skip
+) -> str:
     """Median frames/s per contender, its ratio to the first one (the hand loop), and worker rows' to ``ceiling``."""
     base = results[0].median
     top = next((r.median for r in results if r.name == ceiling), None)
@@ -246,12 +250,18 @@ def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Calla
     per_worker = envs // workers
 
     def collector(total: int) -> Collector:
-        return Collector(partial(GymEnv, ENV_ID, num_envs=envs), make_policy(), frames_per_batch=fpb,
-                         total_frames=total)  # fmt: skip
+        return Collector(
+            partial(GymEnv, ENV_ID, num_envs=envs), make_policy(), frames_per_batch=fpb, total_frames=total
+        )
 
     def multi(cls: Any, batch: int) -> Callable[[int], Any]:
-        return lambda total: cls(partial(GymEnv, ENV_ID, num_envs=per_worker), make_policy(), num_workers=workers,
-                                 frames_per_batch=batch, total_frames=total)  # fmt: skip
+        return lambda total: cls(
+            partial(GymEnv, ENV_ID, num_envs=per_worker),
+            make_policy(),
+            num_workers=workers,
+            frames_per_batch=batch,
+            total_frames=total,
+        )
 
     split = f"{workers}x{per_worker} envs"
     ceiling = f"ceiling: {workers} independent hand loops ({split})"
@@ -262,16 +272,22 @@ def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Calla
         (f"acollect Collector ({envs} envs)", lambda: asyncio.run(_collector_round(collector, frames, fpb))),
         (ceiling, lambda: _ceiling_round(workers, per_worker, frames, fpb)),
         (sync, lambda: asyncio.run(_collector_round(multi(MultiSyncCollector, fpb), frames, fpb))),
-        (async_, lambda: asyncio.run(_collector_round(multi(MultiAsyncCollector, fpb // workers), frames,
-                                                      fpb // workers, warmup=workers))),
-    ]  # fmt: skip
+        (
+            async_,
+            lambda: asyncio.run(
+                _collector_round(multi(MultiAsyncCollector, fpb // workers), frames, fpb // workers, warmup=workers)
+            ),
+        ),
+    ]
     if not args.no_torchrl:
         missing = _torchrl_missing()
         contenders += [
             (f"torchrl Collector, SerialEnv({envs})", missing or (lambda: _torchrl_round(envs, 1, frames, fpb))),
-            (f"torchrl MultiSyncCollector ({workers}x{per_worker})",
-             missing or (lambda: _torchrl_round(envs, workers, frames, fpb))),
-        ]  # fmt: skip
+            (
+                f"torchrl MultiSyncCollector ({workers}x{per_worker})",
+                missing or (lambda: _torchrl_round(envs, workers, frames, fpb)),
+            ),
+        ]
     title = f"{ENV_ID}, MLP 4-64-64-2, frames_per_batch {fpb}, {frames:,} timed frames x {args.rounds} round(s)"
     # Said under the table: a bare "vs ceiling" ratio does not tell what the collectors were held against.
     note = (
@@ -282,8 +298,13 @@ def cartpole(args: argparse.Namespace, header: Callable[[str], None], log: Calla
     )
     header(title)
     results = _measure(contenders, args.rounds, log)
-    return {"title": title, "results": results, "ceiling": ceiling, "worker_rows": frozenset({ceiling, sync, async_}),
-            "note": note}  # fmt: skip
+    return {
+        "title": title,
+        "results": results,
+        "ceiling": ceiling,
+        "worker_rows": frozenset({ceiling, sync, async_}),
+        "note": note,
+    }
 
 
 def pixels(args: argparse.Namespace, header: Callable[[str], None], log: Callable[[str], None]) -> dict[str, Any]:
@@ -299,18 +320,22 @@ def pixels(args: argparse.Namespace, header: Callable[[str], None], log: Callabl
         return Collector(partial(PixelEnv, envs), frames_per_batch=fpb, total_frames=total)
 
     def multi(total: int) -> MultiSyncCollector:
-        return MultiSyncCollector(partial(PixelEnv, per_worker), num_workers=workers, frames_per_batch=fpb,
-                                  total_frames=total)  # fmt: skip
+        return MultiSyncCollector(
+            partial(PixelEnv, per_worker), num_workers=workers, frames_per_batch=fpb, total_frames=total
+        )
 
     contenders: list[tuple[str, Round | str]] = [
         (f"hand loop, in-process ({envs} envs)", lambda: _loop_round(partial(PixelHandLoop, envs, fpb), frames, fpb)),
         (f"acollect Collector ({envs} envs)", lambda: asyncio.run(_collector_round(collector, frames, fpb))),
-        (f"acollect MultiSyncCollector ({workers}x{per_worker} envs)",
-         lambda: asyncio.run(_collector_round(multi, frames, fpb))),
-    ]  # fmt: skip
+        (
+            f"acollect MultiSyncCollector ({workers}x{per_worker} envs)",
+            lambda: asyncio.run(_collector_round(multi, frames, fpb)),
+        ),
+    ]
     shape = "x".join(map(str, PIXEL_SHAPE))
-    title = (f"pixels {shape} uint8, no step cost, frames_per_batch {fpb}, "
-             f"{frames:,} timed frames x {args.rounds} round(s)")  # fmt: skip
+    title = (
+        f"pixels {shape} uint8, no step cost, frames_per_batch {fpb}, {frames:,} timed frames x {args.rounds} round(s)"
+    )
     header(title)
     results = _measure(contenders, args.rounds, log)
     # Observation and next observation: what a frame carries that matters.
@@ -333,8 +358,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "installed. Short by default: raise --frames and --rounds for steadier figures."
         ),
     )
-    parser.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS),
-                        help="workloads to run (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS), help="workloads to run (default: all)"
+    )
     # Each number's default in its help, so `--help` says what a bare `acollect bench` runs.
     numbers = [
         ("--frames", 40_960, "timed CartPole frames per round: whole batches, at least one"),
@@ -357,8 +383,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _check(args: argparse.Namespace) -> None:
     from acollect.errors import ConfigurationError
 
-    for name in ("frames", "rounds", "frames_per_batch", "num_envs", "workers", "pixel_frames", "pixel_envs",
-                 "pixel_steps"):  # fmt: skip
+    for name in (
+        "frames",
+        "rounds",
+        "frames_per_batch",
+        "num_envs",
+        "workers",
+        "pixel_frames",
+        "pixel_envs",
+        "pixel_steps",
+    ):
         if getattr(args, name) <= 0:
             raise ConfigurationError.bad_value(f"--{name.replace('_', '-')}", getattr(args, name), "a positive int")
     if args.num_envs % args.workers or args.pixel_envs % args.workers:
@@ -373,15 +407,17 @@ def _check(args: argparse.Namespace) -> None:
     only = getattr(args, "only", WORKLOADS)
     if "cartpole" in only and args.frames < args.frames_per_batch:
         raise ConfigurationError.bad_value(
-            "--frames", args.frames, f"at least one batch, --frames-per-batch ({args.frames_per_batch}): each round "
-            "times whole batches",
-        )  # fmt: skip
+            "--frames",
+            args.frames,
+            f"at least one batch, --frames-per-batch ({args.frames_per_batch}): each round times whole batches",
+        )
     pixel_batch = args.pixel_envs * args.pixel_steps
     if "pixels" in only and args.pixel_frames < pixel_batch:
         raise ConfigurationError.bad_value(
-            "--pixel-frames", args.pixel_frames, f"at least one batch, --pixel-envs x --pixel-steps ({pixel_batch}): "
-            "each round times whole batches",
-        )  # fmt: skip
+            "--pixel-frames",
+            args.pixel_frames,
+            f"at least one batch, --pixel-envs x --pixel-steps ({pixel_batch}): each round times whole batches",
+        )
 
 
 def _print_header(workload: str, title: str) -> None:
@@ -400,16 +436,26 @@ def run(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     cores = os.cpu_count()
-    print(f"acollect bench on {cores} cores, Python {platform.python_version()}, torch {torch.__version__}, "
-          f"1 torch thread")  # fmt: skip
-    report: dict[str, Any] = {"cores": cores, "python": platform.python_version(), "torch": torch.__version__,
-                              "args": vars(args) | {"run": None}, "workloads": {}}  # fmt: skip
+    print(
+        f"acollect bench on {cores} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"1 torch thread"
+    )
+    report: dict[str, Any] = {
+        "cores": cores,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "args": vars(args) | {"run": None},
+        "workloads": {},
+    }
     for name in args.only:
         outcome = WORKLOADS[name](args, partial(_print_header, name), log)
         results: list[Result] = outcome["results"]
         ceiling, worker_rows = outcome.get("ceiling"), outcome.get("worker_rows", frozenset())
-        print(format_table(results, bytes_per_frame=outcome.get("bytes_per_frame"), ceiling=ceiling,
-                           worker_rows=worker_rows))  # fmt: skip
+        print(
+            format_table(
+                results, bytes_per_frame=outcome.get("bytes_per_frame"), ceiling=ceiling, worker_rows=worker_rows
+            )
+        )
         if outcome.get("note"):
             print(textwrap.fill(outcome["note"], width=100))
         base = results[0].median
@@ -419,13 +465,18 @@ def run(args: argparse.Namespace) -> int:
             "note": outcome.get("note"),
             "bytes_per_frame": outcome.get("bytes_per_frame"),
             "results": [
-                {"name": r.name, "frames_per_s": r.frames_per_s, "median": r.median, "skipped": r.skipped,
-                 "vs_hand_loop": (r.median / base) if r.median and base else None,
-                 "vs_ceiling": (r.median / top) if r.median and top and r.name in worker_rows else None,
-                 "bottleneck": r.bottleneck}
+                {
+                    "name": r.name,
+                    "frames_per_s": r.frames_per_s,
+                    "median": r.median,
+                    "skipped": r.skipped,
+                    "vs_hand_loop": (r.median / base) if r.median and base else None,
+                    "vs_ceiling": (r.median / top) if r.median and top and r.name in worker_rows else None,
+                    "bottleneck": r.bottleneck,
+                }
                 for r in results
             ],
-        }  # fmt: skip
+        }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)

@@ -167,10 +167,11 @@ class ReplayRatio:
         self.max_frames_ahead = check_int("max_frames_ahead", max_frames_ahead)
         if self.max_frames_ahead < self.frames_per_update:
             raise ConfigurationError.bad_value(
-                "max_frames_ahead", max_frames_ahead,
+                "max_frames_ahead",
+                max_frames_ahead,
                 f"at least frames_per_update={frames_per_update:g} (else the trainer's next update waits for frames "
                 "the collector may not collect)",
-            )  # fmt: skip
+            )
         #: gradient updates the trainer reported since ``start()`` (a running total)
         self.updates = 0
 
@@ -219,7 +220,7 @@ class Background:
         "_set_up",
         "_settings",
         "_tasks",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
@@ -288,9 +289,11 @@ class Background:
             ratio = ReplayRatio(frames_per_update, learning_starts, ahead)
         elif learning_starts or max_frames_ahead is not None:
             raise ConfigurationError.bad_value(
-                "frames_per_update", None, "a number of frames per update when learning_starts or max_frames_ahead "
+                "frames_per_update",
+                None,
+                "a number of frames per update when learning_starts or max_frames_ahead "
                 "is given (they are parts of the replay ratio)",
-            )  # fmt: skip
+            )
         self._tasks.ensure_group()
         self._lifecycle.enter_background()
         self._run.started(ratio)
@@ -316,10 +319,11 @@ class Background:
         def more(ratio: ReplayRatio) -> int:
             if total < ratio.updates:
                 raise ConfigurationError.bad_value(
-                    "total", total,
+                    "total",
+                    total,
                     f"at least the {ratio.updates} updates already reported: trained_until() takes the running "
                     "total since start(); trained(updates=n) reports n more",
-                )  # fmt: skip
+                )
             return total - ratio.updates
 
         await self._report_updates("trained_until()", more)

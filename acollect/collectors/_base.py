@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
+from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
 import anyio
 import torch
@@ -24,7 +24,6 @@ from typing_extensions import Never
 
 from acollect._batches.counts import Counts
 from acollect._batches.plan import BatchPlan
-from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._runtime.lifecycle import CloseReason, CollectorState, Lifecycle
 from acollect._runtime.notify import Notifier
 from acollect._runtime.tasks import TaskOwner
@@ -33,6 +32,7 @@ from acollect._weights.updates import WeightUpdate
 from acollect.collectors._background import Background, Started
 from acollect.collectors._calls import Calls
 from acollect.collectors._episode_batches import EpisodeBatches
+from acollect.collectors._hooks import CollectorHooks
 from acollect.collectors._lifetime import Lifetime
 from acollect.collectors._pause import Pauses
 from acollect.errors import ClosedCollectorError, CollectorStateError
@@ -48,12 +48,13 @@ __all__ = ["CollectorBase", "CollectorState", "SupportsExtend"]
 _Collector = TypeVar("_Collector", bound="CollectorBase")
 
 
-class CollectorBase:
+class CollectorBase(CollectorHooks):
     """Shared lifecycle of all collectors (TorchRL calls it ``DataCollectorBase``).
 
     Subclasses name the class of their options (``settings_class``), call ``super().__init__(batch=...,
     total_frames=..., progress=...)`` with their :class:`~acollect._batches.plan.BatchPlan` and implement
-    ``_setup``, ``_collect_batch`` and ``_teardown``. Its jobs besides iteration are parts it composes (the module's
+    the hooks of :class:`~acollect.collectors._hooks.CollectorHooks`: ``_setup``, ``_collect_batch`` and
+    ``_teardown`` at least. Its jobs besides iteration are parts it composes (the module's
     notes); its public methods for them hand over to those parts.
     """
 
@@ -82,64 +83,54 @@ class CollectorBase:
         self._calls = Calls(name, self._lifecycle, self._tasks, self._changes, on_failure=self._fail)
         # trajs_per_batch: whole episodes gathered from the batches collected.
         self._episode_batches = EpisodeBatches(
-            workers=self._trajectory_id_stride, counts=self._counts, count_frames=self._count_frames,
-            collected_all=self._collected_all, added=self._assembled, checked=self._calls.checked,
-        )  # fmt: skip
-        self._background = Background(
-            lifecycle=self._lifecycle, tasks=self._tasks, calls=self._calls, changes=self._changes,
-            counts=self._counts, episodes=self._episode_batches, batch=self._batch, settings=lambda: self.settings,
-            set_up=self._ensure_setup, collect=self._collect_batch, exhausted=lambda: self.exhausted,
+            workers=self._trajectory_id_stride,
+            counts=self._counts,
             count_frames=self._count_frames,
-        )  # fmt: skip
+            collected_all=self._collected_all,
+            added=self._assembled,
+            checked=self._calls.checked,
+        )
+        self._background = Background(
+            lifecycle=self._lifecycle,
+            tasks=self._tasks,
+            calls=self._calls,
+            changes=self._changes,
+            counts=self._counts,
+            episodes=self._episode_batches,
+            batch=self._batch,
+            settings=lambda: self.settings,
+            set_up=self._ensure_setup,
+            collect=self._collect_batch,
+            exhausted=lambda: self.exhausted,
+            count_frames=self._count_frames,
+        )
         self._pauses = Pauses(
-            lifecycle=self._lifecycle, calls=self._calls, run=self._background.run, changes=self._changes,
-            counts=self._counts, stats=self.stats, apply=self._apply_pause,
-        )  # fmt: skip
+            lifecycle=self._lifecycle,
+            calls=self._calls,
+            run=self._background.run,
+            changes=self._changes,
+            counts=self._counts,
+            stats=self.stats,
+            apply=self._apply_pause,
+        )
         self._lifetime = Lifetime(
-            self, lifecycle=self._lifecycle, tasks=self._tasks, calls=self._calls, pauses=self._pauses,
-            counts=self._counts, stats=self.stats, setup=self._setup, teardown=self._teardown,
-            release_now=self._release_now, limit=shutdown_timeout,
-        )  # fmt: skip
-
-    # -- subclass hooks ----------------------------------------------------------------
-    async def _setup(self) -> None:
-        """Builds envs, policies, workers. Runs once, before the first batch; may spawn into ``self._tasks``."""
-
-    async def _collect_batch(self) -> TensorDictBase:
-        """Collects and returns one batch."""
-        raise NotImplementedError
-
-    async def _teardown(self) -> None:
-        """Releases everything ``_setup`` built. Must be safe after a partial, cancelled or failed setup."""
-
-    async def _apply_pause(self, paused: bool) -> None:
-        """Tells whatever collects to stop (``True``) or go on (``False``); called with the pause lock held."""
-
-    async def _update_policy_weights(self, update: WeightUpdate) -> int:
-        """Puts the weights of a checked :meth:`update_policy_weights_` call in place; returns the new version."""
-        raise NotImplementedError
-
-    def _trajectory_id_stride(self) -> int:
-        """The step between one worker's trajectory ids: the number of workers (worker ``k`` takes ``k, k + n...``)."""
-        return 1
-
-    def _release_now(self) -> None:
-        """Releases everything ``_setup`` built without waiting: nothing can be awaited (the event loop ended, or
-        the collector is being garbage collected). Workers are killed, sockets closed with ``linger=0``, shared
-        memory unlinked. Must not block, nor raise."""
-
-    def _counters(self) -> dict[str, Any]:
-        """Hook: what a collector counted so far, by :class:`~acollect.CollectorStats` field (``restarts``,
-        ``dropped_batches``, ``discarded_frames``, ``stale_batches``...); those left out are 0."""
-        return {}
+            self,
+            lifecycle=self._lifecycle,
+            tasks=self._tasks,
+            calls=self._calls,
+            pauses=self._pauses,
+            counts=self._counts,
+            stats=self.stats,
+            setup=self._setup,
+            teardown=self._teardown,
+            release_now=self._release_now,
+            limit=shutdown_timeout,
+        )
 
     def _fail(self, exc: BaseException) -> None:
         """A task, a worker or a batch failed: the collector is BROKEN, every waiting call wakes with it (a
         collector may first say what the failure stands for, then call this)."""
         self._calls.fail(exc)
-
-    def _assembled(self, assembler: TrajectoryAssembler) -> None:
-        """Hook: a batch was added to ``assembler`` (a collector whose workers may be lost ends their episodes)."""
 
     # -- frames per batch: what was asked, what each batch holds -------------------------
     @property
@@ -483,10 +474,10 @@ class CollectorBase:
                 message names the keys and shapes), or an argument this collector cannot honour.
             WeightSyncError: workers that did not acknowledge in time, or refused the weights (named in the error).
         """
+        sources = {"policy": policy, "weights": weights, "weights_dict": weights_dict}
         update = WeightUpdate.of(
-            policy_or_weights, policy=policy, weights=weights, weights_dict=weights_dict, model_id=model_id,
-            worker_ids=worker_ids, timeout=timeout,
-        )  # fmt: skip
+            policy_or_weights, **sources, model_id=model_id, worker_ids=worker_ids, timeout=timeout
+        )
         return await self._update_policy_weights(update)
 
     # -- repr --------------------------------------------------------------------------

@@ -376,19 +376,28 @@ def _check_env_groups(settings: BatchedSettings, create_env_fn: Any) -> None:
         return
     if settings.init_random_frames:
         raise ConfigurationError.bad_value(
-            "env_groups", wanted, f"None or 1 with init_random_frames={settings.init_random_frames}: the random "
-            "warm-up steps every env together without the server, so env groups do not apply")  # fmt: skip
+            "env_groups",
+            wanted,
+            f"None or 1 with init_random_frames={settings.init_random_frames}: the random "
+            "warm-up steps every env together without the server, so env groups do not apply",
+        )
     n_envs = settings.env_kwargs.get("num_envs")
     if type(n_envs) is not int or n_envs < wanted:
         raise ConfigurationError.bad_value(
-            "env_groups", wanted, f"at most the envs a worker builds, shared out through env_kwargs: the env factory "
+            "env_groups",
+            wanted,
+            f"at most the envs a worker builds, shared out through env_kwargs: the env factory "
             f"is called once per group with its share of env_kwargs['num_envs'], which is {n_envs!r}; pass "
-            f"env_kwargs={{'num_envs': N}} with N >= {wanted}, or env_groups=None")  # fmt: skip
+            f"env_kwargs={{'num_envs': N}} with N >= {wanted}, or env_groups=None",
+        )
     factories = create_env_fn if isinstance(create_env_fn, Sequence) else [create_env_fn]
     if any(_makes_coroutine_envs(factory) for factory in factories):
         raise ConfigurationError.bad_value(
-            "env_groups", wanted, "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already steps "
-            "while the others wait for their actions, so they are never split into groups")  # fmt: skip
+            "env_groups",
+            wanted,
+            "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already steps "
+            "while the others wait for their actions, so they are never split into groups",
+        )
 
 
 def _makes_coroutine_envs(factory: Any) -> bool:

@@ -202,5 +202,6 @@ class Calls:
             while self._in_flight:
                 await self._changes.wait(0.1)
         if self._in_flight:
-            logger.error("%d call(s) did not leave within %.0fs; tearing down under them", len(self._in_flight),
-                         DRAIN_TIMEOUT)  # fmt: skip
+            logger.error(
+                "%d call(s) did not leave within %.0fs; tearing down under them", len(self._in_flight), DRAIN_TIMEOUT
+            )

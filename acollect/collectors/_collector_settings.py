@@ -31,7 +31,8 @@ from typing import Any
 from acollect._runtime.torch_dist import check_backend
 from acollect._validate import check_bool, check_choice, check_int, check_seconds
 from acollect._workers.ray_launcher import check_ray_init_config, check_remote_configs
-from acollect.collectors._options import WorkerSettings, option
+from acollect.collectors._option_checks import option
+from acollect.collectors._options import WorkerSettings
 from acollect.errors import ConfigurationError
 from acollect.inference._server import MODES
 
@@ -66,11 +67,12 @@ class MultiSyncSettings(WorkerSettings):
     """The options of :class:`~acollect.MultiSyncCollector`: lockstep batches, one part from every worker."""
 
     cat_results: str | int | None = option(
-        None, check=lambda name, value: check_choice(name, value, CAT_RESULTS),
+        None,
+        check=lambda name, value: check_choice(name, value, CAT_RESULTS),
         doc='how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; '
         "``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, "
         "n_workers * T]``).",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,26 +80,29 @@ class MultiAsyncSettings(WorkerSettings):
     """The options of :class:`~acollect.MultiAsyncCollector`: each worker's batch, first ready, first served."""
 
     credits: int = option(
-        CREDITS, check=lambda name, value: check_int(name, value, minimum=1),
+        CREDITS,
+        check=lambda name, value: check_int(name, value, minimum=1),
         doc="batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays "
         "bounded.",
-    )  # fmt: skip
+    )
     max_policy_lag: int | None = option(
-        None, check=_optional_int(0),
+        None,
+        check=_optional_int(0),
         doc="the most policy versions a batch may be behind the collector's when it is handed out: a batch with a "
         "frame chosen by an older version is dropped (counted in ``stats().stale_batches``), its memory given "
         "back, and the next one taken; its worker's stream goes on with its next batch. ``None``: no limit "
         "(``stats().policy_lag`` says how far behind each batch was).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_policy_lag is not None and self.trajs_per_batch is not None:
             raise ConfigurationError.bad_value(
-                "max_policy_lag", self.max_policy_lag,
+                "max_policy_lag",
+                self.max_policy_lag,
                 "None with trajs_per_batch: a stale batch dropped would cut a hole in the middle of the episodes it "
                 "holds a part of, and only whole episodes are handed out",
-            )  # fmt: skip
+            )
 
 
 # -- central inference ------------------------------------------------------------------------------------
@@ -106,16 +111,19 @@ class BatchedSettings(MultiAsyncSettings):
     """The options of :class:`~acollect.AsyncBatchedCollector`: its workers' and its inference server's."""
 
     max_batch_size: int | None = option(
-        None, check=_optional_int(1),
+        None,
+        check=_optional_int(1),
         doc="the most observations in one forward pass (``None``: every env of every worker).",
-    )  # fmt: skip
+    )
     max_wait: float = option(
-        0.002, check=lambda name, value: check_seconds(name, value, allow_zero=True),
+        0.002,
+        check=lambda name, value: check_seconds(name, value, allow_zero=True),
         doc="seconds a waiting observation may wait for others to join its forward pass; a pass runs at once when "
         "every worker is waiting.",
-    )  # fmt: skip
+    )
     env_groups: int | None = option(
-        None, check=_optional_int(1),
+        None,
+        check=_optional_int(1),
         doc="each worker builds its envs as this many groups (from the env factory, with ``num_envs`` shared out "
         "among them) and steps one group while the others wait for their actions, hiding the round trip to the "
         "server: a worker never idles while a pass runs, and a pass takes the requests of every group that waits. "
@@ -125,29 +133,32 @@ class BatchedSettings(MultiAsyncSettings):
         "needs the core the groups would step on), and one group where groups do not apply. A count given by name "
         "where they cannot apply (``env_kwargs`` without ``num_envs`` of at least that many, coroutine envs, "
         "``init_random_frames``) is refused with the reason. Batches keep their layout.",
-    )  # fmt: skip
+    )
     passes_in_flight: int | None = option(
-        None, check=_optional_int(1),
+        None,
+        check=_optional_int(1),
         doc="forward passes the server may run at once, each in a thread of its own (with its own CUDA stream and "
         "page-locked buffers on a GPU): requests gather into the next pass while one runs, and no worker waits "
         "for every other pass to end. ``None``: 4 on a GPU (one per env group of a worker, so that a group's pass "
         "never queues behind another's), 1 on a CPU (where passes at once only share the same "
         "cores; one pass at a time on a CPU runs in the server's loop thread, saving two thread hand-offs a pass).",
-    )  # fmt: skip
+    )
     server_threads: int | None = option(
-        None, check=_optional_int(1),
+        None,
+        check=_optional_int(1),
         doc="torch threads of the server process (its copies and, on CPU, its forward passes); ``None``: the cores "
         "this process may use beyond one per worker, at least 1. More threads than free cores make every pass "
         "wait for descheduled threads.",
-    )  # fmt: skip
+    )
     server: str = option(
-        "process", check=lambda name, value: check_choice(name, value, MODES),
+        "process",
+        check=lambda name, value: check_choice(name, value, MODES),
         doc='where the inference server\'s loop runs: ``"process"``, a process of its own, owned like a worker (its '
         "crash or hang breaks the collector within about a second, with its exit code or traceback), so that no "
         'step waits for the trainer\'s GIL; ``"thread"``, a thread of this process: no process to start, but '
         "every pass shares the trainer's GIL (the trainer's Python code and the workers' steps wait for each "
         "other).",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -174,11 +185,12 @@ class ModeSettings(MultiSyncSettings, MultiAsyncSettings):
     (each refused in the other mode; ``credits=None`` is 2 with ``sync=False``)."""
 
     sync: bool = option(
-        False, check=check_bool,
+        False,
+        check=check_bool,
         doc="``True``: lockstep batches, one part from every worker, all collected with the same weights, stacked "
         "or concatenated (as from ``MultiSyncCollector``); ``False``: each worker's batch, first ready, first "
         'served, tagged with its ``("collector", "worker_id")`` (as from ``MultiAsyncCollector``).',
-    )  # fmt: skip
+    )
 
     # Both modes' options in one signature: credits=None is "not given" (2 with sync=False, filled in below; it
     # stays None with sync=True), so that credits given with sync=True is named. Its doc is MultiAsyncSettings'
@@ -219,26 +231,28 @@ class DistributedSettings(ModeSettings):
     torch.distributed process group forms."""
 
     backend: str = option(
-        "gloo", check=lambda name, value: check_backend(value),
+        "gloo",
+        check=lambda name, value: check_backend(value),
         doc='``"gloo"`` (CPU tensors), ``"nccl"`` (CUDA tensors, one GPU per rank) or ``"mpi"``: one this torch was '
         "built with.",
-    )  # fmt: skip
+    )
     tcp_port: int | None = option(
         None, check=_optional_int(1, 65535), doc="port of the rendezvous on ``master_addr`` (``None``: a free one)."
     )
     init_method: str | None = option(
-        None, check=_init_method,
-        doc='a torch.distributed init URL instead (``"tcp://host:port"``, ``"file:///path"``), without '
-        "``tcp_port``.",
-    )  # fmt: skip
+        None,
+        check=_init_method,
+        doc='a torch.distributed init URL instead (``"tcp://host:port"``, ``"file:///path"``), without ``tcp_port``.',
+    )
     master_addr: str = option(
         "127.0.0.1", check=_host, doc="the collector's address as the workers reach it, for the rendezvous."
     )
     dist_timeout: float = option(
-        60.0, check=check_seconds,
+        60.0,
+        check=check_seconds,
         doc="seconds any torch.distributed wait may take (rendezvous, one batch, one broadcast); torch's own "
         "default is 30 minutes.",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -248,18 +262,20 @@ class DistributedSettings(ModeSettings):
             )
         if self.max_worker_restarts != 0:
             raise ConfigurationError.bad_value(
-                "max_worker_restarts", self.max_worker_restarts,
+                "max_worker_restarts",
+                self.max_worker_restarts,
                 "0: a torch.distributed process group cannot take a restarted worker in",
-            )  # fmt: skip
+            )
 
 
 def _none_only(name: str, value: Any) -> None:
     if value is not None:
         raise ConfigurationError.bad_value(
-            name, value,
+            name,
+            value,
             "None: weights reach the actors with update_policy_weights_() (and weight_sync_schemes), acknowledged "
             "by each",
-        )  # fmt: skip
+        )
 
 
 def _replay_buffer(name: str, value: Any) -> Any:
@@ -281,40 +297,47 @@ class RaySettings(ModeSettings):
         doc="what each remote collector is: ``Collector`` (one actor), ``MultiSyncCollector`` or "
         "``MultiAsyncCollector`` (``num_workers_per_collector`` actors each), a subclass of one, or its name "
         '``"single"``, ``"sync"`` or ``"async"`` (checked by the RayCollector, which holds those classes).',
-    )  # fmt: skip
+    )
     num_workers_per_collector: int = option(
-        1, check=lambda name, value: check_int(name, value, minimum=1),
+        1,
+        check=lambda name, value: check_int(name, value, minimum=1),
         doc="actors per remote collector, each with its own env from the same factory.",
-    )  # fmt: skip
+    )
     num_collectors: int | None = option(
-        None, check=_optional_int(1),
+        None,
+        check=_optional_int(1),
         doc="number of remote collectors (``None``: ``len(create_env_fn)``, or 1).",
-    )  # fmt: skip
+    )
     ray_init_config: Mapping[str, Any] | None = option(
-        None, check=lambda name, value: check_ray_init_config(value),
+        None,
+        check=lambda name, value: check_ray_init_config(value),
         doc="keyword arguments of ``ray.init`` (``None``: find a running cluster or start a local one); unused "
         "where Ray is initialized already.",
-    )  # fmt: skip
+    )
     remote_configs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = option(
-        None, check=lambda name, value: check_remote_configs(value),
-        doc='``ray.remote`` options (``num_cpus``, ``num_gpus``, ``memory``...): one dict for every actor, or a list '
+        None,
+        check=lambda name, value: check_remote_configs(value),
+        doc="``ray.remote`` options (``num_cpus``, ``num_gpus``, ``memory``...): one dict for every actor, or a list "
         'with one per remote collector (``None``: ``{"num_cpus": 1}`` per actor).',
-    )  # fmt: skip
+    )
     replay_buffer: Any = option(
         None, check=_replay_buffer, doc=":meth:`start` extends this buffer when it is called without one."
     )
     shutdown_ray: bool = option(
-        False, check=check_bool,
+        False,
+        check=check_bool,
         doc="also ``ray.shutdown()`` when the collector shuts down (``async_shutdown()``, the end of ``async "
         "with``): for a collector that started Ray itself (``ray_init_config``). It ends every actor of this "
         "process, replay buffers' and other collectors' included, so only when nothing else uses Ray; "
         "``shutdown()`` can ask for it too.",
-    )  # fmt: skip
+    )
     trust_policy: bool | None = option(None, doc=_TORCHRL_IGNORED)
     use_env_creator: bool | None = option(None, doc=_TORCHRL_IGNORED)
     no_cuda_sync: bool | None = option(None, doc=_TORCHRL_IGNORED)
     weight_updater: None = option(
-        None, check=_none_only, doc="TorchRL's; only ``None``: weights reach the actors with "
+        None,
+        check=_none_only,
+        doc="TorchRL's; only ``None``: weights reach the actors with "
         "``update_policy_weights_()`` (and ``weight_sync_schemes``), acknowledged by each.",
-    )  # fmt: skip
+    )
     weight_recv_schemes: None = option(None, check=_none_only, doc="TorchRL's; only ``None`` (see ``weight_updater``).")

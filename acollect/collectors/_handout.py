@@ -92,8 +92,13 @@ class HandOut:
     def lent(self) -> dict[str, int]:
         """What the caller holds of the workers' shared memory (see ``MultiCollectorBase.lent``)."""
         loans = self.loans
-        return {"batches": loans.outstanding, "bytes": loans.lent_bytes, "budget": loans.budget,
-                "lent_so_far": loans.lent_batches, "copies_over_budget": loans.over_budget}  # fmt: skip
+        return {
+            "batches": loans.outstanding,
+            "bytes": loans.lent_bytes,
+            "budget": loans.budget,
+            "lent_so_far": loans.lent_batches,
+            "copies_over_budget": loans.over_budget,
+        }
 
     @property
     def pinned_bytes(self) -> int:

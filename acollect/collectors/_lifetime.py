@@ -67,7 +67,7 @@ class Lifetime:
         "_stats",
         "_tasks",
         "_teardown",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,

@@ -66,8 +66,12 @@ class MultiCollectorBase(CollectorBase):
         check_policy_args(policy, settings.policy_factory)
         self._policy_arg = policy
         plan = plan_workers(create_env_fn_list, *self._worker_policy(), stacked=self._dispatch.sync)
-        super().__init__(batch=plan.batch, total_frames=settings.total_frames, progress=settings.progress,
-                         shutdown_timeout=settings.shutdown_timeout)  # fmt: skip
+        super().__init__(
+            batch=plan.batch,
+            total_frames=settings.total_frames,
+            progress=settings.progress,
+            shutdown_timeout=settings.shutdown_timeout,
+        )
         self._configs = plan.configs
         many_contexts = cuda_contexts_warning(plan.configs, self._worker_policy()[0])
         if many_contexts is not None:
@@ -78,10 +82,12 @@ class MultiCollectorBase(CollectorBase):
         self._storing_device = with_index(collector_storing_device(self._worker_policy()[1]))
         # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
         self._handout = HandOut(
-            self._dispatch, copy_batches=settings.copy_batches, storing_device=self._storing_device,
+            self._dispatch,
+            copy_batches=settings.copy_batches,
+            storing_device=self._storing_device,
             budget=settings.max_lent_bytes if settings.max_lent_bytes is not None else default_budget(),
             cuda_dma=settings.cuda_dma,
-        )  # fmt: skip
+        )
         self._pool: WorkerPool | None = None
         self._rejected_before = 0
         # A seed, saved counters and weights, staged for the next batch boundary; the version workers start from.
@@ -241,10 +247,14 @@ class MultiCollectorBase(CollectorBase):
         pool = self._pool
         counters: dict[str, Any] = {"stale_batches": self._stale_batches}
         if pool is not None:
-            counters.update(restarts=sum(h.restarts for h in pool.handles), dropped_batches=pool.dropped_batches,
-                            discarded_frames=pool.discarded_frames, lost_workers=pool.lost_workers,
-                            env_restarts=pool.env_restarts,
-                            env_restarts_by_sub_env=pool.sub_env_restarts)  # fmt: skip
+            counters.update(
+                restarts=sum(h.restarts for h in pool.handles),
+                dropped_batches=pool.dropped_batches,
+                discarded_frames=pool.discarded_frames,
+                lost_workers=pool.lost_workers,
+                env_restarts=pool.env_restarts,
+                env_restarts_by_sub_env=pool.sub_env_restarts,
+            )
         return counters
 
     @property

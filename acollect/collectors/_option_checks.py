@@ -1,5 +1,6 @@
-"""One check per option: each takes the option's name and the value given, and returns the value kept or raises a
-:class:`~acollect.errors.ConfigurationError` naming the option, what was given and what was expected.
+"""How an option is declared (:func:`option`), and one check per option: each takes the option's name and the
+value given, and returns the value kept or raises a :class:`~acollect.errors.ConfigurationError` naming the option,
+what was given and what was expected.
 
 The declarations (:mod:`acollect.collectors._options`, :mod:`acollect.collectors._collector_settings`) name
 each option's check; a settings class runs them once, when it is built.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import MISSING, field
 from typing import Any
 
 import torch
@@ -28,7 +30,7 @@ from acollect._validate import check_callable, check_choice, check_int, check_se
 from acollect._weights.sync import WeightSyncScheme
 from acollect.errors import ConfigurationError
 
-__all__ = ["check_policy_args"]
+__all__ = ["Check", "check_policy_args", "option"]
 
 
 def _devices(name: str, value: Any) -> Any:
@@ -91,9 +93,10 @@ def _schemes(name: str, value: Any) -> dict[str, WeightSyncScheme]:
     for key, scheme in value.items():
         if not isinstance(key, str) or not isinstance(scheme, WeightSyncScheme):
             raise ConfigurationError.bad_value(
-                f"{name}[{key!r}]", scheme,
+                f"{name}[{key!r}]",
+                scheme,
                 "a WeightSyncScheme (ZmqWeightSyncScheme() or SharedMemWeightSyncScheme()) under a str model id",
-            )  # fmt: skip
+            )
     return dict(value)
 
 
@@ -134,9 +137,11 @@ def check_policy_args(policy: object, policy_factory: object) -> None:
         name = policy.__name__
         factory = f"lambda: {name}(...)" if _required_parameters(policy) else name
         raise ConfigurationError.bad_value(
-            "policy", policy, f"a policy instance, not a class: pass policy={name}(...), or "
+            "policy",
+            policy,
+            f"a policy instance, not a class: pass policy={name}(...), or "
             f"policy_factory={factory} to build it where it runs (policy_factory takes a zero-argument callable)",
-        )  # fmt: skip
+        )
     if policy is not None and policy_factory is not None:
         raise ConfigurationError(
             "policy and policy_factory were both given: pass one (policy_factory builds the policy where it runs)."
@@ -159,3 +164,35 @@ def _init_random_frames(name: str, value: Any) -> int:
 
 def _handover_interval(name: str, value: Any) -> float | None:
     return check_seconds(name, value, allow_zero=True, optional=True)
+
+
+# -- how an option is declared ----------------------------------------------------------------------
+Check = Callable[[str, Any], Any]
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    doc: str,
+    check: Check | None = None,
+    accepts: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """Declares one option: a settings field with its default, its check, its doc and what callers pass.
+
+    Args:
+        default: the value kept when the option is not given (none: the option is required).
+        doc: what the option does, as users read it in the options reference (``docs/options.md``, rendered
+            from the declarations when the docs are built).
+        check: ``check(name, value)`` returns the value kept, or raises ``ConfigurationError`` naming ``name``;
+            ``None``: checked elsewhere (said in ``doc``).
+        accepts: the type callers may pass, where it is wider than the field's (a key directory for keys), as
+            the constructors' signatures write it.
+        factory: builds the default (for mutable ones).
+    """
+    metadata = {"doc": doc, "check": check, "accepts": accepts}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    if default is MISSING:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)

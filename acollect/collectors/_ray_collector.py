@@ -219,9 +219,10 @@ class RayCollector(MultiCollectorBase):
         if isinstance(collector_class, type) and issubclass(collector_class, _COLLECTOR_CLASSES):
             return collector_class
         raise ConfigurationError.bad_value(
-            "collector_class", collector_class,
+            "collector_class",
+            collector_class,
             "Collector, MultiSyncCollector, MultiAsyncCollector (or a subclass), or 'single', 'sync', 'async'",
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _collector_env_fns(create_env_fn: Any, num_collectors: int | None) -> list[Any]:

@@ -75,10 +75,11 @@ def _check_collector_class(collector_class: Any) -> None:
     name = collector_class if isinstance(collector_class, str) else getattr(collector_class, "__name__", None)
     if name not in _SINGLE:
         raise ConfigurationError.bad_value(
-            "collector_class", collector_class,
+            "collector_class",
+            collector_class,
             "None, 'single' or a Collector/SyncDataCollector class: each acollect worker runs one rollout "
             "engine (vectorize inside it with env_kwargs={'num_envs': N})",
-        )  # fmt: skip
+        )
 
 
 def RPCCollector(  # TorchRL's class name: code written against it calls it
@@ -127,9 +128,10 @@ def RPCCollector(  # TorchRL's class name: code written against it calls it
     _check_collector_class(collector_class)
     if num_workers_per_collector != 1:
         raise ConfigurationError.bad_value(
-            "num_workers_per_collector", num_workers_per_collector,
+            "num_workers_per_collector",
+            num_workers_per_collector,
             "1: use more workers (a longer create_env_fn list), or env_kwargs={'num_envs': N} in each",
-        )  # fmt: skip
+        )
     for name, value in (("visible_devices", visible_devices), ("tensorpipe_options", tensorpipe_options)):
         if value is not None:
             raise ConfigurationError.bad_value(

@@ -276,8 +276,7 @@ async def aclose_each(envs: Sequence[AsyncEnv], timeout: float) -> None:
             try:
                 await env.aclose()
             except Exception as exc:  # one env's failed clean-up must not keep the others open
-                logger.warning("env %d (%s).aclose() raised %s: %s", i, type(env).__name__,
-                               type(exc).__name__, exc)  # fmt: skip
+                logger.warning("env %d (%s).aclose() raised %s: %s", i, type(env).__name__, type(exc).__name__, exc)
         if scope.cancelled_caught:
             logger.warning("env %d (%s).aclose() took longer than %.1fs", i, type(env).__name__, timeout)
 

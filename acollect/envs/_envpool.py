@@ -324,9 +324,12 @@ def reseed_error(seed: int, build_seeds: Sequence[int | None]) -> ConfigurationE
         seeds = ", ".join(f"worker {w}'s with seed={s}" for w, s in enumerate(build_seeds) if s is not None)
         per_worker = ", one for each worker, spaced by num_envs,"
     return ConfigurationError.bad_value(
-        "seed", seed, f"no seed after the env is built: EnvPool seeds its sub-envs once, when it is built ({seeds}; "
+        "seed",
+        seed,
+        f"no seed after the env is built: EnvPool seeds its sub-envs once, when it is built ({seeds}; "
         f"sub-env i with seed + i); pass seed= to envpool.make_gymnasium(...) in the env factory{per_worker} instead "
-        "of seeding the collector")  # fmt: skip
+        "of seeding the collector",
+    )
 
 
 def shared_seeds_warning(workers: Sequence[tuple[int | None, int]]) -> str | None:
@@ -345,13 +348,17 @@ def shared_seeds_warning(workers: Sequence[tuple[int | None, int]]) -> str | Non
         'workers 0 and 1 step EnvPool envs whose seeds overlap'
     """
     seeded = [(w, seed, n) for w, (seed, n) in enumerate(workers) if seed is not None]
-    clash = sorted({w for (w, s, n), (v, t, m) in itertools.combinations(seeded, 2) if s < t + m and t < s + n
-                    for w in (w, v)})  # fmt: skip
+    clash = sorted(
+        {w for (w, s, n), (v, t, m) in itertools.combinations(seeded, 2) if s < t + m and t < s + n for w in (w, v)}
+    )
     if not clash:
         return None
     sizes = {n for w, _, n in seeded if w in clash}
-    each = f"{sizes.pop()} sub-envs each" if len(sizes) == 1 else "sub-envs " + ", ".join(
-        f"{n} for worker {w}" for w, _, n in seeded if w in clash)  # fmt: skip
+    each = (
+        f"{sizes.pop()} sub-envs each"
+        if len(sizes) == 1
+        else "sub-envs " + ", ".join(f"{n} for worker {w}" for w, _, n in seeded if w in clash)
+    )
     seeds = ", ".join(f"worker {w} seed={s}" for w, s, _ in seeded if w in clash)
     default = f"; {_DEFAULT_SEED} is EnvPool's default" if any(s == _DEFAULT_SEED for _, s, _ in seeded) else ""
     n_envs = max(n for _, _, n in seeded)

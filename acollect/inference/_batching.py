@@ -211,8 +211,9 @@ class Forward:
                 probe = TensorDict({}, batch_size=[requests[0].rows])
                 for key, value in requests[0].leaves.items():
                     probe.set(key, value)
-                keys: list[NestedKey] = [k for k in probe.keys(include_nested=True, leaves_only=True)
-                                         if k not in _DONE_KEYS]  # fmt: skip
+                keys: list[NestedKey] = [
+                    k for k in probe.keys(include_nested=True, leaves_only=True) if k not in _DONE_KEYS
+                ]
                 adapter = wrap_policy(self.module, observation_keys=keys, action_spec=None, batch_size=probe.batch_size)  # type: ignore[arg-type]
                 if isinstance(adapter, RandomPolicy):
                     raise PolicyError("an inference server needs a policy: it was given None")
@@ -312,9 +313,20 @@ class InferenceStats:
 
 #: the fields of a stats array, by index; the latency ring follows them
 _STATS_FIELDS = (
-    "passes", "requests", "rows", "slot_requests", "forward_s", "dropped_requests", "version", "pass_started",
-    "latency_count", "rejected_peers", "passing_s", "gathering_s", "idle_s",
-)  # fmt: skip
+    "passes",
+    "requests",
+    "rows",
+    "slot_requests",
+    "forward_s",
+    "dropped_requests",
+    "version",
+    "pass_started",
+    "latency_count",
+    "rejected_peers",
+    "passing_s",
+    "gathering_s",
+    "idle_s",
+)
 _FIELD = {name: i for i, name in enumerate(_STATS_FIELDS)}
 #: float64 entries of a stats array: the fields, then the last ``_LATENCY_WINDOW`` latencies (a ring)
 STATS_SIZE = len(_STATS_FIELDS) + _LATENCY_WINDOW
@@ -424,7 +436,9 @@ class ServerStatsRecorder:
 
 
 def _split(figures: np.ndarray) -> dict[str, float]:
-    spent = {part: float(figures[_FIELD[f"{name}_s"]]) for part, name in
-             (("pass", "passing"), ("gathering", "gathering"), ("idle", "idle"))}  # fmt: skip
+    spent = {
+        part: float(figures[_FIELD[f"{name}_s"]])
+        for part, name in (("pass", "passing"), ("gathering", "gathering"), ("idle", "idle"))
+    }
     total = sum(spent.values())
     return {part: (s / total if total > 0 else 0.0) for part, s in spent.items()}

@@ -87,13 +87,18 @@ class DropReport:
         if count == 1:
             M.logger.warning(
                 "inference server: dropped a malformed request from %s: %s (further ones are counted in "
-                "stats().dropped_requests and logged at most once every %gs)", who, error, self.every
-            )  # fmt: skip
+                "stats().dropped_requests and logged at most once every %gs)",
+                who,
+                error,
+                self.every,
+            )
         else:
             M.logger.warning(
                 "inference server: dropped %d malformed requests from %s since the last report; the last one: %s",
-                count, who, error,
-            )  # fmt: skip
+                count,
+                who,
+                error,
+            )
 
 
 class Ticket:
@@ -258,13 +263,18 @@ class ServerLoop:
 
         device = self.forward.device
         runner = PassRunner(
-            self.forward, in_flight=self.in_flight, on_done=woken, make_lane=lambda: Lane(device),
-            answer=self._answer_from_pass, record=self.recorder.record, running=self._set_pass_started,
+            self.forward,
+            in_flight=self.in_flight,
+            on_done=woken,
+            make_lane=lambda: Lane(device),
+            answer=self._answer_from_pass,
+            record=self.recorder.record,
+            running=self._set_pass_started,
             torch_threads=self.torch_threads,
             # One pass at a time on a CPU: nothing to overlap, so this thread runs it (no hand-offs, no GIL shared
             # with a pass thread); on a GPU a pass thread still waits for the device while this one gathers.
             inline=self.in_flight == 1 and getattr(device, "type", "cpu") != "cuda",
-        )  # fmt: skip
+        )
         batcher = self.batcher
         housekept = 0.0
         # Where this loop's time goes (stats().inference's time_split): charged to what it was doing since the

@@ -203,9 +203,11 @@ class LoopProcess:
                 event.set()
         elif kind == "failed":
             self._failure = self._failed(
-                f"{message.get('type')}: {message.get('message')}", policy=message.get("policy") is True,
-                type_name=str(message.get("type")), remote_traceback=str(message.get("traceback")),
-            )  # fmt: skip
+                f"{message.get('type')}: {message.get('message')}",
+                policy=message.get("policy") is True,
+                type_name=str(message.get("type")),
+                remote_traceback=str(message.get("traceback")),
+            )
             self._answer_all(self._failure)
             raise self._failure
         elif kind not in ("hello", "staged"):
@@ -217,8 +219,9 @@ class LoopProcess:
         """The error for a failure the process reported: the policy's (it raised there), or the server's own."""
         details: dict[str, Any] = {"pid": self.pid, "type_name": type_name, "remote_traceback": remote_traceback}
         if policy:
-            return InferencePolicyError(f"the policy raised in the inference server process (pid {self.pid}): {what}",
-                                        **details)  # fmt: skip
+            return InferencePolicyError(
+                f"the policy raised in the inference server process (pid {self.pid}): {what}", **details
+            )
         return InferenceServerError(f"the inference server process (pid {self.pid}) failed: {what}", **details)
 
     async def _death(self) -> InferenceServerError:
@@ -239,8 +242,9 @@ class LoopProcess:
         """The error saying the process ended (with its exit code, if it shows one yet)."""
         code = self.exitcode()
         how = describe_exit(code) if code is not None else "its control socket closed"
-        return InferenceServerError(f"the inference server process (pid {self.pid}) died: {how}",
-                                    exitcode=code, pid=self.pid)  # fmt: skip
+        return InferenceServerError(
+            f"the inference server process (pid {self.pid}) died: {how}", exitcode=code, pid=self.pid
+        )
 
     def failure_now(self) -> InferenceServerError | None:
         """The process's end, if it has ended (a failure it reported, or its exit code); else ``None``.

@@ -101,10 +101,14 @@ class PassRunner:
         self._in_flight = in_flight
         self._inline = inline
         self._inline_lane = _once(make_lane)
-        self._threads = [] if inline else [
-            threading.Thread(target=self._serve, args=(i, make_lane), name=f"acollect-pass-{i}", daemon=True)
-            for i in range(in_flight)
-        ]  # fmt: skip
+        self._threads = (
+            []
+            if inline
+            else [
+                threading.Thread(target=self._serve, args=(i, make_lane), name=f"acollect-pass-{i}", daemon=True)
+                for i in range(in_flight)
+            ]
+        )
         for thread in self._threads:
             thread.start()
 

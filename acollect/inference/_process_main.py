@@ -131,12 +131,23 @@ class ControlMailbox:
         # Whether the error is the policy's own (a forward pass raised it), which the trainer raises as a PolicyError.
         policy = item.error is not None and self.loop is not None and item.error is self.loop.failed_pass
         if isinstance(item, Ticket):
-            message = {"k": "applied", "id": self._ids.pop(id(item), 0), "version": item.version, "error": error,
-                       "policy": policy}  # fmt: skip
+            message = {
+                "k": "applied",
+                "id": self._ids.pop(id(item), 0),
+                "version": item.version,
+                "error": error,
+                "policy": policy,
+            }
         else:
             outputs = None if item.outputs is None else control.tensors_to_wire(item.outputs)
-            message = {"k": "answer", "id": item.seq, "version": item.version, "outputs": outputs, "error": error,
-                       "policy": policy}  # fmt: skip
+            message = {
+                "k": "answer",
+                "id": item.seq,
+                "version": item.version,
+                "outputs": outputs,
+                "error": error,
+                "policy": policy,
+            }
         with contextlib.suppress(OSError, TransportError):  # the trainer is gone: nobody to tell
             control.send(self.sock, message)
 
@@ -175,30 +186,44 @@ def run_server_process(config: ProcessConfig) -> int:
         if spec.address is not None:
             server_socket, hub = bind(spec)
         mail.server_socket = server_socket
-        loop = ServerLoop(mail, Batcher(spec.max_batch_size, spec.max_wait), forward, recorder,
-                          server_socket, lambda: None, hub, in_flight=spec.passes_in_flight,
-                          torch_threads=spec.num_threads)  # fmt: skip
+        loop = ServerLoop(
+            mail,
+            Batcher(spec.max_batch_size, spec.max_wait),
+            forward,
+            recorder,
+            server_socket,
+            lambda: None,
+            hub,
+            in_flight=spec.passes_in_flight,
+            torch_threads=spec.num_threads,
+        )
         mail.loop = loop
         loop.housekeeping = mail.publish
-        control.send(sock, {
-            "k": "hello",
-            "pid": os.getpid(),
-            "address": server_socket.address if server_socket is not None else None,
-            "slots": hub.path if hub is not None else None,
-            "structure": encode_structure(module),
-            "device": str(weights_device(module) or forward.device),
-        })  # fmt: skip
+        control.send(
+            sock,
+            {
+                "k": "hello",
+                "pid": os.getpid(),
+                "address": server_socket.address if server_socket is not None else None,
+                "slots": hub.path if hub is not None else None,
+                "structure": encode_structure(module),
+                "device": str(weights_device(module) or forward.device),
+            },
+        )
         loop.serve(stop)
     except BaseException as exc:
         code = 1
         with contextlib.suppress(BaseException):
-            control.send(sock, {
-                "k": "failed",
-                "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                "message": str(exc),
-                "traceback": "".join(traceback.format_exception(exc)),
-                "policy": not built or (loop is not None and exc is loop.failed_pass),
-            })  # fmt: skip
+            control.send(
+                sock,
+                {
+                    "k": "failed",
+                    "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                    "message": str(exc),
+                    "traceback": "".join(traceback.format_exception(exc)),
+                    "policy": not built or (loop is not None and exc is loop.failed_pass),
+                },
+            )
     finally:
         for resource in (hub, server_socket):
             if resource is not None:

@@ -152,11 +152,18 @@ class InferenceServer:
         self.hang_timeout = check_seconds("hang_timeout", hang_timeout, optional=True)
         self._policy_arg = policy
         self._spec = ServerSpec(
-            policy=policy, policy_factory=policy_factory, max_batch_size=self.max_batch_size, max_wait=self.max_wait,
-            device=self.device, exploration=parse_exploration_type(exploration_type), address=address,
-            keys=self._keys, slots=bool(slots), num_threads=threads or torch.get_num_threads(),
+            policy=policy,
+            policy_factory=policy_factory,
+            max_batch_size=self.max_batch_size,
+            max_wait=self.max_wait,
+            device=self.device,
+            exploration=parse_exploration_type(exploration_type),
+            address=address,
+            keys=self._keys,
+            slots=bool(slots),
+            num_threads=threads or torch.get_num_threads(),
             passes_in_flight=in_flight,
-        )  # fmt: skip
+        )
         self._initial_version = 0
         self._sources: int | None = None
         self._host: LoopThread | LoopProcess | None = None
@@ -387,8 +394,10 @@ class InferenceServer:
             raise CollectorStateError(f"{what}: the inference server failed ({first})") from failure
         state = self._lifecycle.state
         if state is not CollectorState.RUNNING:
-            raise CollectorStateError(f"{what}: the inference server is not running (it is {state.value}; use "
-                                      "`async with InferenceServer(...)` or `await server.start()`)")  # fmt: skip
+            raise CollectorStateError(
+                f"{what}: the inference server is not running (it is {state.value}; use "
+                "`async with InferenceServer(...)` or `await server.start()`)"
+            )
 
     # -- in-process clients ---------------------------------------------------------------------
     async def infer(self, td: TensorDictBase) -> TensorDictBase:

@@ -59,8 +59,10 @@ def _multiprocessing_helpers() -> set[int]:
     from multiprocessing import forkserver, resource_tracker
 
     pids = set()
-    for pid in (getattr(forkserver._forkserver, "_forkserver_pid", None),
-                getattr(resource_tracker._resource_tracker, "_pid", None)):  # fmt: skip
+    for pid in (
+        getattr(forkserver._forkserver, "_forkserver_pid", None),
+        getattr(resource_tracker._resource_tracker, "_pid", None),
+    ):
         if pid:
             pids.add(pid)
     return pids
