@@ -224,7 +224,7 @@ async def test_credits_down_the_credit_pipe_run_the_runner_as_credit_messages_do
             await collector.nothing_but_heartbeats(0.3)  # no credit left: the runner waits on its pipe
             assert writer.credit()
             assert (await collector.recv(P.BATCH))[1]["seq"] == 1
-            await collector.send(P.CREDIT, {"slot": None})  # the other road, for the same word
+            await collector.send(P.CREDIT, {"slot": None})  # the other path, for the same word
             assert (await collector.recv(P.BATCH))[1]["seq"] == 2
             assert writer.credit()
             assert writer.credit()
