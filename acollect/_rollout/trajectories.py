@@ -41,7 +41,7 @@ class Trajectories:
         >>> capped = Trajectories(2, offset=0, stride=1, max_length=2)
         >>> capped.count_step().tolist()
         [False, False]
-        >>> capped.lengths[1] = 0  # env 1 begins a new trajectory
+        >>> capped.start(1)  # env 1 begins a new trajectory
         >>> capped.count_step().tolist(), bool(capped.count_step(1))
         ([True, False], True)
     """

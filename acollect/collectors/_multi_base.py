@@ -81,6 +81,8 @@ class MultiCollectorBase(CollectorBase):
         # A bare "cuda" is the device current here and now (each thread has its own current device).
         self._storing_device = with_index(collector_storing_device(self._worker_policy()[1]))
         # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
+        # split_trajs and postproc, settled once: the settings never change.
+        self._reshape = _reshaper(settings)
         self._handout = HandOut(
             self._dispatch,
             copy_batches=settings.copy_batches,
@@ -365,7 +367,7 @@ class MultiCollectorBase(CollectorBase):
             self._counts.record_worker(
                 item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
             )
-        return await self._handout.hand_out(pool, items, self._reshaper())
+        return await self._handout.hand_out(pool, items, self._reshape)
 
     async def _take_fresh(self, pool: WorkerPool) -> list[Received]:
         """The next batch's items, those more than ``max_policy_lag`` versions behind dropped (and given back)."""
@@ -428,20 +430,6 @@ class MultiCollectorBase(CollectorBase):
         because lending them would have passed the budget)."""
         return self._handout.lent
 
-    def _reshaper(self) -> Callable[[TensorDictBase], TensorDictBase] | None:
-        """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop), ``None`` where there is
-        nothing to do; with ``trajs_per_batch`` neither applies here: ``postproc`` applies to the batches of whole
-        episodes."""
-        split, postproc = self.settings.split_trajs, self.settings.postproc
-        if self.settings.trajs_per_batch is not None or (postproc is None and not split):
-            return None
-
-        def reshape(batch: TensorDictBase) -> TensorDictBase:
-            batch = split_trajectories(batch) if split else batch
-            return postproc(batch) if postproc is not None else batch
-
-        return reshape
-
     # -- weights -------------------------------------------------------------------------
     @property
     def policy_version(self) -> int:
@@ -473,3 +461,17 @@ class MultiCollectorBase(CollectorBase):
         version = await self._require_pool().weights.push(models, ids, limit, ready)
         self._worker_changes.pushed(self._counts.batches)
         return version
+
+
+def _reshaper(settings: WorkerSettings) -> Callable[[TensorDictBase], TensorDictBase] | None:
+    """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop), ``None`` where there is nothing
+    to do; with ``trajs_per_batch`` neither applies here: ``postproc`` applies to the batches of whole episodes."""
+    split, postproc = settings.split_trajs, settings.postproc
+    if settings.trajs_per_batch is not None or (postproc is None and not split):
+        return None
+
+    def reshape(batch: TensorDictBase) -> TensorDictBase:
+        batch = split_trajectories(batch) if split else batch
+        return postproc(batch) if postproc is not None else batch
+
+    return reshape
