@@ -23,7 +23,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from acollect._batches.credit_pipe import CreditPipeWriter, credit_pipe_path
+from acollect._batches.slot_ring import CreditPipeWriter, credit_pipe_path
 from acollect._rollout.spec import RolloutSpec
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import PROTOCOL_VERSION, pack_message, unpack_message, validate_layout

@@ -35,8 +35,7 @@ from typing import Any, Generic, NoReturn, TypeVar, overload
 
 from tensordict import TensorDictBase
 
-from acollect._batches.credit_pipe import CreditPipeWriter
-from acollect._batches.slot_ring import ShmSlotRing
+from acollect._batches.slot_ring import CreditPipeWriter, ShmSlotRing
 from acollect._runtime.machine import StateTable
 from acollect._weights.updates import WeightStructure
 from acollect._workers import protocol as P

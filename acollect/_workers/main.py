@@ -12,7 +12,7 @@ are not thread-safe):
   requested (``collect``) or credits are left (``run``), applies staged weights,
   seeds and state at the batch boundary, and sends the batch on its own socket,
   either as raw tensor frames or through a shared-memory slot. Between batches it
-  waits on the worker's pipe (:mod:`acollect._batches.credit_pipe`): a collector
+  waits on the worker's pipe (:mod:`acollect._batches.slot_ring`): a collector
   on the same host writes each credit (and each slot given back) there directly,
   and the control thread writes a wake-up to it whenever a command changes what the runner may do.
 
@@ -41,8 +41,7 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._affinity import pin_process
-from acollect._batches.credit_pipe import CREDIT, WAKE, CreditPipe
-from acollect._batches.slot_ring import ShmSlotRing
+from acollect._batches.slot_ring import CREDIT, WAKE, CreditPipe, ShmSlotRing
 from acollect._episodes import EpisodeTracker
 from acollect._rollout.blocking import RolloutInterrupted
 from acollect._rollout.engine import BlockingEngine

@@ -32,9 +32,9 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 from tensordict import TensorDictBase
 
-from acollect._batches.credit_pipe import CreditPipeWriter, credit_pipe_path
 from acollect._batches.shared_batches import SharedBatches
 from acollect._batches.shm import shm_available
+from acollect._batches.slot_ring import CreditPipeWriter, credit_pipe_path
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
@@ -381,7 +381,7 @@ class WorkerPool:
 
     async def credit(self, handle: WorkerHandle, slot: int | None = None) -> None:
         """A credit to a worker, giving back ``slot`` if not ``None``: down its pipe where it has one (no message,
-        no thread woken while it collects: see :mod:`acollect._batches.credit_pipe`), else as a ``credit`` message."""
+        no thread woken while it collects: see :mod:`acollect._batches.slot_ring`), else as a ``credit`` message."""
         pipe = handle.memory.pipe
         if pipe is not None and pipe.credit(slot):
             return

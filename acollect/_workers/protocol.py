@@ -223,7 +223,7 @@ class WorkerConfig:
     keys: Any = None
     #: where this worker makes its pipe, a FIFO its collector (on the same host) writes credits to; the
     #: collector names it, so that it can remove it even if the worker dies before saying it exists (``None``:
-    #: an anonymous pipe, and credits come as messages; see :mod:`acollect._batches.credit_pipe`)
+    #: an anonymous pipe, and credits come as messages; see :mod:`acollect._batches.slot_ring`)
     pipe: str | None = None
     #: central inference: ``{"address": ..., "keys": ...}`` of the inference server that chooses this worker's
     #: actions (the worker then gets no policy of its own); ``keys``, a ``ClientKeys`` the server accepts, when

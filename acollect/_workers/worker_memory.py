@@ -3,7 +3,7 @@
 A :class:`WorkerMemory` is a part of a :class:`~acollect._workers.handles.WorkerHandle`. Its ring of shared-memory
 slots (:class:`~acollect._batches.slot_ring.ShmSlotRing`) is replaced when a restarted worker says hello, and the
 rings of its predecessors stay mapped for their batches still queued, until the pool closes (:meth:`release`). Its
-pipe (:mod:`acollect._batches.credit_pipe`) belongs to one incarnation: the collector names its path at the launch,
+pipe (:mod:`acollect._batches.slot_ring`) belongs to one incarnation: the collector names its path at the launch,
 opens it once the hello says the worker made it there, and removes it when the incarnation is over.
 
 Examples:
@@ -21,8 +21,7 @@ Examples:
 
 from __future__ import annotations
 
-from acollect._batches.credit_pipe import CreditPipeWriter, remove_credit_pipe
-from acollect._batches.slot_ring import ShmSlotRing
+from acollect._batches.slot_ring import CreditPipeWriter, ShmSlotRing, remove_credit_pipe
 
 __all__ = ["WorkerMemory"]
 

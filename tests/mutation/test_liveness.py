@@ -24,8 +24,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from acollect._batches.credit_pipe import CREDIT, CreditPipe, CreditPipeWriter
-from acollect._batches.slot_ring import ShmSlotRing
+from acollect._batches.slot_ring import CREDIT, CreditPipe, CreditPipeWriter, ShmSlotRing
 from acollect._runtime.endpoint import Endpoint
 from acollect._runtime.wire import encode_tensordict, unpack_message
 from acollect._runtime.worker_socket import WorkerSocket

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from acollect._batches.credit_pipe import (
+from acollect._batches.slot_ring import (
     CREDIT,
     FREE,
     WAKE,
@@ -118,7 +118,7 @@ def test_a_trainer_that_dies_of_sigpipe_survives_its_workers_death(tmp_path) -> 
     # reader; the collector's end reads too, so its pipe writes never raise it.
     script = f"""
 import os, signal
-from acollect._batches.credit_pipe import CreditPipe, CreditPipeWriter
+from acollect._batches.slot_ring import CreditPipe, CreditPipeWriter
 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 pipe = CreditPipe.create({str(tmp_path / "pipe")!r})
 writer = CreditPipeWriter.open(pipe.path)
