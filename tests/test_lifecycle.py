@@ -259,7 +259,7 @@ def test_shutdown_wakes_a_task_waiting_for_whole_episodes(kind: str, backend: st
 def progress(collector: CollectorBase, rb: ReplayBuffer) -> tuple[int, ...]:
     """Frames in the buffer, and each worker's env steps as its last heartbeat said (workers step ahead)."""
     pool = getattr(collector, "pool", None)
-    return (len(rb), *(handle.last_steps for handle in (pool.handles if pool is not None else [])))
+    return (len(rb), *(handle.heartbeats.last_steps for handle in (pool.handles if pool is not None else [])))
 
 
 @pytest.mark.parametrize(("kind", "backend"), matrix(slow_under_trio=tuple(KINDS)))

@@ -89,7 +89,12 @@ def test_a_worker_slot_lives_through_a_restart_and_a_stop() -> None:
     handle.on_launch(1.0)
     handle.on_hello({"n_envs": 2, "frames_per_batch": 8, "layout": {"leaves": [{"nbytes": 64}]}})
     handle.on_greeted(2.0)
-    assert (handle.state, handle.generation, handle.n_envs, handle.batch_nbytes) == (WorkerState.READY, 1, 2, 64)
+    assert (
+        handle.state,
+        handle.generation,
+        handle.hello.n_envs,
+        handle.hello.batch_nbytes,
+    ) == (WorkerState.READY, 1, 2, 64)
     assert handle.on_unreachable(3.0)
     assert not handle.on_unreachable(3.5)  # noticed once
     assert handle.state is WorkerState.UNREACHABLE

@@ -9,7 +9,9 @@ batches in order (:mod:`~acollect._workers.batch_sequence`), its lockstep reques
 pool and the dispatch strategies call the methods that are the events (:meth:`~WorkerHandle.on_launch`,
 :meth:`~WorkerHandle.on_hello`, :meth:`~WorkerHandle.on_beat`, :meth:`~WorkerHandle.on_batch`,
 :meth:`~WorkerHandle.on_death`, ...; an event of one part only is that part's method), and read the rest through
-properties; the parts' names read through the handle too (``handle.last_beat`` is ``handle.heartbeats.last_beat``).
+properties. A caller names the part it reads or calls (``handle.heartbeats.last_beat``,
+``handle.lockstep.on_ask(...)``): the handle does not pass its parts' names through, so where a thing lives shows at
+the call.
 The slot's state is one :class:`WorkerState`, moved through :data:`WORKER` (the table ``docs/concepts.md`` shows).
 
 Examples:
@@ -22,22 +24,19 @@ Examples:
     >>> handle.state, handle.generation
     (<WorkerState.STARTING: 'starting'>, 1)
     >>> handle.on_hello({"n_envs": 2, "layout": {"leaves": [{"nbytes": 64}]}})
-    >>> handle.hello.n_envs, handle.n_envs
-    (2, 2)
+    >>> handle.hello.n_envs, handle.hello.batch_nbytes
+    (2, 64)
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, TypeVar, overload
+from typing import Any
 
 from tensordict import TensorDictBase
 
-from acollect._batches.slot_ring import CreditPipeWriter, ShmSlotRing
 from acollect._runtime.machine import StateTable
-from acollect._weights.updates import WeightStructure
 from acollect._workers import protocol as P
 from acollect._workers.batch_sequence import BatchSequence
 from acollect._workers.heartbeats import Heartbeats
@@ -132,34 +131,6 @@ WORKER: StateTable[WorkerState] = StateTable(
         (_W.LOST, _W.STOPPING): "the pool closes",
     },
 )
-
-
-_T = TypeVar("_T")
-
-
-class _Via(Generic[_T]):
-    """A name of one of a handle's parts, read through the handle: ``handle.last_beat`` is
-    ``handle.heartbeats.last_beat`` (a property's value, or a bound method), and cannot be set."""
-
-    __slots__ = ("_name", "_part")
-
-    def __init__(self, part: str) -> None:
-        self._part, self._name = part, ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type) -> _Via[_T]: ...
-    @overload
-    def __get__(self, instance: object, owner: type) -> _T: ...
-    def __get__(self, instance: object, owner: type) -> Any:
-        if instance is None:
-            return self
-        return getattr(getattr(instance, self._part), self._name)
-
-    def __set__(self, instance: object, value: object) -> NoReturn:
-        raise AttributeError(f"{self._name} is {self._part}.{self._name}, which only the handle's events change")
 
 
 class WorkerHandle:
@@ -311,42 +282,6 @@ class WorkerHandle:
     def commands(self) -> WorkerCommands:
         """The commands sent to this incarnation that its batches count, and its answers to weight pushes."""
         return self._commands
-
-    # The parts' names, read through the handle (one line each: see the part for what each means).
-    n_envs: _Via[int] = _Via("hello")
-    layout: _Via[dict[str, Any] | None] = _Via("hello")
-    batch_nbytes: _Via[int] = _Via("hello")
-    weights_structure: _Via[WeightStructure | None] = _Via("hello")
-    env_seed: _Via[int | None] = _Via("hello")
-    ring: _Via[ShmSlotRing | None] = _Via("memory")
-    pipe_path: _Via[str | None] = _Via("memory")
-    pipe: _Via[CreditPipeWriter | None] = _Via("memory")
-    make_credit_pipe: _Via[Callable[[str | None], None]] = _Via("memory")
-    use_ring: _Via[Callable[[ShmSlotRing], None]] = _Via("memory")
-    last_beat: _Via[float] = _Via("heartbeats")
-    last_steps: _Via[int] = _Via("heartbeats")
-    last_progress: _Via[float] = _Via("heartbeats")
-    busy: _Via[bool] = _Via("heartbeats")
-    partial: _Via[bool] = _Via("heartbeats")
-    on_message: _Via[Callable[[float], None]] = _Via("heartbeats")
-    on_env_restarts: _Via[Callable[[Any], int]] = _Via("heartbeats")
-    sent: _Via[int] = _Via("batches")
-    next_seq: _Via[int] = _Via("batches")
-    missing_since: _Via[float | None] = _Via("batches")
-    traj_counter: _Via[int] = _Via("batches")
-    frames: _Via[int] = _Via("batches")
-    restore_counters: _Via[Callable[[int, int], None]] = _Via("batches")
-    on_late: _Via[Callable[[int, dict[str, Any]], bool]] = _Via("batches")
-    requests: _Via[tuple[CollectRequest, ...]] = _Via("lockstep")
-    outstanding: _Via[int] = _Via("lockstep")
-    inbox: _Via[tuple[Received, ...]] = _Via("lockstep")
-    asked: _Via[Callable[[int], bool]] = _Via("lockstep")
-    part: _Via[Callable[[int], Received | None]] = _Via("lockstep")
-    on_ask: _Via[Callable[[CollectRequest], None]] = _Via("lockstep")
-    take_part: _Via[Callable[[int], Received]] = _Via("lockstep")
-    changes_sent: _Via[int] = _Via("commands")
-    resets_sent: _Via[int] = _Via("commands")
-    on_send: _Via[Callable[[str], None]] = _Via("commands")
 
     # -- incarnations ----------------------------------------------------------------------------------
     def _new_incarnation(self, now: float) -> None:

@@ -156,7 +156,7 @@ class WeightPusher:
         """
         ready = ready or streams_ready(models)
         if check:
-            models = check_push(models, [self.handles[i].weights_structure for i in worker_ids])
+            models = check_push(models, [self.handles[i].hello.weights_structure for i in worker_ids])
         async with self._lock:
             failed = getattr(self.events.failure, "worker_id", None)
             # A pool broken by one worker still updates the others (they are alive and answer), so the

@@ -219,7 +219,7 @@ class AsyncBatchedCollector(MultiCollectorBase):
             pin_process(server.pid, cores)
         if self.settings.max_batch_size is None:
             assert self._pool is not None
-            server.set_max_batch_size(sum(h.n_envs for h in self._pool.handles))
+            server.set_max_batch_size(sum(h.hello.n_envs for h in self._pool.handles))
 
     def _lost(self, live: int) -> None:
         super()._lost(live)

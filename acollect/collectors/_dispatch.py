@@ -181,7 +181,9 @@ class Lockstep(Dispatch):
         Returns ``False`` (asking nobody) where no shared segment is free for that batch: one holds the batch being
         collected, the other a batch lent to the caller or not given back yet.
         """
-        if (self._shared is None or number in self._segments) and all(h.lost or h.asked(number) for h in pool.handles):
+        if (self._shared is None or number in self._segments) and all(
+            h.lost or h.lockstep.asked(number) for h in pool.handles
+        ):
             return True  # asked of everyone already (take() asks again after each wait): nothing to order
         # Under the weight pusher's order: a push computes the first batch it applies to, and reaches every
         # worker, wholly before or wholly after the requests of this batch go out (see WeightPusher).
@@ -194,10 +196,10 @@ class Lockstep(Dispatch):
                 self._segments[number] = slot
             pool.note_asked(number)
             for handle in pool.handles:
-                if handle.lost or handle.asked(number):
+                if handle.lost or handle.lockstep.asked(number):
                     continue
                 request = CollectRequest(number, slot, ahead)
-                handle.on_ask(request)
+                handle.lockstep.on_ask(request)
                 # A restarted worker that has not said hello yet is not connected: it gets the request with its
                 # hello (the pool resends the requests outstanding then).
                 if handle.ready:
@@ -207,9 +209,9 @@ class Lockstep(Dispatch):
     @staticmethod
     def _stale(handle: WorkerHandle, item: Received) -> bool:
         # Begun ahead, by this incarnation, before a reseed or a state restore it was sent since.
-        began_after = item.header.get("resets", handle.resets_sent)
+        began_after = item.header.get("resets", handle.commands.resets_sent)
         ahead = item.request is not None and item.request.ahead
-        return ahead and item.generation == handle.generation and began_after != handle.resets_sent
+        return ahead and item.generation == handle.generation and began_after != handle.commands.resets_sent
 
     async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
         number = self._number
@@ -225,23 +227,23 @@ class Lockstep(Dispatch):
                 await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for at the end, or when taken
             # A worker lost meanwhile (on_worker_loss="continue") is left out: the batch holds the live ones' parts.
             await pool.wait_until(
-                lambda: all(h.part(number) is not None for h in handles if not h.lost),
+                lambda: all(h.lockstep.part(number) is not None for h in handles if not h.lost),
                 what="a batch from every worker",
             )
             stale = False
             for handle in [h for h in handles if not h.lost]:
-                part = handle.part(number)
+                part = handle.lockstep.part(number)
                 if part is None:  # lost during an await of this loop
                     continue
                 if self._stale(handle, part):  # its rows are written again, and the worker asked again
                     stale = True
-                    handle.take_part(number)
+                    handle.lockstep.take_part(number)
                     pool.discard(part.data.numel())
                     if part.header.get("slot") is not None and self._shared is None:
                         await pool.credit(handle, part.header["slot"])
             if not stale:
                 break
-        items = [handle.take_part(number) for handle in handles if not handle.lost]
+        items = [handle.lockstep.take_part(number) for handle in handles if not handle.lost]
         segment = self._segments.pop(number, None)
         if segment is not None:
             assert self._shared is not None
@@ -375,12 +377,12 @@ class FirstReady(Dispatch):
     async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
         (item,) = items
         handle = pool.handles[item.worker]
-        if not item.in_slot or item.generation != handle.generation or handle.ring is None:
+        if not item.in_slot or item.generation != handle.generation or handle.memory.ring is None:
             return False  # over message frames (the caller's already), or from a worker that died since
         if not loans.room_for(item.nbytes):
             return False
         # Its worker collects on its credits, each into a slot of its ring: slots enough for those and every one lent.
-        missing = self.credits + loans.held((item.worker, item.generation)) + 1 - len(handle.ring)
+        missing = self.credits + loans.held((item.worker, item.generation)) + 1 - len(handle.memory.ring)
         return missing <= 0 or await pool.slots.grow_ring(handle, missing)
 
     def view(self, items: list[Received]) -> TensorDictBase:

@@ -190,7 +190,7 @@ class MultiCollectorBase(CollectorBase):
         self._trainer_pin.pin()
         # Every worker said in its hello how many envs it built: the truth, whatever construction guessed.
         # Warned here, on the event loop, so the warning points at the user's `async with` / `async for`.
-        self._settle_batch([h.n_envs for h in pool.handles])
+        self._settle_batch([h.hello.n_envs for h in pool.handles])
         self._worker_changes.check_env_seeds(pool, type(self).__name__)
         await self._worker_changes.apply(pool, self._push, self.num_workers)
         paused = self._lifecycle.pauses > 0

@@ -72,14 +72,14 @@ class WorkerChanges:
         started, else one per worker)."""
         self._refuse_seed_of_built_envs(seed, pool)
         self._pending.stage_seed(seed)
-        if pool is not None and all(h.n_envs for h in pool.handles):
-            return seed + sum(h.n_envs for h in pool.handles)
+        if pool is not None and all(h.hello.n_envs for h in pool.handles):
+            return seed + sum(h.hello.n_envs for h in pool.handles)
         return seed + num_workers
 
     @staticmethod
     def _refuse_seed_of_built_envs(seed: int, pool: WorkerPool | None) -> None:
         """Raises where a worker's env was seeded when built (EnvPool): its reset takes no seed."""
-        seeds = [h.env_seed for h in pool.handles] if pool is not None else []
+        seeds = [h.hello.env_seed for h in pool.handles] if pool is not None else []
         if any(s is not None for s in seeds):
             raise reseed_error(seed, seeds)
 
@@ -97,7 +97,7 @@ class WorkerChanges:
             except ConfigurationError:
                 self._pending.take_seed()  # refused: entering again starts without it
                 raise
-        message = shared_seeds_warning([(h.env_seed, h.n_envs) for h in pool.handles])
+        message = shared_seeds_warning([(h.hello.env_seed, h.hello.n_envs) for h in pool.handles])
         if message is not None:
             warn(f"{owner}: {message}")
 
@@ -105,7 +105,7 @@ class WorkerChanges:
     def workers_state(self, pool: WorkerPool | None, num_workers: int) -> list[dict[str, Any]]:
         """Each worker's counters, for a state dict: the pool's, else those staged, else fresh ones."""
         if pool is not None:
-            return [{"next_traj_counter": h.traj_counter, "frames": h.frames} for h in pool.handles]
+            return [{"next_traj_counter": h.batches.traj_counter, "frames": h.batches.frames} for h in pool.handles]
         staged = self._pending.state
         if staged is not None:
             return [dict(w) for w in staged]
@@ -161,8 +161,8 @@ class WorkerChanges:
         state = self._pending.take_state()
         if state is not None:
             for handle, counters in zip(pool.handles, state, strict=True):
-                handle.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
-                fields = {"next_traj_counter": handle.traj_counter, "frames": handle.frames}
+                handle.batches.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
+                fields = {"next_traj_counter": handle.batches.traj_counter, "frames": handle.batches.frames}
                 # A worker restarting now is not connected yet (a message to it would fail, and read as its
                 # death): its successor starts from these counters, passed with its config.
                 if handle.ready:
@@ -172,7 +172,7 @@ class WorkerChanges:
             for handle in pool.handles:
                 if handle.ready:  # a successor not connected yet starts from a fresh reset of its own
                     await pool.send(handle, P.SEED, {"seed": seed})
-                seed += handle.n_envs
+                seed += handle.hello.n_envs
         weights = self._pending.take_weights()
         if weights is not None:
             await push({"policy": params_of("state_dict", weights)}, range(num_workers), 30.0)

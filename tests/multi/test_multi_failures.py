@@ -79,7 +79,7 @@ async def test_restarted_worker_keeps_going_without_duplicates(start_method: str
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(take, 3)
                     await gate.wait_held()
-                    await wait_until(lambda: worker.outstanding == 2)  # parts 2 and 3: held and asked ahead
+                    await wait_until(lambda: worker.lockstep.outstanding == 2)  # parts 2 and 3: held and asked ahead
                     dead = collector.worker_pids[0]
                     assert gate.holder == dead
                     os.kill(dead, signal.SIGKILL)

@@ -127,7 +127,7 @@ async def test_a_batch_begun_ahead_is_handed_out_with_the_version_that_made_it(s
         second = await anext(collector)
         assert collector.pool is not None
         with anyio.fail_after(30):  # the batch begun ahead arrives (made with version 0)
-            while not all(h.inbox for h in collector.pool.handles):  # noqa: ASYNC110 - polled on purpose
+            while not all(h.lockstep.inbox for h in collector.pool.handles):  # noqa: ASYNC110 - polled on purpose
                 await anyio.sleep(0.01)
         await collector.update_policy_weights_(WeightProbe(1.0))
         third = await anext(collector)
@@ -183,7 +183,7 @@ async def test_a_batch_begun_ahead_before_a_reseed_is_dropped_and_counted(start_
         assert collector.pool is not None
         second = await anext(collector)
         with anyio.fail_after(30):
-            while not all(h.inbox for h in collector.pool.handles):  # noqa: ASYNC110 - polled on purpose
+            while not all(h.lockstep.inbox for h in collector.pool.handles):  # noqa: ASYNC110 - polled on purpose
                 await anyio.sleep(0.01)
         collector.set_seed(3)  # sent before the next batch is taken
         third = await anext(collector)

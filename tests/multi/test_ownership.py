@@ -147,7 +147,7 @@ async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start
     ) as collector:  # fmt: skip
         await anext(collector)
         pool = collector.pool
-        assert all(h.pipe is not None for h in pool.handles)
+        assert all(h.memory.pipe is not None for h in pool.handles)
         sent: list[str] = []  # messages
         words: list[tuple[str, int | None]] = []  # credits and slots back, by whatever road
         real_send, real_credit, real_free = pool.send, pool.credit, pool.free
@@ -178,12 +178,12 @@ async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start
         assert set(sent) <= {"slots"}, sent
         assert len(sent) <= 2, sent
         # A slot for each credit and one for the batch lent: no more than when the slot went back at once.
-        assert [len(h.ring) for h in pool.handles] == [3, 3]
+        assert [len(h.memory.ring) for h in pool.handles] == [3, 3]
 
         # A caller that keeps several batches of a worker, then drops them: the slots beyond the first that the
         # next credit carries go back one a word, and collection goes on without the rings growing further.
         held = [await anext(collector) for _ in range(8)]
-        sizes = [len(h.ring) for h in pool.handles]
+        sizes = [len(h.memory.ring) for h in pool.handles]
         del held
         gc.collect()
         words.clear()
@@ -192,5 +192,5 @@ async def test_a_dropped_lent_batch_goes_back_with_its_workers_next_credit(start
             assert_counting_batch(batch)
             del batch
         assert [kind for kind, _ in words].count("free") >= 1
-        assert [len(h.ring) for h in pool.handles] == sizes
+        assert [len(h.memory.ring) for h in pool.handles] == sizes
         assert collector.lent["batches"] <= 1

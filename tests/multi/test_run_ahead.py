@@ -44,7 +44,7 @@ async def test_the_fast_worker_steps_its_next_part_while_the_slow_one_finishes(
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(take, 3)
                     await gate.wait_held()
-                    await wait_until(lambda: c.pool is not None and c.pool.handles[0].part(4) is not None)
+                    await wait_until(lambda: c.pool is not None and c.pool.handles[0].lockstep.part(4) is not None)
                     assert len(batches) == 2, "the third batch was handed out while its slow part was held"
                     gate.open()
     # Contiguous streams: each part continues where the worker's last part ended.

@@ -104,7 +104,7 @@ async def test_a_restarted_worker_writes_the_same_rows_and_spares_a_held_batch(s
         assert collector.pool is not None
         # Killed between batches: the first batch is asked for on request, nothing ahead of it, so the worker holds
         # no part as it dies and none is lost.
-        assert collector.pool.handles[0].outstanding == 0
+        assert collector.pool.handles[0].lockstep.outstanding == 0
         dead = collector.worker_pids[0]
         os.kill(dead, signal.SIGKILL)
         with anyio.fail_after(60):

@@ -85,81 +85,105 @@ def test_each_launch_is_a_new_incarnation_that_forgets_the_last() -> None:
     handle = ready(now=1.0)
     assert (handle.state, handle.generation, handle.started_at, handle.ready) == (WorkerState.READY, 1, 1.0, True)
     assert handle.identity == b"w0.1"
-    assert (handle.n_envs, handle.batch_nbytes, handle.weights_structure, handle.env_seed) == (2, 40, None, None)
-    handle.on_send(P.WEIGHTS)
-    handle.on_send(P.SEED)
-    handle.on_send(P.COLLECT)
-    assert (handle.changes_sent, handle.resets_sent) == (2, 1)
-    handle.on_ask(CollectRequest(1, ahead=True))
+    assert (
+        handle.hello.n_envs,
+        handle.hello.batch_nbytes,
+        handle.hello.weights_structure,
+        handle.hello.env_seed,
+    ) == (2, 40, None, None)
+    handle.commands.on_send(P.WEIGHTS)
+    handle.commands.on_send(P.SEED)
+    handle.commands.on_send(P.COLLECT)
+    assert (handle.commands.changes_sent, handle.commands.resets_sent) == (2, 1)
+    handle.lockstep.on_ask(CollectRequest(1, ahead=True))
     handle.on_beat({"steps": 5, "busy": True, "discarded": 4, "sent": 2}, now=2.0)
-    handle.on_env_restarts(3)
+    handle.heartbeats.on_env_restarts(3)
     handle.on_unreachable(now=3.0)
     assert handle.on_death(lockstep=True, running=False) == 1
     handle.on_launch(now=4.0)
     assert (handle.generation, handle.started_at, handle.restarts) == (2, 4.0, 1)
-    assert (handle.changes_sent, handle.resets_sent, handle.sent, handle.next_seq) == (0, 0, 0, 0)
-    assert (handle.last_steps, handle.busy, handle.partial, handle.missing_since) == (-1, False, False, None)
+    assert (
+        handle.commands.changes_sent,
+        handle.commands.resets_sent,
+        handle.batches.sent,
+        handle.batches.next_seq,
+    ) == (0, 0, 0, 0)
+    assert (
+        handle.heartbeats.last_steps,
+        handle.heartbeats.busy,
+        handle.heartbeats.partial,
+        handle.batches.missing_since,
+    ) == (-1, False, False, None)
     assert handle.unreachable_since is None
-    assert [r.ahead for r in handle.requests] == [False]  # asked again of the successor
+    assert [r.ahead for r in handle.lockstep.requests] == [False]  # asked again of the successor
     assert handle.on_beat({"steps": 0, "busy": False, "discarded": 1}, now=5.0) == 1  # a fresh count
-    assert handle.on_env_restarts(1) == 1
+    assert handle.heartbeats.on_env_restarts(1) == 1
 
 
 def test_a_hello_says_what_the_worker_built() -> None:
     handle = WorkerHandle(0, config())
     handle.on_launch(now=0.0)
-    handle.make_credit_pipe("/tmp/acollect-test-pipe-that-is-never-made")
+    handle.memory.make_credit_pipe("/tmp/acollect-test-pipe-that-is-never-made")
     handle.on_hello(hello(n_envs=3, weights=[[["w"], [2], "float32"]], env_seed="7",
                           pipe="/tmp/acollect-test-pipe-that-is-never-made"))  # fmt: skip
-    assert (handle.n_envs, handle.batch_nbytes, handle.env_seed) == (3, 40, 7)
-    assert handle.weights_structure == {("w",): ((2,), torch.float32)}
-    assert handle.pipe_path == "/tmp/acollect-test-pipe-that-is-never-made"
-    assert handle.layout == hello()["layout"]
+    assert (handle.hello.n_envs, handle.hello.batch_nbytes, handle.hello.env_seed) == (3, 40, 7)
+    assert handle.hello.weights_structure == {("w",): ((2,), torch.float32)}
+    assert handle.memory.pipe_path == "/tmp/acollect-test-pipe-that-is-never-made"
+    assert handle.hello.layout == hello()["layout"]
     other = WorkerHandle(1, config(1))
     other.on_launch(now=0.0)
-    other.make_credit_pipe("/tmp/a")
+    other.memory.make_credit_pipe("/tmp/a")
     other.on_hello(hello(pipe="/tmp/b"))
-    assert other.pipe_path is None  # a worker never makes the collector open a path it did not name
+    assert other.memory.pipe_path is None  # a worker never makes the collector open a path it did not name
 
 
 def test_a_heartbeat_tells_progress_a_held_batch_and_a_missing_one() -> None:
     handle = ready(now=0.0)
-    assert (handle.last_beat, handle.last_progress, handle.last_steps) == (0.0, 0.0, -1)
+    assert (
+        handle.heartbeats.last_beat,
+        handle.heartbeats.last_progress,
+        handle.heartbeats.last_steps,
+    ) == (0.0, 0.0, -1)
     assert handle.on_beat({"steps": 4, "busy": True}, now=1.0) == 0
-    assert (handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (4, 1.0, True, True)
+    assert (
+        handle.heartbeats.last_steps,
+        handle.heartbeats.last_progress,
+        handle.heartbeats.busy,
+        handle.heartbeats.partial,
+    ) == (4, 1.0, True, True)
     handle.on_beat({"steps": 4, "busy": True}, now=2.0)
-    assert handle.last_progress == 1.0  # no step since: a hang shows
+    assert handle.heartbeats.last_progress == 1.0  # no step since: a hang shows
     handle.on_beat({"steps": 4, "busy": False, "partial": True}, now=3.0)
-    assert (handle.busy, handle.partial, handle.last_progress) == (False, True, 1.0)
+    assert (handle.heartbeats.busy, handle.heartbeats.partial, handle.heartbeats.last_progress) == (False, True, 1.0)
     handle.on_beat({"steps": 4, "busy": True}, now=4.0)
-    assert handle.last_progress == 4.0  # a batch begun is progress
+    assert handle.heartbeats.last_progress == 4.0  # a batch begun is progress
     handle.on_beat({"steps": 4, "busy": False, "partial": False}, now=5.0)
-    assert (handle.busy, handle.partial) == (False, False)
+    assert (handle.heartbeats.busy, handle.heartbeats.partial) == (False, False)
     assert handle.on_beat({"steps": 9, "busy": False, "discarded": 6}, now=6.0) == 6
     assert handle.on_beat({"steps": 9, "busy": False, "discarded": 6}, now=7.0) == 0
     assert handle.on_beat({"steps": 9, "busy": False, "discarded": 5}, now=8.0) == 0  # reordered: never negative
     assert handle.on_beat({"steps": 9, "busy": False, "discarded": 8}, now=9.0) == 2
     handle.on_beat({"steps": 9, "busy": False, "sent": 1}, now=10.0)
-    assert (handle.sent, handle.missing_since) == (1, 10.0)
+    assert (handle.batches.sent, handle.batches.missing_since) == (1, 10.0)
     handle.on_beat({"steps": 9, "busy": False, "sent": 1}, now=11.0)
-    assert handle.missing_since == 10.0
+    assert handle.batches.missing_since == 10.0
     handle.on_batch(batch(0), DATA, lockstep=False)
-    assert handle.missing_since is None
+    assert handle.batches.missing_since is None
     handle.on_beat({"steps": 9, "busy": False, "sent": 1}, now=12.0)
-    assert handle.missing_since is None
-    handle.on_message(now=13.0)
-    assert handle.last_beat == 13.0
+    assert handle.batches.missing_since is None
+    handle.heartbeats.on_message(now=13.0)
+    assert handle.heartbeats.last_beat == 13.0
 
 
 def test_env_restarts_count_once_each_and_refuse_nonsense() -> None:
     handle = ready()
-    assert handle.on_env_restarts(2) == 2
-    assert handle.on_env_restarts(2) == 0
-    assert handle.on_env_restarts(1) == 0
-    assert handle.on_env_restarts(5) == 3
+    assert handle.heartbeats.on_env_restarts(2) == 2
+    assert handle.heartbeats.on_env_restarts(2) == 0
+    assert handle.heartbeats.on_env_restarts(1) == 0
+    assert handle.heartbeats.on_env_restarts(5) == 3
     for bad in (-1, "3", 1.0, None):
         with pytest.raises(ProtocolError, match=rf"^worker 0 sent env_restarts={bad!r}: expected an int >= 0$"):
-            handle.on_env_restarts(bad)
+            handle.heartbeats.on_env_restarts(bad)
 
 
 def test_batches_arrive_in_order_once_each() -> None:
@@ -167,7 +191,12 @@ def test_batches_arrive_in_order_once_each() -> None:
     item = handle.on_batch(batch(0), DATA, lockstep=False)
     assert (item.worker, item.generation, item.in_slot, item.nbytes, item.request) == (0, 1, False, 40, None)
     assert item.data is DATA
-    assert (handle.next_seq, handle.traj_counter, handle.frames, handle.inbox) == (1, 10, 100, ())
+    assert (
+        handle.batches.next_seq,
+        handle.batches.traj_counter,
+        handle.batches.frames,
+        handle.lockstep.inbox,
+    ) == (1, 10, 100, ())
     with pytest.raises(Rejected, match=r"^replayed batch: seq 0 from worker 0, expected 1$"):
         handle.on_batch(batch(0), DATA, lockstep=False)
     with pytest.raises(ProtocolError, match=r"^worker 0 sent batch 2 after 0: batches lost$"):
@@ -178,28 +207,38 @@ def test_batches_arrive_in_order_once_each() -> None:
         handle.on_batch(batch(1), None, lockstep=False)
     with pytest.raises(ProtocolError, match=r"^worker 0 named slot 0, which it does not have$"):
         handle.on_batch(batch(1, slot=0), None, lockstep=False)
-    assert handle.next_seq == 1
-    handle.restore_counters(traj_counter=50, frames=500)
-    assert (handle.traj_counter, handle.frames) == (50, 500)
+    assert handle.batches.next_seq == 1
+    handle.batches.restore_counters(traj_counter=50, frames=500)
+    assert (handle.batches.traj_counter, handle.batches.frames) == (50, 500)
 
 
 def test_lockstep_parts_answer_their_requests_in_order() -> None:
     handle = ready()
     with pytest.raises(ProtocolError, match=r"^worker 0 sent a batch nobody asked for$"):
         handle.on_batch(batch(0), DATA, lockstep=True)
-    handle.on_ask(CollectRequest(1))
-    handle.on_ask(CollectRequest(2, ahead=True))
-    assert (handle.outstanding, handle.asked(1), handle.asked(2), handle.asked(3)) == (2, True, True, False)
+    handle.lockstep.on_ask(CollectRequest(1))
+    handle.lockstep.on_ask(CollectRequest(2, ahead=True))
+    assert (
+        handle.lockstep.outstanding,
+        handle.lockstep.asked(1),
+        handle.lockstep.asked(2),
+        handle.lockstep.asked(3),
+    ) == (2, True, True, False)
     with pytest.raises(ProtocolError, match=r"^worker 0 answered collect n=2, asked for n=1$"):
         handle.on_batch(batch(0, n=2), DATA, lockstep=True)
     first = handle.on_batch(batch(0, n=1), DATA, lockstep=True)
     second = handle.on_batch(batch(1), DATA, lockstep=True)  # no n: the oldest request
     assert (first.request.number, second.request.number) == (1, 2)  # type: ignore[union-attr]
-    assert (handle.outstanding, handle.asked(1), handle.part(1) is first, handle.part(3)) == (0, True, True, None)
-    assert handle.take_part(2) is second
-    assert handle.inbox == (first,)
+    assert (
+        handle.lockstep.outstanding,
+        handle.lockstep.asked(1),
+        handle.lockstep.part(1) is first,
+        handle.lockstep.part(3),
+    ) == (0, True, True, None)
+    assert handle.lockstep.take_part(2) is second
+    assert handle.lockstep.inbox == (first,)
     with pytest.raises(AssertionError, match=r"^worker 0 has no part of batch 2"):
-        handle.take_part(2)
+        handle.lockstep.take_part(2)
 
 
 @pytest.mark.parametrize(("running", "busy", "requests", "lost"), [
@@ -212,54 +251,54 @@ def test_an_asynchronous_worker_dies_with_the_batch_it_was_collecting(
     handle.on_batch(batch(0), DATA, lockstep=False)
     handle.on_beat({"steps": 1, "busy": busy, "sent": 3}, now=1.0)
     for number in range(requests):
-        handle.on_ask(CollectRequest(number))
+        handle.lockstep.on_ask(CollectRequest(number))
     assert handle.on_death(lockstep=False, running=running) == lost
     assert handle.restarts == 1
     generation = handle.generation
     handle.on_launch(now=2.0)
     # its batches still on their way: each counted as dropped once, except the one counted at its death
-    assert handle.on_late(generation, batch(0)) is False  # received already
-    assert handle.on_late(generation, batch(1)) is True
-    assert handle.on_late(generation, batch(1)) is False  # a replay
-    assert handle.on_late(generation, batch(3)) is (not (running and busy))
-    assert handle.on_late(generation, batch(4)) is True
-    assert handle.on_late(generation + 1, batch(5)) is False  # not the dead incarnation
-    assert handle.on_late(generation, {"kind": P.HEARTBEAT, "seq": 6}) is False
-    assert handle.on_late(generation, batch("7")) is False
+    assert handle.batches.on_late(generation, batch(0)) is False  # received already
+    assert handle.batches.on_late(generation, batch(1)) is True
+    assert handle.batches.on_late(generation, batch(1)) is False  # a replay
+    assert handle.batches.on_late(generation, batch(3)) is (not (running and busy))
+    assert handle.batches.on_late(generation, batch(4)) is True
+    assert handle.batches.on_late(generation + 1, batch(5)) is False  # not the dead incarnation
+    assert handle.batches.on_late(generation, {"kind": P.HEARTBEAT, "seq": 6}) is False
+    assert handle.batches.on_late(generation, batch("7")) is False
 
 
 def test_a_lockstep_worker_dies_with_every_part_it_was_asked_for() -> None:
     handle = ready()
-    handle.on_ask(CollectRequest(1))
-    handle.on_ask(CollectRequest(2))
+    handle.lockstep.on_ask(CollectRequest(1))
+    handle.lockstep.on_ask(CollectRequest(2))
     generation = handle.generation
     assert handle.on_death(lockstep=True, running=False) == 2
-    assert handle.outstanding == 2  # asked again of its successor
-    assert handle.on_late(generation, batch(0)) is False  # counted with its request
+    assert handle.lockstep.outstanding == 2  # asked again of its successor
+    assert handle.batches.on_late(generation, batch(0)) is False  # counted with its request
     assert handle.on_death(lockstep=True, running=False) == 2
     assert handle.restarts == 2
 
 
 def test_a_lost_worker_is_dropped_with_what_it_held() -> None:
     handle = ready()
-    handle.on_ask(CollectRequest(1))
-    handle.on_ask(CollectRequest(2))
+    handle.lockstep.on_ask(CollectRequest(1))
+    handle.lockstep.on_ask(CollectRequest(2))
     handle.on_batch(batch(0), DATA, lockstep=True)
     assert handle.on_lost(lockstep=True, running=False) == 1
-    assert (handle.state, handle.lost, handle.outstanding, handle.inbox, handle.restarts) == (
+    assert (handle.state, handle.lost, handle.lockstep.outstanding, handle.lockstep.inbox, handle.restarts) == (
         WorkerState.LOST, True, 0, (), 0
     )  # fmt: skip
     other = ready(1)
     other.on_beat({"steps": 1, "busy": True, "sent": 0}, now=1.0)
     generation = other.generation
     assert other.on_lost(lockstep=False, running=True) == 1
-    assert other.on_late(generation, batch(0)) is False  # the one it was collecting: counted already
-    assert other.on_late(generation, batch(1)) is True
-    assert handle.on_late(handle.generation, batch(0)) is False  # lockstep: counted with its requests
+    assert other.batches.on_late(generation, batch(0)) is False  # the one it was collecting: counted already
+    assert other.batches.on_late(generation, batch(1)) is True
+    assert handle.batches.on_late(handle.generation, batch(0)) is False  # lockstep: counted with its requests
     idle = ready(2)
     idle.on_beat({"steps": 1, "busy": False, "sent": 2}, now=1.0)
     assert idle.on_lost(lockstep=False, running=True) == 0
-    assert [idle.on_late(idle.generation, batch(seq)) for seq in range(3)] == [True, True, True]
+    assert [idle.batches.on_late(idle.generation, batch(seq)) for seq in range(3)] == [True, True, True]
 
 
 def test_unreachable_once_then_dead_or_stopping() -> None:
@@ -493,7 +532,7 @@ async def test_a_worker_that_steps_no_env_while_collecting_is_hung() -> None:
     async with monitoring(pool):
         with anyio.fail_after(DEADLINE):
             while pool.events.failure is None:
-                handle.on_message(now=time.monotonic())  # alive, but no step
+                handle.heartbeats.on_message(now=time.monotonic())  # alive, but no step
                 handle.on_beat({"steps": 3, "busy": True}, now=time.monotonic())
                 await anyio.sleep(0.05)
     failure = pool.events.failure
@@ -510,7 +549,7 @@ async def test_a_batch_announced_and_never_received_times_the_worker_out() -> No
     async with monitoring(pool):
         with anyio.fail_after(DEADLINE):
             while pool.events.failure is None:
-                handle.on_message(now=time.monotonic())
+                handle.heartbeats.on_message(now=time.monotonic())
                 handle.on_beat({"steps": 3, "busy": False, "sent": 1}, now=time.monotonic())
                 await anyio.sleep(0.05)
     failure = pool.events.failure
@@ -593,94 +632,114 @@ async def test_elastic_each_worker_lost_is_counted_with_what_it_held(caplog: pyt
 
 async def test_elastic_a_lockstep_worker_lost_drops_every_part_it_was_asked_for() -> None:
     pool = Pool(2, max_restarts=0, on_worker_loss="continue", credits=None)
-    pool.handles[0].on_ask(CollectRequest(1))
-    pool.handles[0].on_ask(CollectRequest(2))
+    pool.handles[0].lockstep.on_ask(CollectRequest(1))
+    pool.handles[0].lockstep.on_ask(CollectRequest(2))
     async with monitoring(pool):
         pool.processes[0].kill()
         await until(pool, lambda: pool.lost_calls)
-    assert (pool.counters.dropped_batches, pool.handles[0].outstanding) == (2, 0)
+    assert (pool.counters.dropped_batches, pool.handles[0].lockstep.outstanding) == (2, 0)
 
 
 def test_batches_in_slots_name_a_slot_of_the_ring_and_a_successor_gets_fresh_ones() -> None:
     layout, _ = encode_tensordict(TensorDict({"x": torch.zeros(2)}, batch_size=[2]))
     handle = ready()
     first = ShmSlotRing.create(layout, 2)
-    handle.use_ring(first)
-    assert handle.ring is first
+    handle.memory.use_ring(first)
+    assert handle.memory.ring is first
     for seq, slot in enumerate([0, 1]):
         item = handle.on_batch(batch(seq, slot=slot), None, lockstep=False)
         assert (item.in_slot, item.header["slot"], item.nbytes) == (True, slot, 40)
         assert item.data["x"].data_ptr() == first[slot].tensordict["x"].data_ptr()
-    assert handle.next_seq == 2
+    assert handle.batches.next_seq == 2
     for bad in (2, -1, "0"):
         with pytest.raises(ProtocolError, match=r"^worker 0 named slot .*, which it does not have$"):
             handle.on_batch(batch(2, slot=bad), None, lockstep=False)
     handle.on_death(lockstep=False, running=False)
     handle.on_launch(now=1.0)
     handle.on_hello(hello())
-    assert handle.ring is None  # the predecessor's slots stay for its batches still queued
+    assert handle.memory.ring is None  # the predecessor's slots stay for its batches still queued
     second = ShmSlotRing.create(layout, 1)
-    handle.use_ring(second)
+    handle.memory.use_ring(second)
     handle.release()
     handle.release()
-    assert handle.ring is None
+    assert handle.memory.ring is None
     assert not any(name in our_segments() for ring in (first, second) for name in ring.names)
 
 
 def test_every_reset_sent_is_counted_and_zero_env_restarts_is_a_count() -> None:
     handle = ready()
     for kind in (P.SEED, P.LOAD_STATE, P.SEED):
-        handle.on_send(kind)
-    assert (handle.resets_sent, handle.changes_sent) == (3, 3)
-    assert handle.on_env_restarts(0) == 0
+        handle.commands.on_send(kind)
+    assert (handle.commands.resets_sent, handle.commands.changes_sent) == (3, 3)
+    assert handle.heartbeats.on_env_restarts(0) == 0
 
 
 async def test_each_restart_of_a_lockstep_worker_drops_every_part_it_was_asked_for() -> None:
     pool = Pool(2, max_restarts=1, credits=None)
     for handle in pool.handles:
-        handle.on_ask(CollectRequest(1))
-        handle.on_ask(CollectRequest(2))
+        handle.lockstep.on_ask(CollectRequest(1))
+        handle.lockstep.on_ask(CollectRequest(2))
     async with monitoring(pool):
         pool.processes[0].kill()
         await until(pool, lambda: pool.spawned == [0])
         pool.processes[1].kill()
         await until(pool, lambda: pool.spawned == [0, 1])
     assert pool.counters.dropped_batches == 4
-    assert [h.outstanding for h in pool.handles] == [2, 2]  # asked again of their successors
+    assert [h.lockstep.outstanding for h in pool.handles] == [2, 2]  # asked again of their successors
 
 
 def test_a_new_slot_knows_nothing_yet() -> None:
     handle = WorkerHandle(3, config(3))
     assert (handle.state, handle.index, handle.process, handle.pid, handle.generation) == (WorkerState.NEW, 3, None,
                                                                                           None, 0)  # fmt: skip
-    assert (handle.started_at, handle.restarts, handle.n_envs, handle.layout, handle.batch_nbytes) == (
-        0.0,
-        0,
-        0,
-        None,
-        0,
-    )
-    assert (handle.weights_structure, handle.env_seed, handle.ring, handle.pipe_path, handle.pipe) == (None,) * 5
-    assert (handle.requests, handle.inbox, handle.changes_sent, handle.resets_sent) == ((), (), 0, 0)
-    assert (handle.last_beat, handle.last_steps, handle.last_progress, handle.busy, handle.partial) == (
-        0.0, -1, 0.0, False, False
-    )  # fmt: skip
-    assert (handle.sent, handle.next_seq, handle.missing_since, handle.unreachable_since) == (0, 0, None, None)
-    assert (handle.traj_counter, handle.frames) == (0, 0)
+    assert (
+        handle.started_at,
+        handle.restarts,
+        handle.hello.n_envs,
+        handle.hello.layout,
+        handle.hello.batch_nbytes,
+    ) == (0.0, 0, 0, None, 0)
+    assert (
+        handle.hello.weights_structure,
+        handle.hello.env_seed,
+        handle.memory.ring,
+        handle.memory.pipe_path,
+        handle.memory.pipe,
+    ) == (None,) * 5
+    assert (
+        handle.lockstep.requests,
+        handle.lockstep.inbox,
+        handle.commands.changes_sent,
+        handle.commands.resets_sent,
+    ) == ((), (), 0, 0)
+    assert (
+        handle.heartbeats.last_beat,
+        handle.heartbeats.last_steps,
+        handle.heartbeats.last_progress,
+        handle.heartbeats.busy,
+        handle.heartbeats.partial,
+    ) == (0.0, -1, 0.0, False, False)
+    assert (
+        handle.batches.sent,
+        handle.batches.next_seq,
+        handle.batches.missing_since,
+        handle.unreachable_since,
+    ) == (0, 0, None, None)
+    assert (handle.batches.traj_counter, handle.batches.frames) == (0, 0)
     assert handle.on_beat({"steps": 0, "busy": False, "discarded": 1}, now=0.0) == 1
-    assert handle.on_env_restarts(1) == 1
+    assert handle.heartbeats.on_env_restarts(1) == 1
 
 
 def test_a_credit_pipe_opened_at_the_hello_is_the_one_credits_go_down(tmp_path: Any) -> None:
     path = tmp_path / "pipe"
     reader = CreditPipe.create(str(path))  # the worker's end, which the collector's end needs open to write
     handle = ready()
-    handle.make_credit_pipe(str(path))
+    handle.memory.make_credit_pipe(str(path))
     writer = CreditPipeWriter.open(str(path))
     try:
         handle.memory.use_credit_pipe(writer)
-        assert handle.pipe is writer
-        assert handle.pipe.credit(3)
+        assert handle.memory.pipe is writer
+        assert handle.memory.pipe.credit(3)
         assert reader.read() == [(CREDIT, 3)]
     finally:
         writer.close()
@@ -691,7 +750,7 @@ def test_an_incarnation_over_removes_the_credit_pipe_it_left(tmp_path: Any) -> N
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
     handle = ready()
-    handle.make_credit_pipe(str(pipe))
+    handle.memory.make_credit_pipe(str(pipe))
     handle.on_death(lockstep=False, running=False)
     assert not pipe.exists()
 
@@ -710,7 +769,7 @@ async def test_a_hand_started_worker_gets_the_collectors_heartbeats_and_its_slot
 
     async def beating() -> None:  # what the pool's receive loop does with its messages
         while alive:
-            remote.on_message(now=time.monotonic())
+            remote.heartbeats.on_message(now=time.monotonic())
             await anyio.sleep(0.02)
 
     async with monitoring(pool) as monitor, anyio.create_task_group() as tg:
@@ -759,7 +818,7 @@ async def test_workers_launching_closing_or_lost_are_left_alone() -> None:
         with anyio.fail_after(DEADLINE):
             start = time.monotonic()
             while time.monotonic() < start + 1.0:  # every deadline passed, more than once
-                beating.on_message(now=time.monotonic())
+                beating.heartbeats.on_message(now=time.monotonic())
                 await pool.events.wait(0.05)
         await loops(pool, 2)
     assert (pool.spawned, pool.vacated, pool.lost_calls, pool.events.failure) == ([], [], 0, None)
@@ -830,7 +889,7 @@ async def test_a_worker_on_another_host_gets_its_heartbeat_timeout_to_show_its_e
         assert monitor.unreachable_grace == grace
         handle.on_unreachable(now=time.monotonic() - 1.5)  # past a local worker's grace, within a remote one's
         for _ in range(3):
-            handle.on_message(now=time.monotonic())
+            handle.heartbeats.on_message(now=time.monotonic())
             await loops(pool, 1)
         if grace > 1.5:
             assert (handle.state, pool.events.failure) == (WorkerState.UNREACHABLE, None)
@@ -847,10 +906,10 @@ async def test_an_idle_worker_that_beats_is_not_hung_however_long_it_makes_no_st
         with anyio.fail_after(DEADLINE):
             start = time.monotonic()
             while time.monotonic() < start + 1.0:  # heartbeat_timeout passed three times over
-                handle.on_message(now=time.monotonic())
+                handle.heartbeats.on_message(now=time.monotonic())
                 handle.on_beat({"steps": 3, "busy": False}, now=time.monotonic())
                 await pool.events.wait(0.05)
-        handle.on_message(now=time.monotonic())
+        handle.heartbeats.on_message(now=time.monotonic())
         await loops(pool, 1)
     assert (pool.events.failure, handle.state) == (None, WorkerState.READY)
 
@@ -890,7 +949,7 @@ async def test_the_collectors_heartbeats_go_to_ready_workers_with_no_parent_here
         for _ in range(3):  # each socket connected by now: the next beats reach whoever they are sent to
             await anyio.to_thread.run_sync(sockets["remote"].recv, DEADLINE)
         for handle in pool.handles:
-            handle.on_message(now=time.monotonic())
+            handle.heartbeats.on_message(now=time.monotonic())
         beats = {name: await anyio.to_thread.run_sync(received, sockets[name], 0.5) for name in names}
     assert beats["remote"]
     assert set(beats["remote"]) == {P.HEARTBEAT}
@@ -917,7 +976,7 @@ async def test_the_collectors_heartbeat_goes_once_per_interval() -> None:
     async with monitoring(pool) as monitor:
         with WorkerSocket(monitor.endpoint.address, remote.identity) as worker:
             await loops(pool, 1)  # the first beat went, before or after the socket connected: one at most
-            remote.on_message(now=time.monotonic())
+            remote.heartbeats.on_message(now=time.monotonic())
             await loops(pool, 3)
             beats = await anyio.to_thread.run_sync(received, worker, 0.5)
     assert beats in ([], [P.HEARTBEAT])
@@ -929,7 +988,7 @@ async def test_a_batch_announced_a_moment_ago_is_waited_for() -> None:
     async with monitoring(pool):
         handle.on_beat({"steps": 3, "busy": False, "sent": 1}, now=time.monotonic())
         await loops(pool, 3)
-        assert (pool.events.failure, handle.missing_since is not None) == (None, True)
+        assert (pool.events.failure, handle.batches.missing_since is not None) == (None, True)
         handle.on_batch(batch(0), DATA, lockstep=False)
         await loops(pool, 1)
     assert (pool.events.failure, handle.state) == (None, WorkerState.READY)
