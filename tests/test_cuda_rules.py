@@ -45,17 +45,13 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
         "the segment's own close unregisters it (after the copies in flight, on the device it was registered on) "
         "before it unmaps; a refusal raises, naming cuda_dma=False (torch's bindings cannot clear its pending error)",
     ),
-    ("inference/_loop.py", "ServerLoop._apply_weights"): (
-        "weights copied into the server's policy on its loop thread, from tensors the trainer's thread wrote",
-        "wait_ready(ticket.ready)",
-        "the trainer's streams' work on the weights (recorded as events when it pushed them) is waited for before "
-        "the copy, and the copy is synchronised (synchronize_devices) before the next pass runs on a lane's stream",
-    ),
-    ("_weights/updates.py", "load_weights"): (
-        "weights copied into an in-process collector's policy, from a snapshot the caller's thread made",
+    ("_weights/updates.py", "copy_weights"): (
+        "weights copied into a policy of this process (an in-process collector's, an inference server's) from "
+        "tensors another thread wrote (a snapshot the caller's thread made, or the trainer's weights)",
         "wait_ready(ready)",
-        "the snapshot's copy (recorded as events when it was staged) is waited for before it is read, and the "
-        "copy into the policy is synchronised (synchronize_devices) before the rollout thread's next pass",
+        "the work queued on the writer's streams (recorded as events when the weights were handed over) is waited "
+        "for before the copy, and the copy is synchronised (synchronize_devices) before the next pass, which may "
+        "run on another thread's or a lane's stream",
     ),
 }
 

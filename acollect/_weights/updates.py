@@ -44,6 +44,7 @@ __all__ = [
     "as_weights",
     "check_push",
     "check_weights",
+    "copy_weights",
     "decode_structure",
     "encode_structure",
     "one_source",
@@ -477,21 +478,28 @@ class PolicyWeights:
 
 
 def load_weights(module: torch.nn.Module, weights: Any, ready: tuple[Any, ...] = ()) -> None:
-    """Copies ``weights`` (module, TensorDict or state dict) into ``module``'s tensors in place.
-
-    Args:
-        module: the policy's module.
-        weights: what to copy.
-        ready: the events of :func:`~acollect._devices.cuda_ready` the stager recorded as it handed CUDA weights
-            over: they are read only once the work queued before them (their own copy) is done.
+    """Checks ``weights`` (module, TensorDict or state dict) against ``module``, then copies them in
+    (:func:`copy_weights`).
 
     Raises:
         ConfigurationError: the weights do not fit ``module`` (nothing is copied then).
     """
-    checked = check_weights(as_weights(weights), structure_of(module))
+    copy_weights(module, check_weights(as_weights(weights), structure_of(module)), ready)
+
+
+def copy_weights(module: torch.nn.Module, weights: TensorDictBase, ready: tuple[Any, ...] = ()) -> None:
+    """Copies checked ``weights`` into ``module``'s tensors in place, landed before it returns: how every policy
+    in this process takes new weights (the in-process collector's, an inference server's).
+
+    Args:
+        module: the policy's module.
+        weights: what to copy (checked against ``module``: :func:`check_weights`).
+        ready: the events of :func:`~acollect._devices.cuda_ready` the stager recorded as it handed CUDA weights
+            over: they are read only once the work queued before them (their own copy) is done.
+    """
     wait_ready(ready)
     with torch.no_grad():
         dest = TensorDict.from_module(module)
-        dest.update_(checked)  # leaf by leaf, each onto its parameter's device
+        dest.update_(weights)  # leaf by leaf, each onto its parameter's device
     # Landed before this returns: the next pass may run on another thread, whose streams nothing orders after it.
     synchronize_devices(dest.values(include_nested=True, leaves_only=True))

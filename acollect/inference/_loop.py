@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from acollect._devices import synchronize_devices, wait_ready
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
+from acollect._weights.updates import copy_weights
 from acollect.errors import PolicyError, ProtocolError
 from acollect.inference import _messages as M
 from acollect.inference._batching import Batcher, Forward, InferenceRequest, Lane, ServerStatsRecorder
@@ -403,15 +403,8 @@ class ServerLoop:
             ticket = tickets.popleft()
             if not ticket.abandoned:
                 try:
-                    with torch.no_grad():
-                        target = TensorDict.from_module(self.forward.module)
-                        # The caller's work on the weights (an optimizer step on its stream) ends before they are read.
-                        wait_ready(ticket.ready)
-                        target.update_(ticket.weights)
-                        # The copy ran on this thread's streams; passes run on their lanes' streams, which nothing
-                        # orders after it: it lands before the next pass is even queued. (The devices are the
-                        # parameters': a TensorDict made by from_module has none of its own.)
-                        synchronize_devices(target.values(include_nested=True, leaves_only=True))
+                    # Landed before the next pass is even queued (passes run on their lanes' streams).
+                    copy_weights(self.forward.module, ticket.weights, ticket.ready)
                     self.version += 1
                     ticket.version = self.version
                 except Exception as exc:  # weights checked on the way in: this would be a device error

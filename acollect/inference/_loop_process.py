@@ -24,15 +24,14 @@ from typing import Any
 import anyio
 import numpy as np
 import torch
-from tensordict import TensorDict
 
-from acollect._batches.shm import ShmSegment, ShmTensorDictSlot
+from acollect._batches.shm import ShmSegment
 from acollect._devices import wait_ready
 from acollect._runtime.auth import ClientKeys
 from acollect._runtime.spawn import pickle_payload, reap_later, spawn_python
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
-from acollect._runtime.wire import encode_tensordict
+from acollect._weights.sync import SharedMemWeightSyncScheme
 from acollect._weights.updates import WeightStructure, decode_structure
 from acollect.errors import (
     CollectorStateError,
@@ -75,7 +74,8 @@ class LoopProcess:
         self._popen: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._stats_segment: ShmSegment | None = None
-        self._staging: ShmTensorDictSlot | None = None
+        # Weights go as they go to local workers: one flat buffer in a segment, rewritten by each update.
+        self._weights = SharedMemWeightSyncScheme().make_writer()
         self._dir: str | None = None
         self._reader = control.FrameReader()
         self._ids = itertools.count(1)
@@ -84,7 +84,7 @@ class LoopProcess:
         self._on_answer: Callable[[InferenceRequest | Ticket], None] = lambda _item: None
         self._failure: InferenceServerError | None = None
         self._closed_by_us = False
-        self._staged: anyio.Event | None = None  # set once the process has copied the update in the staging slot
+        self._staged: anyio.Event | None = None  # set once the process has copied the update out of the segment
         self._staged_id = 0
 
     @property
@@ -138,15 +138,6 @@ class LoopProcess:
         self.address, self.slot_address = hello.get("address"), hello.get("slots")
         self.structure = decode_structure(hello.get("structure")) or {}
         self.policy_device = torch.device(hello["device"]) if isinstance(hello.get("device"), str) else None
-        if self.structure:
-            staging = TensorDict({}, batch_size=[])
-            for key, (shape, dtype) in self.structure.items():
-                staging.set(key, torch.empty(shape, dtype=dtype))
-            self._staging = ShmTensorDictSlot.create(encode_tensordict(staging)[0])
-            control.send(parent_end, {"k": "staging", "name": self._staging.name, "layout": self._staging.layout})
-            with anyio.fail_after(_START_TIMEOUT):
-                await self._expect("staged")
-            self._staging.segment.unlink()
 
     def _write_payload(self, payload: bytes) -> None:
         assert self._popen is not None
@@ -210,7 +201,7 @@ class LoopProcess:
             )
             self._answer_all(self._failure)
             raise self._failure
-        elif kind not in ("hello", "staged"):
+        elif kind != "hello":
             raise ProtocolError(f"an unknown message {kind!r:.40} from the inference server process")
 
     def _failed(
@@ -295,31 +286,30 @@ class LoopProcess:
         self._send({"k": "infer", "id": n, "rows": request.rows, "leaves": control.tensors_to_wire(request.leaves)})
 
     async def submit_weights(self, ticket: Ticket) -> None:
-        """Writes the weights into the staging slot and sends the command to copy them.
+        """Writes the weights into their segment (:class:`~acollect._weights.sync.SharedMemWeightSyncScheme`, as
+        for local workers) and sends the command to copy them.
 
-        The slot holds one update: a new one waits until the process has copied the last (even if that one's
+        The segment holds one update: a new one waits until the process has copied the last (even if that one's
         caller gave up waiting), so that nothing is overwritten under the copy.
         """
         while self._staged is not None:
             await self._staged.wait()
         if self._failure is not None:
             raise self._failure
-        staging = self._staging
-        if staging is not None:
-            if ticket.ready:
-                # CUDA weights: read once the caller's work on them is done (its streams are not this thread's),
-                # copied to the host in a thread (a blocking copy of every parameter would stall the event loop).
-                def write(_stop: object) -> None:
-                    wait_ready(ticket.ready)
-                    staging.write(ticket.weights)
+        if ticket.ready:
+            # CUDA weights: read once the caller's work on them is done (its streams are not this thread's),
+            # copied to the host in a thread (a blocking copy of every parameter would stall the event loop).
+            def write(_stop: object) -> dict[str, Any]:
+                wait_ready(ticket.ready)
+                return self._weights.write(ticket.weights)[0]
 
-                await run_in_thread(write, name="weights-to-server")
-            else:
-                staging.write(ticket.weights)
+            entry = await run_in_thread(write, name="weights-to-server")
+        else:
+            entry = self._weights.write(ticket.weights)[0]
         n = next(self._ids)
         self._pending[n] = ticket
         self._staged, self._staged_id = anyio.Event(), n
-        self._send({"k": "weights", "id": n})
+        self._send({"k": "weights", "id": n, "models": [{"id": "policy", **entry}]})
 
     def configure(self, **settings: int | None) -> None:
         """Changes ``max_batch_size`` or ``sources`` in the process (from its next pass)."""
@@ -380,10 +370,7 @@ class LoopProcess:
         for pings in self._pings.values():
             pings.set()
         self._release_staging()
-        staging, self._staging = self._staging, None
-        if staging is not None:
-            staging.close()
-            staging.unlink()
+        self._weights.close()
         folder, self._dir = self._dir, None
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)

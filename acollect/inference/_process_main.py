@@ -9,8 +9,9 @@ failure goes to the trainer, traceback included and saying whether it was the po
 built or in a forward pass), before the process exits with code 1.
 
 The trainer reads its figures, its weight version and the start of a pass in progress from a stats array in
-shared memory (:class:`~acollect.inference._batching.ServerStatsRecorder`); new weights come through a staging slot in
-shared memory, applied between two passes (:meth:`ServerLoop._apply_weights`).
+shared memory (:class:`~acollect.inference._batching.ServerStatsRecorder`). New weights come as they come to local
+workers, one flat buffer in a shared-memory segment (:mod:`acollect._weights.sync`), checked against the policy here
+and applied between two passes (:meth:`ServerLoop._apply_weights`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from acollect._batches.shm import ShmSegment, ShmTensorDictSlot
+from acollect._batches.shm import ShmSegment
 from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.spawn import bootstrap, exit_now
+from acollect._weights.sync import plan_unflatten, read_weights
 from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
@@ -72,7 +74,7 @@ class ControlMailbox:
         self.tickets: deque[Ticket] = deque()
         self.loop: ServerLoop | None = None
         self.server_socket: ServerSocket | None = None
-        self.staging: ShmTensorDictSlot | None = None
+        self.segments: dict[str, ShmSegment] = {}  # the weights' segment, attached at the first update
         self._reader = control.FrameReader()
         self._ids: dict[int, int] = {}  # id(ticket) -> the trainer's number for it
 
@@ -99,15 +101,18 @@ class ControlMailbox:
             leaves = control.tensors_from_wire(message.get("leaves"))
             self.inbox.append(InferenceRequest(leaves, _int(message, "rows"), seq=_int(message, "id")))
         elif kind == "weights":
-            weights = self.staging.tensordict if self.staging is not None else TensorDict({})
-            ticket = Ticket(weights)
+            ticket = Ticket(TensorDict())
             self._ids[id(ticket)] = _int(message, "id")
+            try:
+                ((layout, flat),) = read_weights(message, None, self.segments, None).values()
+                # Checked against this copy of the policy before anything is copied, as a worker checks a push.
+                plan = plan_unflatten(layout, flat, TensorDict.from_module(loop.forward.module))
+            except ProtocolError as exc:  # refused whole: the policy keeps the weights it has
+                ticket.error = exc
+                self.answer(ticket)
+                return
+            ticket.weights = TensorDict({key: src.view(dtype).view(shape) for key, src, dtype, shape, _ in plan})
             self.tickets.append(ticket)
-        elif kind == "staging":
-            if self.staging is not None:
-                self.staging.close()
-            self.staging = ShmTensorDictSlot.attach(message["name"], message["layout"])
-            control.send(self.sock, {"k": "staged"})
         elif kind == "config":
             if "max_batch_size" in message:
                 loop.batcher.max_batch_size = loop.recorder.max_batch_size = _int(message, "max_batch_size")
@@ -152,9 +157,9 @@ class ControlMailbox:
             control.send(self.sock, message)
 
     def close(self) -> None:
-        if self.staging is not None:
-            self.staging.close()
-            self.staging = None
+        for segment in self.segments.values():
+            segment.close()
+        self.segments.clear()
 
 
 def _int(message: dict[str, Any], name: str) -> int:
