@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -38,22 +36,20 @@ from typing import Any
 import anyio
 import zmq
 
-from acollect._runtime.auth import AllowList, ClientKeys, ServerKeys
+from acollect._runtime.auth import ServerKeys
 from acollect._runtime.fd_watch import FdWatch
 from acollect._runtime.sockets import (
-    RefusalMonitor,
-    ZmqResources,
+    BoundRouter,
     check_address,
     check_options,
     check_timeout,
-    configure,
     has_message,
     recv_frames,
 )
 
 # The blocking side lives in _worker_socket.py; importable from here too, where it always was.
 from acollect._runtime.worker_socket import WorkerSocket as WorkerSocket
-from acollect.errors import ConfigurationError, TransportError
+from acollect.errors import TransportError
 
 __all__ = ["Endpoint", "WorkerSocket"]
 
@@ -70,7 +66,7 @@ def _remove_ipc_file(address: str) -> None:
             os.unlink(path)
 
 
-class Endpoint:
+class Endpoint(BoundRouter):
     """The collector's side: a ROUTER socket that workers connect to, awaited under asyncio or trio.
 
     Any number of tasks may send and receive at the same time.
@@ -105,6 +101,9 @@ class Endpoint:
         (b'w0', [b'hello'])
     """
 
+    _noun = "endpoint"
+    _closed_message = "the endpoint is closed"
+
     def __init__(
         self,
         address: str | None = None,
@@ -116,104 +115,34 @@ class Endpoint:
         keys: ServerKeys | None = None,
     ) -> None:
         check_options(hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes)
-        if keys is not None and not isinstance(keys, ServerKeys):
-            raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
-        self._tmpdir: str | None = None
-        self._allow: AllowList | None = None
-        self._monitor: RefusalMonitor | None = None
-        self._server_public = b""
-        self._address = ""
-        if address is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="acollect-")
-            address = f"ipc://{self._tmpdir}/endpoint.sock"
-        address = check_address(address)
-        if address.startswith("tcp://") and address.endswith(":0"):
-            address = address[:-2] + ":*"
+        super().__init__(
+            address,
+            keys,
+            hwm=hwm,
+            heartbeat_ivl=heartbeat_ivl,
+            heartbeat_timeout=heartbeat_timeout,
+            max_message_bytes=max_message_bytes,
+            mandatory=True,  # a send to a worker not connected raises; a restarted worker takes its identity back
+        )
+        if self._address.startswith("ipc://"):
+            self._zmq.on_close(partial(_remove_ipc_file, self._address), after=True)
         # Tasks in _wait: how many, and the event the others wait on while one watches the descriptor (a fresh one
         # after each time it is set).
         self._waiting_recv = 0
         self._waiting_send = 0
         self._changed: anyio.Event | None = None
-        self._zmq = ZmqResources(self)
-        self._ctx = self._zmq.ctx
-        self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.ROUTER)
-        self._fd = int(self._sock.getsockopt(zmq.FD))
-        self._watch = FdWatch(self._fd)
-        if self._tmpdir is not None:
-            self._zmq.on_close(partial(shutil.rmtree, self._tmpdir, ignore_errors=True), after=True)
-        try:
-            configure(
-                self._sock,
-                hwm=hwm,
-                heartbeat_ivl=heartbeat_ivl,
-                heartbeat_timeout=heartbeat_timeout,
-                max_message_bytes=max_message_bytes,
-            )
-            # Sending to a worker that is not connected raises instead of dropping
-            # silently; a restarted worker takes its identity back.
-            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            if keys is not None:
-                self._guard(keys)
-            self._sock.bind(address)
-            self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-            if self._address.startswith("ipc://"):
-                self._zmq.on_close(partial(_remove_ipc_file, self._address), after=True)
-        except zmq.ZMQError as exc:
-            self.close()
-            raise TransportError(f"cannot bind {address}: {exc}") from exc
+        self._watch = FdWatch(int(self._socket().getsockopt(zmq.FD)))
 
-    def _guard(self, keys: ServerKeys) -> None:
-        assert self._sock is not None
-        keys.apply(self._sock)
-        self._server_public = keys.public
-        self._allow = AllowList(self._ctx, keys.authorized_dir)
-        self._zmq.on_close(self._allow.stop)
-        self._monitor = RefusalMonitor(self._ctx, self._sock, "endpoint")
-        self._zmq.on_close(self._monitor.close)  # the count stays readable after close
+    def _resolve(self, address: str | None) -> str:
+        if address is None:
+            address = self._private_ipc("acollect-", "endpoint.sock")
+        address = check_address(address)
+        if address.startswith("tcp://") and address.endswith(":0"):
+            address = address[:-2] + ":*"
+        return address
 
-    def local_client_keys(self) -> ClientKeys:
-        """A fresh key pair this endpoint accepts, for workers it starts itself (handed over privately).
-
-        Raises:
-            TransportError: the endpoint has no keys.
-        """
-        if self._allow is None or self._sock is None:
-            raise TransportError("local_client_keys() needs an open endpoint with keys")
-        public, secret = zmq.curve_keypair()
-        self._allow.allow(public)
-        return ClientKeys(public, secret, self._server_public)
-
-    @property
-    def secure(self) -> bool:
-        """Whether this endpoint encrypts and authenticates with CURVE keys."""
-        return self._allow is not None
-
-    @property
-    def rejected_connections(self) -> int:
-        """Connection attempts refused so far: keys not on the allow-list, peers without CURVE or
-        with a wrong collector key (a peer that keeps retrying counts once per attempt)."""
-        return self._monitor.count if self._monitor is not None else 0
-
-    @property
-    def rejected_keys(self) -> dict[str, int]:
-        """Public keys (z85) refused by the allow-list and how often each was."""
-        return self._allow.rejected_keys if self._allow is not None else {}
-
-    @property
-    def address(self) -> str:
-        """The bound address, with the real port for ``tcp://...:0``."""
-        return self._address
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._sock is None
-
-    def _socket(self) -> zmq.Socket[Any]:
-        if self._sock is None:
-            raise TransportError("the endpoint is closed")
-        return self._sock
+    def _bind_error(self, address: str, exc: zmq.ZMQError) -> Exception:
+        return TransportError(f"cannot bind {address}: {exc}")
 
     async def send(self, identity: bytes, frames: Sequence[Any], *, timeout: float = 10.0) -> None:
         """Sends one message to the worker with ``identity``.
@@ -354,20 +283,15 @@ class Endpoint:
 
     def close(self) -> None:
         """Closes the socket and its context and removes a private ipc file (idempotent)."""
-        sock, self._sock = self._sock, None
-        if sock is not None:
+        if self._sock is not None:
             # A task waits on the descriptor: take it out of the event loop's hands before ZeroMQ closes it (and the
             # number goes to the next file opened).
             self._watch.closing()
             self._wake()
-        self._zmq.close()
-        self._tmpdir = None
+        super().close()
 
     async def __aenter__(self) -> Endpoint:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Endpoint({self._address!r}{', closed' if self.closed else ''})"

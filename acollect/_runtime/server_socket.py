@@ -15,29 +15,20 @@ encoding, no allocation beyond ZeroMQ's frames). ZeroMQ errors become
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import zmq
 
-from acollect._runtime.auth import AllowList, ClientKeys, ServerKeys
-from acollect._runtime.sockets import RefusalMonitor, ZmqResources, check_address, configure, recv_frames
+from acollect._runtime.auth import ServerKeys
+from acollect._runtime.sockets import BoundRouter, check_address, recv_frames
 from acollect.errors import ConfigurationError, TransportError
 
 __all__ = ["Ready", "ServerSocket", "Waiter"]
 
 
-def _close_monitor(monitor: RefusalMonitor, lock: threading.Lock) -> None:
-    with lock:  # the count stays readable
-        monitor.close()
-
-
-class ServerSocket:
+class ServerSocket(BoundRouter):
     """A ROUTER socket bound for a server thread: clients (DEALER sockets) send requests, it answers each.
 
     Args:
@@ -72,6 +63,9 @@ class ServerSocket:
         >>> server.close()
     """
 
+    _noun = "server socket"
+    _closed_message = "the server socket at {address} is closed"
+
     def __init__(
         self,
         address: str,
@@ -81,88 +75,17 @@ class ServerSocket:
         heartbeat_timeout: float = 10.0,
         keys: ServerKeys | None = None,
     ) -> None:
-        if keys is not None and not isinstance(keys, ServerKeys):
-            raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
-        self._tmpdir: str | None = None
-        self._address = address
-        self._keys = keys
-        self._allow: AllowList | None = None
-        self._monitor: RefusalMonitor | None = None
-        # The monitor is read by whoever asks for the count (the event loop) and closed by the socket's
-        # owner (the server thread): never both at once.
-        self._monitor_lock = threading.Lock()
+        super().__init__(address, keys, hwm=hwm, heartbeat_ivl=heartbeat_ivl, heartbeat_timeout=heartbeat_timeout)
+
+    def _resolve(self, address: str | None) -> str:
         if address == "ipc":
-            self._tmpdir = tempfile.mkdtemp(prefix="acollect-server-")
-            address = f"ipc://{self._tmpdir}/server.sock"
+            address = self._private_ipc("acollect-server-", "server.sock")
         elif isinstance(address, str) and address.startswith("tcp://") and address.count(":") == 1:
             address += ":0"
-        self._zmq = ZmqResources(self)
-        if self._tmpdir is not None:
-            self._zmq.on_close(partial(shutil.rmtree, self._tmpdir, ignore_errors=True), after=True)
-        self._ctx: zmq.Context[Any] | None = self._zmq.ctx
-        self._sock: zmq.Socket[Any] | None = self._zmq.socket(zmq.ROUTER)
-        try:
-            address = check_address(address)
-            configure(
-                self._sock,
-                hwm=hwm,
-                heartbeat_ivl=heartbeat_ivl,
-                heartbeat_timeout=heartbeat_timeout,
-                max_message_bytes=None,
-            )
-            if keys is not None:
-                keys.apply(self._sock)
-                self._allow = AllowList(self._ctx, keys.authorized_dir)
-                self._zmq.on_close(self._allow.stop)
-                self._monitor = RefusalMonitor(self._ctx, self._sock, "server")
-                self._zmq.on_close(partial(_close_monitor, self._monitor, self._monitor_lock))
-            self._sock.bind(address)
-            self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
-            self.close()
-            raise ConfigurationError.bad_value("address", address, f"an address this process can bind ({exc})") from exc
-        except BaseException:
-            self.close()
-            raise
+        return check_address(address)
 
-    @property
-    def address(self) -> str:
-        """Where clients connect: the real path, or the port picked."""
-        return self._address
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._sock is None
-
-    @property
-    def secure(self) -> bool:
-        """Whether this socket encrypts and authenticates with CURVE keys."""
-        return self._keys is not None
-
-    @property
-    def rejected_connections(self) -> int:
-        """Connection attempts refused so far: keys not on the allow-list, peers without CURVE or with a wrong
-        server key (a peer that keeps retrying counts once per attempt). Readable after close, from any thread."""
-        with self._monitor_lock:
-            return self._monitor.count if self._monitor is not None else 0
-
-    @property
-    def rejected_keys(self) -> dict[str, int]:
-        """Public keys (z85) refused by the allow-list and how often each was."""
-        return self._allow.rejected_keys if self._allow is not None else {}
-
-    def local_client_keys(self) -> ClientKeys:
-        """A fresh key pair this socket accepts, for clients its owner starts itself (handed over privately).
-
-        Raises:
-            TransportError: the socket has no keys, or is closed.
-        """
-        if self._keys is None:
-            raise TransportError("local_client_keys() needs an open server socket with keys")
-        keys = ClientKeys.fresh(self._keys.public)
-        self.allow(keys.public)
-        return keys
+    def _bind_error(self, address: str, exc: zmq.ZMQError) -> Exception:
+        return ConfigurationError.bad_value("address", address, f"an address this process can bind ({exc})")
 
     def allow(self, public: bytes) -> None:
         """Accepts the client holding the secret half of ``public`` from now on (an in-memory allow-list entry).
@@ -173,11 +96,6 @@ class ServerSocket:
         if self._allow is None or self._sock is None:
             raise TransportError("allow() needs an open server socket with keys")
         self._allow.allow(public)
-
-    def _socket(self) -> zmq.Socket[Any]:
-        if self._sock is None:
-            raise TransportError(f"the server socket at {self._address} is closed")
-        return self._sock
 
     def recv_nowait(self) -> tuple[bytes, list[zmq.Frame]] | None:
         """The next request, as the client's route and its frames (not copied), or ``None`` if none waits.
@@ -215,19 +133,11 @@ class ServerSocket:
             raise TransportError(f"answering {route!r} on {self._address} failed: {exc}") from exc
         return True
 
-    def close(self) -> None:
-        """Closes the socket (queued answers are dropped) and removes its private ipc directory. Idempotent."""
-        self._sock, self._ctx, self._tmpdir = None, None, None
-        self._zmq.close()
-
     def __enter__(self) -> ServerSocket:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"ServerSocket({self._address!r}{', closed' if self.closed else ''})"
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""What both ends of a ZeroMQ connection share: argument checks and socket options.
+"""What both ends of a ZeroMQ connection share: argument checks, socket options, and the bound ROUTER.
 
 The collector's :class:`~acollect._runtime.endpoint.Endpoint` and the workers'
 :class:`~acollect._runtime.worker_socket.WorkerSocket` are configured alike
 (high-water marks, ZeroMQ heartbeats, a bound on message size), so a peer that
-vanishes is noticed the same way from either side.
+vanishes is noticed the same way from either side. The endpoint and the inference
+server's :class:`~acollect._runtime.server_socket.ServerSocket` are both a
+:class:`BoundRouter`: a ROUTER bound in a context of its own, a CURVE server when given keys.
 """
 
 from __future__ import annotations
@@ -11,15 +13,21 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
+import tempfile
+import threading
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import zmq
 
-from acollect.errors import ConfigurationError
+from acollect._runtime.auth import AllowList, ClientKeys, ServerKeys
+from acollect.errors import ConfigurationError, TransportError
 
 __all__ = [
+    "BoundRouter",
     "RefusalMonitor",
     "ZmqResources",
     "check_address",
@@ -48,7 +56,7 @@ def check_positive_int(value: object, name: str) -> int:
     return value
 
 
-def check_address(address: str) -> str:
+def check_address(address: object) -> str:
     if not isinstance(address, str) or not address.startswith(("ipc://", "tcp://")):
         raise ConfigurationError.bad_value("address", address, "'ipc://<path>' or 'tcp://<host>:<port>'")
     if address.startswith("ipc://") and len(os.fsencode(address[len("ipc://") :])) > _MAX_IPC_PATH:
@@ -82,7 +90,7 @@ class RefusalMonitor:
     Handshake failures never reach the ZAP handler when a peer speaks no CURVE or has the wrong server key;
     the socket monitor sees those too. A PAIR socket in the same context reads it, without the event loop.
     Call :meth:`close` from the thread that owns ``sock``, before closing it; :attr:`count` may be read from
-    any one thread at a time (the caller serialises it with :meth:`close`).
+    any thread (a lock keeps it apart from :meth:`close`).
     """
 
     def __init__(self, ctx: zmq.Context[Any], sock: zmq.Socket[Any], name: str) -> None:
@@ -93,32 +101,34 @@ class RefusalMonitor:
         self._pair.setsockopt(zmq.LINGER, 0)
         self._pair.connect(address)
         self._count = 0
+        self._lock = threading.Lock()
 
     @property
     def count(self) -> int:
         """Refused handshakes so far (each attempt of a peer that keeps retrying counts); kept after close."""
-        pair = self._pair
-        if pair is not None:
-            try:
-                while True:
-                    pair.recv_multipart(zmq.NOBLOCK)
-                    self._count += 1
-            except zmq.Again:
-                pass
-            except zmq.ZMQError:
-                pass  # closed meanwhile: the count so far stands
-        return self._count
+        with self._lock:
+            pair = self._pair
+            if pair is not None:
+                try:
+                    while True:
+                        pair.recv_multipart(zmq.NOBLOCK)
+                        self._count += 1
+                except zmq.Again:
+                    pass
+                except zmq.ZMQError:
+                    pass  # closed meanwhile: the count so far stands
+            return self._count
 
     def close(self) -> None:
         """Stops monitoring (idempotent); the count stays readable."""
-        if self._pair is None:
-            return
         _ = self.count
-        sock, self._monitored = self._monitored, None
-        if sock is not None and not sock.closed:
-            sock.disable_monitor()
-        self._pair.close(linger=0)
-        self._pair = None
+        with self._lock:
+            pair, self._pair = self._pair, None
+            sock, self._monitored = self._monitored, None
+            if sock is not None and not sock.closed:
+                sock.disable_monitor()
+            if pair is not None:
+                pair.close(linger=0)
 
 
 # Plain ints: pyzmq's enum flags cost more than the call itself on the trainer's path of every batch.
@@ -232,3 +242,147 @@ class ZmqResources:
                 release()
         self._before.clear()
         self._after.clear()
+
+
+class BoundRouter:
+    """A ROUTER socket bound in a ZeroMQ context of its own, a CURVE server when given keys.
+
+    What the collector's :class:`~acollect._runtime.endpoint.Endpoint` and the inference server's
+    :class:`~acollect._runtime.server_socket.ServerSocket` share. A subclass says how its ``address``
+    argument becomes the address bound (:meth:`_resolve`), what a failed bind raises (:meth:`_bind_error`),
+    and what its errors call it (:attr:`_noun`, :attr:`_closed_message`). Keys encrypt every connection and
+    let in only the peers whose public key is in ``keys.authorized_dir`` or comes from
+    :meth:`local_client_keys`; the refused handshakes are counted in :attr:`rejected_connections`.
+
+    Args:
+        address: the subclass's address argument, for :meth:`_resolve`.
+        keys: the server's key pair and allow-list, or ``None``.
+        hwm, heartbeat_ivl, heartbeat_timeout, max_message_bytes: the options :func:`configure` sets.
+        mandatory: a send to a peer that is not connected raises instead of being dropped silently
+            (``ROUTER_MANDATORY``), and a peer that reconnects with an identity takes it back (``ROUTER_HANDOVER``).
+
+    Raises:
+        ConfigurationError: ``keys`` is not a ``ServerKeys``, or :meth:`_resolve` refused ``address``.
+        Exception: what :meth:`_bind_error` makes of a ZeroMQ error while binding.
+    """
+
+    #: what ``local_client_keys()`` calls it when it refuses ("endpoint")
+    _noun: str
+    #: the error's message on a closed socket (``{address}``: where it was bound)
+    _closed_message: str
+
+    def __init__(
+        self,
+        address: str | None,
+        keys: ServerKeys | None,
+        *,
+        hwm: int,
+        heartbeat_ivl: float,
+        heartbeat_timeout: float,
+        max_message_bytes: int | None = None,
+        mandatory: bool = False,
+    ) -> None:
+        if keys is not None and not isinstance(keys, ServerKeys):
+            raise ConfigurationError.bad_value("keys", keys, "None or a ServerKeys (ServerKeys.load(directory))")
+        self._address = ""
+        self._server_public = b""
+        self._allow: AllowList | None = None
+        self._monitor: RefusalMonitor | None = None
+        self._zmq = ZmqResources(self)
+        sock = self._zmq.socket(zmq.ROUTER)
+        self._sock: zmq.Socket[Any] | None = sock
+        try:
+            target = self._resolve(address)  # raises no ZMQError: the handler below has a target
+            configure(
+                sock,
+                hwm=hwm,
+                heartbeat_ivl=heartbeat_ivl,
+                heartbeat_timeout=heartbeat_timeout,
+                max_message_bytes=max_message_bytes,
+            )
+            if mandatory:
+                sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            if keys is not None:
+                keys.apply(sock)
+                self._server_public = keys.public
+                self._allow = AllowList(self._zmq.ctx, keys.authorized_dir)
+                self._zmq.on_close(self._allow.stop)
+                self._monitor = RefusalMonitor(self._zmq.ctx, sock, type(self).__name__)
+                self._zmq.on_close(self._monitor.close)  # the count stays readable after close
+            sock.bind(target)
+            self._address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            self._zmq.close()  # not close(): a subclass's may need what its __init__ makes after this one
+            raise self._bind_error(target, exc) from exc
+        except BaseException:
+            self._zmq.close()
+            raise
+
+    def _resolve(self, address: str | None) -> str:
+        """The address to bind for the ``address`` argument, checked (:func:`check_address`)."""
+        raise NotImplementedError
+
+    def _bind_error(self, address: str, exc: zmq.ZMQError) -> Exception:
+        """The error to raise when binding ``address`` (as :meth:`_resolve` gave it) failed with ``exc``."""
+        raise NotImplementedError
+
+    def _private_ipc(self, prefix: str, name: str) -> str:
+        """An ipc address named ``name`` in a fresh private temporary directory, removed on close."""
+        directory = tempfile.mkdtemp(prefix=prefix)
+        self._zmq.on_close(partial(shutil.rmtree, directory, ignore_errors=True), after=True)
+        return f"ipc://{directory}/{name}"
+
+    @property
+    def address(self) -> str:
+        """Where peers connect: the bound address, with the real path or port where one was picked."""
+        return self._address
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._sock is None
+
+    @property
+    def secure(self) -> bool:
+        """Whether this socket encrypts and authenticates with CURVE keys."""
+        return self._allow is not None
+
+    @property
+    def rejected_connections(self) -> int:
+        """Connection attempts refused so far: keys not on the allow-list, peers without CURVE or with a wrong
+        server key (a peer that keeps retrying counts once per attempt). Readable after close, from any thread."""
+        return self._monitor.count if self._monitor is not None else 0
+
+    @property
+    def rejected_keys(self) -> dict[str, int]:
+        """Public keys (z85) refused by the allow-list and how often each was."""
+        return self._allow.rejected_keys if self._allow is not None else {}
+
+    def local_client_keys(self) -> ClientKeys:
+        """A fresh key pair this socket accepts, for peers its owner starts itself (handed over privately).
+
+        Raises:
+            TransportError: the socket has no keys, or is closed.
+        """
+        if self._allow is None or self._sock is None:
+            raise TransportError(f"local_client_keys() needs an open {self._noun} with keys")
+        keys = ClientKeys.fresh(self._server_public)
+        self._allow.allow(keys.public)
+        return keys
+
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._sock is None:
+            raise TransportError(self._closed_message.format(address=self._address))
+        return self._sock
+
+    def close(self) -> None:
+        """Closes the socket (what it queued is dropped) and its context, and removes a private ipc directory.
+
+        Idempotent.
+        """
+        self._sock = None
+        self._zmq.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._address!r}{', closed' if self.closed else ''})"
