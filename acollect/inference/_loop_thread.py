@@ -14,6 +14,7 @@ from collections.abc import Callable
 import anyio
 import torch
 
+from acollect._devices import module_device
 from acollect._runtime.auth import ClientKeys
 from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.tasks import TaskOwner
@@ -21,7 +22,7 @@ from acollect._runtime.threads import run_in_thread
 from acollect._weights.updates import WeightStructure, structure_of
 from acollect.inference._batching import Batcher, Forward, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import Mailbox, ServerLoop, Ticket
-from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
+from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of
 from acollect.inference._slot_hub import SlotHub
 
 __all__ = ["LoopThread"]
@@ -65,7 +66,7 @@ class LoopThread:
         module = await run_in_thread(lambda _stop: build_policy(self.spec), name="inference-build")
         self.structure = structure_of(module)
         forward = Forward(module, device_of(module, self.spec.device), self.spec.exploration)
-        self.policy_device = weights_device(module) or forward.device
+        self.policy_device = module_device(module) or forward.device
         if self.spec.address is not None:
             self._sock, self._hub = bind(self.spec)
             self._bound = self._sock

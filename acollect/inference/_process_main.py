@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDict
 
 from acollect._batches.shm import ShmSegment, ShmTensorDictSlot
+from acollect._devices import module_device
 from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.spawn import bootstrap, exit_now
 from acollect._weights.updates import encode_structure
@@ -38,7 +39,7 @@ from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
 from acollect.inference._batching import STATS_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import ServerLoop, Ticket
-from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
+from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of
 
 __all__ = ["BOOTSTRAP", "ProcessConfig", "run_server_process"]
 
@@ -207,7 +208,7 @@ def run_server_process(config: ProcessConfig) -> int:
                 "address": server_socket.address if server_socket is not None else None,
                 "slots": hub.path if hub is not None else None,
                 "structure": encode_structure(module),
-                "device": str(weights_device(module) or forward.device),
+                "device": str(module_device(module) or forward.device),
             },
         )
         loop.serve(stop)

@@ -16,12 +16,12 @@ import torch
 from tensordict.nn import InteractionType
 
 from acollect._batches.shm import shm_available
-from acollect._devices import wait_for_stream
+from acollect._devices import module_device, wait_for_stream
 from acollect._runtime.auth import ServerKeys
 from acollect._runtime.server_socket import ServerSocket
 from acollect.inference._slot_hub import SlotHub
 
-__all__ = ["ServerSpec", "bind", "build_policy", "device_of", "weights_device"]
+__all__ = ["ServerSpec", "bind", "build_policy", "device_of"]
 
 
 @dataclass
@@ -53,7 +53,7 @@ def build_policy(spec: ServerSpec) -> Any:
         if spec.device is not None:
             module = module.to(spec.device)
         module.eval()
-        device = weights_device(module)
+        device = module_device(module)
         if device is not None and device.type == "cuda":
             # Copied on this thread's stream; the passes run on streams of their own that nothing orders after it.
             wait_for_stream(torch.cuda.current_stream(device))
@@ -64,15 +64,7 @@ def device_of(module: Any, device: torch.device | None) -> torch.device:
     """Where the forward pass runs: ``device``, else where the module's tensors are, else the CPU."""
     if device is not None:
         return device
-    return weights_device(module) or torch.device("cpu")
-
-
-def weights_device(module: Any) -> torch.device | None:
-    """Where ``module``'s first parameter (or buffer) is; ``None`` for a module without any, or a plain callable."""
-    if isinstance(module, torch.nn.Module):
-        for tensor in (*module.parameters(), *module.buffers()):
-            return tensor.device
-    return None
+    return module_device(module) or torch.device("cpu")
 
 
 def bind(spec: ServerSpec) -> tuple[ServerSocket, SlotHub | None]:
