@@ -234,6 +234,16 @@ class ServerLoop:
     def version(self, value: int) -> None:
         self.recorder.version = value
 
+    def configure(self, **settings: int | None) -> None:
+        """Changes ``max_batch_size`` or ``sources`` (see :class:`~acollect.inference._batching.Batcher`), from the
+        next pass on."""
+        if "max_batch_size" in settings:
+            value = settings["max_batch_size"]
+            assert value is not None
+            self.batcher.max_batch_size = self.recorder.max_batch_size = value
+        if "sources" in settings:
+            self.batcher.sources = settings["sources"]
+
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
         if self.torch_threads is not None:
