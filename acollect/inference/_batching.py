@@ -363,11 +363,6 @@ class ServerStatsRecorder:
         (1, 4, 0.5, 2.0)
     """
 
-    passes = _stats_field("passes")
-    requests = _stats_field("requests")
-    rows = _stats_field("rows")
-    slot_requests = _stats_field("slot_requests")
-    forward_s = _stats_field("forward_s")
     dropped_requests = _stats_field("dropped_requests")
     version = _stats_field("version")
     rejected_peers = _stats_field("rejected_peers")
@@ -384,7 +379,8 @@ class ServerStatsRecorder:
     @property
     def pass_started(self) -> float | None:
         """When the forward pass in progress started (``time.monotonic()``, the same clock in every process of
-        this host); ``None`` while none runs."""
+        this host); ``None`` while none runs. The liveness check reads it, from the event loop or from another
+        process: a pass that never returns shows as a hung server, not as hung clients."""
         value = float(self.figures[_FIELD["pass_started"]])
         return None if math.isnan(value) else value
 

@@ -24,7 +24,7 @@ from tensordict import TensorDictBase
 
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
 from acollect._weights.updates import copy_weights
-from acollect.errors import PolicyError, ProtocolError
+from acollect.errors import ProtocolError
 from acollect.inference import _messages as M
 from acollect.inference._batching import Batcher, Forward, InferenceRequest, Lane, ServerStatsRecorder
 from acollect.inference._codec import Encoder, LayoutCache
@@ -234,16 +234,15 @@ class ServerLoop:
     def version(self, value: int) -> None:
         self.recorder.version = value
 
-    @property
-    def pass_started(self) -> float | None:
-        """When the forward pass in progress started (``None``: none runs), in the stats array: the liveness check
-        reads it, from the event loop or from another process; a pass that never returns shows as a hung server,
-        not as hung clients."""
-        return self.recorder.pass_started
-
-    @pass_started.setter
-    def pass_started(self, value: float | None) -> None:
-        self.recorder.pass_started = value
+    def configure(self, **settings: int | None) -> None:
+        """Changes ``max_batch_size`` or ``sources`` (see :class:`~acollect.inference._batching.Batcher`), from the
+        next pass on."""
+        if "max_batch_size" in settings:
+            value = settings["max_batch_size"]
+            assert value is not None
+            self.batcher.max_batch_size = self.recorder.max_batch_size = value
+        if "sources" in settings:
+            self.batcher.sources = settings["sources"]
 
     def serve(self, stop: threading.Event) -> None:
         """Runs until ``stop`` is set; raises what the policy raised (after answering its callers)."""
@@ -269,7 +268,7 @@ class ServerLoop:
             make_lane=lambda: Lane(device),
             answer=self._answer_from_pass,
             record=self.recorder.record,
-            running=self._set_pass_started,
+            running=lambda started: setattr(self.recorder, "pass_started", started),
             torch_threads=self.torch_threads,
             # One pass at a time on a CPU: nothing to overlap, so this thread runs it (no hand-offs, no GIL shared
             # with a pass thread); on a GPU a pass thread still waits for the device while this one gathers.
@@ -329,9 +328,6 @@ class ServerLoop:
             if stop.is_set():
                 self._close_socket()
 
-    def _set_pass_started(self, started: float | None) -> None:
-        self.pass_started = started
-
     @staticmethod
     def _answer_from_pass(request: InferenceRequest) -> bool:
         """Answers ``request`` from the thread that ran its pass where that is safe, a slot (the worker's own
@@ -357,17 +353,6 @@ class ServerLoop:
                     self._reply(request)
                 else:
                     self.mail.answer(request)
-
-    def hung_error(self, limit: float, where: str = "") -> PolicyError | None:
-        """The error of a hung server if the pass in progress has run longer than ``limit`` seconds, else ``None``."""
-        started = self.pass_started
-        ran = time.monotonic() - started if started is not None else 0.0
-        if started is None or ran <= limit:
-            return None
-        return PolicyError(
-            f"the inference server{where} is hung: a forward pass has run for {ran:.1f}s (timeout {limit:g}s): "
-            "the policy's forward has not returned"
-        )
 
     def _take_requests(self, ready: Ready) -> None:
         """Takes the requests of whatever the wait found readable (and what the mail holds)."""

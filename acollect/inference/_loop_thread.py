@@ -14,14 +14,15 @@ from collections.abc import Callable
 import anyio
 import torch
 
+from acollect._devices import module_device
 from acollect._runtime.auth import ClientKeys
 from acollect._runtime.server_socket import ServerSocket
 from acollect._runtime.tasks import TaskOwner
 from acollect._runtime.threads import run_in_thread
 from acollect._weights.updates import WeightStructure, structure_of
-from acollect.inference._batching import Batcher, Forward, InferenceRequest, ServerStatsRecorder
+from acollect.inference._batching import InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import Mailbox, ServerLoop, Ticket
-from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
+from acollect.inference._server_spec import ServerSpec, build_policy, make_loop
 from acollect.inference._slot_hub import SlotHub
 
 __all__ = ["LoopThread"]
@@ -39,7 +40,6 @@ class LoopThread:
         self.spec = spec
         self.recorder = ServerStatsRecorder(spec.max_batch_size)
         self.recorder.version = initial_version
-        self.batcher = Batcher(spec.max_batch_size, spec.max_wait)
         self.address: str | None = None
         self.slot_address: str | None = None
         self.structure: WeightStructure = {}
@@ -64,24 +64,12 @@ class LoopThread:
         self._on_answer = on_answer
         module = await run_in_thread(lambda _stop: build_policy(self.spec), name="inference-build")
         self.structure = structure_of(module)
-        forward = Forward(module, device_of(module, self.spec.device), self.spec.exploration)
-        self.policy_device = weights_device(module) or forward.device
-        if self.spec.address is not None:
-            self._sock, self._hub = bind(self.spec)
-            self._bound = self._sock
-            self.address = self._sock.address
-            self.slot_address = self._hub.path if self._hub is not None else None
-        self.loop = ServerLoop(
-            self._mail,
-            self.batcher,
-            forward,
-            self.recorder,
-            self._sock,
-            self._close_socket,
-            self._hub,
-            in_flight=self.spec.passes_in_flight,
-            torch_threads=self.spec.num_threads,
-        )
+        loop = self.loop = make_loop(self.spec, module, self._mail, self.recorder, self._close_socket)
+        self.policy_device = module_device(module) or loop.forward.device
+        self._sock = self._bound = loop.sock
+        self._hub = loop.hub
+        self.address = loop.sock.address if loop.sock is not None else None
+        self.slot_address = loop.hub.path if loop.hub is not None else None
         self._started = True
         return [
             tasks.spawn(self._run_thread, name="inference-server"),
@@ -97,12 +85,10 @@ class LoopThread:
         self._mail.poke()
 
     def configure(self, **settings: int | None) -> None:
-        if "max_batch_size" in settings:
-            value = settings["max_batch_size"]
-            assert value is not None
-            self.batcher.max_batch_size = self.recorder.max_batch_size = value
-        if "sources" in settings:
-            self.batcher.sources = settings["sources"]
+        if self.loop is not None:
+            self.loop.configure(**settings)
+        elif "max_batch_size" in settings:  # the loop's batcher, made at start, takes it from the spec (changed too)
+            self.recorder.max_batch_size = settings["max_batch_size"]  # type: ignore[assignment]
 
     def local_client_keys(self, server_public: bytes) -> ClientKeys:
         assert self._sock is not None

@@ -32,15 +32,15 @@ import torch
 from tensordict import TensorDict
 
 from acollect._batches.shm import ShmSegment
-from acollect._runtime.server_socket import ServerSocket
+from acollect._devices import module_device
 from acollect._runtime.spawn import bootstrap, exit_now
 from acollect._weights.sync import plan_unflatten, read_weights
 from acollect._weights.updates import encode_structure
 from acollect.errors import ProtocolError, TransportError
 from acollect.inference import _control as control
-from acollect.inference._batching import STATS_SIZE, Batcher, Forward, InferenceRequest, ServerStatsRecorder
+from acollect.inference._batching import STATS_SIZE, InferenceRequest, ServerStatsRecorder
 from acollect.inference._loop import ServerLoop, Ticket
-from acollect.inference._server_spec import ServerSpec, bind, build_policy, device_of, weights_device
+from acollect.inference._server_spec import ServerSpec, build_policy, make_loop
 
 __all__ = ["BOOTSTRAP", "ProcessConfig", "run_server_process"]
 
@@ -73,7 +73,6 @@ class ControlMailbox:
         self.inbox: deque[InferenceRequest] = deque()
         self.tickets: deque[Ticket] = deque()
         self.loop: ServerLoop | None = None
-        self.server_socket: ServerSocket | None = None
         self.segments: dict[str, ShmSegment] = {}  # the weights' segment, attached at the first update
         self._reader = control.FrameReader()
         self._ids: dict[int, int] = {}  # id(ticket) -> the trainer's number for it
@@ -91,8 +90,8 @@ class ControlMailbox:
     def publish(self) -> None:
         """Copies the refused-peer count to the stats array, for the trainer's ``rejected_peers``."""
         loop = self.loop
-        if loop is not None and self.server_socket is not None:
-            loop.recorder.rejected_peers = self.server_socket.rejected_connections
+        if loop is not None and loop.sock is not None:
+            loop.recorder.rejected_peers = loop.sock.rejected_connections
 
     def _handle(self, message: dict[str, Any]) -> None:
         kind, loop = message["k"], self.loop
@@ -115,14 +114,13 @@ class ControlMailbox:
             self.tickets.append(ticket)
         elif kind == "config":
             if "max_batch_size" in message:
-                loop.batcher.max_batch_size = loop.recorder.max_batch_size = _int(message, "max_batch_size")
+                loop.configure(max_batch_size=_int(message, "max_batch_size"))
             if "sources" in message:
-                sources = message["sources"]
-                loop.batcher.sources = None if sources is None else _int(message, "sources")
+                loop.configure(sources=None if message["sources"] is None else _int(message, "sources"))
         elif kind == "allow":
-            if self.server_socket is None or not isinstance(message.get("public"), bytes):
+            if loop.sock is None or not isinstance(message.get("public"), bytes):
                 raise ProtocolError("an allow command needs a server with keys and a public key (bytes)")
-            self.server_socket.allow(message["public"])
+            loop.sock.allow(message["public"])
         elif kind == "ping":
             control.send(self.sock, {"k": "pong", "n": message.get("n")})
         elif kind == "stop":
@@ -179,7 +177,6 @@ def run_server_process(config: ProcessConfig) -> int:
     figures = np.frombuffer(stats_segment.buffer, dtype=np.float64, count=STATS_SIZE)
     stop = threading.Event()
     mail = ControlMailbox(sock, stop)
-    server_socket = hub = None
     loop: ServerLoop | None = None
     built = False  # a failure before the policy is built is the policy's (its factory raised, or it cannot move)
     code = 0
@@ -187,32 +184,17 @@ def run_server_process(config: ProcessConfig) -> int:
         recorder = ServerStatsRecorder(spec.max_batch_size, figures)
         module = build_policy(spec)
         built = True
-        forward = Forward(module, device_of(module, spec.device), spec.exploration)
-        if spec.address is not None:
-            server_socket, hub = bind(spec)
-        mail.server_socket = server_socket
-        loop = ServerLoop(
-            mail,
-            Batcher(spec.max_batch_size, spec.max_wait),
-            forward,
-            recorder,
-            server_socket,
-            lambda: None,
-            hub,
-            in_flight=spec.passes_in_flight,
-            torch_threads=spec.num_threads,
-        )
-        mail.loop = loop
+        loop = mail.loop = make_loop(spec, module, mail, recorder, lambda: None)  # its sockets closed below
         loop.housekeeping = mail.publish
         control.send(
             sock,
             {
                 "k": "hello",
                 "pid": os.getpid(),
-                "address": server_socket.address if server_socket is not None else None,
-                "slots": hub.path if hub is not None else None,
+                "address": loop.sock.address if loop.sock is not None else None,
+                "slots": loop.hub.path if loop.hub is not None else None,
                 "structure": encode_structure(module),
-                "device": str(weights_device(module) or forward.device),
+                "device": str(module_device(module) or loop.forward.device),
             },
         )
         loop.serve(stop)
@@ -230,7 +212,7 @@ def run_server_process(config: ProcessConfig) -> int:
                 },
             )
     finally:
-        for resource in (hub, server_socket):
+        for resource in (loop.hub, loop.sock) if loop is not None else ():
             if resource is not None:
                 with contextlib.suppress(Exception):
                     resource.close()

@@ -1,8 +1,8 @@
-"""What an inference server is made of, wherever it runs: its spec, its policy copy, its sockets.
+"""What an inference server is made of, wherever it runs: its spec, its policy copy, its sockets, its loop.
 
 :class:`ServerSpec` is everything a server needs to start, picklable (cloudpickle, like a worker's config), so
-that the same spec builds the server's loop in a thread of the trainer or in a process of its own
-(:mod:`acollect.inference._process_main`).
+that the same spec builds the server's loop (:func:`make_loop`) in a thread of the trainer or in a process of its
+own (:mod:`acollect.inference._process_main`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import torch
 from tensordict.nn import InteractionType
 
 from acollect._batches.shm import shm_available
-from acollect._devices import wait_for_stream
+from acollect._devices import module_device, wait_for_stream
 from acollect._runtime.auth import ServerKeys
 from acollect._runtime.server_socket import ServerSocket
+from acollect.inference._batching import Batcher, Forward, ServerStatsRecorder
+from acollect.inference._loop import Mail, ServerLoop
 from acollect.inference._slot_hub import SlotHub
 
-__all__ = ["ServerSpec", "bind", "build_policy", "device_of", "weights_device"]
+__all__ = ["ServerSpec", "bind", "build_policy", "device_of", "make_loop"]
 
 
 @dataclass
@@ -53,7 +55,7 @@ def build_policy(spec: ServerSpec) -> Any:
         if spec.device is not None:
             module = module.to(spec.device)
         module.eval()
-        device = weights_device(module)
+        device = module_device(module)
         if device is not None and device.type == "cuda":
             # Copied on this thread's stream; the passes run on streams of their own that nothing orders after it.
             wait_for_stream(torch.cuda.current_stream(device))
@@ -64,15 +66,7 @@ def device_of(module: Any, device: torch.device | None) -> torch.device:
     """Where the forward pass runs: ``device``, else where the module's tensors are, else the CPU."""
     if device is not None:
         return device
-    return weights_device(module) or torch.device("cpu")
-
-
-def weights_device(module: Any) -> torch.device | None:
-    """Where ``module``'s first parameter (or buffer) is; ``None`` for a module without any, or a plain callable."""
-    if isinstance(module, torch.nn.Module):
-        for tensor in (*module.parameters(), *module.buffers()):
-            return tensor.device
-    return None
+    return module_device(module) or torch.device("cpu")
 
 
 def bind(spec: ServerSpec) -> tuple[ServerSocket, SlotHub | None]:
@@ -89,3 +83,24 @@ def bind(spec: ServerSpec) -> tuple[ServerSocket, SlotHub | None]:
             sock.close()
             raise
     return sock, hub
+
+
+def make_loop(
+    spec: ServerSpec, module: Any, mail: Mail, recorder: ServerStatsRecorder, close_socket: Callable[[], None]
+) -> ServerLoop:
+    """The server's loop around ``module`` (made by :func:`build_policy`): its forward pass, its batcher, and the
+    sockets :func:`bind` binds where ``spec.address`` says (``loop.sock`` and ``loop.hub``; ``close_socket`` closes
+    them)."""
+    forward = Forward(module, device_of(module, spec.device), spec.exploration)
+    sock, hub = bind(spec) if spec.address is not None else (None, None)
+    return ServerLoop(
+        mail,
+        Batcher(spec.max_batch_size, spec.max_wait),
+        forward,
+        recorder,
+        sock,
+        close_socket,
+        hub,
+        in_flight=spec.passes_in_flight,
+        torch_threads=spec.num_threads,
+    )
