@@ -35,21 +35,21 @@ class NotPlain(TensorDict):
     """A TensorDict subclass: lent through tensordict's API, not walked through its dicts."""
 
 
-ROADS = ["plain", "generic", "fixed"]
+WAYS = ["plain", "generic", "fixed"]
 
 
-def on_road(td: TensorDict, road: str) -> TensorDict:
-    """``td`` as the road lends it: a plain TensorDict, or one that is not (the generic road)."""
-    return NotPlain(td.to_dict(), batch_size=td.batch_size) if road == "generic" else td
+def lent_as(td: TensorDict, way: str) -> TensorDict:
+    """``td`` as it is lent: a plain TensorDict, or one that is not (the generic way)."""
+    return NotPlain(td.to_dict(), batch_size=td.batch_size) if way == "generic" else td
 
 
-@pytest.mark.parametrize("road", ROADS)
-def test_a_loan_over_two_storages_comes_back_once_both_are_dropped(road: str) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_a_loan_over_two_storages_comes_back_once_both_are_dropped(way: str) -> None:
     td, first, second = two_storages()
-    td = on_road(td, road)
+    td = lent_as(td, way)
     woken: list[int] = []
     lender = Lender(wake=lambda: woken.append(1))
-    lent = lender.lend(td, token="a", fixed=road == "fixed")
+    lent = lender.lend(td, token="a", fixed=way == "fixed")
     assert (lender.lent_bytes, lender.outstanding) == (124, 1)
     assert lent["observation"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert lent["steps"].tolist() == [7, 9]
@@ -73,14 +73,14 @@ def test_a_loan_over_two_storages_comes_back_once_both_are_dropped(road: str) ->
     assert lender.returned() == []  # each token once
 
 
-@pytest.mark.parametrize("road", ROADS)
-def test_two_loans_are_booked_apart_and_come_back_in_the_order_they_are_dropped(road: str) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_two_loans_are_booked_apart_and_come_back_in_the_order_they_are_dropped(way: str) -> None:
     lender = Lender()
     td_a, _, _ = two_storages()
-    td_a = on_road(td_a, road)
-    td_b = on_road(TensorDict({"x": torch.zeros(16, dtype=torch.int32)}, batch_size=[16]), road)
-    lent_a = lender.lend(td_a, token=1, fixed=road == "fixed")
-    lent_b = lender.lend(td_b, token=2, fixed=road == "fixed")
+    td_a = lent_as(td_a, way)
+    td_b = lent_as(TensorDict({"x": torch.zeros(16, dtype=torch.int32)}, batch_size=[16]), way)
+    lent_a = lender.lend(td_a, token=1, fixed=way == "fixed")
+    lent_b = lender.lend(td_b, token=2, fixed=way == "fixed")
     assert (lender.lent_bytes, lender.outstanding) == (124 + 64, 2)
     del lent_b
     gc.collect()
@@ -90,23 +90,23 @@ def test_two_loans_are_booked_apart_and_come_back_in_the_order_they_are_dropped(
     assert (lender.returned(), lender.lent_bytes, lender.outstanding) == ([1], 0, 0)
 
 
-@pytest.mark.parametrize("road", ROADS)
-def test_a_batch_with_nothing_to_hold_is_handed_as_it_is_and_back_at_once(road: str) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_a_batch_with_nothing_to_hold_is_handed_as_it_is_and_back_at_once(way: str) -> None:
     woken: list[int] = []
     lender = Lender(wake=lambda: woken.append(1))
-    td = on_road(TensorDict({"empty": torch.zeros(0, 3)}, batch_size=[0]), road)
-    lent = lender.lend(td, token="nothing", fixed=road == "fixed")
+    td = lent_as(TensorDict({"empty": torch.zeros(0, 3)}, batch_size=[0]), way)
+    lent = lender.lend(td, token="nothing", fixed=way == "fixed")
     assert lent["empty"].shape == (0, 3)
     assert (lender.returned(), woken, lender.lent_bytes, lender.outstanding) == (["nothing"], [1], 0, 0)
 
 
-@pytest.mark.parametrize("road", ROADS)
-def test_empty_leaves_beside_lent_ones_are_kept_as_they_are_and_hold_nothing(road: str) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_empty_leaves_beside_lent_ones_are_kept_as_they_are_and_hold_nothing(way: str) -> None:
     lender = Lender()
     empty = torch.zeros(0, 2)
     memory = torch.arange(6, dtype=torch.int64)
-    td = on_road(TensorDict({"empty": empty, "x": memory}, batch_size=[]), road)
-    lent = lender.lend(td, token=0, fixed=road == "fixed")
+    td = lent_as(TensorDict({"empty": empty, "x": memory}, batch_size=[]), way)
+    lent = lender.lend(td, token=0, fixed=way == "fixed")
     assert lent["empty"].shape == (0, 2)
     assert lent["x"].tolist() == [0, 1, 2, 3, 4, 5]
     assert lender.lent_bytes == 48
@@ -231,9 +231,9 @@ def test_a_batch_not_said_fixed_keeps_no_plan() -> None:
     assert lent["x"].data_ptr() == td["x"].data_ptr()
 
 
-@pytest.mark.parametrize("road", ROADS)
-def test_an_empty_node_is_lent_as_it_is(road: str) -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_an_empty_node_is_lent_as_it_is(way: str) -> None:
     td = TensorDict({"x": torch.arange(3), "meta": TensorDict({}, batch_size=[3])}, batch_size=[3])
-    lent = Lender().lend(on_road(td, road), token=0, fixed=road == "fixed")
+    lent = Lender().lend(lent_as(td, way), token=0, fixed=way == "fixed")
     assert set(lent.keys()) == {"x", "meta"}
     assert lent["meta"].batch_size == torch.Size([3])
