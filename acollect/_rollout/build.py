@@ -217,21 +217,6 @@ def _rollout_engine(
     )
 
 
-def _async_rollout(
-    spec: RolloutSpec, pool: AsyncEnvPool, adapter: PolicyAdapter, devices: Devices, weights: PolicyWeights | None
-) -> AsyncRollout:
-    return AsyncRollout(
-        pool,
-        adapter,
-        time_steps=BatchPlan(spec.frames_per_batch).time_steps(pool.num_envs),
-        devices=devices,
-        spec=spec,
-        weights=weights,
-        # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
-        env_faults=EnvFaults() if spec.env_errors == "restart" else None,
-    )
-
-
 def _engine(
     spec: RolloutSpec,
     weights: PolicyWeights | None,
@@ -243,5 +228,15 @@ def _engine(
     """The engine that drives ``env``; coroutine envs' goes through ``wrap``: kept as is for a caller with an event
     loop (they step on it), a :class:`LoopRollout` for blocking code (they step on an event loop of its own)."""
     if isinstance(env, AsyncEnvPool):
-        return wrap(_async_rollout(spec, env, adapter, devices, weights))
+        rollout = AsyncRollout(
+            env,
+            adapter,
+            time_steps=BatchPlan(spec.frames_per_batch).time_steps(env.num_envs),
+            devices=devices,
+            spec=spec,
+            weights=weights,
+            # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
+            env_faults=EnvFaults() if spec.env_errors == "restart" else None,
+        )
+        return wrap(rollout)
     return _rollout_engine(spec, env, adapter, devices)
