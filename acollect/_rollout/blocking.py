@@ -485,9 +485,3 @@ class RolloutEngine:
             self.env.close()
         finally:
             self.policy.close()
-
-    # -- introspection ---------------------------------------------------------------
-    @property
-    def output_keys(self) -> list[NestedKey]:
-        """The policy's output keys, as learnt from the probe call."""
-        return list(self._out_specs)
