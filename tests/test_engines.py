@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+import torch
 
 from acollect._devices import resolve_devices
 from acollect._policy import RandomPolicy
@@ -218,3 +219,29 @@ def test_what_was_built_is_closed_when_the_engine_cannot_be_built() -> None:
     assert len(built.envs) == len(built.policies) == 2
     assert all(env.is_closed for env in built.envs), "group 0's engine and group 1's env"
     assert all(policy.closed for policy in built.policies)
+
+
+@pytest.mark.parametrize(
+    ("writes", "match"),
+    [
+        (lambda td: td.set("other", torch.zeros(2)), "did not write 'action'"),
+        (lambda td: td.set("action", torch.zeros(2, 3, dtype=torch.int64)), r"of shape \(2, 3\): expected \(2,\)"),
+        (lambda td: td.set("action", torch.full((2,), 7)), "outside the action space: 7 for env 0"),
+    ],
+    ids=["no action", "a wrong shape", "an action out of range"],
+)
+@pytest.mark.parametrize("envs", ["batched", "coroutine"])
+def test_every_engine_refuses_the_same_policy_outputs(envs: str, writes: Any, match: str) -> None:
+    built = Built()
+    make_env = built.env if envs == "batched" else built.pool
+
+    def first_batch() -> None:  # coroutine envs' engine probes its policy once their envs are reset: here
+        engine = build_engine(spec(make_env, env_kwargs={"num_envs": 2}, policy=writes), blocking=True)
+        try:
+            engine.collect()
+        finally:
+            engine.close()
+
+    with pytest.raises(PolicyError, match=match):
+        first_batch()
+    assert all(env.is_closed for env in built.envs)

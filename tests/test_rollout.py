@@ -85,7 +85,6 @@ def test_batch_layout_keys_dtypes_and_shapes(make_engine: Callable[..., RolloutE
     engine = make_engine(CountingEnv(num_envs=3), WeightProbe(0.0), frames_per_batch=10)
     assert engine.frames_per_batch == 3 * BatchPlan(10).time_steps(3) == 12  # rounded up to a multiple of n_envs
     assert engine.time_steps == 4
-    assert engine.output_keys == ["action"]
     batch = engine.collect()
     assert batch.batch_size == torch.Size([3, 4])
     assert batch.names == [None, "time"]
@@ -109,7 +108,6 @@ def test_every_policy_output_gets_a_column(make_engine: Callable[..., RolloutEng
 
     engine = make_engine(CountingEnv(num_envs=2), policy, frames_per_batch=6)
     batch = engine.collect()
-    assert set(engine.output_keys) == {"action", "log_prob"}
     assert keys_of(batch) == ROOT_KEYS | {"log_prob"} | NEXT_KEYS | COLLECTOR_KEYS
     assert batch["log_prob"].shape == (2, 3, 2)
     assert bool((batch["log_prob"] == -0.5).all())

@@ -284,9 +284,6 @@ class RolloutEngine:
     # -- the batch -----------------------------------------------------------------
     def allocate(self) -> TensorDict:
         """Empty buffers with the layout of one batch (what :meth:`collect` fills)."""
-        return self._allocate()
-
-    def _allocate(self) -> TensorDict:
         E, T, dev = self.n_envs, self.time_steps, self.devices.storing
 
         def like(t: torch.Tensor) -> torch.Tensor:
@@ -361,7 +358,7 @@ class RolloutEngine:
         else:
             # Buffers are allocated outside inference mode so that batches can feed autograd later; the
             # steps run inside it, which spares the policy's forward all autograd bookkeeping.
-            batch = self._allocate() if out is None else out
+            batch = self.allocate() if out is None else out
         return self._steps(batch, stop, start, between_steps)
 
     def _steps(
@@ -488,9 +485,3 @@ class RolloutEngine:
             self.env.close()
         finally:
             self.policy.close()
-
-    # -- introspection ---------------------------------------------------------------
-    @property
-    def output_keys(self) -> list[NestedKey]:
-        """The policy's output keys, as learnt from the probe call."""
-        return list(self._out_specs)

@@ -39,6 +39,7 @@ from acollect.errors import ConfigurationError
 __all__ = ["build_engine"]
 
 _E = TypeVar("_E")
+_A = TypeVar("_A")
 #: builds the engine that owns an env and a policy adapter, once both are built
 _Make = Callable[[EnvBase, PolicyAdapter, Devices], _E]
 
@@ -106,14 +107,14 @@ def build_engine(
     """
     if blocking:
         return _blocking_engine(spec, remote_policy, env_groups, require_groups)
-    return _owning(spec, None, lambda: spec.policy, functools.partial(_on_loop, spec, weights))
+    return _owning(spec, None, lambda: spec.policy, functools.partial(_engine, spec, weights, lambda rollout: rollout))
 
 
 def _blocking_engine(
     spec: RolloutSpec, remote_policy: Callable[[int], PolicyAdapter] | None, env_groups: int, require_groups: bool
 ) -> BlockingEngine:
     if remote_policy is None:
-        return _owning(spec, None, lambda: spec.policy, functools.partial(_on_own_loop, spec))
+        return _owning(spec, None, lambda: spec.policy, functools.partial(_engine, spec, None, LoopRollout))
     spec = replace(spec, policy=None, policy_factory=None)  # the inference server runs the policy
     sizes = _group_sizes(spec, env_groups)
     if sizes is not None:
@@ -129,7 +130,7 @@ def _blocking_engine(
                 "None or 1 with coroutine envs (AsyncEnvPool): each of their envs already "
                 "steps while the others wait for their actions, so they are never split into groups",
             )
-    return _owning(spec, None, functools.partial(remote_policy, 0), functools.partial(_on_own_loop, spec))
+    return _owning(spec, None, functools.partial(remote_policy, 0), functools.partial(_engine, spec, None, LoopRollout))
 
 
 def _group_sizes(spec: RolloutSpec, wanted: int) -> list[int] | None:
@@ -216,32 +217,26 @@ def _rollout_engine(
     )
 
 
-def _async_rollout(
-    spec: RolloutSpec, pool: AsyncEnvPool, adapter: PolicyAdapter, devices: Devices, weights: PolicyWeights | None
-) -> AsyncRollout:
-    return AsyncRollout(
-        pool,
-        adapter,
-        time_steps=BatchPlan(spec.frames_per_batch).time_steps(pool.num_envs),
-        devices=devices,
-        spec=spec,
-        weights=weights,
-        # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
-        env_faults=EnvFaults() if spec.env_errors == "restart" else None,
-    )
-
-
-def _on_loop(
-    spec: RolloutSpec, weights: PolicyWeights | None, env: EnvBase, adapter: PolicyAdapter, devices: Devices
-) -> RolloutEngine | AsyncRollout:
-    """The engine for a caller with an event loop: coroutine envs step on it."""
+def _engine(
+    spec: RolloutSpec,
+    weights: PolicyWeights | None,
+    wrap: Callable[[AsyncRollout], _A],
+    env: EnvBase,
+    adapter: PolicyAdapter,
+    devices: Devices,
+) -> RolloutEngine | _A:
+    """The engine that drives ``env``; coroutine envs' goes through ``wrap``: kept as is for a caller with an event
+    loop (they step on it), a :class:`LoopRollout` for blocking code (they step on an event loop of its own)."""
     if isinstance(env, AsyncEnvPool):
-        return _async_rollout(spec, env, adapter, devices, weights)
-    return _rollout_engine(spec, env, adapter, devices)
-
-
-def _on_own_loop(spec: RolloutSpec, env: EnvBase, adapter: PolicyAdapter, devices: Devices) -> BlockingEngine:
-    """The engine for blocking code: coroutine envs step on an event loop of the engine's own."""
-    if isinstance(env, AsyncEnvPool):
-        return LoopRollout(_async_rollout(spec, env, adapter, devices, None))
+        rollout = AsyncRollout(
+            env,
+            adapter,
+            time_steps=BatchPlan(spec.frames_per_batch).time_steps(env.num_envs),
+            devices=devices,
+            spec=spec,
+            weights=weights,
+            # Each coroutine env is rebuilt alone, by its pool (the pool's own factory builds one env).
+            env_faults=EnvFaults() if spec.env_errors == "restart" else None,
+        )
+        return wrap(rollout)
     return _rollout_engine(spec, env, adapter, devices)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import anyio
 from tensordict import TensorDict
@@ -29,6 +31,21 @@ __all__ = ["LoopRollout"]
 
 #: how often a running ``collect`` looks at its stop event
 _STOP_POLL_SECONDS = 0.005
+
+_T = TypeVar("_T")
+
+
+class _OfRollout(Generic[_T]):
+    """An attribute of a :class:`LoopRollout` that is its wrapped :class:`AsyncRollout`'s, read and set there."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, engine: LoopRollout, owner: type) -> _T:
+        return getattr(engine.rollout, self.name)
+
+    def __set__(self, engine: LoopRollout, value: _T) -> None:
+        setattr(engine.rollout, self.name, value)
 
 
 class LoopRollout:
@@ -55,73 +72,25 @@ class LoopRollout:
         self._tasks: TaskOwner | None = None
         self._failure: BaseException | None = None
 
-    # -- the BlockingEngine protocol -------------------------------------------------------
-    @property
-    def env(self) -> AsyncEnvPool:
-        return self.rollout.env
-
-    @property
-    def policy(self) -> PolicyAdapter:
-        return self.rollout.policy
-
-    @property
-    def n_envs(self) -> int:
-        return self.rollout.n_envs
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.rollout.frames_per_batch
-
-    @property
-    def steps(self) -> int:
-        return self.rollout.steps
-
-    @property
-    def discarded_frames(self) -> int:
-        return self.rollout.discarded_frames
-
-    @property
-    def env_restarts(self) -> int:
-        return self.rollout.env_restarts
-
-    @property
-    def env_restarts_by_sub_env(self) -> dict[int, int]:
-        return self.rollout.env_restarts_by_sub_env
+    # -- the BlockingEngine protocol: the wrapped rollout's, but for in_batch -----------------
+    env = _OfRollout[AsyncEnvPool]()
+    policy = _OfRollout[PolicyAdapter]()
+    n_envs = _OfRollout[int]()
+    frames_per_batch = _OfRollout[int]()
+    steps = _OfRollout[int]()
+    discarded_frames = _OfRollout[int]()
+    env_restarts = _OfRollout[int]()
+    env_restarts_by_sub_env = _OfRollout[dict[int, int]]()
+    frames = _OfRollout[int]()
+    policy_version = _OfRollout[int]()
+    next_traj_counter = _OfRollout[int]()
+    seed = _OfRollout[Callable[[int], None]]()
+    restart = _OfRollout[Callable[[], None]]()
 
     @property
     def in_batch(self) -> bool:
         """Never: the loop stands still between calls, and weights may be applied then."""
         return False
-
-    @property
-    def frames(self) -> int:
-        return self.rollout.frames
-
-    @frames.setter
-    def frames(self, value: int) -> None:
-        self.rollout.frames = value
-
-    @property
-    def policy_version(self) -> int:
-        return self.rollout.policy_version
-
-    @policy_version.setter
-    def policy_version(self, value: int) -> None:
-        self.rollout.policy_version = value
-
-    @property
-    def next_traj_counter(self) -> int:
-        return self.rollout.next_traj_counter
-
-    @next_traj_counter.setter
-    def next_traj_counter(self, value: int) -> None:
-        self.rollout.next_traj_counter = value
-
-    def seed(self, seed: int) -> None:
-        self.rollout.seed(seed)
-
-    def restart(self) -> None:
-        self.rollout.restart()
 
     # -- running the loop -------------------------------------------------------------------
     def _failed(self, exc: BaseException) -> None:

@@ -19,7 +19,14 @@ import torch
 from tensordict import TensorDict
 
 from acollect._devices import Devices
-from acollect._policy import ModulePolicy, NestedKey, PolicyAdapter, RandomPolicy, unseeded_generator
+from acollect._policy import (
+    ModulePolicy,
+    NestedKey,
+    PolicyAdapter,
+    RandomPolicy,
+    check_policy_outputs,
+    unseeded_generator,
+)
 from acollect._rollout.blocking import exploration
 from acollect._rollout.env_steps import EnvSteps
 from acollect._rollout.env_turns import EnvTurns
@@ -119,7 +126,7 @@ class PolicyPasses:
         """
         td = self._inputs(None)
         outputs = self._forward(td)
-        self._check_outputs(outputs)
+        check_policy_outputs(outputs, self.envs.pool.num_envs, self.envs.pool.action_spec)  # as every engine
         fastest = float("inf")
         for _ in range(_TIMED_PROBES):
             start = time.perf_counter()
@@ -134,22 +141,6 @@ class PolicyPasses:
             1000 * fastest,
         )
         return {k: (v.shape[1:], v.dtype) for k, v in outputs.items()}
-
-    def _check_outputs(self, outputs: dict[NestedKey, torch.Tensor]) -> None:
-        n_envs, spec = self.envs.pool.num_envs, self.envs.pool.action_spec
-        if "action" not in outputs:
-            raise PolicyError(f"the policy did not write 'action' (it wrote {sorted(map(str, outputs))})")
-        expected = (n_envs, *spec.shape)
-        if tuple(outputs["action"].shape) != expected:
-            raise PolicyError(
-                f"the policy wrote an 'action' of shape {tuple(outputs['action'].shape)}: expected "
-                f"{expected} ([n_envs, *action_spec.shape] for {spec})"
-            )
-        for key, value in outputs.items():
-            if value.shape[:1] != (n_envs,):
-                raise PolicyError(
-                    f"the policy wrote {key!r} of shape {tuple(value.shape)}: expected a leading batch dim of {n_envs}"
-                )
 
     # -- a pass ---------------------------------------------------------------------------------------
     async def _pass(self, idx: list[int]) -> None:
