@@ -180,7 +180,7 @@ class MultiCollectorBase(CollectorBase):
 
     async def _setup(self) -> None:
         pool = self._new_pool(self._pool_settings())
-        pool.version = self._worker_changes.initial_version
+        pool.weights.version = self._worker_changes.initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
         self._handout.open()
@@ -222,7 +222,7 @@ class MultiCollectorBase(CollectorBase):
         Each is logged with its reason on the ``"acollect"`` logger; none is ever unpickled. Peers refused
         at the handshake (wrong CURVE key) are counted in :attr:`rejected_peers` instead.
         """
-        return self._pool.rejected_messages if self._pool is not None else 0
+        return self._pool.counters.rejected_messages if self._pool is not None else 0
 
     @property
     def rejected_peers(self) -> int:
@@ -243,7 +243,7 @@ class MultiCollectorBase(CollectorBase):
     @property
     def dropped_batches(self) -> int:
         """Batches lost to worker restarts (collected in part by a worker that died, never handed out)."""
-        return self._pool.dropped_batches if self._pool is not None else 0
+        return self._pool.counters.dropped_batches if self._pool is not None else 0
 
     def _counters(self) -> dict[str, Any]:
         pool = self._pool
@@ -251,10 +251,10 @@ class MultiCollectorBase(CollectorBase):
         if pool is not None:
             counters.update(
                 restarts=sum(h.restarts for h in pool.handles),
-                dropped_batches=pool.dropped_batches,
-                discarded_frames=pool.discarded_frames,
-                lost_workers=pool.lost_workers,
-                env_restarts=pool.env_restarts,
+                dropped_batches=pool.counters.dropped_batches,
+                discarded_frames=pool.counters.discarded_frames,
+                lost_workers=pool.counters.lost_workers,
+                env_restarts=pool.counters.env_restarts,
                 env_restarts_by_sub_env=pool.sub_env_restarts,
             )
         return counters

@@ -64,7 +64,7 @@ class WorkerChanges:
 
     def version(self, pool: WorkerPool | None) -> int:
         """The version of the last weights pushed: the pool's while there is one."""
-        return pool.version if pool is not None else self._initial_version
+        return pool.weights.version if pool is not None else self._initial_version
 
     # -- seeds ---------------------------------------------------------------------------------
     def stage_seed(self, seed: int, pool: WorkerPool | None, *, num_workers: int) -> int:
@@ -116,14 +116,14 @@ class WorkerChanges:
     ) -> None:
         """Stages a saved state: the workers' counters, the weights (if any) and the version batches carry."""
         if pool is not None:
-            pool.version = version
+            pool.weights.version = version
         self._initial_version = version
         self._pending.stage_state(workers)
         if weights is not None:
             self._pending.stage_weights(weights)
             # The push bumps the version: start one below so the restored version is what batches carry.
             if pool is not None:
-                pool.version = version - 1
+                pool.weights.version = version - 1
             self._initial_version = version - 1
 
     @staticmethod
