@@ -217,7 +217,7 @@ class Collector(CollectorBase):
         assert driver is not None
         seed, self._seed = self._seed, None
         (batch, episodes, version, frames), spent = await driver.collect(seed, self._made)
-        self._counts.record_worker(0, frames, version, episodes, spent)
+        self._counts.stats.record_worker(0, frames, version, episodes, time_spent=spent)
         return batch
 
     async def _apply_pause(self, paused: bool) -> None:

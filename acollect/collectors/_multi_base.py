@@ -364,8 +364,8 @@ class MultiCollectorBase(CollectorBase):
             # The worker counted its episodes and timed its parts: statistics cost no message.
             header = item.header
             episodes = EpisodeSummary.from_header(header.get("episodes"))
-            self._counts.record_worker(
-                item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
+            self._counts.stats.record_worker(
+                item.worker, item.data.numel(), self._batch_version(item), episodes, time_spent=reported_split(header)
             )
         return await self._handout.hand_out(pool, items, self._reshape)
 
@@ -402,7 +402,7 @@ class MultiCollectorBase(CollectorBase):
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
         lost = [h.index for h in self._require_pool().handles if h.lost]
         for index in lost:
-            self._counts.forget_worker(index)  # its last report would otherwise count on in the time split
+            self._counts.stats.time.forget(index)  # its last report would otherwise count on in the time split
         if self.settings.trajs_per_batch is not None:
             self._episodes_to_end.update(lost)
 
