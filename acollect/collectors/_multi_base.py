@@ -10,7 +10,7 @@ fixed by the class or chosen by a ``sync`` option (``DistributedCollector``, ``R
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -18,7 +18,6 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
 from acollect._batches.lending import default_budget
-from acollect._batches.trajectories import split_trajectories
 from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._devices import with_index
 from acollect._episodes import EpisodeSummary
@@ -82,7 +81,7 @@ class MultiCollectorBase(CollectorBase):
         self._storing_device = with_index(collector_storing_device(self._worker_policy()[1]))
         # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
         # split_trajs and postproc, settled once: the settings never change.
-        self._reshape = _reshaper(settings)
+        self._reshape = settings.reshaper()
         self._handout = HandOut(
             self._dispatch,
             copy_batches=settings.copy_batches,
@@ -461,17 +460,3 @@ class MultiCollectorBase(CollectorBase):
         version = await self._require_pool().weights.push(models, ids, limit, ready)
         self._worker_changes.pushed(self._counts.batches)
         return version
-
-
-def _reshaper(settings: WorkerSettings) -> Callable[[TensorDictBase], TensorDictBase] | None:
-    """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop), ``None`` where there is nothing
-    to do; with ``trajs_per_batch`` neither applies here: ``postproc`` applies to the batches of whole episodes."""
-    split, postproc = settings.split_trajs, settings.postproc
-    if settings.trajs_per_batch is not None or (postproc is None and not split):
-        return None
-
-    def reshape(batch: TensorDictBase) -> TensorDictBase:
-        batch = split_trajectories(batch) if split else batch
-        return postproc(batch) if postproc is not None else batch
-
-    return reshape
