@@ -2,8 +2,8 @@
 
 :class:`Counts` is one of a collector's parts, with one writer: the collector's lifecycle counts what it hands out
 (:meth:`Counts.count_frames`, :meth:`Counts.count_batch`), each collector reports, per batch and per worker, the
-policy version, the episodes that ended and where the worker's time went (:meth:`Counts.record_worker`), and
-``load_state_dict`` restores the counts (:meth:`Counts.restore`). Nobody else writes its fields.
+policy version, the episodes that ended and where the worker's time went (to its recorder, :attr:`Counts.stats`),
+and ``load_state_dict`` restores the counts (:meth:`Counts.restore`). Nobody else writes its own fields.
 
 Examples:
     >>> counts = Counts(total_frames=64, progress=False)
@@ -17,9 +17,8 @@ Examples:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from acollect._episodes import EpisodeSummary
 from acollect._progress import ProgressReporter, check_progress, make_progress
 from acollect.stats import CollectorStats, StatsRecorder
 
@@ -37,14 +36,16 @@ class Counts:
         name: what the progress display calls the collector.
     """
 
-    __slots__ = ("_batches", "_frames", "_name", "_progress", "_progress_kind", "_stats", "total_frames")
+    __slots__ = ("_batches", "_frames", "_name", "_progress", "_progress_kind", "stats", "total_frames")
 
     def __init__(self, *, total_frames: int, progress: bool | str, name: str = "collector") -> None:
         self.total_frames = total_frames
         self._progress_kind = check_progress(progress)
         self._progress: ProgressReporter | None = None
         self._name = name
-        self._stats = StatsRecorder()
+        #: what ``stats()`` is made of: the collector starts it once collection starts, reports each worker's
+        #: batch to it (``record_worker``) and makes it forget a worker lost for good (``time.forget``)
+        self.stats = StatsRecorder()
         self._frames = 0
         self._batches = 0
 
@@ -58,10 +59,6 @@ class Counts:
         """Batches handed out so far."""
         return self._batches
 
-    def start(self) -> None:
-        """Collection starts now: frame rates count from here (building envs and workers is not collecting)."""
-        self._stats.start()
-
     def count_batch(self) -> None:
         """Counts a batch handed out (its frames are counted as they are collected, :meth:`count_frames`)."""
         self._batches += 1
@@ -69,7 +66,7 @@ class Counts:
     def count_frames(self, frames: int) -> None:
         """Counts ``frames`` collected (toward ``total_frames``, and in the frame rates)."""
         self._frames += frames
-        self._stats.record_batch(frames)
+        self.stats.record_batch(frames)
 
     def show(self, stats: CollectorStats) -> None:
         """Updates the progress display with ``stats`` (made at the first call; nothing without a display)."""
@@ -88,33 +85,17 @@ class Counts:
     def set_paused(self, paused: bool) -> None:
         """A pause was applied (``True``) or lifted (``False``): the statistics say so, and leave its time out."""
         if paused:
-            self._stats.pause()
+            self.stats.pause()
         else:
-            self._stats.resume()
+            self.stats.resume()
 
     def restore(self, frames: int, batches: int) -> None:
         """The counts of a saved state (``load_state_dict``)."""
         self._frames, self._batches = frames, batches
 
-    def record_worker(
-        self,
-        worker: int,
-        frames: int,
-        policy_version: int,
-        episodes: EpisodeSummary | None = None,
-        time_spent: Sequence[float] | None = None,
-    ) -> None:
-        """A worker (``0`` in-process) produced a batch: its frames, the policy version it used, the episodes that
-        ended in it, and where its time went since its last one (``time_spent``, :mod:`acollect._time_split`)."""
-        self._stats.record_worker(worker, frames, policy_version, episodes, time_spent=time_spent)
-
-    def forget_worker(self, worker: int) -> None:
-        """A worker was lost for good: its last time report no longer counts."""
-        self._stats.time.forget(worker)
-
     def snapshot(self, *, policy_version: int, counters: Mapping[str, int]) -> CollectorStats:
         """The collector's :class:`~acollect.CollectorStats` now; ``counters``: its counts by field name."""
-        return self._stats.snapshot(
+        return self.stats.snapshot(
             frames=self._frames, batches=self._batches, policy_version=policy_version, counters=counters
         )
 

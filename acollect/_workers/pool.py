@@ -13,7 +13,7 @@ own task owner (:class:`~acollect._runtime.tasks.TaskOwner`), each in a cancel s
 pool stops at :meth:`WorkerPool.close`; a loop that raises fails the pool, which
 reports to the collector (``on_failure``).
 
-Whoever waits on the pool (:meth:`WorkerPool.wait_until`) wakes on every event
+Whoever waits on the pool (:meth:`~acollect._workers.pool_events.PoolEvents.wait_until`) wakes on every event
 and re-raises the pool's failure, so a dead worker never leaves the trainer
 waiting. A failure is sticky: the pool is broken until it is closed.
 """
@@ -27,12 +27,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import anyio
 from tensordict import TensorDictBase
 
-from acollect._batches.shared_batches import SharedBatches
 from acollect._batches.shm import shm_available
 from acollect._batches.slot_ring import CreditPipeWriter, credit_pipe_path
 from acollect._runtime.endpoint import Endpoint
@@ -55,7 +54,6 @@ from acollect.errors import TransportError
 __all__ = ["SHM_THRESHOLD", "WorkerPool"]
 
 logger = logging.getLogger("acollect")
-T = TypeVar("T")
 
 #: Batches at least this large (bytes) go through shared-memory slots by default. Low: a slot costs the
 #: collector no decoding and no allocation per batch (its TensorDict of views is built once), where a
@@ -128,36 +126,13 @@ class WorkerPool:
         return self.settings.launcher
 
     @property
-    def credits(self) -> int | None:
-        """Batches each worker may collect ahead (``None``: one batch per ``collect`` request, lockstep)."""
-        return self.settings.credits
-
-    @property
     def failure(self) -> BaseException | None:
         """The pool's failure (sticky until it is closed), or ``None``."""
         return self.events.failure
 
     @property
-    def shared(self) -> SharedBatches | None:
-        """The segments lockstep batches are written into in place, once every worker said hello (else ``None``)."""
-        return self.slots.shared
-
-    @property
-    def dropped_batches(self) -> int:
-        return self.counters.dropped_batches
-
-    @property
-    def discarded_frames(self) -> int:
-        return self.counters.discarded_frames
-
-    @property
-    def env_restarts(self) -> int:
-        """Envs the workers rebuilt after they raised (``env_errors="restart"``)."""
-        return self.counters.env_restarts
-
-    @property
     def sub_env_restarts(self) -> dict[int, dict[int, int]]:
-        """Of :attr:`env_restarts`, the sub-envs rebuilt alone: worker -> sub-env -> rebuilds."""
+        """Of ``counters.env_restarts``, the sub-envs rebuilt alone: worker -> sub-env -> rebuilds."""
         return {w: dict(counts) for w, counts in self.counters.sub_env_restarts.items()}
 
     def discard(self, frames: int) -> None:
@@ -173,19 +148,6 @@ class WorkerPool:
         """Lockstep batch ``number`` was asked of the workers (a push applies from the first batch asked of none)."""
         self._batches_asked = max(self._batches_asked, number)
 
-    @property
-    def rejected_messages(self) -> int:
-        return self.counters.rejected_messages
-
-    @property
-    def lost_workers(self) -> int:
-        """Workers dropped for good with their restarts spent (``on_worker_loss="continue"``)."""
-        return self.counters.lost_workers
-
-    @property
-    def paused(self) -> bool:
-        return self.mode.paused
-
     async def order_pause(self, paused: bool) -> None:
         """Tells every ready worker to stop at its next step (``True``) or go on; a restarted one is told at its
         hello. A worker keeps the batch it was stepping, and continues it."""
@@ -193,39 +155,11 @@ class WorkerPool:
         if self.endpoint is not None and not self.endpoint.closed:
             await self.broadcast(P.PAUSE if paused else P.RESUME)
 
-    @property
-    def running(self) -> bool:
-        """``run`` was sent (asynchronous collectors)."""
-        return self.mode.running
-
     async def order_run(self, credits: int) -> None:
         """Sets every worker collecting on its credits (asynchronous collectors); a restarted one is told at its
         hello."""
         self.mode.running = True
         await self.broadcast(P.RUN, {"credits": credits})
-
-    @property
-    def version(self) -> int:
-        """The policy version of the last weight push."""
-        return self.weights.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.weights.version = value
-
-    # -- waiting ---------------------------------------------------------------------
-    def raise_failure(self) -> None:
-        """Raises the pool's failure, if any."""
-        self.events.raise_failure()
-
-    async def wait_until(self, predicate: Callable[[], T], *, limit: float | None = None, what: str = "") -> T:
-        """Waits until ``predicate()`` is truthy (re-checked on every event) and returns its value.
-
-        Raises:
-            WorkerError: a worker failed meanwhile.
-            TimeoutError: ``limit`` seconds passed first.
-        """
-        return await self.events.wait_until(predicate, limit=limit, what=what)
 
     # -- start -----------------------------------------------------------------------
     async def start(self, owner: TaskOwner) -> None:
@@ -277,7 +211,7 @@ class WorkerPool:
         for handle in self.handles:
             if not handle.config.remote:
                 await self._spawn(handle)
-        await self.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
+        await self.events.wait_until(lambda: all(h.ready for h in self.handles), what="the workers to start")
         if self.settings.shared_batches is not None:
             await self.slots.lay_out()
         self.events.running()
@@ -299,7 +233,7 @@ class WorkerPool:
         for request in handle.lockstep.requests:  # those its predecessor died on, each into the same rows
             await self.send(handle, P.COLLECT, request.fields())
         if self.mode.running:
-            await self.send(handle, P.RUN, {"credits": self.credits or 1})
+            await self.send(handle, P.RUN, {"credits": self.settings.credits or 1})
 
     async def _batch_data(
         self, handle: WorkerHandle, header: dict[str, Any], td: TensorDictBase | None

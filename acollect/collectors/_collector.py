@@ -28,7 +28,6 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._batches.plan import BatchPlan
-from acollect._batches.trajectories import split_trajectories
 from acollect._episodes import EpisodeSummary, EpisodeTracker
 from acollect._policy import PolicyLike
 from acollect._rollout.blocking import RolloutEngine
@@ -126,9 +125,10 @@ class Collector(CollectorBase):
         self._policy_arg = policy
         # What the engine is built from: made once, here, and carried whole to the one engine builder.
         self._rollout = settings.rollout_spec(create_env_fn, policy, frames_per_batch=batch.per_worker)
+        # split_trajs and postproc, settled once: the settings never change.
+        self._reshape = settings.reshaper()
         # How the engine runs (a thread per batch, or coroutine envs on the loop): picked once, when it is built.
         self._driver: Driver | None = None
-        self._policy_version = 0
         self._weights = PolicyWeights()
         self._seed: int | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -199,25 +199,15 @@ class Collector(CollectorBase):
         engine = self._engine
         assert engine is not None
         episodes = self._episodes.update(batch)
-        return self._finish(batch), episodes, engine.policy_version, engine.frames_per_batch
-
-    def _finish(self, batch: TensorDictBase) -> TensorDictBase:
-        """The batch as the options say it is handed out (with ``trajs_per_batch``, ``postproc`` applies to the
-        batches of whole episodes instead, :class:`~acollect.collectors._base.CollectorBase`)."""
-        if self.settings.trajs_per_batch is not None:
-            return batch
-        if self.settings.split_trajs:
-            batch = split_trajectories(batch)
-        if self.settings.postproc is not None:
-            batch = self.settings.postproc(batch)
-        return batch
+        batch = self._reshape(batch) if self._reshape is not None else batch
+        return batch, episodes, engine.policy_version, engine.frames_per_batch
 
     async def _collect_batch(self) -> TensorDictBase:
         driver = self._driver
         assert driver is not None
         seed, self._seed = self._seed, None
         (batch, episodes, version, frames), spent = await driver.collect(seed, self._made)
-        self._counts.record_worker(0, frames, version, episodes, spent)
+        self._counts.stats.record_worker(0, frames, version, episodes, time_spent=spent)
         return batch
 
     async def _apply_pause(self, paused: bool) -> None:

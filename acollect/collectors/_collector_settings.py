@@ -29,9 +29,9 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from acollect._runtime.torch_dist import check_backend
-from acollect._validate import check_bool, check_choice, check_int, check_seconds
+from acollect._validate import check_bool, check_seconds
 from acollect._workers.ray_launcher import check_ray_init_config, check_remote_configs
-from acollect.collectors._option_checks import option
+from acollect.collectors._option_checks import _choice, _int, option
 from acollect.collectors._options import WorkerSettings
 from acollect.errors import ConfigurationError
 from acollect.inference._server import MODES
@@ -57,10 +57,6 @@ def _field(settings: type, name: str) -> Field[Any]:
     return next(f for f in fields(settings) if f.name == name)
 
 
-def _optional_int(minimum: int, maximum: int | None = None) -> Any:
-    return lambda name, value: check_int(name, value, minimum=minimum, maximum=maximum, optional=True)
-
-
 # -- how batches are taken from the workers ----------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class MultiSyncSettings(WorkerSettings):
@@ -68,7 +64,7 @@ class MultiSyncSettings(WorkerSettings):
 
     cat_results: str | int | None = option(
         None,
-        check=lambda name, value: check_choice(name, value, CAT_RESULTS),
+        check=_choice(*CAT_RESULTS),
         doc='how worker batches combine: ``None`` or ``"stack"`` stacks them into ``[n_workers, n_envs, T]``; '
         "``0`` concatenates along envs (``[n_workers * n_envs, T]``), ``-1`` along time (``[n_envs, "
         "n_workers * T]``).",
@@ -81,13 +77,13 @@ class MultiAsyncSettings(WorkerSettings):
 
     credits: int = option(
         CREDITS,
-        check=lambda name, value: check_int(name, value, minimum=1),
+        check=_int(1),
         doc="batches each worker may collect ahead of the trainer; then it waits for the trainer, so memory stays "
         "bounded.",
     )
     max_policy_lag: int | None = option(
         None,
-        check=_optional_int(0),
+        check=_int(0, optional=True),
         doc="the most policy versions a batch may be behind the collector's when it is handed out: a batch with a "
         "frame chosen by an older version is dropped (counted in ``stats().stale_batches``), its memory given "
         "back, and the next one taken; its worker's stream goes on with its next batch. ``None``: no limit "
@@ -112,7 +108,7 @@ class BatchedSettings(MultiAsyncSettings):
 
     max_batch_size: int | None = option(
         None,
-        check=_optional_int(1),
+        check=_int(1, optional=True),
         doc="the most observations in one forward pass (``None``: every env of every worker).",
     )
     max_wait: float = option(
@@ -123,7 +119,7 @@ class BatchedSettings(MultiAsyncSettings):
     )
     env_groups: int | None = option(
         None,
-        check=_optional_int(1),
+        check=_int(1, optional=True),
         doc="each worker builds its envs as this many groups (from the env factory, with ``num_envs`` shared out "
         "among them) and steps one group while the others wait for their actions, hiding the round trip to the "
         "server: a worker never idles while a pass runs, and a pass takes the requests of every group that waits. "
@@ -136,7 +132,7 @@ class BatchedSettings(MultiAsyncSettings):
     )
     passes_in_flight: int | None = option(
         None,
-        check=_optional_int(1),
+        check=_int(1, optional=True),
         doc="forward passes the server may run at once, each in a thread of its own (with its own CUDA stream and "
         "page-locked buffers on a GPU): requests gather into the next pass while one runs, and no worker waits "
         "for every other pass to end. ``None``: 4 on a GPU (one per env group of a worker, so that a group's pass "
@@ -145,14 +141,14 @@ class BatchedSettings(MultiAsyncSettings):
     )
     server_threads: int | None = option(
         None,
-        check=_optional_int(1),
+        check=_int(1, optional=True),
         doc="torch threads of the server process (its copies and, on CPU, its forward passes); ``None``: the cores "
         "this process may use beyond one per worker, at least 1. More threads than free cores make every pass "
         "wait for descheduled threads.",
     )
     server: str = option(
         "process",
-        check=lambda name, value: check_choice(name, value, MODES),
+        check=_choice(*MODES),
         doc='where the inference server\'s loop runs: ``"process"``, a process of its own, owned like a worker (its '
         "crash or hang breaks the collector within about a second, with its exit code or traceback), so that no "
         'step waits for the trainer\'s GIL; ``"thread"``, a thread of this process: no process to start, but '
@@ -197,7 +193,7 @@ class ModeSettings(MultiSyncSettings, MultiAsyncSettings):
     # declaration.
     credits: int = field(
         default=None,  # type: ignore[assignment]
-        metadata={**_field(MultiAsyncSettings, "credits").metadata, "check": _optional_int(1)},
+        metadata={**_field(MultiAsyncSettings, "credits").metadata, "check": _int(1, optional=True)},
     )
 
     def __post_init__(self) -> None:
@@ -237,7 +233,9 @@ class DistributedSettings(ModeSettings):
         "built with.",
     )
     tcp_port: int | None = option(
-        None, check=_optional_int(1, 65535), doc="port of the rendezvous on ``master_addr`` (``None``: a free one)."
+        None,
+        check=_int(1, 65535, optional=True),
+        doc="port of the rendezvous on ``master_addr`` (``None``: a free one).",
     )
     init_method: str | None = option(
         None,
@@ -300,12 +298,12 @@ class RaySettings(ModeSettings):
     )
     num_workers_per_collector: int = option(
         1,
-        check=lambda name, value: check_int(name, value, minimum=1),
+        check=_int(1),
         doc="actors per remote collector, each with its own env from the same factory.",
     )
     num_collectors: int | None = option(
         None,
-        check=_optional_int(1),
+        check=_int(1, optional=True),
         doc="number of remote collectors (``None``: ``len(create_env_fn)``, or 1).",
     )
     ray_init_config: Mapping[str, Any] | None = option(

@@ -171,7 +171,7 @@ class Lockstep(Dispatch):
         self._segments: dict[int, int] = {}  # batch number -> the shared segment its parts go into, once asked for
 
     async def start(self, pool: WorkerPool, *, paused: bool) -> None:
-        self._shared, self._segments, self._number = pool.shared, {}, pool.batches_asked + 1
+        self._shared, self._segments, self._number = pool.slots.shared, {}, pool.batches_asked + 1
         if paused:
             await pool.order_pause(True)
 
@@ -223,10 +223,10 @@ class Lockstep(Dispatch):
             # goes on at once, where it would otherwise idle until the last part is in and a request came back.
             # Only where collect-ahead would ask for that batch anyway (the caller will want it, no change since
             # the last batch was taken, no pause): it changes when a part begins, never which weights make it.
-            if ahead and pool.changes_sent == self._changes_seen and not pool.paused:
+            if ahead and pool.changes_sent == self._changes_seen and not pool.mode.paused:
                 await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for at the end, or when taken
             # A worker lost meanwhile (on_worker_loss="continue") is left out: the batch holds the live ones' parts.
-            await pool.wait_until(
+            await pool.events.wait_until(
                 lambda: all(h.lockstep.part(number) is not None for h in handles if not h.lost),
                 what="a batch from every worker",
             )
@@ -254,7 +254,7 @@ class Lockstep(Dispatch):
         # batch, every batch begun ahead would be made by the weights before the push.
         calm = pool.changes_sent == self._changes_seen
         self._changes_seen = pool.changes_sent
-        if ahead and calm and not pool.paused:
+        if ahead and calm and not pool.mode.paused:
             await self._ask(pool, number + 1, ahead=True)  # no segment free: asked for when taken
         return items
 
@@ -371,7 +371,7 @@ class FirstReady(Dispatch):
             await pool.order_pause(True)
 
     async def take(self, pool: WorkerPool, *, ahead: bool = False) -> list[Received]:
-        await pool.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
+        await pool.events.wait_until(lambda: pool.ready_queue, what="a batch from any worker")
         return [pool.ready_queue.popleft()]
 
     async def can_lend(self, pool: WorkerPool, items: list[Received], loans: Loans) -> bool:
@@ -450,7 +450,7 @@ class FirstReady(Dispatch):
 
     async def apply_pause(self, pool: WorkerPool | None, paused: bool) -> None:
         # Workers stop at their next step, keeping the batch in progress.
-        if pool is not None and pool.running:
+        if pool is not None and pool.mode.running:
             await pool.order_pause(paused)
 
 

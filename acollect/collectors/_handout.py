@@ -192,7 +192,7 @@ class HandOut:
         handle = pool.handles[item.worker]
         slot = item.header.get("slot")
         # A lockstep worker collects only when asked: a credit means something to it only as a slot to free.
-        if item.generation == handle.generation and (slot is not None or pool.credits is not None):
+        if item.generation == handle.generation and (slot is not None or pool.settings.credits is not None):
             await self._dispatch.credit(pool, handle, slot)
 
     async def take_back(self, pool: WorkerPool) -> None:

@@ -116,7 +116,7 @@ class Lifetime:
                 self._lifecycle.setup_undone()
                 raise
             self._lifecycle.setup_finished()
-            self._counts.start()  # frame rates count from here: building envs and workers is not collecting
+            self._counts.stats.start()  # frame rates count from here: building envs and workers is not collecting
         if self._lifecycle.pauses:
             await self._pauses.sync()
 

@@ -10,7 +10,7 @@ fixed by the class or chosen by a ``sync`` option (``DistributedCollector``, ``R
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -18,7 +18,6 @@ from tensordict import TensorDict, TensorDictBase
 
 from acollect._affinity import TrainerPin
 from acollect._batches.lending import default_budget
-from acollect._batches.trajectories import split_trajectories
 from acollect._batches.trajectory_batches import TrajectoryAssembler
 from acollect._devices import with_index
 from acollect._episodes import EpisodeSummary
@@ -82,7 +81,7 @@ class MultiCollectorBase(CollectorBase):
         self._storing_device = with_index(collector_storing_device(self._worker_policy()[1]))
         # How batches leave: lent (shared memory given back once dropped), copied, or moved to a GPU.
         # split_trajs and postproc, settled once: the settings never change.
-        self._reshape = _reshaper(settings)
+        self._reshape = settings.reshaper()
         self._handout = HandOut(
             self._dispatch,
             copy_batches=settings.copy_batches,
@@ -180,7 +179,7 @@ class MultiCollectorBase(CollectorBase):
 
     async def _setup(self) -> None:
         pool = self._new_pool(self._pool_settings())
-        pool.version = self._worker_changes.initial_version
+        pool.weights.version = self._worker_changes.initial_version
         # Recorded before it starts: a start cancelled or failing half-way is closed by _teardown.
         self._pool = pool
         self._handout.open()
@@ -222,7 +221,7 @@ class MultiCollectorBase(CollectorBase):
         Each is logged with its reason on the ``"acollect"`` logger; none is ever unpickled. Peers refused
         at the handshake (wrong CURVE key) are counted in :attr:`rejected_peers` instead.
         """
-        return self._pool.rejected_messages if self._pool is not None else 0
+        return self._pool.counters.rejected_messages if self._pool is not None else 0
 
     @property
     def rejected_peers(self) -> int:
@@ -243,7 +242,7 @@ class MultiCollectorBase(CollectorBase):
     @property
     def dropped_batches(self) -> int:
         """Batches lost to worker restarts (collected in part by a worker that died, never handed out)."""
-        return self._pool.dropped_batches if self._pool is not None else 0
+        return self._pool.counters.dropped_batches if self._pool is not None else 0
 
     def _counters(self) -> dict[str, Any]:
         pool = self._pool
@@ -251,10 +250,10 @@ class MultiCollectorBase(CollectorBase):
         if pool is not None:
             counters.update(
                 restarts=sum(h.restarts for h in pool.handles),
-                dropped_batches=pool.dropped_batches,
-                discarded_frames=pool.discarded_frames,
-                lost_workers=pool.lost_workers,
-                env_restarts=pool.env_restarts,
+                dropped_batches=pool.counters.dropped_batches,
+                discarded_frames=pool.counters.discarded_frames,
+                lost_workers=pool.counters.lost_workers,
+                env_restarts=pool.counters.env_restarts,
                 env_restarts_by_sub_env=pool.sub_env_restarts,
             )
         return counters
@@ -364,8 +363,8 @@ class MultiCollectorBase(CollectorBase):
             # The worker counted its episodes and timed its parts: statistics cost no message.
             header = item.header
             episodes = EpisodeSummary.from_header(header.get("episodes"))
-            self._counts.record_worker(
-                item.worker, item.data.numel(), self._batch_version(item), episodes, reported_split(header)
+            self._counts.stats.record_worker(
+                item.worker, item.data.numel(), self._batch_version(item), episodes, time_spent=reported_split(header)
             )
         return await self._handout.hand_out(pool, items, self._reshape)
 
@@ -402,7 +401,7 @@ class MultiCollectorBase(CollectorBase):
         """On the event loop: a worker was lost (``on_worker_loss="continue"``), ``live`` are left."""
         lost = [h.index for h in self._require_pool().handles if h.lost]
         for index in lost:
-            self._counts.forget_worker(index)  # its last report would otherwise count on in the time split
+            self._counts.stats.time.forget(index)  # its last report would otherwise count on in the time split
         if self.settings.trajs_per_batch is not None:
             self._episodes_to_end.update(lost)
 
@@ -461,17 +460,3 @@ class MultiCollectorBase(CollectorBase):
         version = await self._require_pool().weights.push(models, ids, limit, ready)
         self._worker_changes.pushed(self._counts.batches)
         return version
-
-
-def _reshaper(settings: WorkerSettings) -> Callable[[TensorDictBase], TensorDictBase] | None:
-    """``split_trajs`` and ``postproc`` on a batch (user code: run off the event loop), ``None`` where there is nothing
-    to do; with ``trajs_per_batch`` neither applies here: ``postproc`` applies to the batches of whole episodes."""
-    split, postproc = settings.split_trajs, settings.postproc
-    if settings.trajs_per_batch is not None or (postproc is None and not split):
-        return None
-
-    def reshape(batch: TensorDictBase) -> TensorDictBase:
-        batch = split_trajectories(batch) if split else batch
-        return postproc(batch) if postproc is not None else batch
-
-    return reshape

@@ -110,8 +110,8 @@ def _keys(name: str, value: Any) -> ServerKeys | None:
     return as_server_keys(name, value)
 
 
-def _int(minimum: int, *, optional: bool = False) -> Callable[[str, Any], Any]:
-    return lambda name, value: check_int(name, value, minimum=minimum, optional=optional)
+def _int(minimum: int, maximum: int | None = None, *, optional: bool = False) -> Callable[[str, Any], Any]:
+    return lambda name, value: check_int(name, value, minimum=minimum, maximum=maximum, optional=optional)
 
 
 def _callable(expected: str) -> Callable[[str, Any], Any]:

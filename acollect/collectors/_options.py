@@ -36,6 +36,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import InteractionType
 
 from acollect._affinity import check_worker_affinity
+from acollect._batches.trajectories import split_trajectories
 from acollect._devices import DeviceLike
 from acollect._policy import PolicyLike
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
@@ -249,6 +250,20 @@ class RolloutSettings:
             devices=devices,
             **given,
         )
+
+    def reshaper(self) -> Callable[[TensorDictBase], TensorDictBase] | None:
+        """``split_trajs`` and ``postproc`` on a batch before it is handed out (user code: run off the event loop),
+        ``None`` where there is nothing to do; with ``trajs_per_batch`` neither applies here: ``postproc`` applies
+        to the batches of whole episodes (:class:`~acollect.collectors._base.CollectorBase`)."""
+        split, postproc = self.split_trajs, self.postproc
+        if self.trajs_per_batch is not None or (postproc is None and not split):
+            return None
+
+        def reshape(batch: TensorDictBase) -> TensorDictBase:
+            batch = split_trajectories(batch) if split else batch
+            return postproc(batch) if postproc is not None else batch
+
+        return reshape
 
     def __post_init__(self) -> None:
         for f in fields(self):

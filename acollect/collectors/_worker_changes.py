@@ -1,9 +1,9 @@
 """What the trainer changes in a multi-process collector's workers between batches: a seed, saved counters, weights.
 
 ``set_seed`` and ``load_state_dict`` return at once, and a collector may owe its workers a push every few batches:
-:class:`WorkerChanges`, one of the collector's parts, holds what waits for the next batch boundary
-(:class:`~acollect.collectors._pending.PendingChanges`), the policy version the workers start from and the batch
-of the last push, and sends what waits at the boundary (:meth:`WorkerChanges.apply`). The push itself is the
+:class:`WorkerChanges`, one of the collector's parts, holds what waits for the next batch boundary (a seed, the
+workers' saved counters, saved weights), the policy version the workers start from and the batch of the last push,
+and sends what waits at the boundary (:meth:`WorkerChanges.apply`): nobody else writes it. The push itself is the
 collector's (``_push``: an ``AsyncBatchedCollector`` pushes to its inference server instead of its workers).
 """
 
@@ -20,7 +20,6 @@ from acollect._weights.updates import params_of
 from acollect._workers import protocol as P
 from acollect._workers.pool import WorkerPool
 from acollect.collectors._options import ProcessSettings
-from acollect.collectors._pending import PendingChanges
 from acollect.envs._envpool import reseed_error, shared_seeds_warning
 from acollect.errors import ConfigurationError
 
@@ -43,11 +42,13 @@ class WorkerChanges:
         (0, False)
     """
 
-    __slots__ = ("_initial_version", "_last_push", "_pending")
+    __slots__ = ("_initial_version", "_last_push", "_seed", "_state", "_weights")
 
     def __init__(self) -> None:
         # set_seed and load_state_dict return at once: what they ask waits here for the next batch boundary.
-        self._pending = PendingChanges()
+        self._seed: int | None = None  # the last one staged wins
+        self._state: list[dict[str, Any]] | None = None  # the workers' saved counters, one dict per worker
+        self._weights: TensorDictBase | None = None  # saved weights, pushed at the boundary
         self._initial_version = 0
         self._last_push = 0
 
@@ -64,14 +65,14 @@ class WorkerChanges:
 
     def version(self, pool: WorkerPool | None) -> int:
         """The version of the last weights pushed: the pool's while there is one."""
-        return pool.version if pool is not None else self._initial_version
+        return pool.weights.version if pool is not None else self._initial_version
 
     # -- seeds ---------------------------------------------------------------------------------
     def stage_seed(self, seed: int, pool: WorkerPool | None, *, num_workers: int) -> int:
         """Stages ``seed`` for the next batch boundary; returns the next free seed (one per env once the workers
         started, else one per worker)."""
         self._refuse_seed_of_built_envs(seed, pool)
-        self._pending.stage_seed(seed)
+        self._seed = seed
         if pool is not None and all(h.hello.n_envs for h in pool.handles):
             return seed + sum(h.hello.n_envs for h in pool.handles)
         return seed + num_workers
@@ -91,11 +92,11 @@ class WorkerChanges:
         error and the warning point at the user's ``async with`` / ``async for``, and a reseed never reaches a
         worker to fail there at the next batch.
         """
-        if self._pending.seed is not None:
+        if self._seed is not None:
             try:
-                self._refuse_seed_of_built_envs(self._pending.seed, pool)
+                self._refuse_seed_of_built_envs(self._seed, pool)
             except ConfigurationError:
-                self._pending.take_seed()  # refused: entering again starts without it
+                self._seed = None  # refused: entering again starts without it
                 raise
         message = shared_seeds_warning([(h.hello.env_seed, h.hello.n_envs) for h in pool.handles])
         if message is not None:
@@ -106,9 +107,8 @@ class WorkerChanges:
         """Each worker's counters, for a state dict: the pool's, else those staged, else fresh ones."""
         if pool is not None:
             return [{"next_traj_counter": h.batches.traj_counter, "frames": h.batches.frames} for h in pool.handles]
-        staged = self._pending.state
-        if staged is not None:
-            return [dict(w) for w in staged]
+        if self._state is not None:
+            return [dict(w) for w in self._state]
         return [{"next_traj_counter": 0, "frames": 0} for _ in range(num_workers)]
 
     def restore(
@@ -116,14 +116,14 @@ class WorkerChanges:
     ) -> None:
         """Stages a saved state: the workers' counters, the weights (if any) and the version batches carry."""
         if pool is not None:
-            pool.version = version
+            pool.weights.version = version
         self._initial_version = version
-        self._pending.stage_state(workers)
+        self._state = [dict(w) for w in workers]
         if weights is not None:
-            self._pending.stage_weights(weights)
+            self._weights = weights
             # The push bumps the version: start one below so the restored version is what batches carry.
             if pool is not None:
-                pool.version = version - 1
+                pool.weights.version = version - 1
             self._initial_version = version - 1
 
     @staticmethod
@@ -158,7 +158,7 @@ class WorkerChanges:
 
     async def apply(self, pool: WorkerPool, push: Push, num_workers: int) -> None:
         """Sends what waits to the workers ready for it (counters, seed), and pushes the weights staged."""
-        state = self._pending.take_state()
+        state, self._state = self._state, None
         if state is not None:
             for handle, counters in zip(pool.handles, state, strict=True):
                 handle.batches.restore_counters(int(counters["next_traj_counter"]), int(counters["frames"]))
@@ -167,12 +167,12 @@ class WorkerChanges:
                 # death): its successor starts from these counters, passed with its config.
                 if handle.ready:
                     await pool.send(handle, P.LOAD_STATE, fields)
-        seed = self._pending.take_seed()
+        seed, self._seed = self._seed, None
         if seed is not None:
             for handle in pool.handles:
                 if handle.ready:  # a successor not connected yet starts from a fresh reset of its own
                     await pool.send(handle, P.SEED, {"seed": seed})
                 seed += handle.hello.n_envs
-        weights = self._pending.take_weights()
+        weights, self._weights = self._weights, None
         if weights is not None:
             await push({"policy": params_of("state_dict", weights)}, range(num_workers), 30.0)

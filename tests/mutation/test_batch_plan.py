@@ -109,7 +109,7 @@ def test_the_warning_names_the_envs_as_they_are(
 def test_the_tally_counts_frames_and_batches_and_restores_them() -> None:
     counts = Counts(total_frames=100, progress=False, name="mine")
     assert (counts.total_frames, counts.frames, counts.batches, counts.shows_progress) == (100, 0, 0, False)
-    counts.start()
+    counts.stats.start()
     counts.count_frames(8)
     counts.count_frames(5)
     counts.count_batch()
@@ -127,10 +127,10 @@ def test_the_tally_counts_frames_and_batches_and_restores_them() -> None:
 
 def test_the_tally_reports_each_workers_episodes_and_version() -> None:
     counts = Counts(total_frames=-1, progress=False)
-    counts.start()
-    counts.record_worker(0, 10, 3, EpisodeSummary(2, [1.0, 3.0], [4, 6]))
-    counts.record_worker(1, 10, 2, EpisodeSummary(1, [5.0], [8]), time_spent=None)
-    counts.record_worker(1, 10, 5)
+    counts.stats.start()
+    counts.stats.record_worker(0, 10, 3, EpisodeSummary(2, [1.0, 3.0], [4, 6]))
+    counts.stats.record_worker(1, 10, 2, EpisodeSummary(1, [5.0], [8]), time_spent=None)
+    counts.stats.record_worker(1, 10, 5)
     stats = counts.snapshot(policy_version=5, counters={})
     assert stats.episodes == 3
     assert (stats.episode_return_mean, stats.episode_return_last) == (3.0, 5.0)
@@ -141,7 +141,7 @@ def test_the_tally_reports_each_workers_episodes_and_version() -> None:
 
 def test_a_pause_shows_in_the_stats_until_it_is_lifted() -> None:
     counts = Counts(total_frames=-1, progress=False)
-    counts.start()
+    counts.stats.start()
     counts.set_paused(True)
     assert counts.snapshot(policy_version=0, counters={}).paused
     counts.set_paused(False)
@@ -154,7 +154,7 @@ def test_the_log_progress_line_names_the_collector_and_ends_with_the_last_figure
     caplog.set_level(logging.INFO, logger="acollect.progress")
     counts = Counts(total_frames=32, progress="log", name="my collector")
     assert counts.shows_progress
-    counts.start()
+    counts.stats.start()
     counts.count_frames(16)
     counts.count_batch()
     counts.show(counts.snapshot(policy_version=0, counters={}))
@@ -179,13 +179,13 @@ def test_no_progress_shows_nothing_and_closes_quietly(caplog: pytest.LogCaptureF
 
 def test_the_tally_splits_each_workers_time_and_forgets_a_lost_worker() -> None:
     counts = Counts(total_frames=-1, progress=False)
-    counts.start()
-    counts.record_worker(0, 10, 1, time_spent=[3.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    counts.record_worker(1, 10, 1, time_spent=[0.0, 4.0, 0.0, 0.0, 0.0, 0.0])
+    counts.stats.start()
+    counts.stats.record_worker(0, 10, 1, time_spent=[3.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    counts.stats.record_worker(1, 10, 1, time_spent=[0.0, 4.0, 0.0, 0.0, 0.0, 0.0])
     split = counts.snapshot(policy_version=1, counters={}).worker_time_split
     assert set(split) == {0, 1}
     assert (split[0]["env"], split[0]["policy"], split[1]["policy"]) == (0.75, 0.25, 1.0)
-    counts.forget_worker(0)
+    counts.stats.time.forget(0)
     assert set(counts.snapshot(policy_version=1, counters={}).worker_time_split) == {1}
 
 
