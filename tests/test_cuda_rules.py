@@ -45,7 +45,7 @@ SITES: dict[tuple[str, str], tuple[str, str, str]] = {
         "the segment's own close unregisters it (after the copies in flight, on the device it was registered on) "
         "before it unmaps; a refusal raises, naming cuda_dma=False (torch's bindings cannot clear its pending error)",
     ),
-    ("_weights/updates.py", "copy_weights"): (
+    ("_weights/updates.py", "load_weights"): (
         "weights copied into a policy of this process (an in-process collector's, an inference server's) from "
         "tensors another thread wrote (a snapshot the caller's thread made, or the trainer's weights)",
         "wait_ready(ready)",

@@ -44,7 +44,6 @@ __all__ = [
     "as_weights",
     "check_push",
     "check_weights",
-    "copy_weights",
     "decode_structure",
     "encode_structure",
     "one_source",
@@ -477,26 +476,22 @@ class PolicyWeights:
         engine.policy_version = version
 
 
-def load_weights(module: torch.nn.Module, weights: Any, ready: tuple[Any, ...] = ()) -> None:
-    """Checks ``weights`` (module, TensorDict or state dict) against ``module``, then copies them in
-    (:func:`copy_weights`).
+def load_weights(module: torch.nn.Module, weights: Any, ready: tuple[Any, ...] = (), *, checked: bool = False) -> None:
+    """Copies ``weights`` (module, TensorDict or state dict) into ``module``'s tensors in place, landed before it
+    returns: how every policy in this process takes new weights (the in-process collector's, an inference server's).
+
+    Args:
+        module: the policy's module.
+        weights: what to copy.
+        ready: the events of :func:`~acollect._devices.cuda_ready` the stager recorded as it handed CUDA weights
+            over: they are read only once the work queued before them (their own copy) is done.
+        checked: ``weights`` is a TensorDict checked against ``module`` already (:func:`check_weights`).
 
     Raises:
         ConfigurationError: the weights do not fit ``module`` (nothing is copied then).
     """
-    copy_weights(module, check_weights(as_weights(weights), structure_of(module)), ready)
-
-
-def copy_weights(module: torch.nn.Module, weights: TensorDictBase, ready: tuple[Any, ...] = ()) -> None:
-    """Copies checked ``weights`` into ``module``'s tensors in place, landed before it returns: how every policy
-    in this process takes new weights (the in-process collector's, an inference server's).
-
-    Args:
-        module: the policy's module.
-        weights: what to copy (checked against ``module``: :func:`check_weights`).
-        ready: the events of :func:`~acollect._devices.cuda_ready` the stager recorded as it handed CUDA weights
-            over: they are read only once the work queued before them (their own copy) is done.
-    """
+    if not checked:
+        weights = check_weights(as_weights(weights), structure_of(module))
     wait_ready(ready)
     with torch.no_grad():
         dest = TensorDict.from_module(module)

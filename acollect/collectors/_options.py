@@ -1,18 +1,12 @@
 """The collectors' options, declared once: type, default, check and doc in one settings field each.
 
 :class:`RolloutSettings` (every collector), :class:`InProcessSettings` (the in-process collector),
-:class:`ProcessSettings` and :class:`WorkerSettings` (collectors with worker processes) declare each
-option with :func:`~acollect.collectors._option_checks.option`: its type (the field's annotation, or
-``accepts`` where callers may pass more than is kept), its default, its check (from :mod:`acollect._validate`)
-and its doc. Each
-multi-process collector's own options are declared the same way, in its settings class
-(:mod:`acollect.collectors._collector_settings`).
-
-Each option's check is in :mod:`acollect.collectors._option_checks`. A collector's constructor names every
-keyword it takes in its signature (what IDEs, ``help()`` and mypy read), builds its settings from them
-(:mod:`acollect.collectors._keywords`), keeps them (``collector.settings``) and copies no field out of
-them. ``tests/test_options.py`` holds each signature to its settings class; the options reference
-(``docs/options.md``) is rendered from the declarations when the docs are built.
+:class:`ProcessSettings` and :class:`WorkerSettings` (collectors with worker processes) declare each option with
+:func:`~acollect.collectors._option_checks.option` (its checks live in :mod:`~acollect.collectors._option_checks`);
+each multi-process collector's own options are in :mod:`acollect.collectors._collector_settings`. A collector's
+constructor names every keyword in its signature (what IDEs, ``help()`` and mypy read), builds its settings from them
+(:mod:`acollect.collectors._keywords`) and keeps them whole (``collector.settings``). ``tests/test_options.py``
+holds each signature to its settings class; ``docs/options.md`` is rendered from the declarations.
 
 Examples:
     >>> settings = WorkerSettings(frames_per_batch=64, heartbeat_timeout=5)
@@ -42,10 +36,7 @@ from acollect._policy import PolicyLike
 from acollect._rollout.env_faults import ENV_ERRORS, MAX_REBUILDS_IN_A_ROW
 from acollect._rollout.spec import RolloutSpec
 from acollect._runtime.auth import ServerKeys
-from acollect._validate import (
-    check_bool,
-    check_seconds,
-)
+from acollect._validate import check_bool, check_seconds
 from acollect._weights.sync import WeightSyncScheme
 from acollect._workers.launcher_names import resolve_launcher
 from acollect._workers.process import DEFAULT_START_METHOD, START_METHODS

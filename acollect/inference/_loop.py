@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._runtime.server_socket import Ready, ServerSocket, Waiter
-from acollect._weights.updates import copy_weights
+from acollect._weights.updates import load_weights
 from acollect.errors import ProtocolError
 from acollect.inference import _messages as M
 from acollect.inference._batching import Batcher, Forward, InferenceRequest, Lane, ServerStatsRecorder
@@ -389,7 +389,7 @@ class ServerLoop:
             if not ticket.abandoned:
                 try:
                     # Landed before the next pass is even queued (passes run on their lanes' streams).
-                    copy_weights(self.forward.module, ticket.weights, ticket.ready)
+                    load_weights(self.forward.module, ticket.weights, ticket.ready, checked=True)
                     self.version += 1
                     ticket.version = self.version
                 except Exception as exc:  # weights checked on the way in: this would be a device error
