@@ -153,12 +153,8 @@ class EnvPoolEnv(EnvBase):
         if seed is not None:
             raise reseed_error(seed, [self.build_seed])
         ids = self._all_ids
-        if mask is not None:
-            mask_np = np.asarray(mask.detach().cpu().numpy(), dtype=np.bool_).reshape(-1)
-            if mask_np.shape != (self.num_envs,):
-                raise ConfigurationError.bad_value(
-                    "mask", tuple(mask.shape), f"a bool tensor of shape ({self.num_envs},)"
-                )
+        mask_np = self._mask_rows(mask)
+        if mask_np is not None:
             if not mask_np.any():
                 return
             ids = np.flatnonzero(mask_np).astype(np.int32)

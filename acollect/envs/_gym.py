@@ -207,16 +207,9 @@ class GymEnv(EnvBase):
     # -- protocol -----------------------------------------------------------------------
     def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
         self._check_open()
-        n = self.num_envs
-        mask_np: np.ndarray | None = None
-        if mask is not None:
-            mask_np = np.asarray(mask.detach().cpu().numpy(), dtype=np.bool_).reshape(-1)
-            if mask_np.shape != (n,):
-                raise ConfigurationError.bad_value("mask", tuple(mask.shape), f"a bool tensor of shape ({n},)")
-            if not mask_np.any():
-                return
-            if mask_np.all():
-                mask_np = None
+        mask_np = self._mask_rows(mask)
+        if mask_np is not None and not mask_np.any():
+            return
         if mask_np is None and seed is not None and self._rebuilds is not None:
             self._rebuilds.reseed(seed)
         if self._vec is None:
