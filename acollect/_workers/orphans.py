@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Iterable
 
-from acollect._batches.shm import SHM_DIR, SHM_PREFIX
+from acollect._batches.shm import SHM_DIR, SHM_PREFIX, _pid_alive
 
 __all__ = ["parent_alive", "remove_orphans"]
 
@@ -23,17 +23,7 @@ def parent_alive(parent_pid: int, ppid: int) -> bool:
     """Whether the collector's process ``parent_pid`` lives, and this process is still the child of ``ppid``."""
     # A forkserver child's parent is the fork server, which exits when the collector's
     # process dies; a spawned worker's parent is the collector's process itself.
-    return os.getppid() == ppid and _alive(parent_pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+    return os.getppid() == ppid and _pid_alive(parent_pid)
 
 
 def remove_orphans(parent_pid: int, segment_names: Iterable[str], address: str) -> None:
@@ -45,7 +35,7 @@ def remove_orphans(parent_pid: int, segment_names: Iterable[str], address: str) 
     names = {name for name in segment_names if name.startswith(owned)}
     # Every segment the dead collector owned, not only those this worker attached: one it made just before it died
     # (a ring grown for lent batches, its names still on their way here) has no other process to remove it.
-    if not _alive(parent_pid):  # checked again: a pid taken by a new process owns what its name says
+    if not _pid_alive(parent_pid):  # checked again: a pid taken by a new process owns what its name says
         with contextlib.suppress(OSError):
             names.update(name for name in os.listdir(SHM_DIR) if name.startswith(owned))
     for name in names:

@@ -35,9 +35,11 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from acollect.errors import ConfigurationError
 from acollect.specs import Composite, TensorSpec, Unbounded
 
 __all__ = ["DONE_KEYS", "EnvBase", "SubEnvFaultHandler"]
@@ -244,6 +246,20 @@ class EnvBase(abc.ABC):
     def last_root(self) -> TensorDict | None:
         """The observation the next :meth:`step` starts from (after auto-resets)."""
         return getattr(self, "_root", None)
+
+    def _mask_rows(self, mask: torch.Tensor | None) -> np.ndarray | None:
+        """The sub-envs a reset's ``mask`` picks: ``None`` for every one (no mask, or one of all True), else a numpy
+        bool array ``[n_envs]``, which may pick none.
+
+        Raises:
+            ConfigurationError: ``mask`` does not hold one entry per sub-env.
+        """
+        if mask is None:
+            return None
+        rows = mask.detach().reshape(-1).to(device="cpu", dtype=torch.bool).numpy()
+        if rows.shape != (self.num_envs,):
+            raise ConfigurationError.bad_value("mask", tuple(mask.shape), f"a bool tensor of shape ({self.num_envs},)")
+        return None if rows.all() else rows
 
     def _check_open(self) -> None:
         if self._closed:

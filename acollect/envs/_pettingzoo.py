@@ -245,15 +245,10 @@ class PettingZooEnv(EnvBase):
     def reset_into(self, out: TensorDictBase, *, mask: torch.Tensor | None = None, seed: int | None = None) -> None:
         self._check_open()
         n = self.num_envs
-        if mask is None:
-            rows = list(range(n))
-        else:
-            flat = mask.detach().cpu().reshape(-1)
-            if flat.shape != (n,):
-                raise ConfigurationError.bad_value("mask", tuple(mask.shape), f"a bool tensor of shape ({n},)")
-            rows = torch.nonzero(flat).flatten().tolist()
-            if not rows:
-                return
+        picked = self._mask_rows(mask)
+        rows = list(range(n)) if picked is None else np.flatnonzero(picked).tolist()
+        if not rows:
+            return
         if seed is not None and len(rows) == n and self._rebuilds is not None:
             self._rebuilds.reseed(seed)
         for i in rows:

@@ -176,16 +176,11 @@ class TorchRLEnvAdapter(EnvBase):
             self._env.set_seed(seed)
         rows = None
         previous = self._td
-        if mask is not None and previous is not None:
-            mask = mask.reshape(-1).to(torch.bool)
-            if mask.shape != self.batch_size:
-                raise ConfigurationError.bad_value(
-                    "mask", tuple(mask.shape), f"a bool tensor of shape {tuple(self.batch_size)}"
-                )
-            if not bool(mask.any()):
+        picked = self._mask_rows(mask) if previous is not None else None
+        if picked is not None:
+            if not picked.any():
                 return
-            if not bool(mask.all()):
-                rows = mask.to(self.device)
+            rows = torch.from_numpy(picked).to(self.device)
         if rows is None or previous is None:
             td = self._env.reset()
         else:
