@@ -2,9 +2,8 @@
 
 :class:`Binding` holds numpy views of the leaves of one ``(next_out, root_out)``
 pair of TensorDicts, so a step writes with numpy and touches no TensorDict; the
-EnvPool adapter (:mod:`acollect.envs._envpool`) writes through it too. Both are
-:class:`NumpyStepEnv`: one call begins their step (its binding, its action as a
-numpy array) and :meth:`Binding.finish` ends it.
+EnvPool adapter (:mod:`acollect.envs._envpool`) writes through it too, and shares
+:func:`reshape_action`.
 
 :func:`step_sub_envs` steps the sub-envs of a plain ``SyncVectorEnv`` itself,
 one after the other, as the vector env would, and writes each result straight
