@@ -37,9 +37,9 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._validate import check_bool
-from acollect.envs._base import DONE_KEYS
+from acollect.envs._base import DONE_KEYS, EnvBase
 from acollect.envs._gym_spaces import observation_layout, pick_leaf, space_to_spec
-from acollect.envs._gym_step import Binding, NumpyStepEnv
+from acollect.envs._gym_step import Binding, reshape_action
 from acollect.envs._versions import installed_release, release
 from acollect.errors import ConfigurationError, EnvError
 from acollect.specs import OneHot, TensorSpec, Unbounded
@@ -68,7 +68,7 @@ def is_envpool_env(obj: object) -> bool:
     return any(cls.__module__.split(".", 1)[0] == "envpool" for cls in type(obj).__mro__) and hasattr(obj, "config")
 
 
-class EnvPoolEnv(NumpyStepEnv):
+class EnvPoolEnv(EnvBase):
     """An EnvPool env, built with ``envpool.make_gymnasium``, as a batched acollect env.
 
     Collectors wrap an EnvPool env in this class themselves (see :func:`~acollect.envs.make_env`):
@@ -102,6 +102,9 @@ class EnvPoolEnv(NumpyStepEnv):
         (torch.Size([4, 1]), torch.bool)
         >>> env.close()
     """
+
+    action_spec: TensorSpec  # one action: these envs have no keys of their own
+    reward_spec: TensorSpec
 
     def __init__(
         self,
@@ -166,7 +169,16 @@ class EnvPoolEnv(NumpyStepEnv):
 
     def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         # The hot path: numpy writes into cached views, no TensorDict access (see gym_step.Binding).
-        b, act = self._begin_step(action, next_out, root_out)
+        if self._closed:
+            self._check_open()
+        b = self._binding
+        if b is None or b.next_td is not next_out or b.root_td is not root_out:
+            b = self._binding = Binding(self._leaves, self.num_envs, next_out, root_out)
+        if action.requires_grad or not action.is_cpu:
+            action = action.detach().cpu()
+        act = action.numpy()
+        if act.shape != self._action_shape:
+            act = reshape_action(act, self._action_shape, self.action_spec)
         if self._one_hot:
             act = act.argmax(-1)
         calls = self._calls
@@ -182,7 +194,14 @@ class EnvPoolEnv(NumpyStepEnv):
             np.greater(states[calls.done], b.truncated, out=b.terminated)
         else:
             obs, reward, terminated, truncated, _ = self._env.step(act)
-            b.write_step(obs, reward, terminated, truncated, self._leaves)
+            if b.flat:
+                b.next_obs[0][...] = obs
+            else:
+                for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
+                    dst[...] = pick_leaf(obs, leaf.path)
+            b.reward[...] = reward
+            b.terminated[...] = terminated
+            b.truncated[...] = truncated
         done = np.logical_or(b.terminated, b.truncated, out=b.done)
         for src, dst in b.obs_pairs:
             dst[...] = src
@@ -191,7 +210,10 @@ class EnvPoolEnv(NumpyStepEnv):
             ids = np.flatnonzero(done).astype(np.int32)
             for leaf_obs, dst in zip(self._reset(ids), b.root_obs, strict=True):
                 dst[ids] = leaf_obs
-        b.finish()
+        for flag in b.root_flags:
+            flag.fill(False)
+        if b.flush_pairs:
+            b.flush()
 
     def _reset(self, ids: np.ndarray) -> list[Any]:
         """Resets the sub-envs ``ids`` (int32, ascending); returns their observations, one array per leaf (in the

@@ -38,11 +38,11 @@ import torch
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 from tensordict import TensorDictBase
 
-from acollect.envs._base import DONE_KEYS, SubEnvFaultHandler
+from acollect.envs._base import DONE_KEYS, EnvBase, SubEnvFaultHandler
 from acollect.envs._envpool import is_envpool_env
 from acollect.envs._gym_faults import SubEnvRebuilds
 from acollect.envs._gym_spaces import observation_layout, pick_leaf, space_to_spec
-from acollect.envs._gym_step import ActionBounds, Binding, NumpyStepEnv, step_sub_envs
+from acollect.envs._gym_step import ActionBounds, Binding, reshape_action, step_sub_envs
 from acollect.envs._versions import installed_release
 from acollect.errors import ConfigurationError, EnvError, PolicyError
 from acollect.specs import (
@@ -56,7 +56,7 @@ __all__ = ["GymEnv", "check_env_id", "space_to_spec"]
 _VECTORIZATIONS = ("sync", "async")
 
 
-class GymEnv(NumpyStepEnv):
+class GymEnv(EnvBase):
     """A gymnasium env (single or vector) as a batched acollect env.
 
     Args:
@@ -103,6 +103,9 @@ class GymEnv(NumpyStepEnv):
         ...     env.reset()["observation"].dtype
         torch.float64
     """
+
+    action_spec: TensorSpec  # one action: these envs have no keys of their own
+    reward_spec: TensorSpec
 
     def __init__(
         self,
@@ -176,6 +179,7 @@ class GymEnv(NumpyStepEnv):
         self._action_shape = (n, *self.action_spec.shape)
         # Dropped once it has warned: one warning per env, and no check in the steps after it.
         self._bounds = ActionBounds.of(self.action_spec, self._action_shape)
+        self._flat_obs = len(self._leaves) == 1 and self._leaves[0].path == ()
         # A plain SyncVectorEnv (not a subclass, not wrapped: nothing of its own to run) is stepped sub-env by
         # sub-env here, which is cheaper than its step() and needs no autoreset handling (see gym_step).
         self._sub_envs = list(self._vec.envs) if type(self._vec) is SyncVectorEnv else None
@@ -227,7 +231,16 @@ class GymEnv(NumpyStepEnv):
 
     def step_and_reset_into(self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase) -> None:
         # The hot path: no TensorDict access, no allocation beyond what gymnasium does; numpy writes only.
-        b, act = self._begin_step(action, next_out, root_out)
+        if self._closed:
+            self._check_open()
+        b = self._binding
+        if b is None or b.next_td is not next_out or b.root_td is not root_out:
+            b = self._binding = Binding(self._leaves, self.num_envs, next_out, root_out)
+        if action.requires_grad or not action.is_cpu:
+            action = action.detach().cpu()
+        act = action.numpy()
+        if act.shape != self._action_shape:
+            act = reshape_action(act, self._action_shape, self.action_spec)
         given = act
         if self._one_hot:
             act = act.argmax(-1)
@@ -250,15 +263,28 @@ class GymEnv(NumpyStepEnv):
             self._raise_if_outside(given, exc)
             raise
         if self._sub_envs is not None:
-            b.finish()
+            for flag in b.root_flags:
+                flag.fill(False)
+            if b.flush_pairs:
+                b.flush()
             return
-        b.write_step(obs, reward, terminated, truncated, self._leaves)
+        if self._flat_obs:
+            b.next_obs[0][...] = obs
+        else:
+            for leaf, dst in zip(self._leaves, b.next_obs, strict=True):
+                dst[...] = pick_leaf(obs, leaf.path)
+        b.reward[...] = reward
+        b.terminated[...] = terminated
+        b.truncated[...] = truncated
         done = np.logical_or(b.terminated, b.truncated, out=b.done)
         for src, dst in b.obs_pairs:
             dst[...] = src
         if np.count_nonzero(done):
             self._finish_episodes(b, done, info)
-        b.finish()
+        for flag in b.root_flags:
+            flag.fill(False)
+        if b.flush_pairs:
+            b.flush()
 
     def contain_faults(self, handler: SubEnvFaultHandler) -> bool:
         """A plain ``SyncVectorEnv``'s sub-envs (what a gymnasium id or an env factory builds with sync vectorisation)

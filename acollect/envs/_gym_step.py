@@ -28,21 +28,12 @@ import torch
 from tensordict import TensorDictBase
 
 from acollect._warnings import ActionSpaceWarning, warn
-from acollect.envs._base import DONE_KEYS, EnvBase
+from acollect.envs._base import DONE_KEYS
 from acollect.envs._gym_spaces import ObsLeaf, pick_leaf
 from acollect.errors import PolicyError
 from acollect.specs import Bounded, TensorSpec
 
-__all__ = [
-    "ActionBounds",
-    "Binding",
-    "NumpyStepEnv",
-    "ResetFailedError",
-    "reshape_action",
-    "step_one",
-    "step_sub_envs",
-    "write_row",
-]
+__all__ = ["ActionBounds", "Binding", "ResetFailedError", "reshape_action", "step_one", "step_sub_envs", "write_row"]
 
 
 class Binding:
@@ -103,57 +94,10 @@ class Binding:
         self.flush_pairs.append((tensor, stage))
         return stage.numpy().reshape(shape)
 
-    def write_step(self, obs: Any, reward: Any, terminated: Any, truncated: Any, leaves: Sequence[ObsLeaf]) -> None:
-        """Writes the step of every sub-env at once (a vector env's result) into the next views."""
-        if self.flat:
-            self.next_obs[0][...] = obs
-        else:
-            for leaf, dst in zip(leaves, self.next_obs, strict=True):
-                dst[...] = pick_leaf(obs, leaf.path)
-        self.reward[...] = reward
-        self.terminated[...] = terminated
-        self.truncated[...] = truncated
-
-    def finish(self) -> None:
-        """Ends a step: no sub-env starts the next one done (its root flags cleared), and the staging arrays go to
-        their tensors."""
-        for flag in self.root_flags:
-            flag.fill(False)
-        if self.flush_pairs:
-            self.flush()
-
     def flush(self) -> None:
         """Copies the staging arrays into tensors numpy cannot view (another device, bfloat16)."""
         for tensor, stage in self.flush_pairs:
             tensor.copy_(stage)
-
-
-class NumpyStepEnv(EnvBase):
-    """An env that steps numpy sub-envs with one action and writes through a :class:`Binding`: ``GymEnv`` and
-    ``EnvPoolEnv``, which set the attributes below."""
-
-    action_spec: TensorSpec  # one action: these envs have no keys of their own
-    reward_spec: TensorSpec
-    _leaves: list[ObsLeaf]
-    _binding: Binding | None
-    _action_shape: tuple[int, ...]  # ``[n_envs, *action_spec.shape]``
-
-    def _begin_step(
-        self, action: torch.Tensor, next_out: TensorDictBase, root_out: TensorDictBase
-    ) -> tuple[Binding, np.ndarray]:
-        """The step's binding (made again where the TensorDicts are others) and its action as a numpy array of
-        ``_action_shape``, on an env checked open. Once per step of every sub-env: the hot path."""
-        if self._closed:
-            self._check_open()
-        b = self._binding
-        if b is None or b.next_td is not next_out or b.root_td is not root_out:
-            b = self._binding = Binding(self._leaves, self.num_envs, next_out, root_out)
-        if action.requires_grad or not action.is_cpu:
-            action = action.detach().cpu()
-        act = action.numpy()
-        if act.shape != self._action_shape:
-            act = reshape_action(act, self._action_shape, self.action_spec)
-        return b, act
 
 
 def step_sub_envs(
