@@ -242,6 +242,10 @@ class WeightWriter:
         """Serializes ``params``; returns the message entry and the frame to send (or ``None``)."""
         raise NotImplementedError
 
+    def unlink(self) -> None:
+        """Removes the names of its buffers, once every reader mapped them (they stay mapped here, and are
+        rewritten by the next push): nothing is left behind if this process is killed."""
+
     def close(self) -> None:
         """Releases the writer's buffers (idempotent)."""
 
@@ -290,6 +294,10 @@ class _ShmWriter(WeightWriter):
         segment = self._segment = ShmSegment.create(int(layout["nbytes"]))
         segment.tensor().copy_(flat)
         return {"layout": layout, "shm": segment.name}, None
+
+    def unlink(self) -> None:
+        if self._segment is not None:
+            self._segment.unlink()
 
     def close(self) -> None:
         segment, self._segment = self._segment, None

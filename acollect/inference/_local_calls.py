@@ -37,7 +37,7 @@ class LocalCalls:
 
     def __init__(self) -> None:
         self._events: dict[InferenceRequest | Ticket, anyio.Event] = {}  # the tasks waiting for an answer
-        self._weights_lock = anyio.Lock()  # one update at a time: versions in call order, one segment (a server process)
+        self._weights_lock = anyio.Lock()  # one at a time: versions in call order, one segment
 
     def answered(self, item: InferenceRequest | Ticket) -> None:
         """The host answered ``item`` (on the event loop): its caller goes on."""

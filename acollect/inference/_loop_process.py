@@ -177,6 +177,7 @@ class LoopProcess:
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message["k"]
         if kind == "applied" and message.get("id") == self._staged_id:
+            self._weights.unlink()  # the process mapped it (a new update rewrites it in place): no name left behind
             self._release_staging()
         if kind in ("answer", "applied"):
             item = self._pending.pop(message.get("id", -1), None)  # -1: no id, nobody waits on it
