@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 import anyio
 from tensordict import TensorDict
@@ -41,8 +41,13 @@ class _OfRollout(Generic[_T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, engine: LoopRollout, owner: type) -> _T:
-        return getattr(engine.rollout, self.name)
+    @overload
+    def __get__(self, engine: None, owner: type) -> _OfRollout[_T]: ...
+    @overload
+    def __get__(self, engine: LoopRollout, owner: type) -> _T: ...
+    def __get__(self, engine: LoopRollout | None, owner: type) -> _T | _OfRollout[_T]:
+        # On the class (help(), inspect): the descriptor itself, as a property would be.
+        return self if engine is None else getattr(engine.rollout, self.name)
 
     def __set__(self, engine: LoopRollout, value: _T) -> None:
         setattr(engine.rollout, self.name, value)
